@@ -1,0 +1,1 @@
+"""EAGLE-3 drafter training whose drafters match the server that runs them."""

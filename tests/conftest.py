@@ -1,0 +1,1 @@
+"""Shared pytest configuration. Cluster fixtures live in tests/kube.py (a plugin)."""
