@@ -1,0 +1,573 @@
+"""The SpeculativeServer API (specdec.io/v1alpha1): the single source of truth.
+
+These pydantic models define field names, types, defaults, bounds, enums and the cross-field rules.
+`crd.py` turns them into the CustomResourceDefinition (the API server enforces them), and the CLI and the
+operator parse custom resources with them (so defaults are identical on both sides).
+
+Cross-field rules are written once, in CEL, in `x-kubernetes-validations` (see `_cel`): the API server
+evaluates them, and the tests evaluate the same strings with cel-python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import API_GROUP, API_VERSION, KIND
+from .errors import InputError
+
+# --------------------------------------------------------------------------------------------------
+# Shared vocabulary: phases, variants, condition types and reasons are constants, never ad-hoc strings.
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    VALIDATING = "Validating"
+    DEPLOYING = "Deploying"
+    PROBING = "Probing"
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
+    INVALID = "Invalid"
+    FAILED = "Failed"
+
+
+class Variant(str, Enum):
+    BASE = "base"
+    SPECULATIVE = "speculative"
+
+
+class ConditionType(str, Enum):
+    DRAFTER_COMPATIBLE = "DrafterCompatible"
+    BASE_READY = "BaseReady"
+    SPECULATIVE_READY = "SpeculativeReady"
+    SPEEDUP_VERIFIED = "SpeedupVerified"
+    READY = "Ready"
+
+
+class DecisionReason(str, Enum):
+    SPEEDUP_CONFIRMED = "SpeedupConfirmed"
+    SPEEDUP_BELOW_THRESHOLD = "SpeedupBelowThreshold"
+    DRAFTER_NOT_ACCEPTING = "DrafterNotAccepting"
+    INCONCLUSIVE = "Inconclusive"
+    PROBE_FAILED = "ProbeFailed"
+    ACCEPTANCE_DRIFT = "AcceptanceDrift"
+
+
+Quantization = Literal["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"]
+Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN"]
+GpuFamily = Literal["blackwell", "hopper", "any"]
+RolloutPolicy = Literal["AllWorkloads", "WeightedMix"]
+
+# Flags the operator owns on the SGLang command line. `sglang.extraArgs` may not set them: a user's
+# --max-running-requests or --speculative-* in extraArgs would silently undo what the spec says.
+MANAGED_SGLANG_FLAGS = (
+    "model-path",
+    "model",
+    "host",
+    "port",
+    "tp",
+    "tp-size",
+    "tensor-parallel-size",
+    "max-running-requests",
+    "enable-metrics",
+    "context-length",
+    "mem-fraction-static",
+    "quantization",
+)
+_MANAGED_FLAG_RE = "^--(speculative-[a-z0-9-]*|" + "|".join(f.replace("-", "[-_]") for f in MANAGED_SGLANG_FLAGS) + ")(=.*)?$"
+
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$"
+
+
+def _cel(*rules: tuple[str, str, str | None]) -> dict[str, Any]:
+    """json_schema_extra carrying CEL rules: (rule, message, fieldPath or None)."""
+    out = []
+    for rule, message, field_path in rules:
+        item = {"rule": rule, "message": message}
+        if field_path:
+            item["fieldPath"] = field_path
+        out.append(item)
+    return {"x-kubernetes-validations": out}
+
+
+def _free_object() -> dict[str, Any]:
+    """Schema marker for an embedded Kubernetes object we pass through unchanged (volume source, affinity)."""
+    return {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class _Model(BaseModel):
+    # Unknown fields are errors (`specdec sglang-args -f` on a typo must fail, as the API server's strict
+    # field validation does); camelCase on the wire, snake_case in Python.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Spec
+
+
+class ModelStorage(_Model):
+    volume: dict[str, Any] = Field(
+        description=(
+            "Where the weights live: one core/v1 volume source, exactly as in a Pod's volumes[] entry without "
+            "its name (persistentVolumeClaim, hostPath, nfs, csi, ...). Mounted read-only into both servers."
+        ),
+        json_schema_extra={**_free_object(), "minProperties": 1, "maxProperties": 1},
+    )
+    mount_path: str = Field(
+        "/models",
+        alias="mountPath",
+        description="Where the volume is mounted in the server containers; target.path and drafter.path are relative to it.",
+        pattern=r"^/[^\x00]*$",
+        max_length=1024,
+    )
+
+
+_NO_DOTDOT = r"(^|/)\.\.(/|$)"
+
+
+class Target(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (f"!self.path.matches('{_NO_DOTDOT}')", "target.path must not contain '..' segments", ".path"),
+        )
+    )
+    path: str = Field(
+        description="Directory of the target model, relative to model.mountPath (or absolute under it).",
+        min_length=1,
+        max_length=1024,
+    )
+    quantization: Quantization = Field(
+        "auto",
+        description=(
+            "Quantization the target is SERVED with. auto reads it from the target's config.json "
+            "quantization_config (compressed-tensors/awq/gptq 4-bit -> int4, fp8, modelopt NVFP4 -> fp4, none -> bf16). "
+            "The drafter must have been trained on hidden states of this same quantization."
+        ),
+    )
+    context_length: int | None = Field(
+        None,
+        alias="contextLength",
+        description="Maximum context length served (--context-length). Unset: the model's own.",
+        ge=1,
+        le=10_485_760,
+    )
+
+
+class Drafter(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "!has(self.numDraftTokens) || self.eagleTopk != 1 || self.numDraftTokens == self.numSteps + 1",
+                "drafter.numDraftTokens must equal drafter.numSteps + 1 when drafter.eagleTopk is 1 "
+                "(a chain of numSteps drafts plus the bonus token; SGLang would silently change it)",
+                ".numDraftTokens",
+            ),
+            (
+                "self.eagleTopk == 1 || has(self.numDraftTokens)",
+                "drafter.numDraftTokens is required when drafter.eagleTopk is above 1 (the tree size cannot be derived)",
+                ".numDraftTokens",
+            ),
+            (
+                "!has(self.numDraftTokens) || self.eagleTopk == 1 || self.numDraftTokens <= self.numSteps * self.eagleTopk + 1",
+                "drafter.numDraftTokens must be at most numSteps * eagleTopk + 1 (the size of the draft tree)",
+                ".numDraftTokens",
+            ),
+            (
+                "self.algorithm == 'NEXTN' || has(self.path)",
+                "drafter.path is required for EAGLE3 and EAGLE (only NEXTN/MTP uses the target's own layers)",
+                ".path",
+            ),
+            (
+                f"!has(self.path) || !self.path.matches('{_NO_DOTDOT}')",
+                "drafter.path must not contain '..' segments",
+                ".path",
+            ),
+        )
+    )
+    algorithm: Algorithm = Field(
+        "EAGLE3",
+        description=(
+            "Speculative algorithm: EAGLE3 (a draft fed by three target layers), EAGLE, or NEXTN "
+            "(the target's own multi-token-prediction layers, DeepSeek-V3/Kimi style)."
+        ),
+    )
+    path: str | None = Field(
+        None,
+        description="Directory of the draft model, relative to model.mountPath (or absolute under it). Not used by NEXTN.",
+        min_length=1,
+        max_length=1024,
+    )
+    num_steps: int = Field(3, alias="numSteps", description="Draft steps per verify (--speculative-num-steps).", ge=1, le=16)
+    eagle_topk: int = Field(
+        1, alias="eagleTopk", description="Branching factor per draft step (--speculative-eagle-topk); 1 is a chain.", ge=1, le=16
+    )
+    num_draft_tokens: int | None = Field(
+        None,
+        alias="numDraftTokens",
+        description="Tokens verified per step (--speculative-num-draft-tokens). Unset: numSteps + 1 (a chain); required when eagleTopk > 1.",
+        ge=2,
+        le=64,
+    )
+
+    @property
+    def draft_tokens(self) -> int:
+        """The effective --speculative-num-draft-tokens."""
+        return self.num_draft_tokens if self.num_draft_tokens is not None else self.num_steps + 1
+
+
+class Resources(_Model):
+    gpus: Literal[1, 2, 4, 8, 16] = Field(
+        8, description="GPUs per server, which is also its tensor-parallel size (--tp). Each server runs in one pod."
+    )
+    gpu_family: GpuFamily = Field(
+        "blackwell",
+        alias="gpuFamily",
+        description="GPU generation the servers must run on, rendered as node affinity on the nvidia.com/gpu.family label of GPU feature discovery; any adds no affinity.",
+    )
+    shm_size: str = Field(
+        "32Gi",
+        alias="shmSize",
+        description="Size of the memory-backed /dev/shm emptyDir (NCCL and SGLang's shared-memory transport need far more than the 64Mi default).",
+        pattern=QUANTITY_PATTERN,
+        max_length=32,
+    )
+    cpu: str | None = Field(None, description="CPU request and limit of each server container (unset: none).", pattern=QUANTITY_PATTERN.replace("(Ki", "(m|Ki"), max_length=32)
+    memory: str | None = Field(None, description="Memory request and limit of each server container (unset: none).", pattern=QUANTITY_PATTERN, max_length=32)
+
+
+class SGLangSettings(_Model):
+    max_running_requests: int = Field(
+        128,
+        alias="maxRunningRequests",
+        description=(
+            "Always passed as --max-running-requests. Without it SGLang silently caps speculative servers at 48 "
+            "running requests, which made a 128-stream workload run at 0.36x."
+        ),
+        ge=1,
+        le=16384,
+    )
+    mem_fraction_static: float | None = Field(
+        None,
+        alias="memFractionStatic",
+        description="--mem-fraction-static: fraction of GPU memory for weights and KV cache (unset: SGLang's own choice).",
+        gt=0,
+        lt=1,
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        alias="extraArgs",
+        description="Additional SGLang flags appended to both servers. Flags the operator manages (--speculative-*, --tp, --host, --port, --model-path, --max-running-requests, ...) are refused.",
+        max_length=64,
+        json_schema_extra={
+            "items": {"type": "string", "maxLength": 1024},
+            **_cel(
+                (
+                    f"self.all(a, !a.matches('{_MANAGED_FLAG_RE}'))",
+                    "sglang.extraArgs must not set flags the operator manages (--speculative-*, --tp, --host, --port, "
+                    "--model-path, --max-running-requests, --enable-metrics, --context-length, --mem-fraction-static, "
+                    "--quantization): use the matching spec field",
+                    None,
+                )
+            ),
+        },
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Environment variables of both server containers (core/v1 EnvVar objects: name with value or valueFrom).",
+        max_length=128,
+        json_schema_extra={
+            "items": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "required": ["name"],
+                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Variable name."}},
+            }
+        },
+    )
+
+
+class Workload(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.requests >= self.concurrency",
+                "rollout.workloads[].requests must be at least its concurrency, or the concurrency is never reached",
+                ".requests",
+            ),
+        )
+    )
+    name: str = Field(description="Workload name, unique within rollout.workloads.", pattern=DNS_LABEL_PATTERN, max_length=63)
+    concurrency: int = Field(description="Concurrent streams (closed-loop clients).", ge=1, le=4096)
+    input_tokens: int = Field(1024, alias="inputTokens", description="Prompt length in tokens.", ge=1, le=1_048_576)
+    output_tokens: int = Field(256, alias="outputTokens", description="Generated tokens per request (fixed, ignore_eos).", ge=1, le=65_536)
+    requests: int = Field(description="Requests per round and server.", ge=1, le=100_000)
+    weight: float = Field(1.0, description="Share of this workload in the WeightedMix policy.", gt=0, le=1000)
+
+
+DEFAULT_WORKLOADS: list[dict[str, Any]] = [
+    {"name": "single-stream", "concurrency": 1, "inputTokens": 1024, "outputTokens": 256, "requests": 4, "weight": 1.0},
+    {"name": "concurrent-64", "concurrency": 64, "inputTokens": 1024, "outputTokens": 256, "requests": 128, "weight": 1.0},
+]
+
+
+class Rollout(_Model):
+    min_speedup: float = Field(
+        1.0,
+        alias="minSpeedup",
+        description="Promote only when the lower end of the speedup's confidence interval is at least this (speculative tok/s over base tok/s).",
+        gt=0,
+        le=100,
+    )
+    policy: RolloutPolicy = Field(
+        "AllWorkloads",
+        description="AllWorkloads: every workload must pass. WeightedMix: the weight-averaged speedup must pass.",
+    )
+    workloads: list[Workload] = Field(
+        default_factory=lambda: [Workload.model_validate(w) for w in DEFAULT_WORKLOADS],
+        description="Traffic shapes to measure, each run against both servers in alternating paired rounds.",
+        min_length=1,
+        max_length=16,
+        json_schema_extra={
+            "default": DEFAULT_WORKLOADS,
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
+    max_rounds: int = Field(6, alias="maxRounds", description="Paired rounds before an undecided probe ends Inconclusive (which never promotes).", ge=1, le=50)
+    accept_length_floor: float = Field(
+        1.1,
+        alias="acceptLengthFloor",
+        description="A candidate whose acceptance length is at or below this after the first round is rejected at once (DrafterNotAccepting).",
+        ge=1.0,
+        le=64,
+    )
+    keep_base_warm: bool = Field(
+        True,
+        alias="keepBaseWarm",
+        description="Keep the losing server running after the decision (instant rollback/promotion) instead of scaling it to 0 to free its GPUs.",
+    )
+
+
+class Monitor(_Model):
+    enabled: bool = Field(True, description="Scrape the promoted speculative server and roll back on acceptance drift.")
+    interval: int = Field(30, description="Seconds between scrapes of the speculative pods' /metrics.", ge=5, le=3600)
+    accept_length_floor: float = Field(
+        1.1,
+        alias="acceptLengthFloor",
+        description="Roll back (AcceptanceDrift) when sglang:spec_accept_length stays below this for monitor.window consecutive scrapes.",
+        ge=1.0,
+        le=64,
+    )
+    window: int = Field(5, description="Consecutive scrapes below the floor that trigger a rollback.", ge=1, le=1000)
+
+
+class PodMetadata(_Model):
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the server pods (the operator's own labels win).", max_length=64)
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the server pods.", max_length=64)
+
+
+class SpeculativeServerSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "!self.target.path.startsWith('/') || self.target.path.startsWith(self.model.mountPath + '/')",
+                "target.path must be relative to model.mountPath or an absolute path under it",
+                ".target.path",
+            ),
+            (
+                "!has(self.drafter.path) || !self.drafter.path.startsWith('/') || self.drafter.path.startsWith(self.model.mountPath + '/')",
+                "drafter.path must be relative to model.mountPath or an absolute path under it",
+                ".drafter.path",
+            ),
+            (
+                "!has(self.target.contextLength) || self.rollout.workloads.all(w, w.inputTokens + w.outputTokens <= self.target.contextLength)",
+                "rollout.workloads[].inputTokens + outputTokens must fit in target.contextLength",
+                ".rollout.workloads",
+            ),
+            (
+                "self.rollout.acceptLengthFloor < double(has(self.drafter.numDraftTokens) ? self.drafter.numDraftTokens : self.drafter.numSteps + 1)",
+                "rollout.acceptLengthFloor must be below the draft tokens per verify (drafter.numDraftTokens, or numSteps + 1): no verify step accepts more",
+                ".rollout.acceptLengthFloor",
+            ),
+            (
+                "self.monitor.acceptLengthFloor < double(has(self.drafter.numDraftTokens) ? self.drafter.numDraftTokens : self.drafter.numSteps + 1)",
+                "monitor.acceptLengthFloor must be below the draft tokens per verify (drafter.numDraftTokens, or numSteps + 1): no verify step accepts more",
+                ".monitor.acceptLengthFloor",
+            ),
+        )
+    )
+    image: str = Field(description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23-cu130.", min_length=1, max_length=512)
+    sglang_version: str = Field(
+        "0.5.23",
+        alias="sglangVersion",
+        description="The SGLang release inside image: flags differ between releases and the command line is rendered for this one.",
+        pattern=VERSION_PATTERN,
+        max_length=32,
+    )
+    model: ModelStorage = Field(description="Where the target and drafter weights are.")
+    target: Target = Field(description="The model being served.")
+    drafter: Drafter = Field(default_factory=Drafter, description="The draft model and the speculation shape.")
+    resources: Resources = Field(default_factory=Resources, description="GPUs and memory of each server.")
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", description="Extra node selector of the server pods.", max_length=64)
+    affinity: dict[str, Any] | None = Field(
+        None,
+        description="core/v1 Affinity merged into the server pods (node affinity terms are ANDed with the one from resources.gpuFamily).",
+        json_schema_extra=_free_object(),
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="core/v1 Tolerations of the server pods, in addition to the nvidia.com/gpu taint toleration the operator adds.",
+        max_length=64,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    pod_metadata: PodMetadata = Field(default_factory=PodMetadata, alias="podMetadata", description="Extra labels and annotations of the server pods.")
+    sglang: SGLangSettings = Field(default_factory=SGLangSettings, description="SGLang server settings shared by both servers.")
+    rollout: Rollout = Field(default_factory=Rollout, description="How the speculative server is measured against the base before it serves.")
+    monitor: Monitor = Field(default_factory=Monitor, description="How a promoted speculative server is watched after promotion.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Status
+
+
+class Condition(_Model):
+    type: str = Field(description="Condition type: DrafterCompatible, BaseReady, SpeculativeReady, SpeedupVerified or Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason code.", max_length=1024)
+    message: str = Field("", description="Human-readable explanation.", max_length=32768)
+    observed_generation: int | None = Field(None, alias="observedGeneration", description="metadata.generation this condition was computed for.")
+    last_transition_time: str | None = Field(None, alias="lastTransitionTime", description="When status last changed (RFC 3339).")
+
+
+class Finding(_Model):
+    severity: Literal["error", "warning", "info"] = Field(description="error blocks the speculative server; warning and info do not.")
+    code: str = Field(description="Finding code, e.g. HiddenSizeMismatch or HiddenStateSourceMismatch.")
+    message: str = Field("", description="What is wrong and how to fix it.")
+    field: str | None = Field(None, description="The config field or file the finding is about.")
+
+
+class ValidationStatus(_Model):
+    compatible: bool | None = Field(None, description="Whether the drafter can serve with the target (no error findings).")
+    findings: list[Finding] = Field(default_factory=list, description="What the validator found.")
+    revision: str | None = Field(None, description="Speculative revision (hash of the spec fields that matter) this result is for.")
+
+
+class WorkloadResult(_Model):
+    name: str = Field(description="Workload name.")
+    concurrency: int = Field(description="Concurrent streams.")
+    base_tokens_per_second: float | None = Field(None, alias="baseTokensPerSecond", description="Base server output tokens per second.")
+    speculative_tokens_per_second: float | None = Field(None, alias="speculativeTokensPerSecond", description="Speculative server output tokens per second.")
+    speedup: float | None = Field(None, description="Speculative over base throughput (point estimate from paired rounds).")
+    speedup_low: float | None = Field(None, alias="speedupLow", description="Lower end of the speedup's confidence interval.")
+    speedup_high: float | None = Field(None, alias="speedupHigh", description="Upper end of the speedup's confidence interval.")
+
+
+class ProbeStatus(_Model):
+    decision: Literal["promote", "rollback"] | None = Field(None, description="promote or rollback.")
+    reason: str | None = Field(None, description="SpeedupConfirmed, SpeedupBelowThreshold, DrafterNotAccepting, Inconclusive or ProbeFailed.")
+    message: str | None = Field(None, description="Human-readable summary of the decision.")
+    rounds: int | None = Field(None, description="Paired rounds run.")
+    started_at: str | None = Field(None, alias="startedAt", description="When the probe started (RFC 3339).")
+    finished_at: str | None = Field(None, alias="finishedAt", description="When the probe finished (RFC 3339).")
+    accept_length: float | None = Field(None, alias="acceptLength", description="Mean acceptance length of the speculative server during the probe.")
+    speedup: float | None = Field(None, description="Overall speedup: the smallest workload speedup (AllWorkloads) or the weighted one (WeightedMix).")
+    revision: str | None = Field(None, description="Speculative revision this decision is for; a decided revision is never probed again.")
+    workloads: list[WorkloadResult] = Field(default_factory=list, description="Per-workload results.")
+
+
+class MonitorStatus(_Model):
+    last_scrape_time: str | None = Field(None, alias="lastScrapeTime", description="When the speculative pods were last scraped (RFC 3339).")
+    accept_length: float | None = Field(None, alias="acceptLength", description="Acceptance length at the last scrape.")
+    below_floor_count: int = Field(0, alias="belowFloorCount", description="Consecutive scrapes below monitor.acceptLengthFloor.")
+
+
+class SpeculativeServerStatus(_Model):
+    phase: Phase | None = Field(None, description="Pending, Validating, Deploying, Probing, Promoted, RolledBack, Invalid or Failed.")
+    active_variant: Variant | None = Field(None, alias="activeVariant", description="Which server the stable Service selects: base or speculative.")
+    reason: str | None = Field(None, description="Reason code of the current phase (e.g. the rollback reason).")
+    message: str | None = Field(None, description="What is happening now, for humans (e.g. 'loading weights, 6m10s').")
+    speedup: float | None = Field(None, description="Measured speedup of the speculative server (from the last probe).")
+    accept_length: float | None = Field(None, alias="acceptLength", description="Latest acceptance length (probe, then monitor).")
+    observed_generation: int | None = Field(None, alias="observedGeneration", description="metadata.generation the status reflects.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Standard Kubernetes conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    validation: ValidationStatus | None = Field(None, description="Result of the drafter/target validator.")
+    probe: ProbeStatus | None = Field(None, description="Result of the speedup probe.")
+    monitor: MonitorStatus | None = Field(None, description="Drift monitor state after promotion.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers used by the CLI and the operator
+
+
+def parse_spec(spec: dict[str, Any], *, source: str = "spec", check_rules: bool = False) -> SpeculativeServerSpec:
+    """Parse and default a spec, turning pydantic's errors into one line naming the field.
+
+    check_rules also evaluates the CRD's CEL rules (what the API server does on admission); the operator
+    skips it for objects the API server already admitted.
+    """
+    try:
+        parsed = SpeculativeServerSpec.model_validate(spec)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InputError(f"{source}: spec.{loc}: {err['msg']}{more}") from None
+    if check_rules:
+        from .celrules import violations
+        from .crd import structural_schema
+
+        broken = list(violations(structural_schema(SpeculativeServerSpec), dump(parsed), "spec"))
+        if broken:
+            where, message = broken[0]
+            more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+            raise InputError(f"{source}: {where}: {message}{more}")
+    return parsed
+
+
+def load_custom_resource(path: str) -> tuple[dict[str, Any], SpeculativeServerSpec]:
+    """Read a SpeculativeServer YAML file (the first document of that kind) and parse its spec."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            docs = [d for d in yaml.safe_load_all(fh) if d]
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == KIND:
+            if doc.get("apiVersion") != f"{API_GROUP}/{API_VERSION}":
+                raise InputError(f"{path}: apiVersion must be {API_GROUP}/{API_VERSION}, got {doc.get('apiVersion')!r}")
+            if not isinstance(doc.get("spec"), dict):
+                raise InputError(f"{path}: a {KIND} needs a spec mapping")
+            return doc, parse_spec(doc["spec"], source=path, check_rules=True)
+    raise InputError(f"{path}: no {KIND} document found (kind: {KIND}, apiVersion: {API_GROUP}/{API_VERSION})")
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """camelCase JSON-ready dict without unset optionals: what goes into the API."""
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# The spec fields whose change means a different speculative server: a new revision is validated and probed
+# again; edits elsewhere (labels, monitor settings, rollout thresholds of an already decided revision) are not.
+_REVISION_FIELDS = ("image", "sglangVersion", "model", "target", "drafter", "resources", "sglang")
+
+
+def speculative_revision(spec: SpeculativeServerSpec) -> str:
+    """Short stable hash of what defines the speculative server (and its base for comparison)."""
+    data = dump(spec)
+    relevant = {k: data.get(k) for k in _REVISION_FIELDS}
+    blob = json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

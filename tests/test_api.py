@@ -1,0 +1,202 @@
+"""The SpeculativeServer API: generated CRD, its structural schema, defaults, and the CEL rules."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import pytest
+import yaml
+
+from specdec_operator import api, crd
+from specdec_operator.celrules import violations
+from specdec_operator.errors import InputError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CRD_FILE = ROOT / "crds" / "specdec.io_speculativeservers.yaml"
+
+MINIMAL = {
+    "image": "lmsysorg/sglang:v0.5.23-cu130",
+    "model": {"volume": {"persistentVolumeClaim": {"claimName": "weights"}}},
+    "target": {"path": "llama"},
+    "drafter": {"path": "eagle3/llama"},
+}
+
+
+def spec_schema() -> dict:
+    return crd.custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def rule_errors(spec: dict) -> list[tuple[str, str]]:
+    """Default the spec as the API server would, then evaluate every CEL rule of the generated schema."""
+    return list(violations(spec_schema(), api.dump(api.SpeculativeServerSpec.model_validate(spec)), "spec"))
+
+
+def with_(path: str, value, base: dict = MINIMAL) -> dict:
+    spec = copy.deepcopy(base)
+    node = spec
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return spec
+
+
+def test_committed_crd_matches_the_models():
+    assert CRD_FILE.read_text() == crd.render_yaml(), "crds/ drifted from the API models: run `make crd`"
+
+
+def test_chart_copy_of_crd_is_identical_when_chart_exists():
+    chart_copy = ROOT / "charts" / "specdec-operator" / "crds" / CRD_FILE.name
+    if chart_copy.exists():
+        assert chart_copy.read_text() == CRD_FILE.read_text(), "the chart's CRD differs: run `make crd`"
+
+
+def _walk(node: dict, path: str = "spec"):
+    yield path, node
+    for name, sub in node.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+@pytest.mark.parametrize("part", ["spec", "status"])
+def test_schema_is_structural_and_documented(part):
+    root = crd.custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][part]
+    text = yaml.safe_dump(root)
+    assert "$ref" not in text and "anyOf" not in text and "allOf" not in text and "title" not in root
+    for path, node in _walk(root):
+        assert "type" in node, f"{path} has no type"
+        if path.count(".") >= 1 and not path.endswith(("[]", "{}")):
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_crd_names_columns_and_subresource():
+    obj = crd.custom_resource_definition()
+    assert obj["spec"]["names"]["shortNames"] == ["specserver", "sps"]
+    version = obj["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Active"] == ".status.activeVariant"
+    assert columns["Phase"] == ".status.phase"
+    assert {"Speedup", "Accept", "Age"} <= set(columns)
+    # Every printer column points at a field that exists in the status schema.
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for path in columns.values():
+        if path.startswith(".status."):
+            assert path.split(".")[2] in status
+
+
+def test_defaults_of_a_minimal_spec():
+    spec = api.SpeculativeServerSpec.model_validate(MINIMAL)
+    assert spec.sglang_version == "0.5.23"
+    assert spec.sglang.max_running_requests == 128
+    assert spec.resources.gpus == 8 and spec.resources.gpu_family == "blackwell" and spec.resources.shm_size == "32Gi"
+    assert spec.drafter.algorithm == "EAGLE3" and spec.drafter.draft_tokens == spec.drafter.num_steps + 1
+    assert spec.model.mount_path == "/models"
+    assert [w.concurrency for w in spec.rollout.workloads] == [1, 64]
+    assert spec.rollout.min_speedup == 1.0 and spec.rollout.accept_length_floor == 1.1 and spec.rollout.keep_base_warm
+    assert rule_errors(MINIMAL) == []
+
+
+def test_schema_defaults_equal_pydantic_defaults():
+    """The API server fills in defaults from the schema; the CLI from pydantic: they must agree."""
+    schema = spec_schema()["properties"]
+    assert schema["sglang"]["properties"]["maxRunningRequests"]["default"] == 128
+    assert schema["rollout"]["properties"]["workloads"]["default"] == api.dump(api.SpeculativeServerSpec.model_validate(MINIMAL).rollout)["workloads"]
+    for section in ("drafter", "resources", "sglang", "rollout", "monitor", "podMetadata"):
+        assert schema[section]["default"] == {}, f"{section} must default to {{}} so its fields get defaults"
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(example):
+    doc, spec = api.load_custom_resource(str(example))
+    assert doc["metadata"]["name"]
+    assert rule_errors(doc["spec"]) == []
+
+
+BAD_RULES = [
+    ("topk 1 needs draft = steps + 1", with_("drafter", {"path": "d", "numSteps": 3, "eagleTopk": 1, "numDraftTokens": 6}), "spec.drafter.numDraftTokens", "numSteps + 1"),
+    ("tree needs explicit draft tokens", with_("drafter", {"path": "d", "numSteps": 3, "eagleTopk": 4}), "spec.drafter.numDraftTokens", "required when drafter.eagleTopk"),
+    ("tree too large", with_("drafter", {"path": "d", "numSteps": 2, "eagleTopk": 2, "numDraftTokens": 9}), "spec.drafter.numDraftTokens", "at most"),
+    ("eagle needs a path", with_("drafter", {"algorithm": "EAGLE3"}), "spec.drafter.path", "required"),
+    ("dotdot target", with_("target.path", "../etc"), "spec.target.path", "'..'"),
+    ("absolute outside mount", with_("target.path", "/etc/llama"), "spec.target.path", "mountPath"),
+    ("managed flag in extraArgs", with_("sglang", {"extraArgs": ["--max-running-requests=48"]}), "spec.sglang.extraArgs", "manages"),
+    ("speculative flag in extraArgs", with_("sglang", {"extraArgs": ["--speculative-num-steps", "5"]}), "spec.sglang.extraArgs", "manages"),
+    ("requests below concurrency", with_("rollout", {"workloads": [{"name": "w", "concurrency": 64, "requests": 8}]}), "spec.rollout.workloads[0].requests", "concurrency"),
+    ("context too short", with_("target", {"path": "llama", "contextLength": 1000}), "spec.rollout.workloads", "contextLength"),
+    ("floor above draft", with_("rollout", {"acceptLengthFloor": 4}), "spec.rollout.acceptLengthFloor", "draft tokens"),
+    ("monitor floor above draft", with_("monitor", {"acceptLengthFloor": 5.5}), "spec.monitor.acceptLengthFloor", "draft tokens"),
+]
+
+
+@pytest.mark.parametrize("name,spec,field,text", BAD_RULES, ids=[b[0] for b in BAD_RULES])
+def test_cel_rules_refuse_bad_specs_naming_the_field(name, spec, field, text):
+    errors = rule_errors(spec)
+    assert errors, f"{name}: accepted"
+    assert errors[0][0] == field
+    assert text in errors[0][1]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        with_("drafter", {"path": "d", "numSteps": 5, "eagleTopk": 4, "numDraftTokens": 8}),
+        with_("drafter", {"algorithm": "NEXTN", "numSteps": 1}),
+        with_("sglang", {"extraArgs": ["--attention-backend", "flashinfer", "--model-loader-extra-config={}"]}),
+        with_("target.path", "/models/llama"),
+        with_("rollout", {"acceptLengthFloor": 3.9}),
+    ],
+)
+def test_cel_rules_accept_good_specs(spec):
+    assert rule_errors(spec) == []
+
+
+@pytest.mark.parametrize(
+    "spec,where",
+    [
+        (with_("resources", {"gpus": 3}), "spec.resources.gpus"),
+        (with_("rollout", {"minSpeedup": 0}), "spec.rollout.minSpeedup"),
+        (with_("rollout", {"workloads": []}), "spec.rollout.workloads"),
+        (with_("drafter", {"path": "d", "numStep": 3}), "spec.drafter.numStep"),
+        (with_("target.quantization", "int3"), "spec.target.quantization"),
+        (with_("image", ""), "spec.image"),
+    ],
+)
+def test_parse_spec_errors_are_one_line_naming_the_field(spec, where):
+    with pytest.raises(InputError) as err:
+        api.parse_spec(spec, source="cr.yaml", check_rules=True)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"cr.yaml: {where}")
+
+
+def test_duplicate_workload_names_are_a_schema_property():
+    workloads = spec_schema()["properties"]["rollout"]["properties"]["workloads"]
+    assert workloads["x-kubernetes-list-type"] == "map" and workloads["x-kubernetes-list-map-keys"] == ["name"]
+    assert workloads["minItems"] == 1
+
+
+def test_load_custom_resource_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: SpeculativeServer\napiVersion: specdec.io/v1\nspec: {}\n")
+    with pytest.raises(InputError, match="apiVersion must be specdec.io/v1alpha1"):
+        api.load_custom_resource(str(bad))
+    bad.write_text("a: [")
+    with pytest.raises(InputError, match="not valid YAML"):
+        api.load_custom_resource(str(bad))
+    with pytest.raises(InputError, match="cannot read"):
+        api.load_custom_resource(str(tmp_path / "missing.yaml"))
+
+
+def test_revision_ignores_unrelated_edits():
+    base = api.SpeculativeServerSpec.model_validate(MINIMAL)
+    relabelled = api.SpeculativeServerSpec.model_validate(with_("podMetadata", {"labels": {"team": "a"}}))
+    monitored = api.SpeculativeServerSpec.model_validate(with_("monitor", {"window": 9}))
+    new_drafter = api.SpeculativeServerSpec.model_validate(with_("drafter", {"path": "eagle3/other"}))
+    steps = api.SpeculativeServerSpec.model_validate(with_("drafter", {"path": "eagle3/llama", "numSteps": 5}))
+    rev = api.speculative_revision
+    assert rev(base) == rev(relabelled) == rev(monitored)
+    assert len({rev(base), rev(new_drafter), rev(steps)}) == 3
