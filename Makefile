@@ -15,7 +15,7 @@ help:
 	@echo "make test         install everything into $(VENV), build the control-plane tools, run the whole suite"
 	@echo "make tools        build kube-apiserver/controller-manager/scheduler, etcd, kwok, helm into $(SPECDEC_TOOLS_DIR)"
 	@echo "make cluster-up   start the local control plane with simulated GPU nodes (cluster-down stops it)"
-	@echo "make crd          regenerate crds/ and the chart's copy from the pydantic API"
+	@echo "make crd          regenerate crds/, the chart's copy and docs/api.md from the pydantic API"
 	@echo "make manifests    render dist/install.yaml for users without Helm"
 
 # The virtualenv is rebuilt when pyproject.toml changes. SGLang is installed without its dependencies:
@@ -40,6 +40,7 @@ cluster-down:
 
 crd: venv
 	$(VENV)/bin/specdec crd > crds/specdec.io_speculativeservers.yaml
+	$(VENV)/bin/specdec crd --reference > docs/api.md
 	@if [ -d charts/specdec-operator/crds ]; then cp crds/specdec.io_speculativeservers.yaml charts/specdec-operator/crds/; fi
 
 test: venv tools

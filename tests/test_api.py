@@ -46,6 +46,10 @@ def test_committed_crd_matches_the_models():
     assert CRD_FILE.read_text() == crd.render_yaml(), "crds/ drifted from the API models: run `make crd`"
 
 
+def test_committed_api_reference_matches_the_models():
+    assert (ROOT / "docs" / "api.md").read_text() == crd.render_reference(), "docs/api.md drifted: run `make crd`"
+
+
 def test_chart_copy_of_crd_is_identical_when_chart_exists():
     chart_copy = ROOT / "charts" / "specdec-operator" / "crds" / CRD_FILE.name
     if chart_copy.exists():
