@@ -1,0 +1,20 @@
+"""An SGLang-compatible simulator: a continuous-batching performance model behind SGLang 0.5.23's HTTP API.
+
+For tests, the demo and anyone without GPUs. ``SimulatorServer`` runs one in-process; ``specdec simulate``
+runs one as a process. Profiles describe the simulated server (see docs/probe.md).
+"""
+
+from .model import Engine, ErrorConfig, Profile, SpeculativeConfig, load_profile, profile_from_dict, shipped_profiles
+from .server import Simulator, SimulatorServer
+
+__all__ = [
+    "Engine",
+    "ErrorConfig",
+    "Profile",
+    "Simulator",
+    "SimulatorServer",
+    "SpeculativeConfig",
+    "load_profile",
+    "profile_from_dict",
+    "shipped_profiles",
+]

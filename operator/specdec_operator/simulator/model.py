@@ -1,0 +1,508 @@
+"""A continuous-batching performance model of an SGLang server.
+
+The model is what makes the simulator useful for judging the probe: throughput comes out of the same
+mechanics that produce it on a GPU, not out of a sleep per request.
+
+* The scheduler admits queued requests up to ``max_running_requests``; the rest wait (this is how the
+  speculative server's silent cap of 48 cuts throughput at concurrency 128).
+* An iteration is either a prefill batch (new requests; it produces their first token and stalls decode,
+  as SGLang does without mixed chunked prefill) or a decode step that serves every running request.
+* A decode step takes ``step_ms(batch)`` from the profile (linear interpolation), times a jitter factor.
+* In speculative mode each request gains ``k`` tokens per step, ``1 <= k <= num_draft_tokens``. ``k`` is
+  one plus the length of the accepted prefix of a draft chain in which each draft token is accepted with
+  probability ``p``, ``p`` solved so that the mean of ``k`` is ``accept_length_mean``. That is the shape
+  EAGLE acceptance has (a rejected draft ends the chain) and it makes ``accept_length_mean = 1`` mean
+  "nothing is ever accepted", as in SGLang's own log line.
+
+The clock is simulated time; ``time_scale`` S maps it onto wall time (S simulated seconds per wall
+second). Everything the server reports (latencies, throughput gauges) is in wall-clock units, as a real
+server S times faster would report it. Steps are scheduled against absolute deadlines, so a step that the host runs late is caught up
+by the next ones instead of slowing the simulated GPU down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+PROFILE_KEYS = {
+    "name",
+    "load_seconds",
+    "max_running_requests",
+    "prefill_tokens_per_s",
+    "step_ms",
+    "speculative",
+    "jitter",
+    "errors",
+}
+ERROR_KEYS = {
+    "http_500_rate",
+    "timeout_rate",
+    "truncated_stream_rate",
+    "malformed_json_rate",
+    "stall_rate",
+    "stall_seconds",
+    "die_after_requests",
+}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """The speculative half of a profile: SGLang's flags plus the drafter's mean acceptance length."""
+
+    algorithm: str
+    num_steps: int
+    eagle_topk: int
+    num_draft_tokens: int
+    accept_length_mean: float
+
+    @property
+    def chain_accept_probability(self) -> float:
+        """Per-draft-token acceptance probability ``p`` with E[k] = accept_length_mean.
+
+        E[k] = 1 + p + p^2 + ... + p^(D-1) for D = num_draft_tokens; solved by bisection (monotone in p).
+        """
+        target, depth = self.accept_length_mean, self.num_draft_tokens
+        if target <= 1.0:
+            return 0.0
+        if target >= depth:
+            return 1.0
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            mean = sum(mid**i for i in range(depth))
+            lo, hi = (mid, hi) if mean < target else (lo, mid)
+        return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class ErrorConfig:
+    """Fault injection, each rate a per-request probability (drawn from the simulator's seeded RNG)."""
+
+    http_500_rate: float = 0.0
+    timeout_rate: float = 0.0  # accept the request and never answer
+    truncated_stream_rate: float = 0.0  # close the stream half-way, without a finish or [DONE]
+    malformed_json_rate: float = 0.0  # one chunk of the stream is not JSON
+    stall_rate: float = 0.0  # stop streaming half-way for stall_seconds (wall), then finish: too late
+    stall_seconds: float = 30.0
+    die_after_requests: int | None = None  # the server dies (connections reset) after this many /generate
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A simulated server: the keys of the profile JSON (see docs/probe.md)."""
+
+    name: str
+    load_seconds: float
+    max_running_requests: int
+    prefill_tokens_per_s: float
+    step_ms: tuple[tuple[int, float], ...]
+    speculative: SpeculativeConfig | None = None
+    jitter: float = 0.0
+    errors: ErrorConfig = field(default_factory=ErrorConfig)
+    # Optional keys: what /server_info and /metrics report, how SGLang streams.
+    model_path: str = "simulated/model"
+    served_model_name: str | None = None
+    tp_size: int = 1
+    stream_interval: int = 1
+    context_length: int = 131072
+    description: str = ""
+
+    def step_seconds(self, batch: int) -> float:
+        """Decode step time for a running batch, linearly interpolated (and extrapolated past the ends)."""
+        points = self.step_ms
+        batches = [b for b, _ in points]
+        if len(points) == 1:
+            return points[0][1] / 1000.0
+        if batch <= batches[0]:
+            return points[0][1] / 1000.0
+        i = bisect.bisect_left(batches, batch)
+        if i >= len(points):
+            i = len(points) - 1
+        (b0, m0), (b1, m1) = points[i - 1], points[i]
+        ms = m0 + (m1 - m0) * (batch - b0) / (b1 - b0)
+        return max(ms, 1e-3) / 1000.0
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        return self.speculative.accept_length_mean if self.speculative else 1.0
+
+    def analytic_throughput(self, concurrency: int, input_tokens: int, output_tokens: int) -> float:
+        """Steady-state output tok/s of closed-loop clients (no jitter, no host overhead).
+
+        Requests of equal length run in waves of ``b = min(concurrency, max_running_requests)``: one prefill
+        of ``b * input_tokens`` produces the first token of each, then decode steps at batch ``b`` produce
+        the other ``output_tokens - 1`` at ``accept_length_mean`` tokens a step.
+        """
+        batch = min(concurrency, self.max_running_requests)
+        prefill_s = batch * input_tokens / self.prefill_tokens_per_s
+        decode_steps = max(output_tokens - 1, 0) / self.mean_tokens_per_step
+        wave_s = prefill_s + decode_steps * self.step_seconds(batch)
+        return batch * output_tokens / wave_s
+
+
+def _field(data: dict, key: str, source: str, kind: type | tuple, *, minimum: float | None = None) -> Any:
+    if key not in data:
+        raise InputError(f"{source}: missing key {key!r}; see docs/probe.md for the profile format")
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise InputError(f"{source}: {key!r} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InputError(f"{source}: {key!r} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def profile_from_dict(data: Any, source: str = "profile") -> Profile:
+    """Validate a profile mapping and build a :class:`Profile` (InputError names the bad key)."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: a profile must be a JSON object")
+    num = (int, float)
+    name = _field(data, "name", source, str)
+    load_seconds = float(_field(data, "load_seconds", source, num, minimum=0))
+    max_running = _field(data, "max_running_requests", source, int, minimum=1)
+    prefill = float(_field(data, "prefill_tokens_per_s", source, num))
+    if prefill <= 0:
+        raise InputError(f"{source}: 'prefill_tokens_per_s' must be > 0")
+    raw_steps = _field(data, "step_ms", source, list)
+    steps: list[tuple[int, float]] = []
+    for point in raw_steps:
+        ok = (
+            isinstance(point, list)
+            and len(point) == 2
+            and isinstance(point[0], int)
+            and not isinstance(point[0], bool)
+            and isinstance(point[1], num)
+            and point[0] >= 1
+            and point[1] > 0
+        )
+        if not ok:
+            raise InputError(f"{source}: 'step_ms' entries must be [batch >= 1, ms > 0], got {point!r}")
+        steps.append((point[0], float(point[1])))
+    if not steps:
+        raise InputError(f"{source}: 'step_ms' needs at least one [batch, ms] point")
+    steps.sort()
+    if len({b for b, _ in steps}) != len(steps):
+        raise InputError(f"{source}: 'step_ms' has two points for the same batch size")
+    spec = None
+    raw_spec = data.get("speculative", None)
+    if "speculative" not in data:
+        raise InputError(f"{source}: missing key 'speculative' (null for a base server)")
+    if raw_spec is not None:
+        where = f"{source}: speculative"
+        if not isinstance(raw_spec, dict):
+            raise InputError(f"{where} must be null or an object")
+        spec = SpeculativeConfig(
+            algorithm=str(_field(raw_spec, "algorithm", where, str)).upper(),
+            num_steps=_field(raw_spec, "num_steps", where, int, minimum=1),
+            eagle_topk=_field(raw_spec, "eagle_topk", where, int, minimum=1),
+            num_draft_tokens=_field(raw_spec, "num_draft_tokens", where, int, minimum=2),
+            accept_length_mean=float(_field(raw_spec, "accept_length_mean", where, num, minimum=1.0)),
+        )
+        if spec.accept_length_mean > spec.num_draft_tokens:
+            raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
+    jitter = float(_field(data, "jitter", source, num, minimum=0))
+    raw_errors = data.get("errors", {}) or {}
+    if not isinstance(raw_errors, dict):
+        raise InputError(f"{source}: 'errors' must be an object")
+    unknown = set(raw_errors) - ERROR_KEYS
+    if unknown:
+        raise InputError(f"{source}: unknown errors key(s) {sorted(unknown)}; known: {sorted(ERROR_KEYS)}")
+    for key, value in raw_errors.items():
+        if key == "die_after_requests":
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise InputError(f"{source}: errors.die_after_requests must be null or an integer >= 0")
+        elif isinstance(value, bool) or not isinstance(value, num) or value < 0 or (
+            key.endswith("_rate") and value > 1
+        ):
+            raise InputError(f"{source}: errors.{key} must be a number (rates within 0..1), got {value!r}")
+    errors = ErrorConfig(**raw_errors)
+    optional: dict[str, Any] = {}
+    for key, kind in (
+        ("model_path", str),
+        ("served_model_name", str),
+        ("tp_size", int),
+        ("stream_interval", int),
+        ("context_length", int),
+        ("description", str),
+    ):
+        if key in data and data[key] is not None:
+            optional[key] = _field(data, key, source, kind)
+    if optional.get("stream_interval", 1) < 1:
+        raise InputError(f"{source}: 'stream_interval' must be >= 1")
+    return Profile(
+        name=name,
+        load_seconds=load_seconds,
+        max_running_requests=max_running,
+        prefill_tokens_per_s=prefill,
+        step_ms=tuple(steps),
+        speculative=spec,
+        jitter=jitter,
+        errors=errors,
+        **optional,
+    )
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles shipped with the package (``specdec simulate --profile NAME``)."""
+    folder = resources.files("specdec_operator.simulator") / "profiles"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_profile(ref: str | Path) -> Profile:
+    """Load a profile from a JSON file path or a shipped profile name."""
+    path = Path(ref)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise InputError(f"{path}: profile file not found; pass a JSON file or one of {shipped_profiles()}")
+        text = path.read_text()
+        source = str(path)
+    else:
+        names = shipped_profiles()
+        if str(ref) not in names:
+            raise InputError(f"--profile {ref!r}: no such file or shipped profile; shipped: {', '.join(names)}")
+        text = (resources.files("specdec_operator.simulator") / "profiles" / f"{ref}.json").read_text()
+        source = f"profile {ref}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return profile_from_dict(data, source)
+
+
+# Bucket bounds as in SGLang's metrics collector (seconds).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1,
+               0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800)
+
+
+class Histogram:
+    """Cumulative-bucket histogram (Prometheus semantics) in constant memory."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+@dataclass
+class Emission:
+    """What a request has produced so far, handed to the HTTP layer when SGLang would stream it."""
+
+    completion_tokens: int
+    finished: bool
+    verify_ct: int
+    correct_drafts: int
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One generation request inside the engine."""
+
+    prompt_tokens: int
+    max_new_tokens: int
+    stream_interval: int
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrival: float = 0.0  # simulated seconds
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    completion_tokens: int = 0
+    sent_tokens: int = 0
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    cancelled: bool = False
+
+
+class Engine:
+    """The scheduler loop of one simulated server, running on the current asyncio event loop."""
+
+    def __init__(self, profile: Profile, *, time_scale: float = 1.0, seed: int | None = None) -> None:
+        if time_scale <= 0:
+            raise InputError("--time-scale must be > 0")
+        self.profile = profile
+        self.time_scale = time_scale
+        self.rng = random.Random(seed)
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self.sim_now = 0.0
+        self._p = profile.speculative.chain_accept_probability if profile.speculative else 0.0
+        # Counters and gauges for /metrics and /server_info.
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_total = 0
+        self.verify_calls_total = 0
+        self.last_gen_throughput = 0.0
+        self.last_accept_length = 0.0
+        self.last_accept_rate = 0.0
+        self.lifetime_tokens = 0
+        self.lifetime_verify = 0
+        self.ttft_seconds = Histogram(TTFT_BUCKETS)
+        self.itl_seconds = Histogram(ITL_BUCKETS)
+        self.e2e_seconds = Histogram(E2E_BUCKETS)
+        self._window_tokens = 0
+        self._window_verify = 0
+        self._window_start = 0.0
+
+    # --- clock -------------------------------------------------------------------------------
+    def wall_to_sim(self, wall: float) -> float:
+        return (wall - self._t0) * self.time_scale
+
+    def sim_to_wall(self, sim: float) -> float:
+        return self._t0 + sim / self.time_scale
+
+    def now(self) -> float:
+        """Current simulated time (seconds since the engine started)."""
+        return self.wall_to_sim(self._loop.time())
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"sim-engine-{self.profile.name}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def submit(self, prompt_tokens: int, max_new_tokens: int, stream_interval: int | None = None) -> SimRequest:
+        req = SimRequest(
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max(1, max_new_tokens),
+            stream_interval=stream_interval or self.profile.stream_interval,
+            arrival=self.now(),
+        )
+        self.waiting.append(req)
+        self.requests_total += 1
+        self.prompt_tokens_total += prompt_tokens
+        self._wake.set()
+        return req
+
+    # --- the scheduler --------------------------------------------------------------------------
+    def _jitter(self) -> float:
+        if self.profile.jitter <= 0:
+            return 1.0
+        return max(0.05, self.rng.gauss(1.0, self.profile.jitter))
+
+    def _draw_tokens(self) -> int:
+        spec = self.profile.speculative
+        if spec is None:
+            return 1
+        k = 1
+        while k < spec.num_draft_tokens and self.rng.random() < self._p:
+            k += 1
+        return k
+
+    async def _run(self) -> None:
+        while True:
+            self.waiting = [r for r in self.waiting if not r.cancelled]
+            self.running = [r for r in self.running if not r.cancelled]
+            if not self.waiting and not self.running:
+                self._wake.clear()
+                self.last_gen_throughput = 0.0
+                await self._wake.wait()
+                self.sim_now = max(self.sim_now, self.now())
+                continue
+            room = self.profile.max_running_requests - len(self.running)
+            admitted = self.waiting[:room] if room > 0 else []
+            if admitted:
+                del self.waiting[: len(admitted)]
+                tokens = sum(r.prompt_tokens for r in admitted)
+                self.sim_now += tokens / self.profile.prefill_tokens_per_s * self._jitter()
+                await self._sleep_until(self.sim_now)
+                for req in admitted:
+                    req.first_token_at = self.sim_now
+                    # The prefill's token is not a verify step: SGLang counts spec_verify_ct in decode only.
+                    self._advance(req, 1, verify=False)
+                    self.running.append(req)
+            else:
+                batch = list(self.running)
+                self.sim_now += self.profile.step_seconds(len(batch)) * self._jitter()
+                step_tokens = step_verify = 0
+                await self._sleep_until(self.sim_now)
+                for req in batch:
+                    if req.cancelled:
+                        continue
+                    k = self._draw_tokens()
+                    step_tokens += self._advance(req, k, verify=self.profile.speculative is not None)
+                    step_verify += 1
+                self._account(step_tokens, step_verify)
+            self.running = [r for r in self.running if r.finished_at is None]
+
+    async def _sleep_until(self, sim_time: float) -> None:
+        delay = self.sim_to_wall(sim_time) - self._loop.time()
+        # A late step is not waited for: the following steps catch the schedule up.
+        await asyncio.sleep(delay if delay > 0 else 0)
+
+    def _advance(self, req: SimRequest, k: int, *, verify: bool) -> int:
+        """Add up to k tokens to a request (never past max_new_tokens); emit when SGLang would."""
+        k = min(k, req.max_new_tokens - req.completion_tokens)
+        req.completion_tokens += k
+        if verify:
+            req.verify_ct += 1
+            req.correct_drafts += k - 1
+        self.generation_tokens_total += k
+        finished = req.completion_tokens >= req.max_new_tokens
+        unsent = req.completion_tokens - req.sent_tokens
+        if finished:
+            req.finished_at = self.sim_now
+            self.e2e_seconds.observe((self.sim_now - req.arrival) / self.time_scale)
+            if req.first_token_at is not None:
+                self.ttft_seconds.observe((req.first_token_at - req.arrival) / self.time_scale)
+                if req.completion_tokens > 1:
+                    decode_s = (self.sim_now - req.first_token_at) / self.time_scale
+                    self.itl_seconds.observe(decode_s / (req.completion_tokens - 1))
+        if finished or req.stream_interval == 1 or unsent >= req.stream_interval or req.sent_tokens == 0:
+            req.sent_tokens = req.completion_tokens
+            req.out.put_nowait(Emission(req.completion_tokens, finished, req.verify_ct, req.correct_drafts))
+        return k
+
+    def _account(self, tokens: int, verifies: int) -> None:
+        """Update the gauges SGLang's scheduler logs every decode-log interval."""
+        self._window_tokens += tokens
+        self._window_verify += verifies
+        self.lifetime_tokens += tokens
+        self.lifetime_verify += verifies
+        if self.profile.speculative is not None:
+            self.verify_calls_total += verifies
+        elapsed = self.sim_now - self._window_start
+        if elapsed >= 0.5 or self._window_verify >= 4000:
+            # Reported in wall-clock tok/s: a server S times faster reports S times the throughput.
+            self.last_gen_throughput = self._window_tokens / elapsed * self.time_scale if elapsed > 0 else 0.0
+            if self.profile.speculative is not None and self._window_verify:
+                self.last_accept_length = self._window_tokens / self._window_verify
+                drafts = self._window_verify * (self.profile.speculative.num_draft_tokens - 1)
+                self.last_accept_rate = (self._window_tokens - self._window_verify) / drafts
+            self._window_tokens = self._window_verify = 0
+            self._window_start = self.sim_now
+
+    @property
+    def avg_spec_accept_length(self) -> float:
+        return self.lifetime_tokens / self.lifetime_verify if self.lifetime_verify else 0.0
