@@ -1,0 +1,811 @@
+#!/usr/bin/env python3
+"""A local Kubernetes control plane with simulated 8-GPU nodes, supervised by this script.
+
+Real etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built by ``hack/tools.sh``) and a
+kwok controller that plays the kubelet of the fake nodes in ``hack/kwok/nodes.yaml``, following the Stages in
+``hack/kwok/stages.yaml``. No containers, no Docker: every component is a local process.
+
+Each cluster has a name and a directory ``~/.cache/specdec-operator/cluster/<name>/`` holding its certificates,
+kubeconfig, logs, etcd data and a state file. Ports and certificates are kept across ``down``/``up``, so the
+kubeconfig path and contents stay the same for a given name.
+
+Command line::
+
+    python hack/devcluster.py up [--name specdec]       # start (or reuse) and print the kubeconfig path
+    python hack/devcluster.py down [--name specdec] [--purge]
+    python hack/devcluster.py status [--name specdec]
+
+Python::
+
+    import devcluster                      # with hack/ on sys.path
+    cluster = devcluster.up("specdec")     # -> Cluster(kubeconfig=..., server=..., ...)
+    cluster.kubectl("get", "nodes")
+    devcluster.down("specdec")
+
+Only the Python standard library is used, so the script runs with any Python >= 3.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+HACK_DIR = Path(__file__).resolve().parent
+REPO_DIR = HACK_DIR.parent
+NODES_MANIFEST = HACK_DIR / "kwok" / "nodes.yaml"
+STAGES_MANIFEST = HACK_DIR / "kwok" / "stages.yaml"
+VERSIONS_FILE = HACK_DIR / "versions.env"
+
+DEFAULT_NAME = "specdec"
+# Binaries the cluster needs from the tools directory (hack/tools.sh builds them).
+REQUIRED_TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl")
+# Start order; stopped in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Ports are taken from this range, outside Linux's ephemeral range (32768-60999), so that outgoing
+# connections never grab them between a `down` and the next `up`.
+PORT_RANGE = (20000, 32000)
+PORT_BLOCK = 10
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+
+
+class ClusterError(Exception):
+    """A problem starting or stopping the cluster, stated in one line with what to do about it."""
+
+
+def cache_dir() -> Path:
+    """Root of everything this script writes: ``$SPECDEC_CACHE_DIR`` or ``~/.cache/specdec-operator``."""
+    return Path(os.environ.get("SPECDEC_CACHE_DIR") or "~/.cache/specdec-operator").expanduser()
+
+
+def tools_dir() -> Path:
+    """Where hack/tools.sh puts the binaries: ``$SPECDEC_TOOLS_DIR`` or ``<cache>/bin``."""
+    return Path(os.environ.get("SPECDEC_TOOLS_DIR") or cache_dir() / "bin").expanduser()
+
+
+def cluster_dir(name: str) -> Path:
+    """The directory of the cluster called ``name``."""
+    return cache_dir() / "cluster" / name
+
+
+def versions() -> dict[str, str]:
+    """The pinned tool versions from hack/versions.env."""
+    pins = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            pins[key.strip()] = value.strip()
+    return pins
+
+
+def missing_tools(directory: Path | None = None) -> list[str]:
+    """Names of required binaries absent from the tools directory (empty when all are there)."""
+    directory = directory or tools_dir()
+    return [tool for tool in REQUIRED_TOOLS if not os.access(directory / tool, os.X_OK)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """A running local cluster and how to reach it."""
+
+    name: str
+    directory: Path
+    kubeconfig: Path
+    server: str
+    ports: dict[str, int]
+    tools: Path
+
+    @property
+    def kubectl_path(self) -> Path:
+        """The kubectl built with the control plane (same version)."""
+        return self.tools / "kubectl"
+
+    @property
+    def helm_path(self) -> Path:
+        """The pinned helm binary."""
+        return self.tools / "helm"
+
+    def env(self) -> dict[str, str]:
+        """os.environ plus KUBECONFIG for this cluster and the tools directory first on PATH."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{self.tools}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster and return the completed process (text output captured)."""
+        proc = subprocess.run(
+            [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        return proc
+
+
+# ------------------------------------------------------------------------------------------------------------
+# State and locking
+
+
+def _state_path(name: str) -> Path:
+    return cluster_dir(name) / "state.json"
+
+
+def _read_state(name: str) -> dict:
+    try:
+        return json.loads(_state_path(name).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _write_state(name: str, state: dict) -> None:
+    path = _state_path(name)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """Serialise up/down of one cluster across processes (pytest sessions, make targets)."""
+    directory = cluster_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _validate_name(name: str) -> None:
+    if not name or len(name) > 40 or not all(c.isalnum() or c in "-_" for c in name) or name[0] in "-_":
+        raise ClusterError(f"invalid cluster name {name!r}: use letters, digits, '-' and '_' (at most 40)")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Processes
+
+
+def _proc_cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _is_ours(pid: int, directory: Path) -> bool:
+    """True when ``pid`` is a live component of the cluster in ``directory`` (guards against reused pids)."""
+    if pid <= 0:
+        return False
+    cmdline = _proc_cmdline(pid)
+    if not cmdline:
+        return False
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+        if status.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is gone for our purposes
+            return False
+    except (OSError, IndexError):
+        return False
+    # Every component gets a path inside its cluster directory on its command line; the trailing slash keeps
+    # cluster "a" from claiming the processes of cluster "a2".
+    marker = f"{directory}/"
+    return any(marker in arg for arg in cmdline[1:])
+
+
+def _stop_pid(pid: int, directory: Path, grace: float = 10.0) -> None:
+    """SIGTERM the component's process group, wait, then SIGKILL what is left of it."""
+    if not _is_ours(pid, directory):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _is_ours(pid, directory):
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    # Reap it when it is our child (pytest session that started the cluster).
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM the child when the process that started it dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _spawn(cmd: Sequence[str], log: Path, cwd: Path, tie_to_parent: bool) -> int:
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,  # own process group: `down` kills the whole group
+            preexec_fn=_die_with_parent if tie_to_parent else None,
+        )
+    return proc.pid
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _choose_ports(name: str, previous: dict[str, int] | None) -> dict[str, int]:
+    """Ports for every component: the previous ones when still free, else a free block derived from the name."""
+    if previous and set(previous) == set(PORT_NAMES) and all(_port_free(p) for p in previous.values()):
+        return dict(previous)
+    blocks = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK
+    start = int(hashlib.sha256(name.encode()).hexdigest(), 16) % blocks
+    for step in range(blocks):
+        base = PORT_RANGE[0] + ((start + step) % blocks) * PORT_BLOCK
+        ports = {port_name: base + offset for offset, port_name in enumerate(PORT_NAMES)}
+        if all(_port_free(p) for p in ports.values()):
+            return ports
+    raise ClusterError(f"no free block of {len(PORT_NAMES)} ports in {PORT_RANGE[0]}-{PORT_RANGE[1]}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Certificates (openssl CLI; generated once per cluster directory and kept)
+
+_OPENSSL_CONFIG = """\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = unused
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign, digitalSignature
+subjectKeyIdentifier = hash
+[client]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = clientAuth
+[server]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = @alt
+[alt]
+DNS.1 = localhost
+DNS.2 = kubernetes
+DNS.3 = kubernetes.default
+DNS.4 = kubernetes.default.svc
+DNS.5 = kubernetes.default.svc.cluster.local
+IP.1 = 127.0.0.1
+IP.2 = 10.96.0.1
+"""
+
+# (file stem, subject, profile): who talks to the apiserver with which identity.
+_CERTS = (
+    ("apiserver", "/CN=kube-apiserver", "server"),
+    ("admin", "/O=system:masters/CN=specdec-admin", "client"),
+    ("controller-manager", "/CN=system:kube-controller-manager", "client"),
+    ("scheduler", "/CN=system:kube-scheduler", "client"),
+    # kwok plays every kubelet and patches pod/node status across namespaces.
+    ("kwok", "/O=system:masters/CN=kwok-controller", "client"),
+)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ClusterError(f"openssl {args[0]} failed: {proc.stderr.strip().splitlines()[-1:]}")
+
+
+def _ensure_pki(pki: Path) -> None:
+    if all((pki / f"{stem}.crt").exists() for stem, _, _ in _CERTS) and (pki / "sa.key").exists():
+        return
+    if shutil.which("openssl") is None:
+        raise ClusterError("openssl is not installed; install it (apt-get install openssl) and rerun")
+    pki.mkdir(parents=True, exist_ok=True)
+    os.chmod(pki, 0o700)
+    config = pki / "openssl.cnf"
+    config.write_text(_OPENSSL_CONFIG)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
+             "-subj", "/CN=specdec-dev-ca", "-config", "openssl.cnf", "-extensions", "ca", cwd=pki)
+    for stem, subject, profile in _CERTS:
+        _openssl("req", "-new", *ec, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", subject,
+                 "-config", "openssl.cnf", cwd=pki)
+        _openssl("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "3650",
+                 "-out", f"{stem}.crt", "-extfile", "openssl.cnf", "-extensions", profile, cwd=pki)
+        (pki / f"{stem}.csr").unlink()
+    # Service-account token signing key (the apiserver signs, the controller-manager signs legacy tokens).
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key", cwd=pki)
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def _kubeconfig(server: str, pki: Path, user: str, context: str, embed: bool) -> str:
+    """A kubeconfig for one identity; ``embed`` inlines the certificates so the file can be copied alone."""
+
+    def ref(key: str, path: Path) -> str:
+        if embed:
+            return f"{key}-data: {base64.b64encode(path.read_bytes()).decode()}"
+        return f"{key}: {path}"
+
+    return f"""apiVersion: v1
+kind: Config
+clusters:
+- name: {context}
+  cluster:
+    server: {server}
+    {ref("certificate-authority", pki / "ca.crt")}
+users:
+- name: {context}-{user}
+  user:
+    {ref("client-certificate", pki / f"{user}.crt")}
+    {ref("client-key", pki / f"{user}.key")}
+contexts:
+- name: {context}
+  context:
+    cluster: {context}
+    user: {context}-{user}
+current-context: {context}
+"""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Commands of the components
+
+
+def _commands(directory: Path, ports: dict[str, int], tools: Path) -> dict[str, list[str]]:
+    pki = directory / "pki"
+    data = directory / "etcd-data"
+    server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+    component_kubeconfig = {c: directory / f"{c}.kubeconfig" for c in ("controller-manager", "scheduler", "kwok")}
+    return {
+        "etcd": [
+            str(tools / "etcd"),
+            "--name=default",
+            f"--data-dir={data}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
+            "--initial-cluster-state=new",
+            # A throwaway test store: skipping fsync makes writes cheap on slow disks.
+            "--unsafe-no-fsync=true",
+            "--quota-backend-bytes=2147483648",
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            str(tools / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['kube-apiserver']}",
+            f"--cert-dir={directory / 'apiserver-certs'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--allow-privileged=true",
+            # The 'kubernetes' Service cannot point at a loopback address; nothing in the cluster needs it.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kube-controller-manager": [
+            str(tools / "kube-controller-manager"),
+            f"--kubeconfig={component_kubeconfig['controller-manager']}",
+            f"--authentication-kubeconfig={component_kubeconfig['controller-manager']}",
+            f"--authorization-kubeconfig={component_kubeconfig['controller-manager']}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-controller-manager']}",
+            f"--cert-dir={directory / 'controller-manager-certs'}",
+            "--leader-elect=false",
+            "--controllers=*",
+            # Each controller uses its own service account, as in a real cluster (RBAC is exercised).
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kube-scheduler": [
+            str(tools / "kube-scheduler"),
+            f"--kubeconfig={component_kubeconfig['scheduler']}",
+            f"--authentication-kubeconfig={component_kubeconfig['scheduler']}",
+            f"--authorization-kubeconfig={component_kubeconfig['scheduler']}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-scheduler']}",
+            f"--cert-dir={directory / 'scheduler-certs'}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kwok": [
+            str(tools / "kwok"),
+            f"--kubeconfig={component_kubeconfig['kwok']}",
+            f"--config={directory / 'kwok-stages.yaml'}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            "--node-lease-duration-seconds=40",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=10.200.0.1",
+        ],
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Health
+
+
+def _admin_ssl(pki: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return context
+
+
+def _insecure_ssl() -> ssl.SSLContext:
+    # The controller-manager and scheduler serve /healthz with self-signed certificates of their own.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _get_ok(url: str, context: ssl.SSLContext | None = None, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def _health_checks(directory: Path, ports: dict[str, int]) -> dict[str, Callable[[], bool]]:
+    pki = directory / "pki"
+    return {
+        "etcd": lambda: _get_ok(f"http://127.0.0.1:{ports['etcd']}/health"),
+        "kube-apiserver": lambda: _get_ok(f"https://127.0.0.1:{ports['kube-apiserver']}/readyz", _admin_ssl(pki)),
+        "kube-controller-manager": lambda: _get_ok(
+            f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz", _insecure_ssl()
+        ),
+        "kube-scheduler": lambda: _get_ok(f"https://127.0.0.1:{ports['kube-scheduler']}/healthz", _insecure_ssl()),
+        "kwok": lambda: _get_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"),
+    }
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _wait_healthy(directory: Path, ports: dict[str, int], pids: dict[str, int], deadline: float) -> None:
+    checks = _health_checks(directory, ports)
+    pending = list(COMPONENTS)
+    while pending:
+        for component in list(pending):
+            if not _is_ours(pids[component], directory):
+                log = directory / "logs" / f"{component}.log"
+                raise ClusterError(f"{component} exited during startup; last lines of {log}:\n{_tail(log)}")
+            if checks[component]():
+                pending.remove(component)
+        if pending and time.monotonic() > deadline:
+            raise ClusterError(f"not healthy in time: {', '.join(pending)} (logs in {directory / 'logs'})")
+        if pending:
+            time.sleep(0.2)
+
+
+def _running(name: str) -> tuple[dict, bool]:
+    state = _read_state(name)
+    pids = state.get("pids") or {}
+    directory = cluster_dir(name)
+    alive = bool(pids) and all(_is_ours(int(pids.get(c, 0)), directory) for c in COMPONENTS)
+    return state, alive
+
+
+def _cluster_from_state(name: str, state: dict) -> Cluster:
+    directory = cluster_dir(name)
+    ports = {k: int(v) for k, v in state["ports"].items()}
+    return Cluster(
+        name=name,
+        directory=directory,
+        kubeconfig=directory / "kubeconfig",
+        server=f"https://127.0.0.1:{ports['kube-apiserver']}",
+        ports=ports,
+        tools=Path(state.get("tools") or tools_dir()),
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def up(
+    name: str = DEFAULT_NAME,
+    *,
+    tie_to_parent: bool = False,
+    timeout: float = 180.0,
+    log: Callable[[str], None] | None = None,
+) -> Cluster:
+    """Start the cluster ``name`` (or return it when it is already up and healthy).
+
+    ``tie_to_parent``: the components receive SIGTERM when the calling process dies (pytest sessions use it so
+    that even a killed session leaves nothing behind). Raises ClusterError with a one-line reason.
+    """
+    _validate_name(name)
+    say = log or (lambda message: None)
+    tools = tools_dir()
+    missing = missing_tools(tools)
+    if missing:
+        raise ClusterError(f"control-plane tools missing in {tools} ({', '.join(missing)}): run `make tools`")
+    directory = cluster_dir(name)
+    with _locked(name):
+        state, alive = _running(name)
+        if alive and _health_checks(directory, {k: int(v) for k, v in state["ports"].items()})["kube-apiserver"]():
+            say(f"cluster {name!r} is already up")
+            return _cluster_from_state(name, state)
+        _stop_all(name, state)
+
+        started = time.monotonic()
+        deadline = started + timeout
+        (directory / "logs").mkdir(parents=True, exist_ok=True)
+        pki = directory / "pki"
+        _ensure_pki(pki)
+        ports = _choose_ports(name, state.get("ports"))
+        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+        for component in ("controller-manager", "scheduler", "kwok"):
+            (directory / f"{component}.kubeconfig").write_text(
+                _kubeconfig(server, pki, component, f"specdec-{name}", embed=False)
+            )
+        kubeconfig = directory / "kubeconfig"
+        kubeconfig.write_text(_kubeconfig(server, pki, "admin", f"specdec-{name}", embed=True))
+        os.chmod(kubeconfig, 0o600)
+        # kwok reads its Stages from a copy, so editing hack/kwok/ while a cluster runs changes nothing.
+        shutil.copyfile(STAGES_MANIFEST, directory / "kwok-stages.yaml")
+        # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
+        shutil.rmtree(directory / "etcd-data", ignore_errors=True)
+
+        commands = _commands(directory, ports, tools)
+        pids: dict[str, int] = {}
+        state = {
+            "name": name,
+            "ports": ports,
+            "pids": pids,
+            "tools": str(tools),
+            "owner_pid": os.getpid() if tie_to_parent else None,
+            "versions": versions(),
+        }
+        try:
+            for component in COMPONENTS:
+                pids[component] = _spawn(
+                    commands[component], directory / "logs" / f"{component}.log", directory, tie_to_parent
+                )
+                _write_state(name, state)
+                if component in ("etcd", "kube-apiserver"):
+                    # The apiserver gives up on an unreachable store, and the controller-manager and scheduler
+                    # exit when RBAC is not bootstrapped yet: each waits for the one before it to be ready.
+                    _wait_component(directory, ports, pids, component, deadline)
+            say(f"started {', '.join(COMPONENTS)}; waiting for them to be healthy")
+            _wait_healthy(directory, ports, pids, deadline)
+            cluster = _cluster_from_state(name, state)
+            _bootstrap(cluster, deadline)
+        except BaseException:
+            _stop_all(name, state)
+            raise
+        state["started_seconds"] = round(time.monotonic() - started, 2)
+        _write_state(name, state)
+        say(f"cluster {name!r} is up in {state['started_seconds']:.1f}s")
+        return cluster
+
+
+def _wait_component(directory: Path, ports: dict[str, int], pids: dict[str, int], component: str,
+                    deadline: float) -> None:
+    check = _health_checks(directory, ports)[component]
+    while not check():
+        if not _is_ours(pids[component], directory):
+            log = directory / "logs" / f"{component}.log"
+            raise ClusterError(f"{component} exited during startup; last lines of {log}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{component} not healthy in time (log: {directory / 'logs' / component}.log)")
+        time.sleep(0.1)
+
+
+def _bootstrap(cluster: Cluster, deadline: float) -> None:
+    """Create the fake nodes and wait until the cluster can run pods: nodes Ready, default ServiceAccount."""
+    cluster.kubectl("apply", "-f", str(NODES_MANIFEST))
+    remaining = max(5, int(deadline - time.monotonic()))
+    cluster.kubectl("wait", "--for=condition=Ready", "nodes", "--all", f"--timeout={remaining}s",
+                    timeout=remaining + 10)
+    # The ServiceAccount admission plugin rejects pods until the controller-manager created 'default'.
+    while cluster.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise ClusterError("the controller-manager did not create the default ServiceAccount in time")
+        time.sleep(0.2)
+
+
+def _stop_all(name: str, state: dict) -> None:
+    directory = cluster_dir(name)
+    pids = state.get("pids") or {}
+    for component in reversed(COMPONENTS):
+        if component in pids:
+            _stop_pid(int(pids[component]), directory)
+    if state:
+        state["pids"] = {}
+        if _state_path(name).exists():
+            _write_state(name, state)
+
+
+def down(name: str = DEFAULT_NAME, *, purge: bool = False) -> bool:
+    """Stop every component of ``name`` and drop its data; ``purge`` also removes certificates and ports.
+
+    Returns True when something was running. Safe to call on a cluster that does not exist.
+    """
+    _validate_name(name)
+    directory = cluster_dir(name)
+    if not directory.exists():
+        return False
+    with _locked(name):
+        state, _ = _running(name)
+        was_running = any(_is_ours(int(pid), directory) for pid in (state.get("pids") or {}).values())
+        _stop_all(name, state)
+        shutil.rmtree(directory / "etcd-data", ignore_errors=True)
+    if purge:
+        shutil.rmtree(directory, ignore_errors=True)
+    return was_running
+
+
+def status(name: str = DEFAULT_NAME) -> dict:
+    """Process and health status of every component, plus the kubeconfig path."""
+    _validate_name(name)
+    state = _read_state(name)
+    directory = cluster_dir(name)
+    report = {"name": name, "kubeconfig": str(directory / "kubeconfig"), "components": {}}
+    if not state.get("ports"):
+        report["state"] = "absent"
+        return report
+    ports = {k: int(v) for k, v in state["ports"].items()}
+    checks = _health_checks(directory, ports)
+    pids = state.get("pids") or {}
+    for component in COMPONENTS:
+        pid = int(pids.get(component, 0))
+        running = _is_ours(pid, directory)
+        report["components"][component] = {
+            "pid": pid if running else None,
+            "port": ports.get(component),
+            "healthy": running and checks[component](),
+        }
+    healthy = [c["healthy"] for c in report["components"].values()]
+    report["state"] = "up" if all(healthy) else ("down" if not any(healthy) else "degraded")
+    report["server"] = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    return report
+
+
+def reap_orphans() -> list[str]:
+    """Purge clusters started by processes that are gone (e.g. a pytest session killed with SIGKILL)."""
+    reaped = []
+    root = cache_dir() / "cluster"
+    if not root.is_dir():
+        return reaped
+    for directory in sorted(root.iterdir()):
+        state = _read_state(directory.name)
+        owner = state.get("owner_pid")
+        if not owner:
+            continue
+        try:
+            os.kill(int(owner), 0)
+            continue  # owner alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        down(directory.name, purge=True)
+        reaped.append(directory.name)
+    return reaped
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="devcluster", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command, help_text in (
+        ("up", "start the cluster (or reuse it) and print its kubeconfig path"),
+        ("down", "stop the cluster; --purge also forgets its certificates and ports"),
+        ("status", "show the components and their health"),
+        ("kubeconfig", "print the kubeconfig path"),
+    ):
+        command_parser = sub.add_parser(command, help=help_text)
+        command_parser.add_argument("--name", default=os.environ.get("SPECDEC_CLUSTER_NAME", DEFAULT_NAME))
+        if command == "down":
+            command_parser.add_argument("--purge", action="store_true")
+        if command == "status":
+            command_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        print(f"devcluster: {message}", file=sys.stderr, flush=True)
+
+    try:
+        if args.command == "up":
+            cluster = up(args.name, log=say)
+            nodes = cluster.kubectl("get", "nodes", "-L", "nvidia.com/gpu.product,nvidia.com/gpu.family").stdout
+            print(nodes.rstrip(), file=sys.stderr)
+            say(f"kubeconfig: {cluster.kubeconfig}")
+            say(f"use it with: export KUBECONFIG={cluster.kubeconfig}")
+            print(cluster.kubeconfig)
+        elif args.command == "down":
+            was_running = down(args.name, purge=args.purge)
+            say(f"cluster {args.name!r} {'stopped' if was_running else 'was not running'}"
+                + (" and purged" if args.purge else ""))
+        elif args.command == "status":
+            report = status(args.name)
+            if args.json:
+                print(json.dumps(report, indent=2))
+            else:
+                print(f"cluster {report['name']}: {report['state']}  kubeconfig: {report['kubeconfig']}")
+                for component, info in report["components"].items():
+                    health = "healthy" if info["healthy"] else ("running" if info["pid"] else "stopped")
+                    print(f"  {component:<24} {health:<8} pid={info['pid'] or '-'} port={info['port']}")
+            return 0 if report["state"] == "up" else 1
+        elif args.command == "kubeconfig":
+            print(cluster_dir(args.name) / "kubeconfig")
+    except ClusterError as error:
+        print(f"devcluster: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+#!/usr/bin/env bash
+# Build (once) the binaries of the local control plane into a cache outside the checkout:
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   (one Kubernetes release)
+#   kwok, kwokctl                                                      (fake kubelets)
+#   etcd                                                               (the apiserver's store)
+#   helm                                                               (chart tests, manifests)
+# Versions are pinned in hack/versions.env; the Go consumer modules that build them live in hack/go/.
+#
+# Idempotent: each group of binaries carries a stamp (a hash of the pinned versions and of its go.mod/go.sum);
+# when the stamp matches nothing is built and the script returns in milliseconds.
+# Binaries the user already has are reused (symlinked) when their major.minor matches the pin: looked up in
+# $KUBEBUILDER_ASSETS, the setup-envtest store and $PATH.
+#
+# Environment:
+#   SPECDEC_TOOLS_DIR   where the binaries go (default ~/.cache/specdec-operator/bin)
+#   SPECDEC_TOOLS_REUSE 0 to never reuse binaries found on the machine (default 1)
+#   SPECDEC_TOOLS_FORCE 1 to rebuild even when the stamps match
+# Usage: hack/tools.sh [--print-dir | --check]
+#   --print-dir  print the tools directory and exit
+#   --check      exit 0 when every binary is present and stamped, 1 otherwise (builds nothing)
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TOOLS_DIR="${SPECDEC_TOOLS_DIR:-$HOME/.cache/specdec-operator/bin}"
+REUSE="${SPECDEC_TOOLS_REUSE:-1}"
+FORCE="${SPECDEC_TOOLS_FORCE:-0}"
+
+# versions.env is KEY=VALUE lines; read it without executing it.
+while IFS='=' read -r key value; do
+  [[ "$key" =~ ^[A-Z_]+$ ]] && printf -v "$key" '%s' "$value"
+done < <(grep -E '^[A-Z_]+=' "$HACK_DIR/versions.env")
+: "${KUBERNETES_VERSION:?missing in hack/versions.env}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}"
+
+KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl)
+ETCD_BINS=(etcd)
+HELM_BINS=(helm)
+
+log() { printf 'tools: %s\n' "$*" >&2; }
+die() { printf 'tools: error: %s\n' "$*" >&2; exit 1; }
+
+case "${1:-}" in
+  --print-dir) echo "$TOOLS_DIR"; exit 0 ;;
+  --check|"") ;;
+  *) die "unknown argument '$1' (use --print-dir or --check)" ;;
+esac
+CHECK_ONLY=0
+[[ "${1:-}" == "--check" ]] && CHECK_ONLY=1
+
+# stamp_of GROUP: what the group's binaries were built from. A change to any pin or module file rebuilds it.
+stamp_of() {
+  local group="$1"
+  {
+    case "$group" in
+      kube) echo "$KUBERNETES_VERSION $KWOK_VERSION" ;;
+      etcd) echo "$ETCD_VERSION" ;;
+      helm) echo "$HELM_VERSION" ;;
+    esac
+    cat "$HACK_DIR/go/$group/go.mod" "$HACK_DIR/go/$group/go.sum"
+  } | sha256sum | cut -c1-16
+}
+
+# pkgs_of GROUP: the main packages a group builds (the order matches bins_of).
+pkgs_of() {
+  case "$1" in
+    kube) echo k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+               k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+               sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl ;;
+    etcd) echo go.etcd.io/etcd/server/v3 ;;
+    helm) echo helm.sh/helm/v4/cmd/helm ;;
+  esac
+}
+
+bins_of() {
+  case "$1" in
+    kube) echo "${KUBE_BINS[@]}" ;;
+    etcd) echo "${ETCD_BINS[@]}" ;;
+    helm) echo "${HELM_BINS[@]}" ;;
+  esac
+}
+
+group_is_current() {
+  local group="$1" bin
+  [[ "$FORCE" == 1 ]] && return 1
+  [[ -f "$TOOLS_DIR/.stamp-$group" ]] || return 1
+  [[ "$(cat "$TOOLS_DIR/.stamp-$group")" == "$(stamp_of "$group")" ]] || return 1
+  for bin in $(bins_of "$group"); do [[ -x "$TOOLS_DIR/$bin" ]] || return 1; done
+  return 0
+}
+
+# ---------------------------------------------------------------------------------------------------------
+# Reuse of binaries already on the machine.
+# version_of BIN PATH: the version a binary reports, as vMAJOR.MINOR.PATCH (empty when unknown).
+version_of() {
+  local bin="$1" path="$2" out=""
+  case "$bin" in
+    kube-apiserver|kube-controller-manager|kube-scheduler) out="$(timeout 10 "$path" --version 2>/dev/null || true)" ;;
+    kubectl) out="$(timeout 10 "$path" version --client 2>/dev/null || true)" ;;
+    etcd) out="$(timeout 10 "$path" --version 2>/dev/null | head -1 || true)" ;;
+    kwok|kwokctl) out="$(timeout 10 "$path" --version 2>/dev/null || true)" ;;
+    helm) out="$(timeout 10 "$path" version --template '{{.Version}}' 2>/dev/null || true)" ;;
+  esac
+  grep -oE 'v?[0-9]+\.[0-9]+\.[0-9]+' <<<"$out" | head -1 | sed 's/^v*/v/'
+}
+
+minor_of() { grep -oE '^v[0-9]+\.[0-9]+' <<<"$1"; }
+
+pin_of() {
+  case "$1" in
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) echo "$KUBERNETES_VERSION" ;;
+    etcd) echo "$ETCD_VERSION" ;;
+    kwok|kwokctl) echo "$KWOK_VERSION" ;;
+    helm) echo "$HELM_VERSION" ;;
+  esac
+}
+
+# find_existing BIN: print the path of a binary on this machine whose major.minor matches the pin.
+find_existing() {
+  local bin="$1" want candidate dir have
+  want="$(minor_of "$(pin_of "$bin")")"
+  local -a dirs=()
+  [[ -n "${KUBEBUILDER_ASSETS:-}" ]] && dirs+=("$KUBEBUILDER_ASSETS")
+  # setup-envtest store (Linux and macOS locations), newest first.
+  local store
+  for store in "$HOME/.local/share/kubebuilder-envtest/k8s" "$HOME/Library/Application Support/io.kubebuilder.envtest/k8s"; do
+    [[ -d "$store" ]] || continue
+    while IFS= read -r dir; do dirs+=("$dir"); done < <(ls -1d "$store"/*/ 2>/dev/null | sort -rV)
+  done
+  IFS=':' read -r -a path_dirs <<<"${PATH:-}"
+  dirs+=("${path_dirs[@]}")
+  for dir in "${dirs[@]}"; do
+    candidate="${dir%/}/$bin"
+    [[ -x "$candidate" && ! -d "$candidate" ]] || continue
+    # Never "reuse" our own output directory.
+    [[ "$(cd "$(dirname "$candidate")" && pwd -P)" == "$(mkdir -p "$TOOLS_DIR" && cd "$TOOLS_DIR" && pwd -P)" ]] && continue
+    have="$(version_of "$bin" "$candidate")"
+    if [[ -n "$have" && "$(minor_of "$have")" == "$want" ]]; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# try_reuse GROUP: when every binary of the group is found on the machine, link them in and stamp the group.
+try_reuse() {
+  local group="$1" bin found
+  local -a links=()
+  [[ "$REUSE" == 1 ]] || return 1
+  for bin in $(bins_of "$group"); do
+    found="$(find_existing "$bin")" || return 1
+    links+=("$bin=$found")
+  done
+  for entry in "${links[@]}"; do
+    bin="${entry%%=*}"; found="${entry#*=}"
+    ln -sfn "$found" "$TOOLS_DIR/$bin"
+    log "reusing $found ($(version_of "$bin" "$found")) for $bin"
+  done
+  stamp_of "$group" >"$TOOLS_DIR/.stamp-$group"
+  return 0
+}
+
+# ---------------------------------------------------------------------------------------------------------
+# Building.
+check_go() {
+  command -v go >/dev/null 2>&1 || die "go is not installed; install Go >= 1.26 (https://go.dev/dl/) and rerun make tools"
+  local v
+  v="$(go env GOVERSION | sed 's/^go//')"
+  local major="${v%%.*}" rest="${v#*.}"
+  local minor="${rest%%.*}"
+  if (( major < 1 || (major == 1 && minor < 26) )); then
+    die "go $v is too old: Kubernetes $KUBERNETES_VERSION needs Go >= 1.26; install a newer Go and rerun make tools"
+  fi
+}
+
+# build_group GROUP LOG: build every binary of a group into a scratch directory, then move them into place.
+build_group() {
+  local group="$1" logfile="$2" ldflags out
+  local -a pkgs=() nice=()
+  read -r -a pkgs <<<"$(pkgs_of "$group")"
+  # etcd and helm build beside the Kubernetes group at lower priority, so that they fill its gaps (e.g. the
+  # single-threaded link of kube-apiserver) instead of slowing it down.
+  [[ "$group" == kube ]] || nice=(nice -n 10)
+  local kv="$KUBERNETES_VERSION" kmaj kmin
+  kmaj="$(cut -d. -f1 <<<"${kv#v}")"; kmin="$(cut -d. -f2 <<<"${kv#v}")"
+  case "$group" in
+    kube)
+      ldflags="-s -w"
+      # The same stamps Kubernetes' own hack/lib/version.sh sets; without them the binaries say v0.0.0 and
+      # kubectl/the apiserver report a skew.
+      for pkgpath in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $pkgpath.gitVersion=$kv -X $pkgpath.gitMajor=$kmaj -X $pkgpath.gitMinor=$kmin"
+        ldflags+=" -X $pkgpath.gitTreeState=clean -X $pkgpath.buildDate=1970-01-01T00:00:00Z"
+      done
+      ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+      ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${kv#v}"
+      ;;
+    etcd)
+      ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}"
+      ;;
+    helm)
+      ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+      ;;
+  esac
+  local scratch
+  scratch="$(mktemp -d "$TOOLS_DIR/.build-$group.XXXXXX")"
+  (
+    cd "$HACK_DIR/go/$group"
+    # Static binaries: no C toolchain needed, and they run on any Linux of the same architecture.
+    # -mod=readonly: go.sum in hack/go/ is the lock file; -v lists each package as it compiles (progress).
+    CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -trimpath -buildvcs=false" \
+      "${nice[@]}" go build -v -ldflags "$ldflags" -o "$scratch/" "${pkgs[@]}"
+  ) >"$logfile" 2>&1 || { rm -rf "$scratch"; return 1; }
+  # go names the binary of go.etcd.io/etcd/server/v3 after the element before the major-version suffix.
+  if [[ "$group" == etcd && ! -e "$scratch/etcd" ]]; then mv "$scratch/server" "$scratch/etcd"; fi
+  for bin in $(bins_of "$group"); do
+    [[ -x "$scratch/$bin" ]] || { rm -rf "$scratch"; echo "expected binary $bin was not produced" >>"$logfile"; return 1; }
+    mv -f "$scratch/$bin" "$TOOLS_DIR/$bin"
+  done
+  rm -rf "$scratch"
+  stamp_of "$group" >"$TOOLS_DIR/.stamp-$group"
+}
+
+# progress: one line every 30 seconds per running build (packages compiled so far, out of the total).
+progress() {
+  local group="$1" logfile="$2" total="$3" start="$4" pid="$5" n
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 30
+    kill -0 "$pid" 2>/dev/null || break
+    n="$(grep -cvE '^(#|go: )' "$logfile" 2>/dev/null || true)"
+    log "$group: ${n:-0}/$total packages compiled, $(( $(date +%s) - start ))s elapsed"
+  done
+}
+
+main() {
+  mkdir -p "$TOOLS_DIR"
+  local -a todo=()
+  local group
+  for group in kube etcd helm; do
+    group_is_current "$group" && continue
+    todo+=("$group")
+  done
+  if (( ${#todo[@]} == 0 )); then
+    [[ "$CHECK_ONLY" == 1 ]] || log "up to date in $TOOLS_DIR (Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
+    return 0
+  fi
+  if [[ "$CHECK_ONLY" == 1 ]]; then
+    log "missing or outdated in $TOOLS_DIR: ${todo[*]} (run: make tools)"
+    return 1
+  fi
+
+  local -a build=()
+  for group in "${todo[@]}"; do
+    if [[ "$FORCE" != 1 ]] && try_reuse "$group"; then continue; fi
+    build+=("$group")
+  done
+  (( ${#build[@]} == 0 )) && { log "up to date in $TOOLS_DIR"; return 0; }
+
+  check_go
+  local start
+  start="$(date +%s)"
+  log "building ${build[*]} into $TOOLS_DIR (Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
+  log "a cold build takes about 20 minutes on 2 cores; later runs reuse the binaries and the Go build cache"
+  log "downloading Go modules"
+  for group in "${build[@]}"; do
+    (cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go mod download) \
+      || die "go mod download failed in hack/go/$group (is the Go module proxy reachable? GOPROXY=$(go env GOPROXY))"
+  done
+
+  # All groups build at once; the Kubernetes group dominates the time.
+  local -A pids=() logs=() progress_pids=()
+  for group in "${build[@]}"; do
+    logs[$group]="$TOOLS_DIR/.build-$group.log"
+    local total
+    total="$(cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -deps $(pkgs_of "$group") 2>/dev/null | wc -l)"
+    build_group "$group" "${logs[$group]}" &
+    pids[$group]=$!
+    progress "$group" "${logs[$group]}" "$total" "$start" "${pids[$group]}" &
+    progress_pids[$group]=$!
+    log "$group: compiling $total packages (log: ${logs[$group]})"
+  done
+  local failed=()
+  for group in "${build[@]}"; do
+    if wait "${pids[$group]}"; then
+      log "$group: done after $(( $(date +%s) - start ))s: $(bins_of "$group")"
+      rm -f "${logs[$group]}"
+    else
+      failed+=("$group")
+      log "$group: FAILED after $(( $(date +%s) - start ))s; last lines of ${logs[$group]}:"
+      tail -n 25 "${logs[$group]}" >&2 || true
+    fi
+    kill "${progress_pids[$group]}" 2>/dev/null || true
+    wait "${progress_pids[$group]}" 2>/dev/null || true
+  done
+  (( ${#failed[@]} == 0 )) || die "could not build: ${failed[*]} (see the logs above)"
+  log "all tools built in $(( $(date +%s) - start ))s into $TOOLS_DIR"
+}
+
+main
