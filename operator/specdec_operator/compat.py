@@ -1,0 +1,861 @@
+"""`specdec validate`: can SGLang serve this drafter with this target, and will it accept anything?
+
+`validate()` is a pure function of what modelmeta read from the two directories; `main()` is the
+command line (run by users and, as an init container, by the operator before a 10-minute model load).
+
+Every rule below mirrors what SGLang 0.5.23 does when it loads the pair (read from the released
+package, see docs/validator.md): which target classes implement `set_eagle3_layers_to_capture`,
+how llama_eagle3.py / kimi_k25_eagle3.py name and size the draft's weights, how model_config.py
+reads quantization_config and derives context lengths. SGLang skips unknown weight names silently,
+so a broken drafter loads and then accepts nothing; catching that here costs milliseconds instead
+of a GPU node for ten minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InputError
+from .modelmeta import MetaReader, ModelMeta, display_path, read_model_dir
+
+SGLANG_VERSION = "0.5.23"
+ERROR, WARNING, INFO = "error", "warning", "info"
+SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+ALGORITHMS = ("EAGLE3", "EAGLE", "NEXTN")
+QUANTIZATIONS = ("auto", "none", "bf16", "fp8", "int8", "int4", "fp4")
+MIN_TRAINING_SAMPLES = 100_000
+TERMINATION_MESSAGE_LIMIT = 4096  # bytes Kubernetes keeps of /dev/termination-log
+
+# Target classes whose SGLang 0.5.23 implementation has set_eagle3_layers_to_capture (directly or
+# inherited): EAGLE-3 cannot run on any other target, start-up raises ValueError. Derived from the
+# package's source (tests/test_validate_sglang.py re-derives it from the installed wheel).
+EAGLE3_TARGET_ARCHITECTURES = frozenset({
+    "ApertusForCausalLM", "BailingMoEForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM",
+    "Cosmos3ForConditionalGeneration", "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM",
+    "DeepseekV3ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM", "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration", "Gemma4AssistantForCausalLM", "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration", "Gemma4UnifiedAssistantForCausalLM",
+    "Gemma4UnifiedForConditionalGeneration", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
+    "Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM", "GptOssForCausalLM",
+    "IQuestCoderForCausalLM", "InternLM3ForCausalLM", "InternS1ProForConditionalGeneration",
+    "InternS2MobiusForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+    "KimiK25ForConditionalGeneration", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
+    "LlamaForCausalLM", "LongcatFlashForCausalLM", "MellumForCausalLM", "MindSporeForCausalLM",
+    "MiniMaxM2ForCausalLM", "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
+    "Ministral3ForCausalLM", "MistralForCausalLM", "MistralLarge3ForCausalLM", "Phi3ForCausalLM",
+    "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen2_5_VLForConditionalGeneration", "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration",
+    "SarvamMoEForCausalLM", "TeleFLMForCausalLM",
+})
+# Of those, the DeepSeek-V2 family (and Kimi-K2.5, whose language model is DeepseekV3ForCausalLM)
+# add 1 to the configured layer ids only when the first id is 1; every other class always adds 1.
+# SGLang captures the INPUT of layer (id [+1]); an index >= num_hidden_layers is never captured.
+DEEPSEEK_CAPTURE_CONVENTION = frozenset({
+    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
+    "Glm4MoeLiteForCausalLM", "MistralLarge3ForCausalLM", "KimiK25ForConditionalGeneration",
+})
+# EAGLE-3 draft classes SGLang 0.5.23 registers, and the weight layout each loads.
+EAGLE3_DRAFT_ARCHITECTURES = {"LlamaForCausalLMEagle3": "llama", "Eagle3DeepseekV2ForCausalLM": "mla"}
+# EAGLE (v1/v2) draft classes: fc = Linear(2 x hidden, hidden) over [embedding, last hidden state].
+EAGLE_DRAFT_ARCHITECTURES = frozenset({
+    "LlamaForCausalLMEagle", "MistralForCausalLMEagle", "Qwen2ForCausalLMEagle", "MistralLarge3ForCausalLMEagle",
+})
+# Targets whose checkpoint SGLang rewrites into a NextN/MTP draft (model_config._config_draft_model).
+NEXTN_TARGET_ARCHITECTURES = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "GlmMoeDsaForCausalLM",
+    "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "Glm5NextForConditionalGeneration",
+    "GlmOcrForConditionalGeneration", "LongcatFlashForCausalLM", "MiMoForCausalLM", "Step3p5ForCausalLM",
+    "InklingForConditionalGeneration", "GigaChat35ForCausalLM", "Step3p7ForConditionalGeneration",
+    "BailingMoeV2ForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM",
+    "Ernie4_5_MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen4ExpForConditionalGeneration",
+    "Qwen3MoeForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "HYV3ForCausalLM", "HYV4ForCausalLM",
+})
+
+CONVERT_EAGLE3_LLAMA = (
+    "vLLM's name for the same layout: set architectures to [\"LlamaForCausalLMEagle3\"] in config.json "
+    "(the weights midlayer.*, fc, lm_head, d2t, t2d load unchanged)"
+)
+CONVERT_SPECULATORS = (
+    "the speculators format, which SGLang cannot load: export it in SGLang format (config.json with "
+    "architectures [\"LlamaForCausalLMEagle3\"], the fields of transformer_layer_config, draft_vocab_size, "
+    "target_hidden_size and eagle_config.eagle_aux_hidden_state_layer_ids); only valid when "
+    "norm_before_residual is false, else retrain in SGLang format (SpecForge or specdec-train)"
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of a check. `field` says where the fact came from, e.g. 'drafter.config.hidden_size'."""
+
+    severity: str
+    code: str
+    message: str
+    field: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"severity": self.severity, "code": self.code, "message": self.message, "field": self.field}
+
+
+@dataclass
+class ValidationReport:
+    """Findings plus the facts they were derived from."""
+
+    algorithm: str
+    serving_quantization: str | None
+    checkpoint_quantization: str | None
+    findings: list[Finding] = field(default_factory=list)
+    target: dict[str, Any] = field(default_factory=dict)
+    drafter: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def compatible(self) -> bool:
+        return not any(f.severity == ERROR for f in self.findings)
+
+    def codes(self, severity: str | None = None) -> list[str]:
+        return [f.code for f in self.findings if severity is None or f.severity == severity]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compatible": self.compatible,
+            "algorithm": self.algorithm,
+            "sglang_version": SGLANG_VERSION,
+            "serving_quantization": self.serving_quantization,
+            "checkpoint_quantization": self.checkpoint_quantization,
+            "findings": [f.as_dict() for f in self.findings],
+            "target": self.target,
+            "drafter": self.drafter,
+        }
+
+    def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+        """Compact JSON that always fits Kubernetes' termination-message limit (ASCII, so chars == bytes)."""
+        base: dict[str, Any] = {
+            "compatible": self.compatible,
+            "serving_quantization": self.serving_quantization,
+            "findings": [],
+        }
+        items = [{"severity": f.severity, "code": f.code, "message": _clip(f.message, 400)} for f in self.findings]
+        return _fit_json(base, "findings", items, limit)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split("\n")).replace("\r", " ")
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _fit_json(base: dict[str, Any], key: str, items: list[Any], limit: int) -> str:
+    """Put as many of `items` under `key` as fit in `limit` bytes, with "truncated": n for the rest."""
+    def dump(doc: dict[str, Any]) -> str:
+        return json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
+
+    kept = list(items)
+    while True:
+        doc = dict(base, **{key: kept})
+        if len(kept) < len(items):
+            doc["truncated"] = len(items) - len(kept)
+        text = dump(doc)
+        if len(text) <= limit or not kept:
+            return text[:limit]
+        kept.pop()  # findings are sorted errors first, so infos and warnings go first
+
+
+# -- quantization ------------------------------------------------------------------------------
+
+
+def _bits_label(bits: Any, kind: str) -> str | None:
+    if not isinstance(bits, int) or isinstance(bits, bool):
+        return None
+    if kind == "float":
+        return {8: "fp8", 4: "fp4"}.get(bits)
+    return {8: "int8", 4: "int4"}.get(bits)
+
+
+_LABEL_BITS = {"fp4": 4, "int4": 4, "fp8": 8, "int8": 8, "bf16": 16}
+
+
+def checkpoint_quantization(meta: ModelMeta) -> tuple[str | None, str]:
+    """The precision the target checkpoint's weights are stored in: (label, how it was derived).
+
+    label is bf16 | fp8 | int8 | int4 | fp4, or None when quantization_config names a method this
+    validator does not know (the caller reports that rather than guessing).
+    """
+    qc = meta.quantization_config
+    if qc is None and meta.hf_quant_config is not None:
+        qc = meta.hf_quant_config.get("quantization", meta.hf_quant_config)
+        if not isinstance(qc, dict):
+            return None, "hf_quant_config.json has no quantization object"
+        qc = dict(qc, quant_method=qc.get("quant_method", "modelopt"))
+    if qc is None:
+        return "bf16", "no quantization_config"
+    method = str(qc.get("quant_method", "modelopt")).lower().replace("_", "-")
+    if method == "compressed-tensors":
+        fmt = str(qc.get("format", "")).lower()
+        if "nvfp4" in fmt or "mxfp4" in fmt:
+            return "fp4", f"compressed-tensors format {fmt}"
+        labels = []
+        groups = qc.get("config_groups") or {}
+        if isinstance(groups, dict):
+            for group in groups.values():
+                weights = group.get("weights") if isinstance(group, dict) else None
+                if isinstance(weights, dict):
+                    label = _bits_label(weights.get("num_bits"), str(weights.get("type", "int")).lower())
+                    if label:
+                        labels.append(label)
+        if labels:
+            label = min(labels, key=lambda lbl: _LABEL_BITS[lbl])
+            return label, f"compressed-tensors {label} weights"
+        if "float-quantized" in fmt:
+            return "fp8", "compressed-tensors float-quantized"
+        return None, "compressed-tensors without recognizable config_groups weights"
+    if method in ("awq", "awq-marlin", "gptq", "gptq-marlin", "moe-wna16", "auto-round", "autoround", "quark-int4"):
+        bits = qc.get("bits", qc.get("w_bit", qc.get("weight_bits")))
+        label = _bits_label(bits, "int")
+        return (label, f"{method} bits={bits}") if label else (None, f"{method} with bits={bits}")
+    if method in ("fp8", "fbgemm-fp8", "modelopt-fp8", "w8a8-fp8", "mxfp8", "ptpc-fp8"):
+        return "fp8", method
+    if method in ("mxfp4", "modelopt-fp4", "modelopt-mixed"):
+        return "fp4", method
+    if method in ("w8a8-int8", "w8a8", "qoq"):
+        return "int8", method
+    if method == "w4afp8":
+        return "int4", method
+    if method == "bitsandbytes":
+        if qc.get("load_in_4bit"):
+            return "int4", "bitsandbytes 4-bit"
+        if qc.get("load_in_8bit"):
+            return "int8", "bitsandbytes 8-bit"
+        return None, "bitsandbytes without load_in_4bit/8bit"
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo", "")).upper()
+        if "FP4" in algo:
+            return "fp4", f"modelopt {algo}"
+        if algo in ("FP8", "MXFP8", "FP8_PER_CHANNEL_PER_TOKEN"):
+            return "fp8", f"modelopt {algo}"
+        if algo.startswith("W4A8") or algo == "MIXED_PRECISION":
+            return "int4", f"modelopt {algo}"
+        return None, f"modelopt quant_algo {algo or 'missing'}"
+    return None, f"quant_method {method}"
+
+
+_QUANT_WORDS = (
+    ("fp4", re.compile(r"nvfp4|mxfp4|\bfp4|w4a4")),
+    ("int4", re.compile(r"int4|w4a16|w4a8|awq|gptq|4[-_ ]?bit")),
+    ("fp8", re.compile(r"fp8|float8|e4m3|w8a8[-_]?fp8")),
+    ("int8", re.compile(r"int8|w8a8|8[-_ ]?bit")),
+    ("bf16", re.compile(r"bf16|bfloat16|fp16|float16|\bnone\b|unquantized|full[- ]precision")),
+)
+
+
+def normalize_quantization(text: Any) -> str | None:
+    """Map a free-form provenance value ('INT4 (compressed-tensors)', 'bfloat16', 'sglang-fp8') to a label."""
+    if not isinstance(text, str):
+        return None
+    low = text.lower()
+    for label, pattern in _QUANT_WORDS:
+        if pattern.search(low):
+            return label
+    return None
+
+
+# -- context length ------------------------------------------------------------------------------
+
+_CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def derived_context_length(cfg: dict[str, Any]) -> int | None:
+    """The context length SGLang derives from a (text) config, as utils.get_context_length does."""
+    factor: float = 1
+    rope = cfg.get("rope_scaling")
+    if isinstance(rope, dict) and rope:
+        f = rope.get("factor", 1)
+        factor = f if isinstance(f, (int, float)) and not isinstance(f, bool) else 1
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1
+    for key in _CONTEXT_LENGTH_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(factor * value)
+    return None
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+
+class _Checks:
+    def __init__(self, target: ModelMeta, drafter: ModelMeta) -> None:
+        self.t, self.d = target, drafter
+        self.findings: list[Finding] = []
+
+    def add(self, severity: str, code: str, message: str, field_: str | None = None) -> None:
+        self.findings.append(Finding(severity, code, message, field_))
+
+
+def validate(
+    target: ModelMeta,
+    drafter: ModelMeta,
+    *,
+    quantization: str | None = None,
+    context_length: int | None = None,
+    algorithm: str = "EAGLE3",
+) -> ValidationReport:
+    """Check a drafter against its target from metadata alone.
+
+    quantization: the serving precision (bf16|fp8|int8|int4|fp4, "none" = bf16); None or "auto"
+    derives it from the target's quantization_config. context_length: what the server will be
+    started with (None: the target's own). algorithm: EAGLE3 | EAGLE | NEXTN (MTP).
+    Raises InputError when a field the checks need is missing or malformed.
+    """
+    algorithm = algorithm.upper()
+    if algorithm == "MTP":
+        algorithm = "NEXTN"
+    if algorithm not in ALGORITHMS:
+        raise InputError(f"--algorithm {algorithm}: must be one of {', '.join(ALGORITHMS)}")
+    c = _Checks(target, drafter)
+
+    ckpt_q, ckpt_how = checkpoint_quantization(target)
+    if quantization in (None, "auto"):
+        serving_q = ckpt_q
+        if ckpt_q is None:
+            c.add(WARNING, "QuantizationUnrecognized",
+                  f"target quantization_config is not one this validator knows ({ckpt_how}); pass "
+                  "--quantization to say what the server runs, so the hidden-state source can be checked",
+                  "target.config.quantization_config")
+    else:
+        if quantization not in QUANTIZATIONS:
+            raise InputError(f"--quantization {quantization}: must be one of {', '.join(QUANTIZATIONS)}")
+        serving_q = "bf16" if quantization == "none" else quantization
+        if ckpt_q is not None and serving_q != ckpt_q:
+            c.add(INFO, "QuantizationOverridden",
+                  f"serving as {serving_q} while the checkpoint is {ckpt_q} ({ckpt_how})", "target.quantization")
+
+    t_hidden = target.text_int("hidden_size", required=True, minimum=1)
+    t_vocab = target.text_int("vocab_size", required=True, minimum=1)
+    t_layers = target.text_int("num_hidden_layers", required=True, minimum=1)
+    assert t_hidden is not None and t_vocab is not None and t_layers is not None
+
+    if algorithm == "EAGLE3":
+        _check_eagle3(c, t_hidden, t_vocab, t_layers)
+    elif algorithm == "EAGLE":
+        _check_eagle(c, t_hidden, t_vocab)
+    else:
+        _check_nextn(c, t_hidden, t_vocab, t_layers)
+
+    if algorithm != "NEXTN" or not _same_dir(target, drafter):
+        _check_provenance(c, serving_q)
+        _check_tokenizers(c)
+    _check_context(c, context_length)
+
+    findings = sorted(c.findings, key=lambda f: SEVERITY_ORDER[f.severity])
+    return ValidationReport(
+        algorithm=algorithm,
+        serving_quantization=serving_q,
+        checkpoint_quantization=ckpt_q,
+        findings=findings,
+        target=dict(target.facts(), quantization=ckpt_q, quantization_source=ckpt_how),
+        drafter=drafter.facts(),
+    )
+
+
+def _same_dir(a: ModelMeta, b: ModelMeta) -> bool:
+    return a.path == b.path or a is b
+
+
+def _draft_layout(c: _Checks, *, expected: str) -> str | None:
+    """Check the drafter's architectures; return its weight layout or None when nothing else is checkable."""
+    d = c.d
+    arch = d.architecture
+    where = "drafter.config.architectures"
+    if arch is None:
+        c.add(ERROR, "DrafterArchitectureUnsupported",
+              f"{d.config_file} has no architectures; an EAGLE-3 draft for SGLang declares [\"LlamaForCausalLMEagle3\"]", where)
+        return None
+    if arch == "Eagle3Speculator" or "speculators_model_type" in d.config:
+        c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is {arch}: {CONVERT_SPECULATORS}", where)
+        return None
+    if expected == "EAGLE3":
+        if arch in EAGLE3_DRAFT_ARCHITECTURES:
+            return EAGLE3_DRAFT_ARCHITECTURES[arch]
+        if arch == "Eagle3LlamaForCausalLM":
+            c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is Eagle3LlamaForCausalLM, {CONVERT_EAGLE3_LLAMA}", where)
+            return "llama"
+        if arch in EAGLE_DRAFT_ARCHITECTURES:
+            c.add(ERROR, "AlgorithmMismatch",
+                  f"drafter is an EAGLE (v1/v2) draft ({arch}); serve it with --algorithm EAGLE, not EAGLE3", where)
+            return None
+    else:  # EAGLE
+        if arch in EAGLE_DRAFT_ARCHITECTURES:
+            return "eagle"
+        if arch in EAGLE3_DRAFT_ARCHITECTURES or arch == "Eagle3LlamaForCausalLM":
+            c.add(ERROR, "AlgorithmMismatch",
+                  f"drafter is an EAGLE-3 draft ({arch}); launched as EAGLE its fc layer is skipped and it "
+                  "accepts nothing: use --algorithm EAGLE3", where)
+            return None
+    if arch in EAGLE3_TARGET_ARCHITECTURES or arch in NEXTN_TARGET_ARCHITECTURES:
+        hint = "; for a model's own MTP layers use --algorithm NEXTN" if d.text.get("num_nextn_predict_layers") else ""
+        c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is a full model ({arch}), not a draft{hint}", where)
+        return None
+    names = " or ".join(EAGLE3_DRAFT_ARCHITECTURES) if expected == "EAGLE3" else ", ".join(sorted(EAGLE_DRAFT_ARCHITECTURES))
+    c.add(ERROR, "DrafterArchitectureUnsupported",
+          f"SGLang {SGLANG_VERSION} has no {expected} draft class {arch}; it loads {names}", where)
+    return None
+
+
+def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> None:
+    t, d = c.t, c.d
+    t_arch = t.architecture
+    if t_arch is None:
+        c.add(ERROR, "TargetArchitectureUnsupported", f"{t.config_file} has no architectures", "target.config.architectures")
+    elif t_arch not in EAGLE3_TARGET_ARCHITECTURES:
+        c.add(ERROR, "TargetArchitectureUnsupported",
+              f"SGLang {SGLANG_VERSION}'s {t_arch} cannot capture auxiliary hidden states "
+              "(no set_eagle3_layers_to_capture), so EAGLE-3 fails at start-up; use a supported target "
+              "or --algorithm NEXTN/EAGLE", "target.config.architectures")
+
+    layout = _draft_layout(c, expected="EAGLE3")
+    if layout is None:
+        return
+    d_hidden = d.top_int("hidden_size", required=True, minimum=1)
+    d_vocab = d.top_int("vocab_size", required=True, minimum=1)
+    d_target_hidden = d.top_int("target_hidden_size", minimum=1)
+    draft_vocab = d.top_int("draft_vocab_size", minimum=1)
+    assert d_hidden is not None and d_vocab is not None
+    fed_width = d_target_hidden or d_hidden
+
+    if fed_width != t_hidden:
+        source = "target_hidden_size" if d_target_hidden else "hidden_size (no target_hidden_size)"
+        c.add(ERROR, "HiddenSizeMismatch",
+              f"drafter expects target hidden states of width {fed_width} ({source}) but the target's "
+              f"hidden_size is {t_hidden}: it was trained for another model",
+              f"drafter.config.{'target_hidden_size' if d_target_hidden else 'hidden_size'}")
+    if d_vocab != t_vocab:
+        c.add(ERROR, "VocabSizeMismatch",
+              f"drafter vocab_size {d_vocab} != target vocab_size {t_vocab}: different tokenizer; its token ids "
+              "would map to the wrong target tokens", "drafter.config.vocab_size")
+    if draft_vocab is not None and draft_vocab > min(d_vocab, t_vocab):
+        c.add(ERROR, "DraftVocabTooLarge",
+              f"draft_vocab_size {draft_vocab} exceeds the vocabulary ({min(d_vocab, t_vocab)}); the d2t map "
+              "would point past the target's tokens", "drafter.config.draft_vocab_size")
+
+    eagle_cfg = d.eagle_config
+    use_aux = eagle_cfg.get("use_aux_hidden_state", True)
+    if use_aux is False:
+        c.add(ERROR, "AuxHiddenStatesDisabled",
+              "eagle_config.use_aux_hidden_state is false: SGLang then feeds only the last hidden state, the fc "
+              "layer is skipped and an EAGLE-3 draft accepts nothing", "drafter.config.eagle_config.use_aux_hidden_state")
+    ids = d.aux_layer_ids()
+    num_aux_cfg = d.top_int("num_aux_hidden_states", minimum=1)
+    num_aux = num_aux_cfg or (len(ids) if ids else 3)
+    _check_aux_layers(c, ids, num_aux_cfg, t_layers)
+
+    if d.weight_format == "bin":
+        c.add(WARNING, "WeightsNotInspected",
+              f"drafter weights are pickled ({', '.join(d.weight_files[:2])}); convert them to safetensors so "
+              "their names and shapes can be checked without loading", "drafter.weights")
+        return
+    if d.weight_format == "none" or d.tensors is None:
+        c.add(ERROR, "MissingDrafterWeights", f"{d.path} has no model.safetensors, index, or pytorch_model.bin", "drafter.weights")
+        return
+    _check_draft_weights(c, layout, d_hidden=d_hidden, fed_width=fed_width, num_aux=num_aux,
+                         d_vocab=d_vocab, t_vocab=t_vocab, draft_vocab=draft_vocab, use_aux=use_aux is not False)
+
+
+def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None, t_layers: int) -> None:
+    t_arch = c.t.architecture or ""
+    where = "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids"
+    if ids is None:
+        captured = [2, t_layers // 2, t_layers - 3]
+        c.add(INFO, "AuxLayersDefaulted",
+              f"drafter config names no eagle_aux_hidden_state_layer_ids; SGLang captures the inputs of target "
+              f"layers {captured}, which must be the layers it was trained on", where)
+        if num_aux_cfg is not None and num_aux_cfg != 3:
+            c.add(ERROR, "AuxLayerOutOfRange",
+                  f"num_aux_hidden_states is {num_aux_cfg} but SGLang captures 3 layers when no layer ids are given", where)
+        return
+    if not ids:
+        c.add(ERROR, "AuxLayerOutOfRange", "eagle_aux_hidden_state_layer_ids is empty", where)
+        return
+    if num_aux_cfg is not None and num_aux_cfg != len(ids):
+        c.add(ERROR, "AuxLayerOutOfRange",
+              f"num_aux_hidden_states {num_aux_cfg} != {len(ids)} layer ids: fc's input width cannot match", where)
+    plus_one = not (t_arch in DEEPSEEK_CAPTURE_CONVENTION and ids[0] != 1)
+    captured = [i + 1 if plus_one else i for i in ids]
+    bad = [i for i, cap in zip(ids, captured) if i < 0 or cap >= t_layers]
+    if bad:
+        rule = "id + 1" if plus_one else "id"
+        c.add(ERROR, "AuxLayerOutOfRange",
+              f"layer ids {bad} are out of range: {t_arch or 'the target'} captures the input of layer {rule}, "
+              f"and the target has {t_layers} layers (0..{t_layers - 1}); that hidden state is never produced", where)
+    elif len(set(captured)) != len(captured):
+        c.add(WARNING, "AuxLayersDuplicated", f"layer ids {ids} capture the same layer twice", where)
+    else:
+        c.add(INFO, "AuxLayers", f"SGLang captures the inputs of target layers {captured}", where)
+
+
+def _normalize_llama_name(name: str) -> str:
+    # llama_eagle3.load_weights: midlayer -> layers.0, a missing "model." prefix is added.
+    if name.startswith("model."):
+        name = name[len("model."):]
+    return name.replace("midlayer.", "layers.0.")
+
+
+def _check_draft_weights(
+    c: _Checks, layout: str, *, d_hidden: int, fed_width: int, num_aux: int, d_vocab: int, t_vocab: int,
+    draft_vocab: int | None, use_aux: bool,
+) -> None:
+    d = c.d
+    assert d.tensors is not None
+    if layout == "llama":
+        tensors = {_normalize_llama_name(n): info for n, info in d.tensors.items()}
+    else:  # mla: kimi_k25_eagle3 maps layers.0.X -> midlayer.X and keeps lm_head at top level
+        tensors = {(n[len("model."):] if n.startswith("model.") else n).replace("midlayer.", "layers.0."): info
+                   for n, info in d.tensors.items()}
+    tie = bool(d.config.get("tie_word_embeddings", False))
+    lm_head_from_target = not tie and draft_vocab is None
+    head_rows = draft_vocab if draft_vocab is not None else d_vocab
+
+    missing: list[str] = []
+    bad_shapes: list[str] = []
+
+    def expect(name: str, shape: tuple[int, ...] | None, why: str = "") -> None:
+        info = tensors.get(name)
+        if info is None:
+            missing.append(name + (f" ({why})" if why else ""))
+        elif shape is not None and info.shape != shape:
+            bad_shapes.append(f"{name} is {list(info.shape)}, expected {list(shape)}{f' ({why})' if why else ''}")
+
+    if use_aux:
+        expect("fc.weight", (d_hidden, fed_width * num_aux), f"hidden x {num_aux} x target hidden")
+    if not tie and not lm_head_from_target:
+        expect("lm_head.weight", (head_rows, d_hidden), "draft_vocab x hidden")
+    if d.top_int("target_hidden_size") not in (None, d_hidden):
+        # set_embed skips sharing when target_hidden_size != hidden_size: the draft needs its own.
+        expect("embed_tokens.weight", (d_vocab, d_hidden), "not shared with the target when target_hidden_size != hidden_size")
+    if draft_vocab is not None and draft_vocab != d_vocab and not lm_head_from_target:
+        expect("d2t", (draft_vocab,), "draft -> target token map")
+    expect("norm.weight", (d_hidden,))
+    expect("layers.0.hidden_norm.weight", (d_hidden,))
+    expect("layers.0.input_layernorm.weight", (d_hidden,))
+    if layout == "llama":
+        heads = d.top_int("num_attention_heads", minimum=1)
+        kv_heads = d.top_int("num_key_value_heads", minimum=1) or heads
+        head_dim = d.top_int("head_dim", minimum=1) or (d_hidden // heads if heads else None)
+        q_rows = heads * head_dim if heads and head_dim else None
+        kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
+        for proj, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+            name = f"layers.0.self_attn.{proj}.weight"
+            info = tensors.get(name)
+            if info is None:
+                missing.append(name)
+            elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden or (rows is not None and info.shape[0] != rows):
+                bad_shapes.append(f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] "
+                                  "(input is 2 x hidden: embedding and fc output)")
+        expect("layers.0.self_attn.o_proj.weight", None)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            expect(f"layers.0.mlp.{proj}.weight", None)
+    else:
+        for proj in ("q_a_proj", "kv_a_proj_with_mqa"):
+            name = f"layers.0.self_attn.{proj}.weight"
+            info = tensors.get(name)
+            if info is None:
+                missing.append(name)
+            elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden:
+                bad_shapes.append(f"{name} is {list(info.shape)}, expected input width {2 * d_hidden} (2 x hidden)")
+        for name in ("layers.0.self_attn.kv_b_proj.weight", "layers.0.self_attn.o_proj.weight"):
+            expect(name, None)
+
+    if missing:
+        c.add(ERROR, "MissingDrafterWeights",
+              f"drafter checkpoint lacks {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}; SGLang skips "
+              "missing names silently, so it would load and then accept nothing", "drafter.weights")
+
+    d2t = tensors.get("d2t")
+    t2d = tensors.get("t2d")
+    if d2t is not None:
+        if draft_vocab is not None and d2t.shape != (draft_vocab,):
+            bad_shapes.append(f"d2t is {list(d2t.shape)}, expected [{draft_vocab}] (one offset per draft token)")
+        if d2t.dtype not in ("I64", "I32"):
+            bad_shapes.append(f"d2t has dtype {d2t.dtype}; it holds token-id offsets and must be an integer type (I64)")
+    if t2d is not None and t2d.shape != (t_vocab,):
+        bad_shapes.append(f"t2d is {list(t2d.shape)}, expected [{t_vocab}] (one flag per target token)")
+    if bad_shapes:
+        c.add(ERROR, "DrafterWeightShapeMismatch", "; ".join(bad_shapes[:4]) + (" ..." if len(bad_shapes) > 4 else ""),
+              "drafter.weights")
+
+    known = re.compile(
+        r"^(fc\.(weight|bias)|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|input_norm\.weight|"
+        r"fc_norm\.\d+\.weight|aux_norm_(low|mid|high)\.weight|layers\.\d+\..+)$"
+    )
+    unused = sorted(n for n in tensors if not known.match(n))
+    if unused:
+        c.add(WARNING, "UnusedDrafterWeights",
+              f"SGLang ignores {len(unused)} tensor(s) it has no parameter for: {', '.join(unused[:4])}"
+              f"{' ...' if len(unused) > 4 else ''} (a format mix-up?)", "drafter.weights")
+
+
+def _check_eagle(c: _Checks, t_hidden: int, t_vocab: int) -> None:
+    d = c.d
+    if _draft_layout(c, expected="EAGLE") is None:
+        return
+    d_hidden = d.top_int("hidden_size", required=True, minimum=1)
+    d_vocab = d.top_int("vocab_size", required=True, minimum=1)
+    if d_hidden != t_hidden:
+        c.add(ERROR, "HiddenSizeMismatch",
+              f"EAGLE drafter hidden_size {d_hidden} != target hidden_size {t_hidden}", "drafter.config.hidden_size")
+    if d_vocab != t_vocab:
+        c.add(ERROR, "VocabSizeMismatch", f"drafter vocab_size {d_vocab} != target vocab_size {t_vocab}", "drafter.config.vocab_size")
+    if d.tensors is None:
+        if d.weight_format != "bin":
+            c.add(ERROR, "MissingDrafterWeights", f"{d.path} has no model.safetensors or index", "drafter.weights")
+        return
+    names = {_normalize_llama_name(n): info for n, info in d.tensors.items()}
+    fc = names.get("fc.weight")
+    if fc is None:
+        c.add(ERROR, "MissingDrafterWeights", "drafter checkpoint lacks fc.weight; SGLang would load it and accept nothing", "drafter.weights")
+    elif d_hidden is not None and fc.shape != (d_hidden, 2 * d_hidden):
+        c.add(ERROR, "DrafterWeightShapeMismatch", f"fc.weight is {list(fc.shape)}, expected [{d_hidden}, {2 * d_hidden}]", "drafter.weights")
+
+
+def _check_nextn(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> None:
+    t, d = c.t, c.d
+    t_arch = t.architecture
+    nextn = t.text_int("num_nextn_predict_layers")
+    if t_arch not in NEXTN_TARGET_ARCHITECTURES:
+        c.add(ERROR, "TargetArchitectureUnsupported",
+              f"SGLang {SGLANG_VERSION} has no NextN/MTP draft for {t_arch or 'a config without architectures'}",
+              "target.config.architectures")
+    if not nextn:
+        c.add(ERROR, "NextNLayersMissing",
+              f"target {t.field_path('num_nextn_predict_layers')} is {nextn or 0}: the checkpoint has no MTP layers "
+              "to draft with; use an EAGLE-3 drafter", f"target.config.{t.field_path('num_nextn_predict_layers')}")
+    if not _same_dir(t, d):
+        d_hidden = d.text_int("hidden_size", required=True, minimum=1)
+        d_vocab = d.text_int("vocab_size", required=True, minimum=1)
+        if d_hidden != t_hidden:
+            c.add(ERROR, "HiddenSizeMismatch", f"MTP drafter hidden_size {d_hidden} != target {t_hidden}", "drafter.config.hidden_size")
+        if d_vocab != t_vocab:
+            c.add(ERROR, "VocabSizeMismatch", f"MTP drafter vocab_size {d_vocab} != target {t_vocab}", "drafter.config.vocab_size")
+        return
+    if nextn and t.weight_names is not None:
+        # The MTP layers follow the last decoder layer: model.layers.{L}.* for L = num_hidden_layers.
+        prefix = f"model.layers.{t_layers}."
+        if not any(n.startswith(prefix) or f".{prefix}" in n for n in t.weight_names):
+            c.add(ERROR, "MissingDrafterWeights",
+                  f"the checkpoint has no {prefix}* tensors although num_nextn_predict_layers is {nextn}: the MTP "
+                  "layers were dropped (common in quantized re-exports)", "target.weights")
+
+
+def _check_provenance(c: _Checks, serving_q: str | None) -> None:
+    prov = c.d.provenance
+    quantized = serving_q not in ("bf16", None)
+    if prov is None:
+        if quantized:
+            c.add(WARNING, "ProvenanceMissing",
+                  f"the target serves {serving_q} and the drafter has no training_provenance.json: nothing says its "
+                  "hidden states came from the same quantization (bf16-trained drafters on INT4 targets accept ~nothing)",
+                  "drafter.provenance")
+        return
+    source = normalize_quantization(prov.get("target_quantization")) or normalize_quantization(prov.get("hidden_state_source"))
+    if source is None:
+        if quantized:
+            c.add(WARNING, "ProvenanceMissing",
+                  "training_provenance.json does not say which quantization the hidden states came from "
+                  "(target_quantization)", "drafter.provenance.target_quantization")
+    elif serving_q is not None and source != serving_q:
+        c.add(WARNING, "HiddenStateSourceMismatch",
+              f"the drafter was trained on hidden states of the target served as {source} "
+              f"({prov.get('hidden_state_source') or prov.get('target_quantization')}) but this server runs {serving_q}: "
+              f"acceptance can collapse; retrain on hidden states captured from the {serving_q} server",
+              "drafter.provenance.target_quantization")
+    samples = prov.get("num_samples")
+    if isinstance(samples, int) and samples < MIN_TRAINING_SAMPLES:
+        c.add(WARNING, "SmallTrainingSet",
+              f"trained on {samples:,} samples; good public drafters use 500k-2M (below {MIN_TRAINING_SAMPLES:,} "
+              "acceptance is usually poor)", "drafter.provenance.num_samples")
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens(tc: dict[str, Any]) -> tuple[dict[str, str | None], set[str]]:
+    named = {k: _token_text(tc.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    added: set[str] = set()
+    decoder = tc.get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        for entry in decoder.values():
+            if isinstance(entry, dict) and entry.get("special") and isinstance(entry.get("content"), str):
+                added.add(entry["content"])
+    return named, added
+
+
+def _chat_template(meta: ModelMeta) -> str | None:
+    if meta.chat_template is not None:
+        return meta.chat_template
+    tc = meta.tokenizer_config or {}
+    tpl = tc.get("chat_template")
+    if isinstance(tpl, list):  # [{"name": "default", "template": ...}, ...]
+        for item in tpl:
+            if isinstance(item, dict) and item.get("name") == "default":
+                return str(item.get("template"))
+        return json.dumps(tpl, sort_keys=True)
+    return tpl if isinstance(tpl, str) else None
+
+
+def _check_tokenizers(c: _Checks) -> None:
+    t_tc, d_tc = c.t.tokenizer_config, c.d.tokenizer_config
+    if t_tc is None or d_tc is None:
+        return  # SGLang serves with the target's tokenizer; a drafter without one has nothing to compare
+    t_named, t_added = _special_tokens(t_tc)
+    d_named, d_added = _special_tokens(d_tc)
+    diffs = [f"{k} {d_named[k]!r} vs target {t_named[k]!r}" for k in t_named
+             if t_named[k] is not None and d_named[k] is not None and t_named[k] != d_named[k]]
+    if t_added and d_added and t_added != d_added:
+        only_d, only_t = sorted(d_added - t_added), sorted(t_added - d_added)
+        diffs.append(f"added special tokens differ (drafter only: {only_d[:3]}, target only: {only_t[:3]})")
+    if diffs:
+        c.add(WARNING, "SpecialTokensDiffer",
+              "drafter tokenizer_config.json differs from the target's: " + "; ".join(diffs[:3]) +
+              " (trained with another tokenizer or template)", "drafter.tokenizer_config")
+    t_tpl, d_tpl = _chat_template(c.t), _chat_template(c.d)
+    if t_tpl is not None and d_tpl is not None and t_tpl.strip() != d_tpl.strip():
+        c.add(WARNING, "ChatTemplateDiffers",
+              "the drafter's chat template differs from the target's: it was trained on differently formatted "
+              "prompts (thinking vs non-thinking templates cut acceptance)", "drafter.tokenizer_config.chat_template")
+
+
+def _check_context(c: _Checks, context_length: int | None) -> None:
+    t_ctx = derived_context_length(c.t.text)
+    served = context_length or t_ctx
+    if context_length is not None and t_ctx is not None and context_length > t_ctx:
+        c.add(WARNING, "ContextLengthExceedsTarget",
+              f"--context-length {context_length} exceeds the target's {t_ctx}; SGLang {SGLANG_VERSION} refuses to "
+              "start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1", "target.contextLength")
+    if _same_dir(c.t, c.d):
+        return
+    d_ctx = derived_context_length(c.d.text)
+    if served is not None and d_ctx is not None and served > d_ctx:
+        c.add(WARNING, "ContextLengthExceedsDrafter",
+              f"the server runs with context {served} but the drafter was built for {d_ctx} "
+              f"(max_position_embeddings): SGLang {SGLANG_VERSION} refuses to start unless "
+              "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, and acceptance degrades on long prompts",
+              "drafter.config.max_position_embeddings")
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2 via InputError (never a usage dump)
+        raise InputError(f"{message} (see `specdec validate --help`)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--context-length {text!r}: must be a positive integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--context-length {value}: must be a positive integer")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="specdec validate",
+        description="Check a drafter against its target from metadata only (config.json, tokenizer_config.json, "
+        "safetensors headers, training_provenance.json). Exit 0 compatible, 1 incompatible, 2 unusable input.",
+    )
+    p.add_argument("--target", required=True, metavar="DIR", help="the target model directory")
+    p.add_argument("--drafter", required=True, metavar="DIR",
+                   help="the draft model directory (for NEXTN: the target directory itself, or a separate MTP checkpoint)")
+    p.add_argument("--quantization", default="auto", type=str.lower, choices=QUANTIZATIONS,
+                   help="serving precision; auto (default) reads the target's quantization_config")
+    p.add_argument("--context-length", type=_positive_int, metavar="N", help="the server's --context-length, if set")
+    p.add_argument("--algorithm", default="EAGLE3", type=lambda s: "NEXTN" if s.upper() == "MTP" else s.upper(),
+                   choices=ALGORITHMS, help="speculative algorithm (default EAGLE3; MTP is an alias of NEXTN)")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON")
+    p.add_argument("--termination-log", metavar="PATH",
+                   help="also write a compact JSON summary (<= 4096 bytes) here, e.g. /dev/termination-log")
+    return p
+
+
+def _write_termination_log(path: str | None, text: str) -> None:
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write(text)
+    except OSError as exc:
+        print(f"specdec validate: warning: cannot write termination log {display_path(path)}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[ValidationReport, MetaReader]:
+    """Read both directories and validate; the reader counts the bytes read."""
+    reader = reader or MetaReader()
+    if args.algorithm == "NEXTN":
+        target = read_model_dir(args.target, role="target", weights="names", reader=reader)
+        drafter = target if _same_file(args.target, args.drafter) else read_model_dir(
+            args.drafter, role="drafter", weights="none", reader=reader)
+    else:
+        target = read_model_dir(args.target, role="target", weights="none", reader=reader)
+        drafter = read_model_dir(args.drafter, role="drafter", weights="headers", reader=reader)
+    report = validate(target, drafter, quantization=args.quantization, context_length=args.context_length,
+                      algorithm=args.algorithm)
+    return report, reader
+
+
+def format_text(report: ValidationReport) -> str:
+    """The human-readable report."""
+    n_err, n_warn = len(report.codes(ERROR)), len(report.codes(WARNING))
+    verdict = "compatible" if report.compatible else "INCOMPATIBLE"
+    lines = [f"{verdict}: {n_err} error(s), {n_warn} warning(s) ({report.algorithm}, serving "
+             f"{report.serving_quantization or 'unknown'} on SGLang {SGLANG_VERSION})"]
+    for f in report.findings:
+        lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
+    t, d = report.target, report.drafter
+    arch = lambda facts: (facts.get("architectures") or ["?"])[0]  # noqa: E731
+    lines.append(f"target:  {arch(t)} hidden {t.get('hidden_size')}, vocab {t.get('vocab_size')}, "
+                 f"{t.get('num_hidden_layers')} layers, {t.get('quantization') or 'unknown'} ({t.get('path')})")
+    lines.append(f"drafter: {arch(d)} hidden {d.get('hidden_size')}, vocab {d.get('vocab_size')}, draft vocab "
+                 f"{d.get('draft_vocab_size', '-')}, {d.get('tensors', '?')} tensors ({d.get('path')})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """`specdec validate`: 0 compatible, 1 incompatible; unusable input raises InputError (exit 2)."""
+    args = build_parser().parse_args(argv)
+    try:
+        report, _ = run(args)
+    except InputError as exc:
+        line = _one_line(str(exc))
+        _write_termination_log(args.termination_log, json.dumps(
+            {"compatible": False, "unusable": _clip(line, 3800)}, ensure_ascii=True, separators=(",", ":")))
+        raise InputError(line) from None
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=True))
+    else:
+        print(format_text(report))
+    _write_termination_log(args.termination_log, report.termination_message())
+    return 0 if report.compatible else 1
