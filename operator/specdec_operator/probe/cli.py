@@ -1,0 +1,93 @@
+"""`specdec probe`: measure a speculative SGLang server against its base and print the decision."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from ..errors import InputError
+from .client import Workload
+from .run import ProbeResult, run_probe
+
+DEFAULT_WORKLOADS = ["single-stream:1:1024:256:4", "concurrent-64:64:1024:256:128"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as every specdec command
+        raise InputError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="specdec probe",
+        description="Alternate paired rounds of load against a base and a speculative SGLang server, put a "
+        "confidence interval on the speedup, and decide promote or rollback. Exit 0 whatever the decision; "
+        "2 for bad arguments, 3 when the base server cannot be reached.",
+    )
+    p.add_argument("--base", required=True, help="base SGLang server URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--candidate", required=True, help="speculative SGLang server URL")
+    p.add_argument("--workload", action="append", default=None, metavar="NAME:C:IN:OUT:REQ[:WEIGHT]",
+                   help="traffic shape (repeatable): name, concurrency, input tokens, output tokens, requests per "
+                   f"round and server, optional weight. Default: {' '.join(DEFAULT_WORKLOADS)}")
+    p.add_argument("--min-speedup", type=float, default=1.0,
+                   help="promote only when the interval's low end is above this (default 1.0)")
+    p.add_argument("--max-rounds", type=int, default=6, help="paired rounds before Inconclusive (default 6)")
+    p.add_argument("--accept-length-floor", type=float, default=1.1,
+                   help="reject at once when the first round's acceptance length is at or below this (default 1.1)")
+    p.add_argument("--policy", default="all", choices=["all", "weighted"],
+                   help="all: every workload must pass; weighted: the weight-averaged speedup must pass")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="family-wise confidence over all looks (default 0.95)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="time budget of the whole probe in seconds")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
+    p.add_argument("--seed", type=int, default=None, help="seed for the random prompts")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    return p
+
+
+def render_text(result: ProbeResult) -> str:
+    lines = [f"decision: {result.decision} ({result.reason}) after {result.rounds} round(s)"]
+    if result.accept_length is not None:
+        lines.append(f"acceptance length: {result.accept_length:.3f}")
+    for w in result.workloads:
+        if w.speedup is None:
+            lines.append(f"  {w.name} (c={w.concurrency}): not measured")
+            continue
+        hi = "inf" if w.speedup_high is None else f"{w.speedup_high:.3f}"
+        lines.append(
+            f"  {w.name} (c={w.concurrency}): base {w.base_tok_s or 0:.1f} tok/s, speculative "
+            f"{w.candidate_tok_s or 0:.1f} tok/s, speedup {w.speedup:.3f}x [{w.speedup_low or 0:.3f}, {hi}]"
+        )
+    for warning in result.warnings:
+        lines.append(f"warning: {warning}")
+    lines.append(result.message)
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+
+    def progress(result: ProbeResult) -> None:
+        if args.quiet:
+            return
+        parts = [f"{w.name} {w.speedup:.3f}x" for w in result.workloads if w.speedup is not None]
+        print(f"specdec probe: round {result.rounds}: {', '.join(parts)}", file=sys.stderr, flush=True)
+
+    result = asyncio.run(run_probe(
+        args.base, args.candidate, workloads,
+        min_speedup=args.min_speedup, max_rounds=args.max_rounds, accept_length_floor=args.accept_length_floor,
+        policy=args.policy, confidence=args.confidence, timeout=args.timeout,
+        request_timeout=args.request_timeout, seed=args.seed, on_round=progress,
+    ))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(render_text(result))
+    if not result.base_reachable:
+        print(f"specdec probe: error: {result.message}", file=sys.stderr)
+        return 3
+    return 0

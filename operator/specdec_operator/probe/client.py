@@ -1,0 +1,308 @@
+"""Load generation against SGLang's native /generate: closed-loop streaming clients, strict response checks.
+
+One measurement runs ``workload.requests`` requests through ``workload.concurrency`` closed-loop clients
+(each sends its next request the moment the previous one finishes), every request a prompt of exactly
+``input_tokens`` random token ids (``input_ids``: exact length, no tokenizer, no prefix-cache hits) and
+``max_new_tokens = output_tokens`` with ``ignore_eos``. Output tok/s = tokens received / wall time from the
+first send to the last completion, the same definition as ``sglang.benchmark.serving``'s
+``output_throughput``.
+
+Anything short of a complete, well-formed answer (a non-200 status, a connection error, a timeout, a chunk
+that is not JSON, an ``error`` object, a stream that ends without its finish reason and ``[DONE]``, fewer
+tokens than asked for) raises :class:`ProbeRequestError`: the probe never decides on partial data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import aiohttp
+
+from ..errors import InputError
+from .stats import percentile, weighted_percentile
+
+try:
+    import orjson
+
+    _loads = orjson.loads
+    _dumps = orjson.dumps
+except ImportError:  # pragma: no cover - orjson is optional
+    _loads = json.loads
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class ProbeRequestError(Exception):
+    """A request did not produce a complete, well-formed answer."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A traffic shape: ``requests`` requests of ``input_tokens`` in, ``output_tokens`` out, at ``concurrency``."""
+
+    name: str
+    concurrency: int
+    input_tokens: int = 1024
+    output_tokens: int = 256
+    requests: int = 64
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key in ("concurrency", "input_tokens", "output_tokens", "requests"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"workload {self.name!r}: {key} must be an integer >= 1, got {value!r}")
+        if not self.name:
+            raise InputError("workload: name must not be empty")
+        if not (isinstance(self.weight, (int, float)) and self.weight > 0):
+            raise InputError(f"workload {self.name!r}: weight must be > 0, got {self.weight!r}")
+
+    @classmethod
+    def coerce(cls, value: Any) -> "Workload":
+        """Accept a Workload, a CR-style mapping (camelCase or snake_case) or any object with those attributes."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            get = value.get
+        else:
+            def get(key: str, default: Any = None) -> Any:
+                return getattr(value, key, default)
+
+        def pick(snake: str, camel: str, default: Any = None) -> Any:
+            found = get(snake, None)
+            return found if found is not None else get(camel, default)
+
+        if get("name") is None or get("concurrency") is None:
+            raise InputError(f"workload {value!r}: needs at least name and concurrency")
+        return cls(
+            name=str(get("name")),
+            concurrency=pick("concurrency", "concurrency"),
+            input_tokens=pick("input_tokens", "inputTokens", 1024),
+            output_tokens=pick("output_tokens", "outputTokens", 256),
+            requests=pick("requests", "requests", 64),
+            weight=float(pick("weight", "weight", 1.0)),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> "Workload":
+        """Parse the CLI form ``NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT]``."""
+        parts = text.split(":")
+        if len(parts) not in (5, 6):
+            raise InputError(
+                f"--workload {text!r}: expected NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT], "
+                "e.g. chat:16:1024:256:64"
+            )
+        name, *nums = parts
+        try:
+            ints = [int(x) for x in nums[:4]]
+            weight = float(nums[4]) if len(nums) == 5 else 1.0
+        except ValueError:
+            raise InputError(f"--workload {text!r}: CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS and REQUESTS must "
+                             "be integers (WEIGHT a number)") from None
+        return cls(name, ints[0], ints[1], ints[2], ints[3], weight)
+
+
+@dataclass
+class Measurement:
+    """One workload run once against one server."""
+
+    workload: str
+    url: str
+    output_tokens: int = 0
+    duration_s: float = 0.0
+    requests: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    itl_pairs: list[tuple[float, int]] = field(default_factory=list)  # (per-token gap, tokens in the chunk)
+    spec_tokens: int = 0  # completion tokens of requests that reported spec_verify_ct
+    spec_verify_ct: int = 0
+    aborted_early: bool = False
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def accept_length(self) -> float | None:
+        """completion_tokens / spec_verify_ct over the measurement, as SGLang defines it; None if not speculating."""
+        return self.spec_tokens / self.spec_verify_ct if self.spec_verify_ct else None
+
+    def latency_summary(self) -> dict[str, float | None]:
+        def ms(v: float | None) -> float | None:
+            return None if v is None else round(v * 1000.0, 3)
+
+        return {
+            "ttft_p50_ms": ms(percentile(self.ttft_s, 50)),
+            "ttft_p90_ms": ms(percentile(self.ttft_s, 90)),
+            "ttft_p99_ms": ms(percentile(self.ttft_s, 99)),
+            "itl_p50_ms": ms(weighted_percentile(self.itl_pairs, 50)),
+            "itl_p90_ms": ms(weighted_percentile(self.itl_pairs, 90)),
+            "itl_p99_ms": ms(weighted_percentile(self.itl_pairs, 99)),
+        }
+
+
+def make_prompts(workload: Workload, rng: random.Random) -> list[bytes]:
+    """Request bodies (pre-serialized) with random token-id prompts of exactly ``input_tokens``."""
+    bodies = []
+    for _ in range(workload.requests):
+        ids = [rng.randrange(1000, 30000) for _ in range(workload.input_tokens)]
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": workload.output_tokens, "ignore_eos": True, "temperature": 0.0},
+            "stream": True,
+        }
+        bodies.append(_dumps(body))
+    return bodies
+
+
+async def _one_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    expected_tokens: int,
+    timeout: aiohttp.ClientTimeout,
+    m: Measurement,
+) -> None:
+    start = time.perf_counter()
+    last_t = start
+    last_tokens = 0
+    first = True
+    done = False
+    final_meta: dict | None = None
+    buf = b""
+    try:
+        async with session.post(url, data=body, timeout=timeout,
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:200].replace("\n", " ")
+                raise ProbeRequestError(f"{url}: HTTP {resp.status}: {text}")
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while True:
+                    cut = buf.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buf = buf[:cut], buf[cut + 2 :]
+                    if not event.startswith(b"data: "):
+                        if event.strip():
+                            raise ProbeRequestError(f"{url}: unexpected stream line {event[:60]!r}")
+                        continue
+                    payload = event[6:]
+                    if payload == b"[DONE]":
+                        done = True
+                        continue
+                    try:
+                        data = _loads(payload)
+                        meta = data["meta_info"]
+                        tokens = meta["completion_tokens"]
+                    except Exception:
+                        if b'"error"' in payload:
+                            raise ProbeRequestError(f"{url}: error in stream: {payload[:200]!r}") from None
+                        raise ProbeRequestError(f"{url}: malformed stream chunk {payload[:80]!r}") from None
+                    now = time.perf_counter()
+                    if first:
+                        m.ttft_s.append(now - start)
+                        first = False
+                    elif tokens > last_tokens:
+                        m.itl_pairs.append(((now - last_t) / (tokens - last_tokens), tokens - last_tokens))
+                    last_t, last_tokens = now, tokens
+                    if meta.get("finish_reason") is not None:
+                        final_meta = meta
+    except asyncio.TimeoutError:
+        raise ProbeRequestError(f"{url}: timed out after {time.perf_counter() - start:.1f}s") from None
+    except aiohttp.ClientError as exc:
+        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+    if buf.strip():
+        raise ProbeRequestError(f"{url}: stream ended inside an event ({buf[:60]!r})")
+    if final_meta is None or not done:
+        raise ProbeRequestError(f"{url}: stream ended without a finish reason and [DONE] (truncated)")
+    finish = final_meta.get("finish_reason") or {}
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        raise ProbeRequestError(f"{url}: request aborted by the server: {finish.get('message')}")
+    if last_tokens != expected_tokens:
+        raise ProbeRequestError(f"{url}: returned {last_tokens} of {expected_tokens} tokens (ignore_eos ignored?)")
+    m.output_tokens += last_tokens
+    m.requests += 1
+    verify = final_meta.get("spec_verify_ct")
+    if isinstance(verify, int) and verify > 0:
+        m.spec_tokens += last_tokens
+        m.spec_verify_ct += verify
+
+
+async def measure(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    workload: Workload,
+    *,
+    rng: random.Random,
+    request_timeout: float = 600.0,
+    read_timeout: float = 120.0,
+    stop_early: Callable[[Measurement], bool] | None = None,
+) -> Measurement:
+    """Run one workload against one server; raises ProbeRequestError on the first bad response.
+
+    ``stop_early(measurement)`` is asked after each completed request; when it returns True the remaining
+    requests are cancelled and the measurement is marked ``aborted_early`` (its tok/s is then not used).
+    """
+    url = base_url.rstrip("/") + "/generate"
+    bodies = make_prompts(workload, rng)
+    m = Measurement(workload=workload.name, url=base_url)
+    timeout = aiohttp.ClientTimeout(total=request_timeout, sock_read=read_timeout)
+    next_index = 0
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        nonlocal next_index
+        while not stop.is_set() and next_index < len(bodies):
+            body = bodies[next_index]
+            next_index += 1
+            await _one_request(session, url, body, workload.output_tokens, timeout, m)
+            if stop_early is not None and not stop.is_set() and stop_early(m):
+                m.aborted_early = True
+                stop.set()
+
+    start = time.perf_counter()
+    tasks = [asyncio.create_task(client()) for _ in range(min(workload.concurrency, workload.requests))]
+    try:
+        stopper = asyncio.create_task(stop.wait())
+        pending = set(tasks)
+        while pending:
+            finished, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+            for task in finished:
+                if task is not stopper and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            if stopper in finished:
+                break
+        m.duration_s = time.perf_counter() - start
+    finally:
+        for task in tasks:
+            task.cancel()
+        stopper.cancel()
+        await asyncio.gather(*tasks, stopper, return_exceptions=True)
+    return m
+
+
+async def get_json(session: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> dict:
+    """GET a JSON document; ProbeRequestError on any failure."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                raise ProbeRequestError(f"{url}: HTTP {resp.status}")
+            raw = await resp.read()
+    except asyncio.TimeoutError:
+        raise ProbeRequestError(f"{url}: timed out after {timeout:g}s") from None
+    except aiohttp.ClientError as exc:
+        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+    try:
+        data = _loads(raw)
+    except Exception:
+        raise ProbeRequestError(f"{url}: response is not JSON") from None
+    if not isinstance(data, dict):
+        raise ProbeRequestError(f"{url}: response is not a JSON object")
+    return data

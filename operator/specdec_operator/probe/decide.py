@@ -1,0 +1,97 @@
+"""Decision rules of the probe: pure functions from intervals and acceptance to promote/rollback and a reason."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from .stats import RatioInterval
+
+
+class Decision(str, Enum):
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+
+
+class Reason(str, Enum):
+    SPEEDUP_CONFIRMED = "SpeedupConfirmed"
+    SPEEDUP_BELOW_THRESHOLD = "SpeedupBelowThreshold"
+    DRAFTER_NOT_ACCEPTING = "DrafterNotAccepting"
+    INCONCLUSIVE = "Inconclusive"
+    PROBE_FAILED = "ProbeFailed"
+
+
+class Verdict(str, Enum):
+    """Where one interval stands against the threshold."""
+
+    PASS = "pass"  # the whole interval is above min_speedup
+    FAIL = "fail"  # the whole interval is below min_speedup
+    UNDECIDED = "undecided"
+
+
+POLICY_ALIASES = {
+    "all": "all",
+    "allworkloads": "all",
+    "weighted": "weighted",
+    "weightedmix": "weighted",
+}
+
+# Rounds before any interval is trusted: with n - 1 = 2 degrees of freedom the t-interval is already
+# conservative; with one degree of freedom its quantiles are absurd (t(0.9958, 1) ~ 76).
+MIN_ROUNDS = 3
+
+
+def normalize_policy(policy: str) -> str:
+    """Map the CLI's all/weighted and the CR's AllWorkloads/WeightedMix onto "all" or "weighted"."""
+    key = str(policy).replace("-", "").replace("_", "").lower()
+    if key not in POLICY_ALIASES:
+        raise ValueError(f"policy {policy!r}: use all|weighted (AllWorkloads|WeightedMix)")
+    return POLICY_ALIASES[key]
+
+
+def judge(interval: RatioInterval | None, min_speedup: float, min_rounds: int = MIN_ROUNDS) -> Verdict:
+    """PASS when the low end is above ``min_speedup``, FAIL when the high end is below it.
+
+    Both comparisons are strict: an interval that touches the threshold (say a noiseless simulator at
+    exactly 1.00x against min_speedup 1.0) is not evidence of a speedup.
+    """
+    if interval is None or interval.n < min_rounds:
+        return Verdict.UNDECIDED
+    if interval.low > min_speedup:
+        return Verdict.PASS
+    if interval.high < min_speedup:
+        return Verdict.FAIL
+    return Verdict.UNDECIDED
+
+
+def combine_all(verdicts: dict[str, Verdict]) -> Verdict:
+    """Policy all: one failing workload fails the candidate; all must pass to promote."""
+    if any(v is Verdict.FAIL for v in verdicts.values()):
+        return Verdict.FAIL
+    if verdicts and all(v is Verdict.PASS for v in verdicts.values()):
+        return Verdict.PASS
+    return Verdict.UNDECIDED
+
+
+def drafter_not_accepting(accept_length: float | None, floor: float) -> bool:
+    """True when the candidate's measured acceptance length is at or below the floor."""
+    return accept_length is not None and math.isfinite(accept_length) and accept_length <= floor
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decision: Decision
+    reason: Reason
+    message: str
+
+
+def outcome_for(verdict: Verdict, *, final: bool, detail: str) -> Outcome | None:
+    """The probe's outcome for a combined verdict; None means "run another round"."""
+    if verdict is Verdict.PASS:
+        return Outcome(Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"speedup confirmed: {detail}")
+    if verdict is Verdict.FAIL:
+        return Outcome(Decision.ROLLBACK, Reason.SPEEDUP_BELOW_THRESHOLD, f"speedup below threshold: {detail}")
+    if final:
+        return Outcome(Decision.ROLLBACK, Reason.INCONCLUSIVE, f"inconclusive after the last round: {detail}")
+    return None

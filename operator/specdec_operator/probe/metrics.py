@@ -1,0 +1,63 @@
+"""Read SGLang's Prometheus metrics (``/metrics``, served with ``--enable-metrics``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from .client import ProbeRequestError
+
+
+def parse_sglang_metrics(text: str, prefix: str = "sglang:") -> dict[str, float]:
+    """Sample name -> value, averaged over label sets (one per TP rank, or per model/priority).
+
+    Every TP rank's scheduler reports the same gauges (``sglang:spec_accept_length``, ``num_running_reqs``,
+    ...) under its own ``tp_rank`` label; the mean is the server's value. Histogram buckets are skipped
+    (``_sum`` and ``_count`` are kept). Raises ValueError on text that is not Prometheus exposition.
+    """
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith(prefix) or sample.name.endswith("_bucket"):
+                continue
+            if sample.name.endswith("_created"):
+                continue
+            sums[sample.name] += float(sample.value)
+            counts[sample.name] += 1
+    return {name: sums[name] / counts[name] for name in sums}
+
+
+async def scrape_metrics(
+    session: aiohttp.ClientSession | None, base_url: str, *, timeout: float = 10.0
+) -> dict[str, float]:
+    """GET ``{base_url}/metrics`` and parse it with :func:`parse_sglang_metrics`.
+
+    ``session`` may be None (a short-lived one is opened). Raises ProbeRequestError when the endpoint is
+    unreachable, answers non-200 (e.g. SGLang started without ``--enable-metrics``) or is not Prometheus text.
+    """
+    url = base_url.rstrip("/") + "/metrics"
+
+    async def fetch(s: aiohttp.ClientSession) -> str:
+        try:
+            async with s.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                if resp.status != 200:
+                    raise ProbeRequestError(f"{url}: HTTP {resp.status} (is the server run with --enable-metrics?)")
+                return await resp.text()
+        except asyncio.TimeoutError:
+            raise ProbeRequestError(f"{url}: timed out after {timeout:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+
+    if session is None:
+        async with aiohttp.ClientSession() as own:
+            text = await fetch(own)
+    else:
+        text = await fetch(session)
+    try:
+        return parse_sglang_metrics(text)
+    except ValueError as exc:
+        raise ProbeRequestError(f"{url}: not Prometheus text ({exc})") from None

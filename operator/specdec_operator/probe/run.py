@@ -1,0 +1,442 @@
+"""The probe: paired rounds of base and candidate, intervals after every round, a decision with a reason."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+import aiohttp
+
+from ..errors import InputError
+from .client import Measurement, ProbeRequestError, Workload, get_json, measure
+from .decide import (
+    MIN_ROUNDS,
+    Decision,
+    Outcome,
+    Reason,
+    Verdict,
+    combine_all,
+    drafter_not_accepting,
+    judge,
+    normalize_policy,
+    outcome_for,
+)
+from .metrics import scrape_metrics
+from .stats import RatioInterval, log_ratio_interval, per_look_level, weighted_round_ratios
+
+BASE, CANDIDATE = "base", "candidate"
+
+
+def _rfc3339(ts: datetime | None) -> str | None:
+    return None if ts is None else ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _num(value: float | None, digits: int = 4) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
+
+
+@dataclass
+class WorkloadResult:
+    """Per-workload outcome: mean tok/s of each server over the rounds, the speedup and its interval."""
+
+    name: str
+    concurrency: int
+    weight: float = 1.0
+    base_tok_s: float | None = None
+    candidate_tok_s: float | None = None
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    rounds: int = 0
+    verdict: str = Verdict.UNDECIDED.value
+    ratios: list[float] = field(default_factory=list)
+    base_latency: dict[str, float | None] = field(default_factory=dict)
+    candidate_latency: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "concurrency": self.concurrency,
+            "weight": self.weight,
+            "base_tok_s": _num(self.base_tok_s, 2),
+            "candidate_tok_s": _num(self.candidate_tok_s, 2),
+            "speedup": _num(self.speedup),
+            "speedup_low": _num(self.speedup_low),
+            "speedup_high": _num(self.speedup_high),
+            "rounds": self.rounds,
+            "verdict": self.verdict,
+            "ratios": [_num(r) for r in self.ratios],
+            "base_latency": self.base_latency,
+            "candidate_latency": self.candidate_latency,
+        }
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "concurrency": self.concurrency,
+            "baseTokensPerSecond": _num(self.base_tok_s, 2),
+            "speculativeTokensPerSecond": _num(self.candidate_tok_s, 2),
+            "speedup": _num(self.speedup),
+            "speedupLow": _num(self.speedup_low),
+            "speedupHigh": _num(self.speedup_high),
+        }
+
+
+@dataclass
+class ProbeResult:
+    """What the probe decided and why (``to_status()`` is the CR's ``status.probe``)."""
+
+    decision: str = Decision.ROLLBACK.value
+    reason: str = Reason.PROBE_FAILED.value
+    message: str = ""
+    rounds: int = 0
+    policy: str = "all"
+    min_speedup: float = 1.0
+    confidence: float = 0.95
+    accept_length: float | None = None  # client side: completion_tokens / spec_verify_ct over the candidate's rounds
+    server_accept_length: float | None = None  # sglang:spec_accept_length from /metrics after the last round
+    speedup: float | None = None  # smallest workload speedup (all) or the weighted one (weighted)
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    workloads: list[WorkloadResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    base_reachable: bool = True
+    base_max_running_requests: int | None = None
+    candidate_max_running_requests: int | None = None
+
+    @property
+    def wall_seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``specdec probe --json`` document (snake_case)."""
+        return {
+            "decision": self.decision,
+            "reason": self.reason,
+            "message": self.message,
+            "rounds": self.rounds,
+            "policy": self.policy,
+            "min_speedup": self.min_speedup,
+            "confidence": self.confidence,
+            "accept_length": _num(self.accept_length),
+            "server_accept_length": _num(self.server_accept_length),
+            "speedup": _num(self.speedup),
+            "speedup_low": _num(self.speedup_low),
+            "speedup_high": _num(self.speedup_high),
+            "workloads": [w.to_dict() for w in self.workloads],
+            "warnings": list(self.warnings),
+            "base_max_running_requests": self.base_max_running_requests,
+            "candidate_max_running_requests": self.candidate_max_running_requests,
+            "started_at": _rfc3339(self.started_at),
+            "finished_at": _rfc3339(self.finished_at),
+            "wall_seconds": _num(self.wall_seconds, 3),
+        }
+
+    def to_status(self) -> dict[str, Any]:
+        """The CR's ``status.probe`` (camelCase, RFC 3339 times)."""
+        return {
+            "decision": self.decision,
+            "reason": self.reason,
+            "rounds": self.rounds,
+            "startedAt": _rfc3339(self.started_at),
+            "finishedAt": _rfc3339(self.finished_at),
+            "acceptLength": _num(self.accept_length),
+            "speedup": _num(self.speedup),
+            "message": self.message,
+            "workloads": [w.to_status() for w in self.workloads],
+        }
+
+
+OnRound = Callable[[ProbeResult], "Awaitable[None] | None"]
+
+
+def _check_arguments(
+    base_url: str, candidate_url: str, workloads: Sequence[Workload], min_speedup: float, max_rounds: int,
+    accept_length_floor: float, confidence: float,
+) -> None:
+    for flag, url in (("--base", base_url), ("--candidate", candidate_url)):
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise InputError(f"{flag} {url!r}: must be an http:// or https:// URL of an SGLang server")
+    if not workloads:
+        raise InputError("workloads: at least one workload is needed")
+    names = [w.name for w in workloads]
+    if len(set(names)) != len(names):
+        raise InputError(f"workloads: names must be unique, got {names}")
+    if not (isinstance(min_speedup, (int, float)) and min_speedup > 0):
+        raise InputError(f"--min-speedup {min_speedup!r}: must be > 0 (1.0 = at least as fast as base)")
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+        raise InputError(f"--max-rounds {max_rounds!r}: must be an integer >= 1 ({MIN_ROUNDS}+ to decide on speed)")
+    if not (isinstance(accept_length_floor, (int, float)) and accept_length_floor >= 1.0):
+        raise InputError(f"--accept-length-floor {accept_length_floor!r}: must be >= 1.0 (1.0 = nothing accepted)")
+    if not 0.5 <= confidence < 1.0:
+        raise InputError(f"confidence {confidence!r}: must be within [0.5, 1)")
+
+
+def _max_running(info: dict) -> int | None:
+    value = info.get("max_running_requests")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def run_probe(
+    base_url: str,
+    candidate_url: str,
+    workloads: Iterable[Any],
+    *,
+    min_speedup: float = 1.0,
+    max_rounds: int = 6,
+    accept_length_floor: float = 1.1,
+    policy: str = "all",
+    confidence: float = 0.95,
+    timeout: float = 3600.0,
+    request_timeout: float = 600.0,
+    read_timeout: float = 120.0,
+    seed: int | None = None,
+    on_round: OnRound | None = None,
+    session: aiohttp.ClientSession | None = None,
+) -> ProbeResult:
+    """Measure ``candidate_url`` against ``base_url`` and decide promote or rollback.
+
+    Rounds alternate the order of the two servers (candidate first in odd rounds, base first in even
+    ones) so drift on the machine hits both. After each round every workload gets a Student-t interval on
+    its log speedups (see :mod:`.stats`); the probe stops as soon as the policy's verdict is decided.
+    ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
+    each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
+    Bad arguments raise InputError; everything else ends in a ProbeResult with a reason.
+    """
+    wls = [Workload.coerce(w) for w in workloads]
+    try:
+        policy_key = normalize_policy(policy)
+    except ValueError as exc:
+        raise InputError(f"--policy: {exc}") from None
+    _check_arguments(base_url, candidate_url, wls, min_speedup, max_rounds, accept_length_floor, confidence)
+    result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence,
+                         started_at=datetime.now(timezone.utc))
+    result.workloads = [WorkloadResult(w.name, w.concurrency, w.weight) for w in wls]
+    own_session = session is None
+    connector_limit = max(w.concurrency for w in wls) + 8
+    if own_session:
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connector_limit))
+    assert session is not None
+    try:
+        outcome = await _probe(session, base_url.rstrip("/"), candidate_url.rstrip("/"), wls, result,
+                               min_speedup=float(min_speedup), max_rounds=max_rounds,
+                               floor=float(accept_length_floor), policy=policy_key, confidence=confidence,
+                               timeout=timeout, request_timeout=request_timeout, read_timeout=read_timeout,
+                               seed=seed, on_round=on_round)
+    except ProbeRequestError as exc:
+        outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a bug or an unforeseen server answer must still end in a reason
+        outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {type(exc).__name__}: {exc}")
+    finally:
+        if own_session:
+            await session.close()
+    result.decision, result.reason, result.message = outcome.decision.value, outcome.reason.value, outcome.message
+    result.finished_at = datetime.now(timezone.utc)
+    return result
+
+
+def _detail(results: list[WorkloadResult], min_speedup: float, combined: RatioInterval | None) -> str:
+    parts = []
+    if combined is not None:
+        parts.append(f"weighted speedup {combined.estimate:.3f}x [{combined.low:.3f}, {combined.high:.3f}]")
+    for w in results:
+        if w.speedup is None:
+            continue
+        hi = "inf" if w.speedup_high is None or not math.isfinite(w.speedup_high) else f"{w.speedup_high:.3f}"
+        lo = "0" if w.speedup_low is None else f"{w.speedup_low:.3f}"
+        parts.append(f"{w.name} (c={w.concurrency}) {w.speedup:.3f}x [{lo}, {hi}]")
+    return "; ".join(parts) + f" vs min speedup {min_speedup:g}"
+
+
+async def _probe(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    candidate_url: str,
+    wls: list[Workload],
+    result: ProbeResult,
+    *,
+    min_speedup: float,
+    max_rounds: int,
+    floor: float,
+    policy: str,
+    confidence: float,
+    timeout: float,
+    request_timeout: float,
+    read_timeout: float,
+    seed: int | None,
+    on_round: OnRound | None,
+) -> Outcome:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    rng = random.Random(seed)
+
+    # Preflight: both servers answer /server_info; read the effective max_running_requests.
+    try:
+        base_info = await get_json(session, base_url + "/server_info", timeout=min(30.0, timeout))
+    except ProbeRequestError as exc:
+        result.base_reachable = False
+        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"base server unreachable: {exc}")
+    try:
+        cand_info = await get_json(session, candidate_url + "/server_info", timeout=min(30.0, timeout))
+    except ProbeRequestError as exc:
+        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"candidate server unreachable: {exc}")
+    result.base_max_running_requests = _max_running(base_info)
+    result.candidate_max_running_requests = _max_running(cand_info)
+    for label, cap in (("candidate", result.candidate_max_running_requests),
+                       ("base", result.base_max_running_requests)):
+        if cap is None:
+            continue
+        for w in wls:
+            if cap < w.concurrency:
+                result.warnings.append(
+                    f"{label} max_running_requests={cap} is below workload {w.name}'s concurrency {w.concurrency}: "
+                    f"SGLang queues the rest (speculative SGLang defaults to 48 unless --max-running-requests "
+                    f"is passed)"
+                )
+    if cand_info.get("speculative_algorithm") in (None, "", "None"):
+        result.warnings.append("candidate /server_info reports no speculative_algorithm: is it speculating?")
+
+    by_name = {w.name: r for w, r in zip(wls, result.workloads)}
+    tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], CANDIDATE: []} for w in wls}
+    last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
+    spec_tokens = spec_verify = 0
+    looks = max(1, max_rounds - MIN_ROUNDS + 1)
+    level = per_look_level(confidence, looks)
+    active = list(wls)
+    combined: RatioInterval | None = None
+
+    def drafter_check(w: Workload) -> Callable[[Measurement], bool]:
+        # Early stop inside the first candidate measurement: a few finished requests are enough to see a
+        # drafter that accepts nothing, so the seed's broken drafter costs seconds, not a benchmark.
+        return lambda m: m.requests >= min(4, w.requests) and drafter_not_accepting(m.accept_length, floor)
+
+    async def run_one(w: Workload, url: str, check: bool) -> Measurement:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise asyncio.TimeoutError
+        return await asyncio.wait_for(
+            measure(session, url, w, rng=rng, request_timeout=request_timeout, read_timeout=read_timeout,
+                    stop_early=drafter_check(w) if check else None),
+            timeout=remaining,
+        )
+
+    for rnd in range(1, max_rounds + 1):
+        order = [CANDIDATE, BASE] if rnd % 2 == 1 else [BASE, CANDIDATE]
+        try:
+            for w in active:
+                for variant in order:
+                    url = candidate_url if variant == CANDIDATE else base_url
+                    first_candidate = rnd == 1 and variant == CANDIDATE
+                    m = await run_one(w, url, first_candidate)
+                    if variant == CANDIDATE:
+                        spec_tokens += m.spec_tokens
+                        spec_verify += m.spec_verify_ct
+                        result.accept_length = spec_tokens / spec_verify if spec_verify else None
+                        if first_candidate:
+                            accept = m.accept_length
+                            if accept is None:
+                                accept = await _server_accept_length(session, candidate_url, result)
+                            if drafter_not_accepting(accept, floor):
+                                result.accept_length = accept
+                                result.rounds = 0
+                                return Outcome(
+                                    Decision.ROLLBACK, Reason.DRAFTER_NOT_ACCEPTING,
+                                    f"drafter not accepting: acceptance length {accept:.3f} <= floor {floor:g} "
+                                    f"after {m.requests} request(s) of workload {w.name} (1.00 = no draft token "
+                                    f"accepted); the base keeps serving",
+                                )
+                    if m.aborted_early:  # only happens through drafter_check, handled above
+                        continue
+                    tok_s[w.name][variant].append(m.tokens_per_second)
+                    last[w.name][variant] = m
+        except asyncio.TimeoutError:
+            _summarize(wls, result, tok_s, last, level)
+            return Outcome(
+                Decision.ROLLBACK, Reason.INCONCLUSIVE,
+                f"probe time budget of {timeout:g}s spent after {result.rounds} complete round(s): "
+                + _detail(result.workloads, min_speedup, combined),
+            )
+        result.rounds = rnd
+        server_accept = await _server_accept_length(session, candidate_url, result)
+        if server_accept is not None:
+            result.server_accept_length = server_accept
+        intervals = _summarize(wls, result, tok_s, last, level)
+        verdicts = {w.name: judge(intervals.get(w.name), min_speedup) for w in wls}
+        for w in wls:
+            by_name[w.name].verdict = verdicts[w.name].value
+        if policy == "weighted":
+            ratios = {w.name: by_name[w.name].ratios for w in wls}
+            series = weighted_round_ratios(ratios, {w.name: w.weight for w in wls})
+            combined = log_ratio_interval(series, level)
+            verdict = judge(combined, min_speedup)
+            result.speedup, result.speedup_low, result.speedup_high = combined.estimate, combined.low, combined.high
+        else:
+            verdict = combine_all(verdicts)
+            estimates = [r for r in result.workloads if r.speedup is not None]
+            if estimates:
+                worst = min(estimates, key=lambda r: r.speedup or 0.0)
+                result.speedup, result.speedup_low, result.speedup_high = (
+                    worst.speedup, worst.speedup_low, worst.speedup_high)
+            # A workload already confirmed needs no more GPU time; the undecided ones go on.
+            active = [w for w in wls if verdicts[w.name] is not Verdict.PASS]
+        outcome = outcome_for(verdict, final=rnd == max_rounds,
+                              detail=_detail(result.workloads, min_speedup, combined))
+        if on_round is not None:
+            maybe = on_round(result)
+            if inspect.isawaitable(maybe):
+                await maybe
+        if outcome is not None:
+            if outcome.reason is Reason.INCONCLUSIVE and max_rounds < MIN_ROUNDS:
+                outcome = Outcome(outcome.decision, outcome.reason,
+                                  outcome.message + f" (max rounds {max_rounds} < {MIN_ROUNDS}: no interval "
+                                  "is trusted with fewer rounds)")
+            return outcome
+    raise AssertionError("unreachable: the last round always yields an outcome")
+
+
+def _summarize(wls, result: ProbeResult, tok_s, last, level: float) -> dict[str, RatioInterval]:
+    """Fill the per-workload results from the measurements; return each workload's interval."""
+    intervals: dict[str, RatioInterval] = {}
+    for w, r in zip(wls, result.workloads):
+        base, cand = tok_s[w.name][BASE], tok_s[w.name][CANDIDATE]
+        n = min(len(base), len(cand))
+        r.rounds = n
+        r.base_tok_s = sum(base) / len(base) if base else None
+        r.candidate_tok_s = sum(cand) / len(cand) if cand else None
+        r.ratios = [cand[i] / base[i] if base[i] > 0 else math.inf for i in range(n)]
+        if n:
+            iv = intervals[w.name] = log_ratio_interval(r.ratios, level)
+            r.speedup, r.speedup_low = iv.estimate, iv.low
+            r.speedup_high = iv.high if math.isfinite(iv.high) else None
+        if BASE in last[w.name]:
+            r.base_latency = last[w.name][BASE].latency_summary()
+        if CANDIDATE in last[w.name]:
+            r.candidate_latency = last[w.name][CANDIDATE].latency_summary()
+    return intervals
+
+
+async def _server_accept_length(session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
+    """sglang:spec_accept_length from the candidate's /metrics; None (and one warning) when unavailable."""
+    try:
+        metrics = await scrape_metrics(session, url)
+    except ProbeRequestError as exc:
+        note = f"candidate /metrics unavailable ({exc}); acceptance comes from responses only"
+        if note not in result.warnings:
+            result.warnings.append(note)
+        return None
+    value = metrics.get("sglang:spec_accept_length")
+    return value if value and value > 0 else None
