@@ -314,7 +314,9 @@ def eagle3_tensors(cfg: dict[str, Any], *, target_hidden: int | None = None, num
 
 def llama31_8b_drafter_config(**overrides: Any) -> dict[str, Any]:
     """yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: note its 2048-token max_position_embeddings."""
-    return eagle3_config(hidden=4096, vocab=128256, max_position=2048, **overrides)
+    kw: dict[str, Any] = dict(hidden=4096, vocab=128256, max_position=2048)
+    kw.update(overrides)
+    return eagle3_config(**kw)
 
 
 def qwen3_8b_drafter_config(**overrides: Any) -> dict[str, Any]:
