@@ -1,13 +1,219 @@
-"""`specdec-train`: the drafter-training command line (stages filled in by drafter_training modules)."""
+"""`specdec-train`: the drafter-training command line, one subcommand per stage.
+
+    specdec-train regenerate --prompts P.jsonl --base-url URL --tokenizer DIR --out samples.jsonl
+    specdec-train capture    --samples samples.jsonl --target DIR --out caps/ [--source hf|sglang]
+    specdec-train vocab      --capture caps/ [--draft-vocab-size 32000]
+    specdec-train train      --capture caps/ --target DIR --out run/ [--ttt-steps 7 --epochs 10]
+    specdec-train export     --run run/ --target DIR --out drafter/
+    specdec-train evaluate   --target DIR --drafter run/final --prompts heldout.jsonl
+
+Every stage resumes where an interrupted run stopped. Unusable input exits 2 with one line naming the
+file or flag and the fix.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import sys
+from typing import Any
+
+from specdec_operator.errors import InputError
+
+
+def _layers(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected comma-separated layer ids, e.g. 1,15,28") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdec-train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    sub = p.add_subparsers(dest="stage", required=True)
+
+    r = sub.add_parser("regenerate", help="regenerate assistant turns with the serving model")
+    r.add_argument("--prompts", required=True, help="JSONL conversations (messages or ShareGPT conversations)")
+    r.add_argument("--out", required=True, help="output JSONL of input_ids/loss_mask (appended; resumes)")
+    r.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:30000")
+    r.add_argument("--tokenizer", required=True, help="the serving model's directory (tokenizer + chat template)")
+    r.add_argument("--api", choices=["chat", "completions", "generate"], default="chat")
+    r.add_argument("--model", default="default", help="model name sent to the OpenAI endpoints")
+    r.add_argument("--max-new-tokens", type=int, default=1024)
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--concurrency", type=int, default=16)
+    r.add_argument("--retries", type=int, default=4)
+    r.add_argument("--max-length", type=int, default=4096)
+    r.add_argument("--limit", type=int, default=None)
+
+    c = sub.add_parser("capture", help="capture low/mid/high (+ final) hidden states")
+    c.add_argument("--samples", required=True)
+    c.add_argument("--target", required=True, help="target checkpoint directory")
+    c.add_argument("--out", required=True)
+    c.add_argument("--source", choices=["hf", "sglang"], default="hf")
+    c.add_argument("--url", help="SGLang server (source sglang) started with --enable-return-aux-hidden-states")
+    c.add_argument("--quantization", default="checkpoint",
+                   help="hf: checkpoint | none | int4-rtn-g128; sglang: the server's --quantization (recorded)")
+    c.add_argument("--capture-layers", type=_layers, default=None,
+                   help="output-index layer ids low,mid,high (default [1, N/2-1, N-4])")
+    c.add_argument("--storage", choices=["bf16", "fp8"], default="bf16")
+    c.add_argument("--device", default=None)
+    c.add_argument("--top-k", type=int, default=20, help="sglang: top-k log-probabilities kept per position")
+    c.add_argument("--concurrency", type=int, default=8)
+    c.add_argument("--shard-samples", type=int, default=256)
+
+    v = sub.add_parser("vocab", help="build d2t/t2d from loss-masked token frequencies")
+    v.add_argument("--capture", required=True)
+    v.add_argument("--out", default=None, help="default: the capture directory")
+    v.add_argument("--draft-vocab-size", type=int, default=32000)
+
+    t = sub.add_parser("train", help="train the EAGLE-3 draft with training-time test")
+    t.add_argument("--capture", required=True)
+    t.add_argument("--target", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--vocab", default=None, help="directory of vocab_map.safetensors (default: --capture)")
+    t.add_argument("--ttt-steps", type=int, default=7)
+    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--warmup-ratio", type=float, default=0.015)
+    t.add_argument("--grad-clip", type=float, default=0.5)
+    t.add_argument("--batch-size", type=int, default=1)
+    t.add_argument("--max-length", type=int, default=2048)
+    t.add_argument("--eval-fraction", type=float, default=0.05)
+    t.add_argument("--checkpoint-every", type=int, default=0)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--intermediate-size", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default=None)
+
+    e = sub.add_parser("export", help="write the SGLang checkpoint and training_provenance.json")
+    e.add_argument("--run", required=True, help="training output directory (its final/ is exported)")
+    e.add_argument("--target", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("--target-model", default=None, help="name recorded as target_model (default: capture's)")
+
+    ev = sub.add_parser("evaluate", help="real acceptance length by chain speculative decoding")
+    ev.add_argument("--target", required=True)
+    ev.add_argument("--drafter", required=True, help="a training run's final/ directory")
+    ev.add_argument("--prompts", required=True, help="held-out samples or conversations (JSONL)")
+    ev.add_argument("--quantization", default="checkpoint", help="how the target serves (as in capture)")
+    ev.add_argument("--num-steps", type=int, default=3)
+    ev.add_argument("--num-draft-tokens", type=int, default=None)
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--temperature", type=float, action="append", default=None,
+                    help="0 for greedy; repeat for several (default: 0 and 0.7)")
+    ev.add_argument("--limit", type=int, default=64)
+    ev.add_argument("--device", default=None)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--out", default=None, help="write the JSON report here too")
+    return p
+
+
+def _run(args: argparse.Namespace) -> Any:
+    progress = not args.quiet
+    if args.stage == "regenerate":
+        from .regenerate import regenerate
+
+        return regenerate(
+            args.prompts, args.out, base_url=args.base_url, tokenizer_dir=args.tokenizer, api=args.api,
+            model=args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            concurrency=args.concurrency, retries=args.retries, max_length=args.max_length, limit=args.limit,
+            progress=progress,
+        )
+    if args.stage == "capture":
+        from .capture import capture_hf, capture_sglang
+
+        if args.source == "sglang":
+            if not args.url:
+                raise InputError("--url: required with --source sglang (the capture server's root URL)")
+            idx = capture_sglang(
+                args.samples, args.target, args.out, url=args.url, target_quantization=args.quantization,
+                capture_layers=args.capture_layers, storage=args.storage, top_k=args.top_k,
+                concurrency=args.concurrency, shard_samples=args.shard_samples, progress=progress,
+            )
+        else:
+            idx = capture_hf(
+                args.samples, args.target, args.out, quantization=args.quantization,
+                capture_layers=args.capture_layers, storage=args.storage, device=args.device or "cpu",
+                shard_samples=args.shard_samples, progress=progress,
+            )
+        return {"samples": len(idx.samples), "aux_layer_ids": idx.data["aux_layer_ids"],
+                "aux_layer_ids_input_index": idx.data["aux_layer_ids_input_index"]}
+    if args.stage == "vocab":
+        from .vocab import build_vocab
+
+        return build_vocab(args.capture, args.out or args.capture, args.draft_vocab_size)
+    if args.stage == "train":
+        from .train import TrainConfig, train
+
+        cfg = TrainConfig(
+            capture_dir=args.capture, target_dir=args.target, out_dir=args.out, vocab_dir=args.vocab,
+            ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
+            warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_size=args.batch_size,
+            max_length=args.max_length, eval_fraction=args.eval_fraction, checkpoint_every=args.checkpoint_every,
+            max_steps=args.max_steps, intermediate_size=args.intermediate_size, seed=args.seed, device=args.device,
+            progress=progress,
+        )
+        s = train(cfg)
+        return {k: s[k] for k in ("num_samples", "steps", "first_loss", "last_loss", "tokens_per_second")} | {
+            "eval": s["evals"][-1] if s["evals"] else None}
+    if args.stage == "export":
+        from pathlib import Path
+
+        from .export import export_sglang
+
+        return export_sglang(Path(args.run) / "final", args.target, args.out, target_model=args.target_model)
+    if args.stage == "evaluate":
+        return _evaluate(args, progress)
+    raise AssertionError(args.stage)
+
+
+def _evaluate(args: argparse.Namespace, progress: bool) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from .evaluate import Eagle3Proposer, evaluate_drafter, load_prompts
+    from .target import load_target
+    from .train import load_trained
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tgt = load_target(args.target, args.quantization, device=device)
+    draft = load_trained(args.drafter, args.target).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    prompts = load_prompts(args.prompts, tokenizer, args.limit)
+    eos = tgt.config.get("eos_token_id")
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    report: dict[str, Any] = {"target": args.target, "target_quantization": tgt.quantization, "runs": []}
+    for temperature in args.temperature or [0.0, 0.7]:
+        report["runs"].append(
+            evaluate_drafter(
+                tgt.model, Eagle3Proposer(draft), prompts, draft.cfg.aux_layer_ids, num_steps=args.num_steps,
+                num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, temperature=temperature,
+                eos_ids=eos_ids, seed=args.seed, draft_for_simulation=draft, progress=progress,
+            )
+        )
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("specdec-train: no stages yet", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        result = _run(args)
+    except InputError as exc:
+        print(f"specdec-train {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(json.dumps(result, indent=1, default=str))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,182 @@
+"""Stage 5: export a trained draft in SGLang's EAGLE-3 format, with its training provenance.
+
+config.json: `architectures: ["LlamaForCausalLMEagle3"]`, Llama fields, `num_hidden_layers: 1`,
+`vocab_size` (the target's), `draft_vocab_size`, `target_hidden_size`, `tie_word_embeddings: false` (so
+SGLang loads our `lm_head.weight` over the draft vocabulary), and `eagle_config` with
+`eagle_aux_hidden_state_layer_ids` in SGLang's config convention (layer outputs; SGLang adds one).
+model.safetensors: `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight` (bf16), `d2t` (int64),
+`t2d` (bool). SGLang skips unknown names silently, so `check_export` verifies every expected name.
+training_provenance.json: what the validator compares against the serving target.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from specdec_operator.errors import InputError
+
+from .model import DraftConfig
+from .target import read_config, tokenizer_sha256
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+PROVENANCE = "training_provenance.json"
+
+
+def expected_weight_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor SGLang's LlamaForCausalLMEagle3 loader maps, with its shape."""
+    h, d = cfg.hidden_size, cfg.resolved_head_dim
+    q, kv, i = cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.intermediate_size
+    num_aux = len(cfg.aux_layer_ids) or 3
+    return {
+        "fc.weight": (h, num_aux * cfg.target_hidden_size),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.mlp.gate_proj.weight": (i, h),
+        "midlayer.mlp.up_proj.weight": (i, h),
+        "midlayer.mlp.down_proj.weight": (h, i),
+        "norm.weight": (h,),
+        "lm_head.weight": (cfg.draft_vocab_size, h),
+        "d2t": (cfg.draft_vocab_size,),
+        "t2d": (cfg.vocab_size,),
+    }
+
+
+def sglang_config(cfg: DraftConfig, target_cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.resolved_head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": target_cfg.get("bos_token_id"),
+        "eos_token_id": target_cfg.get("eos_token_id"),
+        "pad_token_id": target_cfg.get("pad_token_id"),
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+    }
+
+
+def export_sglang(
+    final_dir: str | Path, target_dir: str | Path, out_dir: str | Path, *, target_model: str | None = None
+) -> dict[str, Any]:
+    """Write config.json, model.safetensors and training_provenance.json; returns the provenance."""
+    final_dir, out_dir = Path(final_dir), Path(out_dir)
+    try:
+        cfg = DraftConfig.from_dict(json.loads((final_dir / "draft_config.json").read_text()))
+        summary = json.loads((final_dir / "train_summary.json").read_text())
+    except FileNotFoundError as exc:
+        raise InputError(f"{exc.filename}: not found; pass a training run's final/ directory") from None
+    target_cfg = read_config(target_dir)
+    if target_cfg["vocab_size"] != cfg.vocab_size or target_cfg["hidden_size"] != cfg.target_hidden_size:
+        raise InputError(
+            f"{target_dir}: vocab {target_cfg['vocab_size']}/hidden {target_cfg['hidden_size']} differ from the "
+            f"draft's {cfg.vocab_size}/{cfg.target_hidden_size}; pass the target it was trained on"
+        )
+    state = load_file(str(final_dir / "draft.safetensors"))
+    shapes = expected_weight_shapes(cfg)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        if name not in state:
+            raise InputError(f"{final_dir}/draft.safetensors: missing {name}; the training run is incomplete")
+        t = state[name]
+        if tuple(t.shape) != shape:
+            raise InputError(f"{final_dir}/draft.safetensors: {name} has shape {tuple(t.shape)}, expected {shape}")
+        if name == "d2t":
+            t = t.to(torch.int64)
+        elif name == "t2d":
+            t = t.to(torch.bool)
+        else:
+            t = t.to(torch.bfloat16)
+        tensors[name] = t.contiguous()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(sglang_config(cfg, target_cfg), indent=2) + "\n")
+    capture = summary.get("capture", {})
+    final_eval = (summary.get("evals") or [{}])[-1]
+    provenance = {
+        "target_model": target_model or capture.get("target_model") or str(target_dir),
+        "target_quantization": capture.get("target_quantization", "unknown"),
+        "hidden_state_source": {"hf": "transformers"}.get(capture.get("source"), capture.get("source", "unknown")),
+        "num_samples": summary.get("num_samples"),
+        "epochs": summary.get("epochs_completed"),
+        "tokenizer_sha256": tokenizer_sha256(target_dir),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "capture_layer_ids": {
+            "sglang_config_output_index": list(cfg.aux_layer_ids),
+            "input_index": [i + 1 for i in cfg.aux_layer_ids],
+        },
+        "hidden_state_storage": capture.get("storage"),
+        "ttt_steps": summary.get("config", {}).get("ttt_steps"),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "simulated_acceptance_length": final_eval.get("simulated_acceptance_length"),
+        "trainer": "specdec-operator drafter_training",
+    }
+    if capture.get("tokenizer_sha256") and capture["tokenizer_sha256"] != provenance["tokenizer_sha256"]:
+        raise InputError(
+            f"{target_dir}: tokenizer differs from the one the hidden states were captured with; "
+            "export against the captured target"
+        )
+    (out_dir / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+    check_export(out_dir)
+    return provenance
+
+
+def check_export(out_dir: str | Path) -> None:
+    """Reopen an export and check every name, shape and dtype SGLang needs (it would skip them silently)."""
+    out_dir = Path(out_dir)
+    cfg_json = json.loads((out_dir / "config.json").read_text())
+    if cfg_json.get("architectures") != [ARCHITECTURE]:
+        raise InputError(f"{out_dir}/config.json: architectures must be [{ARCHITECTURE!r}]")
+    cfg = DraftConfig(
+        hidden_size=cfg_json["hidden_size"], intermediate_size=cfg_json["intermediate_size"],
+        num_attention_heads=cfg_json["num_attention_heads"], num_key_value_heads=cfg_json["num_key_value_heads"],
+        head_dim=cfg_json.get("head_dim"), vocab_size=cfg_json["vocab_size"],
+        draft_vocab_size=cfg_json["draft_vocab_size"], target_hidden_size=cfg_json["target_hidden_size"],
+        aux_layer_ids=cfg_json["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+    )
+    with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        for name, shape in expected_weight_shapes(cfg).items():
+            if name not in names:
+                raise InputError(f"{out_dir}/model.safetensors: {name} missing (SGLang would skip it silently)")
+            t = f.get_slice(name)
+            if tuple(t.get_shape()) != shape:
+                raise InputError(f"{out_dir}/model.safetensors: {name} shape {tuple(t.get_shape())} != {shape}")
+        extra = names - set(expected_weight_shapes(cfg))
+        if extra:
+            raise InputError(f"{out_dir}/model.safetensors: unexpected tensors {sorted(extra)[:5]}")
+        d2t = f.get_tensor("d2t")
+        if d2t.dtype != torch.int64:
+            raise InputError(f"{out_dir}/model.safetensors: d2t must be int64, is {d2t.dtype}")
+        target_ids = d2t + torch.arange(d2t.numel())
+        if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size or target_ids.unique().numel() != d2t.numel():
+            raise InputError(f"{out_dir}/model.safetensors: d2t maps to invalid or repeated target ids")
