@@ -1,0 +1,340 @@
+"""The Kubernetes objects of one SpeculativeServer, as pure functions of its spec.
+
+Five children, all named after the custom resource and owned by it:
+
+* Deployments ``<name>-base`` and ``<name>-spec``: one SGLang pod each (the base server and the speculative
+  server). The speculative pod runs ``specdec validate`` as an init container, so an incompatible drafter is
+  caught in seconds, before a 10-minute model load and before the GPUs are spent.
+* Services ``<name>-base`` and ``<name>-spec``: one per variant; the probe and the monitor talk to these.
+* Service ``<name>``: the stable Service clients use. Its selector names the active variant; switching it is
+  promotion and rollback (nothing restarts).
+
+Nothing here talks to the API server; ``reconcile`` decides replicas and the active variant and the handlers
+apply what these functions return (server-side apply, so fields dropped from the spec are dropped from the
+objects too).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .api import SpeculativeServerSpec, Variant
+from .sglang import SERVER_PORT, draft_model_path, target_model_path
+
+# ---------------------------------------------------------------------------------------------------------
+# Names and labels (design.md, "Names")
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_VARIANT = "specdec.io/variant"
+MANAGED_BY = "specdec-operator"
+APP_NAME = "sglang"
+
+# Pod template annotations the operator reads back from pods: which speculative revision a pod serves, and
+# the hash of the template it was created from (a pod of an older template is not the server the spec asks for).
+ANNOTATION_REVISION = "specdec.io/revision"
+ANNOTATION_TEMPLATE_HASH = "specdec.io/template-hash"
+ANNOTATION_ACTIVE_VARIANT = "specdec.io/active-variant"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_FAMILY_LABEL = "nvidia.com/gpu.family"
+
+SERVER_CONTAINER = "sglang"
+VALIDATOR_CONTAINER = "validate-drafter"
+TERMINATION_LOG = "/dev/termination-log"
+PORT_NAME = "http"
+DEFAULT_PORT = SERVER_PORT
+
+MODEL_VOLUME = "model"
+SHM_VOLUME = "dshm"
+TMP_VOLUME = "tmp"
+CACHE_VOLUME = "cache"
+CACHE_DIR = "/cache"
+
+DEFAULT_VALIDATOR_IMAGE = "ghcr.io/specdec/specdec-operator:0.1.0"
+
+# Probes: a 547 GB model takes 5-10 minutes to load. The startup probe gives the server 30 minutes before the
+# kubelet may restart it; readiness then asks for a real one-token generation (/health_generate answers
+# within 20 s when the server is healthy).
+STARTUP_PERIOD_S = 10
+STARTUP_ALLOWANCE_S = 30 * 60
+
+SUFFIX = {Variant.BASE.value: "base", Variant.SPECULATIVE.value: "spec"}
+
+
+def child_name(name: str, variant: str | None) -> str:
+    """``<name>-base``, ``<name>-spec``, or the stable ``<name>`` when variant is None."""
+    return name if variant is None else f"{name}-{SUFFIX[_v(variant)]}"
+
+
+def _v(variant: str | Variant) -> str:
+    return variant.value if isinstance(variant, Variant) else str(variant)
+
+
+def instance_labels(name: str) -> dict[str, str]:
+    """Labels every child of one SpeculativeServer carries."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def selector_labels(name: str, variant: str | Variant) -> dict[str, str]:
+    """The selector of one variant's pods (Deployment selector, variant Service, stable Service)."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_VARIANT: _v(variant)}
+
+
+@dataclass(frozen=True)
+class ManifestSettings:
+    """Operator configuration that shapes the children (not part of any custom resource)."""
+
+    validator_image: str = DEFAULT_VALIDATOR_IMAGE
+    port: int = DEFAULT_PORT
+    startup_allowance_s: int = STARTUP_ALLOWANCE_S
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pod template
+
+
+def _gpu_affinity(spec: SpeculativeServerSpec) -> dict[str, Any] | None:
+    """The user's affinity with the gpuFamily requirement ANDed into every node selector term."""
+    affinity = copy.deepcopy(spec.affinity) if spec.affinity else {}
+    if spec.resources.gpu_family == "any":
+        return affinity or None
+    requirement = {"key": GPU_FAMILY_LABEL, "operator": "In", "values": [spec.resources.gpu_family]}
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    # Terms are ORed by the scheduler, expressions within a term ANDed: the family must hold in each term.
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(dict(requirement))
+    required["nodeSelectorTerms"] = terms
+    return affinity
+
+
+def _container_security() -> dict[str, Any]:
+    # SGLang writes only to /tmp, its caches and /dev/shm, which are emptyDirs below, so the image's root
+    # filesystem can be read-only. Official SGLang images run as root, so runAsNonRoot is not forced on the
+    # server; the validator (our own image) runs as an unprivileged user.
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def validator_container(spec: SpeculativeServerSpec, settings: ManifestSettings) -> dict[str, Any] | None:
+    """The init container that checks the drafter against the target from metadata (None for NEXTN)."""
+    drafter = draft_model_path(spec)
+    if drafter is None:
+        return None
+    return {
+        "name": VALIDATOR_CONTAINER,
+        "image": settings.validator_image,
+        "command": [
+            "specdec",
+            "validate",
+            "--target",
+            target_model_path(spec),
+            "--drafter",
+            drafter,
+            "--quantization",
+            spec.target.quantization,
+            "--algorithm",
+            spec.drafter.algorithm,
+            *(["--context-length", str(spec.target.context_length)] if spec.target.context_length else []),
+            "--json",
+            "--termination-log",
+            TERMINATION_LOG,
+        ],
+        # The operator reads the verdict back from the pod's status (initContainerStatuses[].state.terminated.message).
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+        "securityContext": {**_container_security(), "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+    }
+
+
+def _server_resources(spec: SpeculativeServerSpec) -> dict[str, Any]:
+    limits: dict[str, Any] = {GPU_RESOURCE: str(spec.resources.gpus)}
+    if spec.resources.cpu:
+        limits["cpu"] = spec.resources.cpu
+    if spec.resources.memory:
+        limits["memory"] = spec.resources.memory
+    return {"requests": dict(limits), "limits": limits}
+
+
+def server_container(spec: SpeculativeServerSpec, command: list[str], settings: ManifestSettings) -> dict[str, Any]:
+    """The SGLang container of one variant; ``command`` is the full command line from ``sglang.render_argv``."""
+    env = [
+        # Every cache SGLang, Triton, FlashInfer, torch and Hugging Face write goes under the cache emptyDir.
+        {"name": "HOME", "value": CACHE_DIR},
+        {"name": "XDG_CACHE_HOME", "value": f"{CACHE_DIR}/.cache"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_DIR}/triton"},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+    ]
+    user_env = [copy.deepcopy(e) for e in spec.sglang.env]
+    user_names = {e.get("name") for e in user_env}
+    env = [e for e in env if e["name"] not in user_names] + user_env
+    failure_threshold = max(1, -(-settings.startup_allowance_s // STARTUP_PERIOD_S))
+    return {
+        "name": SERVER_CONTAINER,
+        "image": spec.image,
+        "command": list(command),
+        "ports": [{"name": PORT_NAME, "containerPort": settings.port, "protocol": "TCP"}],
+        "env": env,
+        "resources": _server_resources(spec),
+        "volumeMounts": [
+            {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True},
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            {"name": TMP_VOLUME, "mountPath": "/tmp"},
+            {"name": CACHE_VOLUME, "mountPath": CACHE_DIR},
+        ],
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": PORT_NAME},
+            "periodSeconds": STARTUP_PERIOD_S,
+            "timeoutSeconds": 5,
+            "failureThreshold": failure_threshold,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/health_generate", "port": PORT_NAME},
+            "periodSeconds": 10,
+            "timeoutSeconds": 25,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": PORT_NAME},
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 5,
+        },
+        "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def pod_template(
+    name: str,
+    spec: SpeculativeServerSpec,
+    variant: str | Variant,
+    command: list[str],
+    revision: str,
+    settings: ManifestSettings,
+) -> dict[str, Any]:
+    """The pod template of one variant, annotated with its revision and its own hash."""
+    variant = _v(variant)
+    labels = {**spec.pod_metadata.labels, **instance_labels(name), **selector_labels(name, variant)}
+    annotations = {**spec.pod_metadata.annotations, ANNOTATION_REVISION: revision}
+    model_volume = {"name": MODEL_VOLUME, **copy.deepcopy(spec.model.volume)}
+    pod_spec: dict[str, Any] = {
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "hostNetwork": False,
+        "hostIPC": False,
+        "hostPID": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": 60,
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+        + [copy.deepcopy(t) for t in spec.tolerations],
+        "volumes": [
+            model_volume,
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+            {"name": TMP_VOLUME, "emptyDir": {}},
+            {"name": CACHE_VOLUME, "emptyDir": {}},
+        ],
+        "containers": [server_container(spec, command, settings)],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    affinity = _gpu_affinity(spec)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if variant == Variant.SPECULATIVE.value:
+        init = validator_container(spec, settings)
+        if init:
+            pod_spec["initContainers"] = [init]
+    template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
+    template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash(template)
+    return template
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    """Hash of a pod template without its own hash annotation (stable across dict ordering)."""
+    stripped = copy.deepcopy(template)
+    stripped.get("metadata", {}).get("annotations", {}).pop(ANNOTATION_TEMPLATE_HASH, None)
+    blob = json.dumps(stripped, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Objects
+
+
+def deployment(
+    name: str,
+    namespace: str,
+    spec: SpeculativeServerSpec,
+    variant: str | Variant,
+    *,
+    command: list[str],
+    replicas: int,
+    revision: str,
+    settings: ManifestSettings = ManifestSettings(),
+) -> dict[str, Any]:
+    """Deployment ``<name>-base`` or ``<name>-spec`` (owner reference added by the caller)."""
+    variant = _v(variant)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": child_name(name, variant),
+            "namespace": namespace,
+            "labels": {**instance_labels(name), LABEL_VARIANT: variant},
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name, variant)},
+            # A GPU pod cannot surge on a full node: the old pod goes first.
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 3,
+            # The startup probe allows long loads; the Deployment must not call that a stalled rollout first.
+            "progressDeadlineSeconds": settings.startup_allowance_s + 600,
+            "template": pod_template(name, spec, variant, command, revision, settings),
+        },
+    }
+
+
+def service(name: str, namespace: str, variant: str | Variant | None, *, active: str | Variant = Variant.BASE, settings: ManifestSettings = ManifestSettings()) -> dict[str, Any]:
+    """Service ``<name>-base``/``<name>-spec`` (variant given) or the stable ``<name>`` selecting ``active``."""
+    selected = _v(variant if variant is not None else active)
+    labels = dict(instance_labels(name))
+    annotations: dict[str, str] = {}
+    if variant is not None:
+        labels[LABEL_VARIANT] = _v(variant)
+    else:
+        annotations[ANNOTATION_ACTIVE_VARIANT] = selected
+    metadata: dict[str, Any] = {"name": child_name(name, variant), "namespace": namespace, "labels": labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name, selected),
+            "ports": [{"name": PORT_NAME, "port": settings.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+
+
+def service_variant(svc: dict[str, Any]) -> str | None:
+    """Which variant a Service's selector selects (None if it selects neither)."""
+    selector = (svc.get("spec") or {}).get("selector") or {}
+    return selector.get(LABEL_VARIANT)

@@ -1,0 +1,99 @@
+"""The drift rule: when does a promoted speculative server go back to the base? (pure)
+
+After a promotion the operator scrapes the speculative server's ``/metrics`` every ``monitor.interval``
+seconds and feeds each scrape to :func:`observe`. The rule, with its hysteresis:
+
+* A scrape whose ``sglang:spec_accept_length`` is **below** ``monitor.acceptLengthFloor`` adds one to a
+  counter of consecutive low scrapes; a scrape **at or above** the floor resets the counter to 0.
+* A scrape that carries no evidence leaves the counter unchanged: the scrape failed, the gauge is missing,
+  the value is below 1.0 (impossible for a server that decoded anything: the bonus token alone makes 1.0),
+  or the server was idle since the previous scrape (no new verify steps or generated tokens, so the gauge
+  is a stale value).
+* The server is rolled back (AcceptanceDrift) exactly when the counter reaches ``monitor.window``: ``window``
+  consecutive low scrapes, with no good scrape between them.
+* No flapping: the rollback is recorded as the decision for the speculative revision (status.probe), and a
+  decided revision is never promoted again automatically. Only a change to the fields that define the
+  speculative server (drafter, steps, target, image, ...) gives a new revision that is validated and probed
+  again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ACCEPT_LENGTH_METRIC = "sglang:spec_accept_length"
+THROUGHPUT_METRIC = "sglang:gen_throughput"
+VERIFY_CALLS_METRIC = "sglang:spec_verify_calls_total"
+GENERATED_TOKENS_METRIC = "sglang:generation_tokens_total"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scrape of the speculative server, reduced to what the rule needs."""
+
+    time: str
+    accept_length: float | None = None
+    throughput: float | None = None
+    # Counters, to tell an idle server (stale gauge) from a working one.
+    verify_calls: float | None = None
+    generated_tokens: float | None = None
+    error: str | None = None
+
+
+def sample_from_metrics(metrics: dict[str, Any], time: str) -> Sample:
+    """Build a Sample from a scrape: a mapping of metric name -> value (labels already aggregated)."""
+
+    def number(key: str) -> float | None:
+        value = metrics.get(key)
+        if value is None and key.endswith("_total"):
+            value = metrics.get(key[: -len("_total")])
+        try:
+            return None if value is None else float(value)
+        except (TypeError, ValueError):
+            return None
+
+    return Sample(
+        time=time,
+        accept_length=number(ACCEPT_LENGTH_METRIC),
+        throughput=number(THROUGHPUT_METRIC),
+        verify_calls=number(VERIFY_CALLS_METRIC),
+        generated_tokens=number(GENERATED_TOKENS_METRIC),
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a scrape means: the new monitor status and whether to roll back now."""
+
+    status: dict[str, Any]  # status.monitor (camelCase)
+    evidence: bool  # whether the scrape counted (below or at/above the floor)
+    drifted: bool  # the counter has reached the window: roll back
+
+
+def _idle(previous: Sample | None, sample: Sample) -> bool:
+    if previous is None or previous.error:
+        return False
+    for old, new in ((previous.verify_calls, sample.verify_calls), (previous.generated_tokens, sample.generated_tokens)):
+        if old is not None and new is not None and new > old:
+            return False
+    # Idle only if we could see a counter and none moved.
+    return any(v is not None for v in (sample.verify_calls, sample.generated_tokens)) and any(
+        v is not None for v in (previous.verify_calls, previous.generated_tokens)
+    )
+
+
+def observe(monitor_status: dict[str, Any] | None, sample: Sample, *, floor: float, window: int, previous: Sample | None = None) -> Verdict:
+    """Apply one scrape to the monitor status (see the module docstring for the rule)."""
+    count = int((monitor_status or {}).get("belowFloorCount") or 0)
+    status: dict[str, Any] = {"lastScrapeTime": sample.time, "belowFloorCount": count}
+    last_accept = (monitor_status or {}).get("acceptLength")
+    if last_accept is not None:
+        status["acceptLength"] = last_accept
+    value = sample.accept_length
+    if sample.error or value is None or value < 1.0 or _idle(previous, sample):
+        return Verdict(status=status, evidence=False, drifted=False)
+    status["acceptLength"] = round(value, 4)
+    count = count + 1 if value < floor else 0
+    status["belowFloorCount"] = count
+    return Verdict(status=status, evidence=True, drifted=count >= window)

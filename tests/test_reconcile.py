@@ -1,0 +1,353 @@
+"""reconcile(): the lifecycle as a pure function of (spec, observed cluster, last status, now)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import yaml
+
+from specdec_operator import manifests as m
+from specdec_operator.api import parse_spec, speculative_revision
+from specdec_operator.monitor import Sample
+from specdec_operator.reconcile import Observed, Plan, human_duration, merge_patch, parse_validator_report, reconcile
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=timezone.utc)
+UID = "uid-1"
+
+
+def llama_spec(**changes) -> dict:
+    spec = yaml.safe_load((EXAMPLES / "llama31-8b-eagle3.yaml").read_text())["spec"]
+    for dotted, value in changes.items():
+        node = spec
+        *path, last = dotted.split(".")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return spec
+
+
+class World:
+    """A tiny in-memory cluster: children applied by plans, pods scripted by the test."""
+
+    def __init__(self, spec: dict, name: str = "llama") -> None:
+        self.spec_dict = spec
+        self.name = name
+        self.generation = 1
+        self.status: dict = {}
+        self.deployments: dict = {}
+        self.services: dict = {}
+        self.pods: list = []
+        self.probe_running: str | None = None
+
+    @property
+    def spec(self):
+        return parse_spec(self.spec_dict)
+
+    def step(self, now: datetime = NOW, **observed) -> Plan:
+        obs = Observed(
+            name=self.name,
+            namespace="ns",
+            uid=UID,
+            generation=self.generation,
+            deployments=copy.deepcopy(self.deployments),
+            services=copy.deepcopy(self.services),
+            pods=copy.deepcopy(self.pods),
+            probe_running=observed.pop("probe_running", self.probe_running),
+            **observed,
+        )
+        plan = reconcile(self.spec, obs, copy.deepcopy(self.status), now)
+        for obj in plan.apply:
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["ownerReferences"] = [{"uid": UID, "kind": "SpeculativeServer", "name": self.name}]
+            (self.deployments if obj["kind"] == "Deployment" else self.services)[obj["metadata"]["name"]] = obj
+        self.status = plan.status
+        return plan
+
+    def template(self, variant: str) -> dict:
+        return self.deployments[m.child_name(self.name, variant)]["spec"]["template"]
+
+    def add_pod(self, variant: str, *, ready=False, init=None, running_since: datetime | None = None, crash_restarts=0) -> dict:
+        tmpl = self.template(variant)
+        status: dict = {"conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}]}
+        if init is not None:
+            code, message = init
+            status["initContainerStatuses"] = [
+                {"name": m.VALIDATOR_CONTAINER, "state": {"waiting": {"reason": "CrashLoopBackOff"}} if code else {"terminated": {"exitCode": 0, "message": message}},
+                 "lastState": {"terminated": {"exitCode": code, "message": message}} if code else {}}
+            ]
+        if crash_restarts:
+            status["containerStatuses"] = [
+                {"name": "sglang", "restartCount": crash_restarts, "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+            ]
+        elif running_since is not None or ready:
+            started = running_since or NOW - timedelta(minutes=20)
+            status["containerStatuses"] = [{"name": "sglang", "restartCount": 0, "state": {"running": {"startedAt": started.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]
+        pod = {"metadata": {"name": f"{self.name}-{variant}-{len(self.pods)}", "labels": dict(tmpl["metadata"]["labels"]), "annotations": dict(tmpl["metadata"]["annotations"]), "creationTimestamp": "2026-12-02T09:00:00Z"}, "status": status}
+        self.pods.append(pod)
+        return pod
+
+    def set_pods(self, **kinds) -> None:
+        self.pods = []
+        for variant, kw in kinds.items():
+            self.add_pod(variant, **kw)
+
+
+COMPATIBLE = json.dumps({"compatible": True, "findings": [{"severity": "warning", "code": "HiddenStateSourceMismatch", "message": "drafter trained on bf16 hidden states, target served int4"}]})
+INCOMPATIBLE = json.dumps({"compatible": False, "findings": [{"severity": "error", "code": "HiddenSizeMismatch", "message": "drafter hidden_size 4096 != target 7168"}, {"severity": "error", "code": "VocabSizeMismatch", "message": "vocab"}]})
+
+
+def conditions(status: dict) -> dict:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def reasons(plan: Plan) -> list[str]:
+    return [e.reason for e in plan.events]
+
+
+def promote_result(rev: str, speedup=1.9, accept=2.9) -> dict:
+    return {"decision": "promote", "reason": "SpeedupConfirmed", "message": f"speedup {speedup}x", "rounds": 3, "speedup": speedup, "acceptLength": accept, "revision": rev, "startedAt": "2026-12-02T09:59:00Z", "finishedAt": "2026-12-02T10:00:00Z", "workloads": []}
+
+
+def to_promoted(world: World) -> Plan:
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    plan = world.step()
+    assert plan.start_probe
+    world.probe_running = plan.revision
+    return world.step(probe_result=promote_result(plan.revision))
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_first_step_creates_five_children_and_the_stable_service_selects_base() -> None:
+    world = World(llama_spec())
+    plan = world.step()
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in plan.apply) == [
+        ("Deployment", "llama-base"), ("Deployment", "llama-spec"), ("Service", "llama"), ("Service", "llama-base"), ("Service", "llama-spec"),
+    ]
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["activeVariant"] == "base"
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "base"
+    assert not plan.start_probe
+    # Conditions are set on the first visit, Unknown where nothing is known yet.
+    conds = conditions(plan.status)
+    assert set(conds) == {"DrafterCompatible", "BaseReady", "SpeculativeReady", "SpeedupVerified", "Ready"}
+    assert conds["DrafterCompatible"]["status"] == "Unknown"
+    assert all(c["observedGeneration"] == 1 for c in conds.values())
+    # Applying what was planned converges: the next step changes nothing.
+    assert world.step().apply == []
+
+
+def test_incompatible_drafter_is_invalid_scales_the_speculative_server_to_zero_and_base_keeps_serving() -> None:
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"init": (1, INCOMPATIBLE)})
+    plan = world.step()
+    assert plan.status["phase"] == "Invalid"
+    assert plan.status["reason"] == "HiddenSizeMismatch"
+    cond = conditions(plan.status)["DrafterCompatible"]
+    assert cond["status"] == "False" and cond["reason"] == "HiddenSizeMismatch" and "VocabSizeMismatch" in cond["message"]
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 0
+    assert world.deployments["llama-base"]["spec"]["replicas"] == 1
+    assert plan.status["activeVariant"] == "base" and conditions(plan.status)["Ready"]["status"] == "True"
+    assert "DrafterIncompatible" in reasons(plan)
+    assert not plan.start_probe
+    # The verdict is stored: once the pod is gone (scaled to 0) the phase stays Invalid, without a second Event.
+    world.pods = [p for p in world.pods if p["metadata"]["labels"]["specdec.io/variant"] == "base"]
+    again = world.step()
+    assert again.status["phase"] == "Invalid" and again.events == [] and again.apply == []
+
+
+def test_compatible_with_warnings_shows_them_and_reports_loading_progress() -> None:
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"running_since": NOW - timedelta(minutes=6, seconds=10)}, speculative={"init": (0, COMPATIBLE), "running_since": NOW - timedelta(seconds=45)})
+    plan = world.step()
+    cond = conditions(plan.status)["DrafterCompatible"]
+    assert cond["status"] == "True" and "HiddenStateSourceMismatch" in cond["message"]
+    assert any(e.reason == "DrafterCompatible" and "HiddenStateSourceMismatch" in e.message for e in plan.events)
+    assert plan.status["phase"] == "Deploying"
+    assert "loading weights, 6m10s" in plan.status["message"]
+    assert conditions(plan.status)["SpeculativeReady"]["message"] == "loading weights, 45s"
+    assert conditions(plan.status)["BaseReady"]["reason"] == "Loading"
+    assert not plan.start_probe
+
+
+def test_both_ready_starts_the_probe_once_and_a_promotion_switches_the_stable_service() -> None:
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    plan = world.step()
+    assert plan.status["phase"] == "Probing" and plan.start_probe and "ProbeStarted" in reasons(plan)
+    assert plan.status["probe"] == {"revision": plan.revision, "startedAt": "2026-12-02T10:00:00Z"}
+    world.probe_running = plan.revision
+    running = world.step(now=NOW + timedelta(seconds=30))
+    assert not running.start_probe and running.status["phase"] == "Probing" and running.events == []
+    assert running.status["probe"]["startedAt"] == "2026-12-02T10:00:00Z"
+    # A result for another revision is ignored.
+    stale = world.step(probe_result=promote_result("0000000000000000"))
+    assert stale.status["phase"] == "Probing"
+    done = world.step(probe_result=promote_result(plan.revision))
+    assert done.status["phase"] == "Promoted" and done.status["activeVariant"] == "speculative"
+    assert done.status["speedup"] == 1.9 and done.status["acceptLength"] == 2.9
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
+    assert conditions(done.status)["SpeedupVerified"]["status"] == "True"
+    assert {"SpeedupConfirmed", "TrafficSwitched"} <= set(reasons(done))
+    assert done.cancel_probe  # the task that produced it is finished; nothing may keep running
+
+
+def test_a_restarted_operator_reads_the_decision_back_and_repeats_nothing() -> None:
+    world = World(llama_spec())
+    to_promoted(world)
+    world.probe_running = None  # a new process: no probe task, the status is all it has
+    plan = world.step(now=NOW + timedelta(minutes=5))
+    assert plan.status["phase"] == "Promoted" and not plan.start_probe
+    assert plan.apply == [] and plan.events == []
+
+
+def test_a_probe_interrupted_by_a_restart_is_run_again() -> None:
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    first = world.step()
+    world.probe_running = first.revision
+    world.step()
+    world.probe_running = None  # the operator died mid-probe
+    plan = world.step(now=NOW + timedelta(minutes=1))
+    assert plan.start_probe and plan.status["phase"] == "Probing"
+    assert plan.status["probe"]["startedAt"] == "2026-12-02T10:01:00Z"
+
+
+def test_unrelated_edits_keep_the_decision_drafter_edits_revalidate_and_reprobe() -> None:
+    world = World(llama_spec())
+    promoted = to_promoted(world)
+    world.spec_dict = llama_spec(**{"monitor.window": 8, "podMetadata": {"annotations": {"owner": "team-a"}}})
+    world.generation = 2
+    same = world.step()
+    assert same.revision == promoted.revision
+    assert same.status["phase"] == "Promoted" and same.events == [] and same.status["observedGeneration"] == 2
+    world.spec_dict = llama_spec(**{"drafter.numSteps": 4})
+    world.generation = 3
+    world.probe_running = None
+    changed = world.step()
+    assert changed.revision != promoted.revision
+    assert changed.status["phase"] == "Validating"
+    assert changed.status["activeVariant"] == "base"  # the new speculative server is not the one that was measured
+    assert changed.status["probe"] is None and changed.status["validation"] is None
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "base"
+    assert world.deployments["llama-spec"]["spec"]["template"]["metadata"]["annotations"][m.ANNOTATION_REVISION] == changed.revision
+
+
+def test_a_probe_for_an_old_revision_is_cancelled() -> None:
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    old = world.step()
+    world.probe_running = old.revision
+    world.spec_dict = llama_spec(**{"drafter.path": "eagle3/other"})
+    plan = world.step()
+    assert plan.cancel_probe and not plan.start_probe
+
+
+def test_keep_base_warm_false_scales_the_loser_once_the_winner_serves() -> None:
+    world = World(llama_spec(**{"rollout.keepBaseWarm": False}))
+    to_promoted(world)
+    assert world.deployments["llama-base"]["spec"]["replicas"] == 0
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 1
+    rolled = World(llama_spec(**{"rollout.keepBaseWarm": False}))
+    rolled.step()
+    rolled.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    plan = rolled.step()
+    result = {**promote_result(plan.revision), "decision": "rollback", "reason": "SpeedupBelowThreshold", "message": "0.99x"}
+    rolled.step(probe_result=result)
+    assert rolled.status["phase"] == "RolledBack" and rolled.status["reason"] == "SpeedupBelowThreshold"
+    assert rolled.deployments["llama-spec"]["spec"]["replicas"] == 0 and rolled.deployments["llama-base"]["spec"]["replicas"] == 1
+
+
+def test_acceptance_drift_rolls_back_after_the_window_and_never_repromotes() -> None:
+    world = World(llama_spec())  # monitor: floor 1.5, window 4, interval 15
+    promoted = to_promoted(world)
+    assert promoted.monitor_due
+    t = NOW
+    for i in range(3):
+        t += timedelta(seconds=15)
+        plan = world.step(now=t, scrape=Sample(time=t.isoformat(), accept_length=1.2, verify_calls=10.0 * (i + 1)), previous_scrape=Sample(time="", verify_calls=10.0 * i))
+        assert plan.status["phase"] == "Promoted" and plan.status["monitor"]["belowFloorCount"] == i + 1
+    assert world.step(now=t + timedelta(seconds=5)).monitor_due is False  # not due before the interval
+    t += timedelta(seconds=15)
+    plan = world.step(now=t, scrape=Sample(time=t.isoformat(), accept_length=1.2, verify_calls=40.0), previous_scrape=Sample(time="", verify_calls=30.0))
+    assert plan.status["phase"] == "RolledBack" and plan.status["reason"] == "AcceptanceDrift"
+    assert plan.status["activeVariant"] == "base"
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "base"
+    assert "AcceptanceDrift" in reasons(plan) and "TrafficSwitched" in reasons(plan)
+    assert plan.status["probe"]["decision"] == "rollback" and plan.status["probe"]["speedup"] == 1.9
+    # No flapping: good scrapes or even a fresh promote result for the same revision change nothing.
+    again = world.step(now=t + timedelta(minutes=5), scrape=Sample(time="x", accept_length=3.0), probe_result=promote_result(plan.revision))
+    assert again.status["phase"] == "RolledBack" and again.events == [] and not again.monitor_due and not again.start_probe
+
+
+def test_drift_with_a_cold_base_keeps_serving_speculative_until_base_is_ready() -> None:
+    world = World(llama_spec(**{"rollout.keepBaseWarm": False, "monitor.window": 1}))
+    to_promoted(world)
+    world.pods = [p for p in world.pods if p["metadata"]["labels"]["specdec.io/variant"] == "speculative"]  # base scaled away
+    plan = world.step(now=NOW + timedelta(seconds=20), scrape=Sample(time="x", accept_length=1.0))
+    assert plan.status["phase"] == "RolledBack"
+    assert world.deployments["llama-base"]["spec"]["replicas"] == 1  # base comes back
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 1  # still serving until base is ready
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
+    world.add_pod("base", ready=True)
+    world.step(now=NOW + timedelta(minutes=3))
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "base"
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 0
+
+
+def test_a_crash_looping_speculative_server_is_given_up_and_scaled_to_zero() -> None:
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"init": (0, COMPATIBLE), "crash_restarts": 1})
+    assert world.step().status["phase"] == "Deploying"
+    assert "crash-looping (OOMKilled" in world.status["message"]
+    world.set_pods(base={"ready": True}, speculative={"init": (0, COMPATIBLE), "crash_restarts": 3})
+    plan = world.step()
+    assert plan.status["phase"] == "RolledBack" and plan.status["reason"] == "ProbeFailed"
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 0
+    assert conditions(plan.status)["SpeculativeReady"]["reason"] == "ScaledDown"
+
+
+def test_children_not_owned_by_the_resource_are_never_touched_or_probed() -> None:
+    world = World(llama_spec())
+    foreign = m.service("llama", "ns", "base")
+    foreign["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    world.services["llama"] = foreign
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    plan = world.step()
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "NameConflict"
+    assert world.services["llama"] is not None and world.services["llama"]["metadata"]["ownerReferences"] == [{"uid": "someone-else"}]
+    assert all(o["metadata"]["name"] != "llama" for o in plan.apply)
+    assert not plan.start_probe
+
+
+def test_parse_validator_report_exit_codes() -> None:
+    assert parse_validator_report(0, COMPATIBLE, "r")["compatible"] is True
+    bad = parse_validator_report(1, INCOMPATIBLE, "r")
+    assert bad["compatible"] is False and [f["code"] for f in bad["findings"]] == ["HiddenSizeMismatch", "VocabSizeMismatch"]
+    unusable = parse_validator_report(2, "specdec validate: error: /models/x: no config.json", "r")
+    assert unusable["compatible"] is False and unusable["findings"][0]["code"] == "ValidatorInputError"
+    assert "no config.json" in unusable["findings"][0]["message"]
+    killed = parse_validator_report(137, "", "r")
+    assert killed["findings"][0]["code"] == "ValidatorFailed"
+    garbage = parse_validator_report(1, "{not json", "r")
+    assert garbage["compatible"] is False and garbage["findings"][0]["code"] == "DrafterIncompatible"
+
+
+def test_revision_and_helpers() -> None:
+    assert speculative_revision(parse_spec(llama_spec())) == speculative_revision(parse_spec(llama_spec(**{"monitor.window": 9})))
+    assert human_duration(370) == "6m10s" and human_duration(45) == "45s" and human_duration(3720) == "1h2m" and human_duration(120) == "2m"
+    assert merge_patch({"a": 1, "p": {"x": 1, "y": 2}, "kopf": {}}, {"a": 1, "p": {"x": 1}}) == {"p": {"y": None}}
+    assert merge_patch({"a": 1}, {"a": 1}) is None
