@@ -263,7 +263,10 @@ def _spawn(cmd: Sequence[str], log: Path, cwd: Path, tie_to_parent: bool) -> int
 
 
 def _port_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:port (connections lingering in TIME_WAIT do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like the Go servers that will bind it: only an active listener makes the port unusable.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -596,7 +599,10 @@ def up(
 
         started = time.monotonic()
         deadline = started + timeout
-        (directory / "logs").mkdir(parents=True, exist_ok=True)
+        logs = directory / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for log_file in logs.glob("*.log"):  # keep the previous run's logs, one generation
+            log_file.replace(log_file.with_suffix(".previous"))
         pki = directory / "pki"
         _ensure_pki(pki)
         ports = _choose_ports(name, state.get("ports"))
