@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -286,7 +287,8 @@ def derived_context_length(cfg: dict[str, Any]) -> int | None:
     for key in _CONTEXT_LENGTH_KEYS:
         value = cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return int(factor * value)
+            length = factor * value
+            return int(length) if math.isfinite(length) else None
     return None
 
 
