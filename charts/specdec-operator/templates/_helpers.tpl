@@ -1,0 +1,119 @@
+{{/*
+Names and labels shared by every template.
+*/}}
+
+{{- define "specdec-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-<chart>, or the release name when it already contains the chart name. */}}
+{{- define "specdec-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "specdec-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "specdec-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "specdec-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "specdec-operator.labels" -}}
+helm.sh/chart: {{ include "specdec-operator.chart" . }}
+{{ include "specdec-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: specdec-operator
+{{- end }}
+
+{{- define "specdec-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "specdec-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image: repository@digest when a digest is given, else repository:tag (tag defaults to appVersion). */}}
+{{- define "specdec-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "specdec-operator.peeringName" -}}
+{{- default (include "specdec-operator.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{/* Namespaces served in namespaced mode: watch.namespaces, or the release namespace. */}}
+{{- define "specdec-operator.watchedNamespaces" -}}
+{{- if .Values.watch.namespaces }}
+{{- toJson (.Values.watch.namespaces | uniq) }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules for the namespaced objects the operator reads and writes. Shared by the ClusterRole (cluster-wide
+mode) and the per-namespace Roles (namespaced mode), so both modes grant exactly the same verbs.
+Every verb here is used by the operator (docs/operator.md, "RBAC"); tests/test_chart.py proves each with
+`kubectl auth can-i` and proves that nothing else (Secrets, wildcards, other resources) is granted.
+*/}}
+{{- define "specdec-operator.namespacedRules" -}}
+# The custom resources: watched by Kopf, which also patches them (finalizers, its progress annotations).
+- apiGroups: ["specdec.io"]
+  resources: ["speculativeservers"]
+  verbs: ["get", "list", "watch", "patch"]
+# Phase, conditions, probe results.
+- apiGroups: ["specdec.io"]
+  resources: ["speculativeservers/status"]
+  verbs: ["get", "patch", "update"]
+# The base and speculative SGLang servers (owned by their SpeculativeServer).
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# <name>-base, <name>-spec and the stable <name> Service whose selector is the promotion and the rollback.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# Read-only: readiness, loading time, and the validator init container's termination message.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+# Events for every decision (Kopf posts core/v1 Events; events.k8s.io is the same objects' newer API).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/* Peering rules (namespaced or cluster-scoped peering resource). */}}
+{{- define "specdec-operator.peeringRules" -}}
+{{- if .root.Values.peering.enabled -}}
+# Kopf peering: watch the peers and create the peering object when it is missing ...
+- apiGroups: ["kopf.dev"]
+  resources: [{{ .resource | quote }}]
+  verbs: ["list", "watch", "create"]
+# ... and write this replica's keep-alive into that one object only.
+- apiGroups: ["kopf.dev"]
+  resources: [{{ .resource | quote }}]
+  resourceNames: [{{ include "specdec-operator.peeringName" .root | quote }}]
+  verbs: ["get", "patch"]
+{{- end }}
+{{- end }}
