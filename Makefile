@@ -7,8 +7,10 @@ PY := $(VENV)/bin/python
 SPECDEC_TOOLS_DIR ?= $(HOME)/.cache/specdec-operator/bin
 export SPECDEC_TOOLS_DIR
 SGLANG_VERSION ?= 0.5.23
+# Image names, tags and pinned bases (one place, shared with the chart): OPERATOR_IMAGE, OPERATOR_TAG, ...
+include images/images.env
 
-.PHONY: help venv tools cluster-up cluster-down test test-unit crd demo manifests clean
+.PHONY: help venv tools cluster-up cluster-down test test-unit crd demo manifests images clean
 
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
@@ -17,6 +19,7 @@ help:
 	@echo "make cluster-up   start the local control plane with simulated GPU nodes (cluster-down stops it)"
 	@echo "make crd          regenerate crds/, the chart's copy and docs/api.md from the pydantic API"
 	@echo "make manifests    render dist/install.yaml for users without Helm"
+	@echo "make images       build the operator and drafter-training images (names and tags: images/images.env)"
 
 # The virtualenv is rebuilt when pyproject.toml changes. SGLang is installed without its dependencies:
 # the tests only need its argument parser and its benchmark client, not its GPU runtime.
@@ -54,6 +57,14 @@ demo: venv tools
 
 manifests: venv tools
 	hack/manifests.sh
+
+# Needs a Docker/BuildKit engine (not available on the CI machine; the Dockerfiles are linted by tests/test_images.py).
+images:
+	docker build -f images/operator/Dockerfile --build-arg BASE_IMAGE=$(OPERATOR_BASE_IMAGE) \
+	  --build-arg VERSION=$(OPERATOR_TAG) -t $(OPERATOR_IMAGE):$(OPERATOR_TAG) .
+	docker build -f images/drafter-training/Dockerfile --build-arg BASE_IMAGE=$(TRAINING_BASE_IMAGE) \
+	  --build-arg VERSION=$(TRAINING_TAG) --build-arg TORCH_VERSION=$(TRAINING_TORCH_VERSION) \
+	  -t $(TRAINING_IMAGE):$(TRAINING_TAG) .
 
 clean:
 	rm -rf $(VENV) dist build
