@@ -110,8 +110,11 @@ def test_schema_defaults_equal_pydantic_defaults():
     schema = spec_schema()["properties"]
     assert schema["sglang"]["properties"]["maxRunningRequests"]["default"] == 128
     assert schema["rollout"]["properties"]["workloads"]["default"] == api.dump(api.SpeculativeServerSpec.model_validate(MINIMAL).rollout)["workloads"]
-    for section in ("drafter", "resources", "sglang", "rollout", "monitor", "podMetadata"):
+    for section in ("resources", "sglang", "rollout", "monitor", "podMetadata"):
         assert schema[section]["default"] == {}, f"{section} must default to {{}} so its fields get defaults"
+    # drafter is required: {} would be an invalid drafter (EAGLE3 needs a path) and the API server refuses a
+    # CRD whose object default breaks the object's own CEL rules.
+    assert "default" not in schema["drafter"] and "drafter" in spec_schema()["required"]
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)

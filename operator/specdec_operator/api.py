@@ -128,7 +128,9 @@ class ModelStorage(_Model):
     )
 
 
-_NO_DOTDOT = r"(^|/)\.\.(/|$)"
+# '[.]' rather than '\\.': a backslash escape inside a CEL string literal must itself be escaped, and the API
+# server refuses the CRD otherwise (cel-python is more lenient).
+_NO_DOTDOT = r"(^|/)[.][.](/|$)"
 
 
 class Target(_Model):
@@ -412,7 +414,9 @@ class SpeculativeServerSpec(_Model):
     )
     model: ModelStorage = Field(description="Where the target and drafter weights are.")
     target: Target = Field(description="The model being served.")
-    drafter: Drafter = Field(default_factory=Drafter, description="The draft model and the speculation shape.")
+    # Required: Drafter()'s defaults (EAGLE3 without a path) are not a valid drafter, and an object default
+    # that breaks its own CEL rules makes the API server refuse the whole CRD.
+    drafter: Drafter = Field(description="The draft model and the speculation shape.")
     resources: Resources = Field(default_factory=Resources, description="GPUs and memory of each server.")
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", description="Extra node selector of the server pods.", max_length=64)
     affinity: dict[str, Any] | None = Field(
