@@ -347,6 +347,33 @@ def test_readiness_only_after_the_requested_delay(core_v1, apps_v1, namespace):
                message="Deployment ready")
 
 
+def test_when_label_limits_scripted_outcomes_to_matching_pods(core_v1, namespace):
+    # The operator copies spec.podMetadata.annotations onto both servers' pods; when-label picks one of them.
+    annotations = {"specdec.test/crash-loop": "true", "specdec.test/when-label": "specdec.io/variant=speculative",
+                   "specdec.test/init-exit-code": "1", "specdec.test/init-container": "validate"}
+    for variant in ("base", "speculative"):
+        manifest = pod(variant, annotations, initContainers=[container("validate")])
+        manifest["metadata"]["labels"] = {"specdec.io/variant": variant}
+        core_v1.create_namespaced_pod(namespace, manifest)
+    # A pod without the named init container is not affected by the init scripting.
+    core_v1.create_namespaced_pod(namespace, pod("no-init", {"specdec.test/init-exit-code": "1",
+                                                             "specdec.test/init-container": "validate"}))
+
+    speculative = wait_until(
+        lambda: (p := core_v1.read_namespaced_pod("speculative", namespace)).status.init_container_statuses and p,
+        message="speculative pod initialised")
+    assert speculative.status.init_container_statuses[0].last_state.terminated.exit_code == 1
+    for name in ("base", "no-init"):
+        ready = wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready"),
+                           message=f"{name} Ready condition")
+        wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready").status == "True",
+                   message=f"{name} Ready")
+        assert ready
+    time.sleep(2.5)  # longer than the crash-loop period: base must still be running, not restarting
+    base = core_v1.read_namespaced_pod("base", namespace)
+    assert base.status.container_statuses[0].restart_count == 0 and base.status.phase == "Running"
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The supervisor itself
 
