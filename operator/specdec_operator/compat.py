@@ -649,10 +649,10 @@ def _check_nextn(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> None
         if d_vocab != t_vocab:
             c.add(ERROR, "VocabSizeMismatch", f"MTP drafter vocab_size {d_vocab} != target {t_vocab}", "drafter.config.vocab_size")
         return
-    if nextn and t.weight_names is not None:
+    if nextn:
         # The MTP layers follow the last decoder layer: model.layers.{L}.* for L = num_hidden_layers.
         prefix = f"model.layers.{t_layers}."
-        if not any(n.startswith(prefix) or f".{prefix}" in n for n in t.weight_names):
+        if t.has_tensor_prefix(prefix) is False:
             c.add(ERROR, "MissingDrafterWeights",
                   f"the checkpoint has no {prefix}* tensors although num_nextn_predict_layers is {nextn}: the MTP "
                   "layers were dropped (common in quantized re-exports)", "target.weights")

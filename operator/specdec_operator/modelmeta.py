@@ -338,6 +338,9 @@ class ModelMeta:
     weight_files: list[str] = field(default_factory=list)
     tensors: dict[str, TensorInfo] | None = None  # from headers, when read
     weight_names: frozenset[str] | None = None  # from the index only, when read
+    # weights="names" on a sharded checkpoint keeps the index text unparsed: a DeepSeek-V3 index is
+    # ~9 MiB, and json.loads of it costs ~100x the substring search that answers "is layer L there?".
+    index_text: str | None = None
     bytes_read: int = 0
 
     # -- typed field access ----------------------------------------------------------------------
@@ -427,6 +430,15 @@ class ModelMeta:
             info = self.tensors.get(name)
             if info is not None:
                 return name, info.shape
+        return None
+
+    def has_tensor_prefix(self, prefix: str) -> bool | None:
+        """Whether any tensor name starts with `prefix` (also under a wrapper, e.g. 'language_model.');
+        None when the weight names were not read."""
+        if self.weight_names is not None:
+            return any(n.startswith(prefix) or f".{prefix}" in n for n in self.weight_names)
+        if self.index_text is not None:
+            return f'"{prefix}' in self.index_text or f".{prefix}" in self.index_text
         return None
 
     def facts(self) -> dict[str, Any]:
@@ -575,6 +587,17 @@ def _read_weights(meta: ModelMeta, path: str, weights: str, reader: MetaReader) 
     if _exists(index):
         meta.weight_format = "sharded"
         if weights == "none":
+            return
+        if weights == "names":
+            shown = f"{meta.path}/{SAFETENSORS_INDEX}"
+            raw = reader.read_bytes(index, MAX_INDEX_BYTES, SAFETENSORS_INDEX)
+            try:
+                text = raw.decode("utf-8-sig")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{shown}: is not UTF-8 (invalid byte at offset {exc.start})") from None
+            if not text.lstrip().startswith("{") or '"weight_map"' not in text:
+                raise InputError(f"{shown}: has no weight_map object; it is not a safetensors index")
+            meta.index_text = text
             return
         weight_map = _read_index(reader, index, meta.path)
         shards = sorted(set(weight_map.values()))
