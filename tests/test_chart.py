@@ -568,3 +568,49 @@ def test_notes_say_where_to_look(helm_bin):
     assert "kubectl -n ops rollout status deployment/specdec-specdec-operator" in notes
     assert "in every namespace" in notes
     assert "crds" in notes.lower(), "NOTES must remind that helm does not upgrade CRDs"
+
+
+# -------------------------------------------------------------------------------------------------------------
+# Plain manifests (make manifests)
+
+
+def test_make_manifests_renders_an_installable_file(tools_dir, tmp_path):
+    import kubernetes_validate
+
+    proc = subprocess.run(["bash", str(ROOT / "hack" / "manifests.sh")], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                            "SPECDEC_TOOLS_DIR": str(tools_dir), "DIST_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all((tmp_path / "install.yaml").read_text()) if d]
+    kinds = [d["kind"] for d in docs]
+    # kubectl applies in file order: CRDs, then the Namespace, then what lives in it.
+    assert kinds[:4] == ["CustomResourceDefinition"] * 3 + ["Namespace"]
+    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"} <= set(kinds[4:])
+    namespace = docs[3]["metadata"]
+    assert namespace["name"] == "specdec-system"
+    assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for doc in docs:
+        kubernetes_validate.validate(doc, kubernetes_version(), strict=True)
+        if doc["kind"] != "CustomResourceDefinition" and doc["kind"] != "Namespace":
+            assert doc["metadata"]["name"].startswith("specdec-operator")
+            assert doc["metadata"].get("namespace", "specdec-system") == "specdec-system"
+    generated = yaml.safe_load((ROOT / "crds" / "specdec.io_speculativeservers.yaml").read_text())
+    assert generated in docs, "dist/install.yaml must carry the generated CRD"
+    crds_only = [d for d in yaml.safe_load_all((tmp_path / "crds.yaml").read_text()) if d]
+    assert crds_only == docs[:3]
+
+
+def test_make_manifests_passes_settings_to_helm_and_checks_the_namespace(tools_dir, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": str(tools_dir),
+           "DIST_DIR": str(tmp_path), "NAMESPACE": "inference-system"}
+    script = str(ROOT / "hack" / "manifests.sh")
+    proc = subprocess.run(["bash", script, "--set", "watch.allNamespaces=false"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all((tmp_path / "install.yaml").read_text()) if d]
+    roles = [d for d in docs if d["kind"] == "Role"]
+    assert [r["metadata"]["namespace"] for r in roles] == ["inference-system"]
+    bad = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
+                         env={**env, "NAMESPACE": "Not_Valid"})
+    assert bad.returncode != 0
+    assert bad.stderr.strip().count("\n") == 0 and "NAMESPACE" in bad.stderr
