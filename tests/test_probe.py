@@ -1,0 +1,333 @@
+"""The probe: statistics, decision rules, and decisions against simulators whose truth is known."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import socket
+import subprocess
+import sys
+import time
+from contextlib import AsyncExitStack
+
+import pytest
+
+from specdec_operator.cli import main as specdec_main
+from specdec_operator.errors import InputError
+from specdec_operator.probe import ProbeResult, Workload, parse_sglang_metrics, run_probe, scrape_metrics
+from specdec_operator.probe.decide import Verdict, combine_all, judge, normalize_policy
+from specdec_operator.probe.stats import (
+    log_ratio_interval,
+    per_look_level,
+    t_cdf,
+    t_quantile,
+    weighted_percentile,
+    weighted_round_ratios,
+)
+from specdec_operator.simulator import SimulatorServer, load_profile, profile_from_dict
+
+# --- statistics ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "p, df, expected",
+    [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 10, 2.2281), (0.995, 4, 4.6041), (0.95, 30, 1.6973)],
+)
+def test_t_quantile_matches_tables(p, df, expected):
+    assert t_quantile(p, df) == pytest.approx(expected, rel=1e-4)
+    assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, abs=1e-9)
+    assert t_quantile(1 - p, df) == pytest.approx(-expected, rel=1e-4)
+
+
+def test_log_ratio_interval_covers_the_truth_at_its_level():
+    # Log-normal round-to-round noise, 3 to 6 rounds: the coverage must be at least close to nominal.
+    rng = random.Random(11)
+    for n in (3, 4, 6):
+        hits = 0
+        trials = 2000
+        for _ in range(trials):
+            ratios = [1.3 * math.exp(rng.gauss(0, 0.05)) for _ in range(n)]
+            iv = log_ratio_interval(ratios, 0.95)
+            hits += iv.low <= 1.3 <= iv.high
+        assert hits / trials == pytest.approx(0.95, abs=0.02)
+
+
+def test_interval_edge_cases():
+    one = log_ratio_interval([1.5], 0.95)
+    assert one.low == 0 and one.high == math.inf
+    flat = log_ratio_interval([1.2, 1.2, 1.2], 0.95)
+    assert flat.low == pytest.approx(1.2) and flat.high == pytest.approx(1.2)
+    assert log_ratio_interval([1.0, 0.0, 1.0], 0.95).high == math.inf
+    assert per_look_level(0.95, 4) == pytest.approx(0.9875)
+
+
+def test_weighted_round_ratios_and_percentiles():
+    series = weighted_round_ratios({"a": [2.0, 2.0], "b": [0.5, 1.0, 9.0]}, {"a": 3.0, "b": 1.0})
+    assert series == pytest.approx([(6 + 0.5) / 4, (6 + 1.0) / 4])  # only rounds where both were measured
+    assert weighted_percentile([(1.0, 1), (2.0, 98), (3.0, 1)], 50) == 2.0
+    assert weighted_percentile([], 50) is None
+
+
+def test_judge_is_strict_and_needs_three_rounds():
+    iv = log_ratio_interval([1.5, 1.6, 1.55], 0.95)
+    assert judge(iv, 1.0) is Verdict.PASS
+    assert judge(log_ratio_interval([1.5, 1.6], 0.95), 1.0) is Verdict.UNDECIDED
+    assert judge(log_ratio_interval([0.5, 0.55, 0.52], 0.95), 1.0) is Verdict.FAIL
+    # An interval touching the threshold is not evidence (noiseless equal servers).
+    assert judge(log_ratio_interval([1.0, 1.0, 1.0], 0.95), 1.0) is Verdict.UNDECIDED
+    assert combine_all({"a": Verdict.PASS, "b": Verdict.FAIL}) is Verdict.FAIL
+    assert combine_all({"a": Verdict.PASS, "b": Verdict.UNDECIDED}) is Verdict.UNDECIDED
+    assert normalize_policy("WeightedMix") == "weighted" and normalize_policy("AllWorkloads") == "all"
+
+
+def test_workload_parsing_and_coercion():
+    w = Workload.parse("chat:16:1024:256:64")
+    assert (w.name, w.concurrency, w.input_tokens, w.output_tokens, w.requests, w.weight) == (
+        "chat", 16, 1024, 256, 64, 1.0)
+    assert Workload.parse("x:1:2:3:4:2.5").weight == 2.5
+    cr = Workload.coerce({"name": "c", "concurrency": 8, "inputTokens": 10, "outputTokens": 20, "requests": 9,
+                          "weight": 2})
+    assert (cr.input_tokens, cr.output_tokens, cr.requests, cr.weight) == (10, 20, 9, 2.0)
+    for bad in ("chat:16:1024:256", "chat:x:1:1:1", "chat:0:1:1:1"):
+        with pytest.raises(InputError, match="workload"):
+            Workload.parse(bad)
+
+
+def test_metrics_parser_averages_over_tp_ranks():
+    text = (
+        "# HELP sglang:spec_accept_length x\n# TYPE sglang:spec_accept_length gauge\n"
+        'sglang:spec_accept_length{model_name="m",tp_rank="0"} 2.0\n'
+        'sglang:spec_accept_length{model_name="m",tp_rank="1"} 3.0\n'
+        "# HELP other_metric y\n# TYPE other_metric gauge\nother_metric 5\n"
+    )
+    assert parse_sglang_metrics(text) == {"sglang:spec_accept_length": 2.5}
+
+
+# --- decisions against simulators ------------------------------------------------------------------
+
+
+def prof(name, step_ms, spec_accept=None, *, max_running=256, jitter=0.01, **extra):
+    spec = None
+    if spec_accept is not None:
+        spec = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
+                "accept_length_mean": spec_accept}
+    return profile_from_dict({
+        "name": name, "load_seconds": 0, "max_running_requests": max_running, "prefill_tokens_per_s": 200000,
+        "step_ms": step_ms, "speculative": spec, "jitter": jitter, "errors": extra.pop("errors", {}), **extra,
+    })
+
+
+# Step times are long enough that the whole test (client and both simulators on one event loop) streams at
+# most a few thousand tokens a second: the host, not the model, would otherwise set the ratios.
+BASE = prof("base", [[1, 10.0], [128, 80.0]])
+WIN = prof("win", [[1, 12.0], [128, 120.0]], 2.5)  # 2.08x at c=1, 1.67x at c=128
+LOSS = prof("loss", [[1, 16.0], [128, 140.0]], 1.3)  # 0.81x at c=1, 0.74x at c=128
+MIXED = prof("mixed", [[1, 12.0], [128, 300.0]], 2.5)  # 2.08x at c=1, 0.67x at c=128
+
+SINGLE = Workload("single", 1, 32, 64, 2)
+WIDE = Workload("wide", 128, 32, 8, 128)
+
+
+async def probe_between(base, candidate, workloads, *, scale=2.0, seed=0, **kwargs) -> ProbeResult:
+    async with AsyncExitStack() as stack:
+        b = await stack.enter_async_context(SimulatorServer(base, time_scale=scale, seed=seed, load_seconds=0))
+        c = await stack.enter_async_context(
+            SimulatorServer(candidate, time_scale=scale, seed=seed + 1000, load_seconds=0))
+        return await run_probe(b, c, workloads, seed=seed, **kwargs)
+
+
+def test_clear_win_promotes_with_intervals_above_one():
+    result = asyncio.run(probe_between(BASE, WIN, [SINGLE, Workload("mid", 16, 32, 64, 32)], scale=4))
+    assert (result.decision, result.reason) == ("promote", "SpeedupConfirmed"), result.message
+    assert result.rounds == 3
+    single = result.workloads[0]
+    assert single.speedup_low > 1.0 and single.speedup == pytest.approx(2.08, rel=0.1)
+    assert result.accept_length == pytest.approx(2.5, rel=0.1)
+    assert not result.warnings
+
+
+def test_clear_loss_rolls_back_below_threshold():
+    result = asyncio.run(probe_between(BASE, LOSS, [SINGLE], scale=4))
+    assert (result.decision, result.reason) == ("rollback", "SpeedupBelowThreshold"), result.message
+    assert result.workloads[0].speedup_high < 1.0
+    assert result.workloads[0].speedup == pytest.approx(0.81, rel=0.1)
+
+
+def test_seed_custom_drafter_is_rejected_in_seconds():
+    base, custom = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k25-custom-eagle3")
+    t = time.perf_counter()
+    result = asyncio.run(probe_between(base, custom, [Workload("chat", 4, 64, 128, 16)], scale=20))
+    assert time.perf_counter() - t < 5
+    assert (result.decision, result.reason) == ("rollback", "DrafterNotAccepting"), result.message
+    assert result.rounds == 0 and result.accept_length <= 1.1
+
+
+def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
+    base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
+    result = asyncio.run(probe_between(base, public, [Workload("c128", 128, 8, 16, 144)], scale=2))
+    assert (result.decision, result.reason) == ("rollback", "SpeedupBelowThreshold"), result.message
+    # The seed measured 849 / 2370 = 0.36x in steady state; this short run's waves model to ~0.44x.
+    assert result.workloads[0].speedup < 0.6
+    assert any("max_running_requests=48" in w and "128" in w for w in result.warnings)
+    assert result.accept_length == pytest.approx(2.26, rel=0.1)
+
+
+def test_seed_public_drafter_single_stream_is_not_promoted():
+    base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
+    result = asyncio.run(probe_between(base, public, [Workload("one", 1, 32, 64, 2)], scale=20, max_rounds=4))
+    assert result.decision == "rollback" and result.reason in ("Inconclusive", "SpeedupBelowThreshold")
+
+
+def test_win_at_one_loss_at_128_under_both_policies():
+    all_policy = asyncio.run(probe_between(BASE, MIXED, [SINGLE, WIDE], policy="all"))
+    assert (all_policy.decision, all_policy.reason) == ("rollback", "SpeedupBelowThreshold"), all_policy.message
+    by_name = {w.name: w for w in all_policy.workloads}
+    assert by_name["single"].speedup_low > 1 and by_name["wide"].speedup_high < 1
+
+    mostly_single = [Workload("single", 1, 32, 64, 2, weight=9), Workload("wide", 128, 32, 8, 128, weight=1)]
+    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_single, policy="weighted"))
+    assert (weighted.decision, weighted.reason) == ("promote", "SpeedupConfirmed"), weighted.message
+    assert weighted.speedup == pytest.approx((9 * 2.08 + 0.67) / 10, rel=0.1)
+
+    mostly_wide = [Workload("single", 1, 32, 64, 2, weight=1), Workload("wide", 128, 32, 8, 128, weight=9)]
+    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_wide, policy="weighted"))
+    assert (weighted.decision, weighted.reason) == ("rollback", "SpeedupBelowThreshold"), weighted.message
+
+
+def test_equal_servers_with_five_percent_jitter_never_promote():
+    equal = prof("equal", [[1, 10.0], [8, 14.0]], jitter=0.05)
+    workloads = [Workload("small", 4, 16, 32, 8)]
+
+    async def batch(seeds):
+        return await asyncio.gather(*(probe_between(equal, equal, workloads, scale=4, seed=s, max_rounds=5)
+                                       for s in seeds))
+
+    results = []
+    for start in range(0, 20, 5):
+        results += asyncio.run(batch(range(start, start + 5)))
+    assert len(results) == 20
+    assert [r.decision for r in results] == ["rollback"] * 20, [r.message for r in results]
+    assert {r.reason for r in results} <= {"Inconclusive", "SpeedupBelowThreshold"}
+
+
+def test_injected_http_errors_fail_the_probe():
+    broken = prof("broken", [[1, 12.0], [128, 60.0]], 2.5, errors={"http_500_rate": 0.5})
+    result = asyncio.run(probe_between(BASE, broken, [Workload("w", 2, 16, 16, 8)], scale=4))
+    assert (result.decision, result.reason) == ("rollback", "ProbeFailed")
+    assert "HTTP 500" in result.message
+
+
+def test_injected_timeouts_fail_the_probe():
+    hanging = prof("hanging", [[1, 12.0], [128, 60.0]], 2.5, errors={"timeout_rate": 1.0})
+    t = time.perf_counter()
+    result = asyncio.run(probe_between(BASE, hanging, [Workload("w", 2, 16, 16, 4)], scale=4,
+                                       request_timeout=1.0, read_timeout=0.5))
+    assert (result.decision, result.reason) == ("rollback", "ProbeFailed")
+    assert "timed out" in result.message and time.perf_counter() - t < 5
+
+
+def test_spent_time_budget_is_inconclusive():
+    slow = prof("slow", [[1, 200.0]], 2.5)
+    result = asyncio.run(probe_between(BASE, slow, [Workload("w", 1, 16, 64, 4)], scale=1, timeout=1.0))
+    assert (result.decision, result.reason) == ("rollback", "Inconclusive")
+    assert "time budget" in result.message
+
+
+def test_status_document_is_camel_case_with_rfc3339_times():
+    result = asyncio.run(probe_between(BASE, WIN, [SINGLE], scale=4))
+    status = result.to_status()
+    assert set(status) == {"decision", "reason", "rounds", "startedAt", "finishedAt", "acceptLength", "speedup",
+                           "message", "workloads"}
+    assert status["startedAt"].endswith("Z") and "T" in status["startedAt"]
+    assert set(status["workloads"][0]) == {"name", "concurrency", "baseTokensPerSecond",
+                                           "speculativeTokensPerSecond", "speedup", "speedupLow", "speedupHigh"}
+    # The operator writes this into the CR: it must validate against the API model.
+    from specdec_operator.api import ProbeStatus
+
+    ProbeStatus.model_validate(status)
+
+
+def test_on_round_sees_each_round():
+    seen = []
+
+    async def scenario():
+        async def hook(result):
+            seen.append((result.rounds, result.workloads[0].rounds))
+
+        return await probe_between(BASE, WIN, [SINGLE], scale=4, on_round=hook)
+
+    result = asyncio.run(scenario())
+    assert seen == [(1, 1), (2, 2), (3, 3)] and result.rounds == 3
+
+
+def test_scrape_metrics_reads_the_simulator():
+    async def scenario():
+        async with SimulatorServer(load_profile("kimi-k2-public-eagle3"), time_scale=20, seed=1,
+                                   load_seconds=0) as url:
+            await run_probe(url, url, [Workload("w", 2, 8, 64, 4)], max_rounds=1)
+            return await scrape_metrics(None, url)
+
+    metrics = asyncio.run(scenario())
+    assert 1.5 < metrics["sglang:spec_accept_length"] < 3.5
+    assert metrics["sglang:num_running_reqs"] == 0
+    assert metrics["sglang:generation_tokens_total"] >= 2 * 4 * 64
+
+
+def test_bad_arguments_raise_input_error():
+    with pytest.raises(InputError, match="min-speedup"):
+        asyncio.run(run_probe("http://a", "http://b", [SINGLE], min_speedup=0))
+    with pytest.raises(InputError, match="policy"):
+        asyncio.run(run_probe("http://a", "http://b", [SINGLE], policy="most"))
+    with pytest.raises(InputError, match="--base"):
+        asyncio.run(run_probe("a:1", "http://b", [SINGLE]))
+
+
+# --- the command line ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_unreachable_base_exits_3_and_bad_workload_exits_2(capsys):
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert specdec_main(["probe", "--base", dead, "--candidate", dead, "--workload", "w:1:8:8:1", "--json"]) == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out)["reason"] == "ProbeFailed" and "base server unreachable" in err
+    assert specdec_main(["probe", "--base", dead, "--candidate", dead, "--workload", "w:1:8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "NAME:CONCURRENCY" in err
+
+
+def test_cli_json_against_simulator_processes():
+    procs = []
+    try:
+        urls = []
+        for name in ("llama31-8b-base", "llama31-8b-eagle3"):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", name, "--port", "0",
+                 "--time-scale", "4", "--load-seconds", "0", "--seed", "3"],
+                stdout=subprocess.PIPE, text=True,
+            )
+            procs.append(proc)
+            urls.append(proc.stdout.readline().split(" at ")[1].split()[0])
+        run = subprocess.run(
+            [sys.executable, "-m", "specdec_operator.cli", "probe", "--base", urls[0], "--candidate", urls[1],
+             "--workload", "one:1:32:64:2", "--workload", "eight:8:32:64:16", "--json", "--seed", "1"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert run.returncode == 0, run.stderr
+        doc = json.loads(run.stdout)
+        assert doc["decision"] == "promote" and doc["reason"] == "SpeedupConfirmed"
+        assert {"decision", "reason", "rounds", "accept_length", "workloads"} <= set(doc)
+        assert set(doc["workloads"][0]) >= {"name", "concurrency", "base_tok_s", "candidate_tok_s", "speedup",
+                                            "speedup_low", "speedup_high"}
+        assert "round 3" in run.stderr  # progress lines
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
