@@ -220,6 +220,17 @@ build_group() {
   stamp_of "$group" >"$TOOLS_DIR/.stamp-$group"
 }
 
+# check_pins: the Go modules must require what hack/versions.env pins (both are edited by hand).
+check_pins() {
+  local file pin
+  for entry in "kube:k8s.io/kubernetes $KUBERNETES_VERSION" "kube:sigs.k8s.io/kwok $KWOK_VERSION" \
+               "etcd:go.etcd.io/etcd/server/v3 $ETCD_VERSION" "helm:helm.sh/helm/v4 $HELM_VERSION"; do
+    file="$HACK_DIR/go/${entry%%:*}/go.mod"; pin="${entry#*:}"
+    grep -qE "^[[:space:]]*(require[[:space:]]+)?${pin//./\\.}([[:space:]]|$)" "$file" \
+      || die "hack/versions.env pins '${pin}' but $file does not require it: update both (then go mod tidy there)"
+  done
+}
+
 # progress: one line every 30 seconds per running build (packages compiled so far, out of the total).
 progress() {
   local group="$1" logfile="$2" total="$3" start="$4" pid="$5" n
@@ -259,20 +270,24 @@ main() {
   local start
   start="$(date +%s)"
   log "building ${build[*]} into $TOOLS_DIR (Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
-  log "a cold build takes about 20 minutes on 2 cores; later runs reuse the binaries and the Go build cache"
-  log "downloading Go modules"
-  for group in "${build[@]}"; do
-    (cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go mod download) \
-      || die "go mod download failed in hack/go/$group (is the Go module proxy reachable? GOPROXY=$(go env GOPROXY))"
-  done
+  log "a cold build takes about 10 minutes on 2 cores (more with a slow network); later runs reuse the binaries"
+  check_pins
+  log "resolving packages (on an empty module cache this downloads about 1 GB of Go modules)"
 
   # All groups build at once; the Kubernetes group dominates the time.
   local -A pids=() logs=() progress_pids=()
   for group in "${build[@]}"; do
     logs[$group]="$TOOLS_DIR/.build-$group.log"
-    local total
-    total="$(cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -deps $(pkgs_of "$group") 2>/dev/null | wc -l)"
-    build_group "$group" "${logs[$group]}" &
+    local total listing
+    # `go list -deps` downloads exactly the modules the build needs (no test-only dependencies) and counts the
+    # packages for the progress lines.
+    if ! listing="$(cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -deps $(pkgs_of "$group") 2>&1)"; then
+      tail -n 5 <<<"$listing" >&2
+      die "resolving hack/go/$group failed (is the Go module proxy reachable? GOPROXY=$(go env GOPROXY))"
+    fi
+    total="$(wc -l <<<"$listing")"
+    log "$group: modules ready after $(( $(date +%s) - start ))s"
+    ( build_group "$group" "${logs[$group]}" && echo $(( $(date +%s) - start )) >"$TOOLS_DIR/.done-$group" ) &
     pids[$group]=$!
     progress "$group" "${logs[$group]}" "$total" "$start" "${pids[$group]}" &
     progress_pids[$group]=$!
@@ -281,7 +296,8 @@ main() {
   local failed=()
   for group in "${build[@]}"; do
     if wait "${pids[$group]}"; then
-      log "$group: done after $(( $(date +%s) - start ))s: $(bins_of "$group")"
+      log "$group: built $(bins_of "$group") ($(cat "$TOOLS_DIR/.done-$group" 2>/dev/null || echo ?)s after start)"
+      rm -f "$TOOLS_DIR/.done-$group"
       rm -f "${logs[$group]}"
     else
       failed+=("$group")
