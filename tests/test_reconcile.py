@@ -351,3 +351,18 @@ def test_revision_and_helpers() -> None:
     assert human_duration(370) == "6m10s" and human_duration(45) == "45s" and human_duration(3720) == "1h2m" and human_duration(120) == "2m"
     assert merge_patch({"a": 1, "p": {"x": 1, "y": 2}, "kopf": {}}, {"a": 1, "p": {"x": 1}}) == {"p": {"y": None}}
     assert merge_patch({"a": 1}, {"a": 1}) is None
+
+
+def test_a_restarting_promoted_server_fails_over_to_base_and_back_without_a_new_decision() -> None:
+    world = World(llama_spec())
+    promoted = to_promoted(world)
+    world.pods = [p for p in world.pods if p["metadata"]["labels"]["specdec.io/variant"] == "base"]
+    world.add_pod("speculative", init=(0, COMPATIBLE), running_since=NOW)  # restarted, loading again
+    down = world.step(now=NOW + timedelta(seconds=10))
+    assert down.status["phase"] == "Promoted" and down.status["probe"]["decision"] == "promote"
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "base"
+    world.pods[-1]["status"]["conditions"][-1]["status"] = "True"
+    up = world.step(now=NOW + timedelta(minutes=2))
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
+    assert not up.start_probe and up.revision == promoted.revision
+    assert [e.reason for e in up.events] == ["TrafficSwitched"]

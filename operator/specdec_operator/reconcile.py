@@ -445,8 +445,12 @@ def reconcile(
     stable_observed = observed.services.get(name)
     current_active = m.service_variant(stable_observed) if stable_observed else None
     active = desired_active
-    if current_active in states and current_active != desired_active and not states[desired_active].any_ready and states[current_active].any_ready:
-        active = current_active  # hold the switch until the new side can serve
+    if not states[desired_active].any_ready:
+        # Never route to nothing while the other server can answer (both give the same answers):
+        if desired_active == SPECULATIVE and base_state.any_ready:
+            active = BASE  # the promoted server is restarting: the base answers meanwhile
+        elif current_active == SPECULATIVE and spec_state.any_ready:
+            active = SPECULATIVE  # a rollback to a cold base waits until the base serves
     if current_active in states and current_active != active and name not in conflicts:
         events.append(Event("Normal", "TrafficSwitched", f"stable Service {name} now selects the {active} server"))
 

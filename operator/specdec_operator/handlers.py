@@ -1,0 +1,466 @@
+"""Kopf wiring: gather what exists, call ``reconcile``, apply the plan. Nothing clever lives here.
+
+One Kopf daemon per SpeculativeServer runs the loop: observe -> ``reconcile.reconcile`` -> apply children
+(server-side apply, owner-referenced), patch status, post Events, start or cancel the probe. It wakes up on
+any event of the resource or of its children (pods, Deployments, Services, watched through label-filtered
+Kopf indexes, so a step lists nothing) and at least every ``reconcile_interval`` seconds.
+
+The probe runs as an asyncio task next to the daemon; when it finishes, the next step records its decision in
+status.probe. The drift monitor scrapes the speculative Service when ``reconcile`` says a scrape is due.
+
+Every URL is derived from the resource's own name and namespace (``<name>-base``, ``<name>-spec``) and the
+operator's endpoints configuration; nothing in a spec names a host. Objects with those names that this
+resource does not own are never modified and never probed (phase Failed, NameConflict).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import aiohttp
+import kopf
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from . import API_GROUP, API_VERSION, PLURAL
+from . import manifests as m
+from .api import dump, parse_spec
+from .errors import InputError
+from .metrics import OperatorMetrics
+from .monitor import Sample, sample_from_metrics
+from .probe import ProbeRequestError, run_probe, scrape_metrics
+from .reconcile import Observed, Plan, Settings, merge_patch, reconcile, rfc3339
+
+FIELD_MANAGER = "specdec-operator"
+LOG = logging.getLogger("specdec.operator")
+MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
+ROLLBACK_REASONS = {"SpeedupBelowThreshold", "DrafterNotAccepting", "Inconclusive", "ProbeFailed", "AcceptanceDrift"}
+# How long a name found taken by a foreign object is remembered before it is looked up again.
+FOREIGN_TTL_S = 30.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Configuration
+
+
+class Endpoints:
+    """Where the operator reaches a Service: cluster DNS, or an explicit mapping (operator configuration).
+
+    The mapping (``namespace/service: URL``) is for an operator running outside the cluster (a laptop, the
+    tests); it comes from the operator's command line, never from a custom resource.
+    """
+
+    def __init__(self, mapping: dict[str, str] | None = None, port: int = m.DEFAULT_PORT, domain: str = "svc") -> None:
+        self.mapping = dict(mapping or {})
+        self.port = port
+        self.domain = domain
+
+    @classmethod
+    def from_file(cls, path: str, port: int = m.DEFAULT_PORT) -> "Endpoints":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh) or {}
+        except OSError as exc:
+            raise InputError(f"--endpoints {path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"--endpoints {path}: not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise InputError(f"--endpoints {path}: must map 'namespace/service' to 'http://host:port'")
+        for key, url in data.items():
+            if not isinstance(key, str) or key.count("/") != 1 or not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise InputError(f"--endpoints {path}: entry {key!r}: must map 'namespace/service' to an http(s) URL, got {url!r}")
+        return cls(data, port)
+
+    def url(self, namespace: str, service: str) -> str:
+        mapped = self.mapping.get(f"{namespace}/{service}")
+        if mapped:
+            return mapped.rstrip("/")
+        return f"http://{service}.{namespace}.{self.domain}:{self.port}"
+
+
+@dataclasses.dataclass
+class OperatorConfig:
+    """Everything `specdec run` configures about the handlers."""
+
+    reconcile: Settings = dataclasses.field(default_factory=Settings)
+    endpoints: Endpoints = dataclasses.field(default_factory=Endpoints)
+    reconcile_interval: float = 10.0  # seconds between steps when nothing happens
+    probe_timeout: float = 3600.0  # bound of one whole probe (Inconclusive when spent)
+    probe_request_timeout: float = 600.0
+    scrape_timeout: float = 10.0
+
+
+@dataclasses.dataclass
+class ProbeTask:
+    revision: str
+    task: asyncio.Task
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Slim copies of children for the indexes (what reconcile reads, nothing more)
+
+
+def _meta(body: Any) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    keep = ("name", "namespace", "labels", "annotations", "ownerReferences", "creationTimestamp", "deletionTimestamp", "uid")
+    return {k: _plain(meta.get(k)) for k in keep if meta.get(k) is not None}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def slim_pod(body: Any) -> dict[str, Any]:
+    status = body.get("status") or {}
+    keep = ("phase", "conditions", "initContainerStatuses", "containerStatuses", "startTime", "podIP")
+    return {"metadata": _meta(body), "status": {k: _plain(status.get(k)) for k in keep if status.get(k) is not None}}
+
+
+def slim_deployment(body: Any) -> dict[str, Any]:
+    spec = body.get("spec") or {}
+    template_meta = ((spec.get("template") or {}).get("metadata")) or {}
+    return {
+        "kind": "Deployment",
+        "metadata": _meta(body),
+        "spec": {"replicas": spec.get("replicas"), "template": {"metadata": {"annotations": _plain(template_meta.get("annotations") or {})}}},
+        "status": _plain(body.get("status") or {}),
+    }
+
+
+def slim_service(body: Any) -> dict[str, Any]:
+    spec = body.get("spec") or {}
+    return {"kind": "Service", "metadata": _meta(body), "spec": {"selector": _plain(spec.get("selector") or {}), "ports": _plain(spec.get("ports") or [])}}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The per-process runtime
+
+
+class Runtime:
+    """In-memory state of one operator process: wake-up events, probe tasks, last statuses and scrapes.
+
+    None of it is needed to resume: a fresh process rebuilds everything from the cluster (status and children).
+    """
+
+    def __init__(self, config: OperatorConfig, metrics: OperatorMetrics, api_client: k8s.ApiClient | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.api_client = api_client
+        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        self.probes: dict[tuple[str, str], ProbeTask] = {}
+        self.statuses: dict[tuple[str, str], dict[str, Any]] = {}
+        self.scrapes: dict[tuple[str, str], Sample] = {}
+        self.monitor_due: dict[tuple[str, str], bool] = {}
+        self.foreign: dict[tuple[str, str], dict[str, tuple[float, dict[str, Any]]]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- API clients (sync kubernetes client, called in threads)
+    def _apis(self) -> tuple[k8s.AppsV1Api, k8s.CoreV1Api, k8s.CustomObjectsApi]:
+        if self.api_client is None:
+            self.api_client = k8s.ApiClient()
+        return k8s.AppsV1Api(self.api_client), k8s.CoreV1Api(self.api_client), k8s.CustomObjectsApi(self.api_client)
+
+    async def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        for probe in list(self.probes.values()):
+            probe.task.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        if namespace and name:
+            event = self.wakeups.get((namespace, name))
+            if event is not None:
+                event.set()
+
+    # --- applying children
+    def _read(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        apps, core, _ = self._apis()
+        name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        try:
+            found = apps.read_namespaced_deployment(name, ns) if obj["kind"] == "Deployment" else core.read_namespaced_service(name, ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return self.api_client.sanitize_for_serialization(found)
+
+    def apply_child(self, key: tuple[str, str], obj: dict[str, Any], owner: Any, uid: str, observed: bool) -> bool:
+        """Create or update one child with server-side apply; False when the name belongs to someone else."""
+        if not observed:
+            # Not in our (label-filtered) index: make sure the name is free or ours before applying, so that an
+            # object someone else owns is never taken over.
+            existing = self._read(obj)
+            if existing is not None and not any(ref.get("uid") == uid for ref in existing["metadata"].get("ownerReferences") or []):
+                self.foreign.setdefault(key, {})[obj["metadata"]["name"]] = (time.monotonic(), existing)
+                return False
+        kopf.append_owner_reference(obj, owner=owner)
+        apps, core, _ = self._apis()
+        kwargs = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": "application/apply-patch+yaml"}
+        name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        if obj["kind"] == "Deployment":
+            apps.patch_namespaced_deployment(name, ns, obj, **kwargs)
+        else:
+            core.patch_namespaced_service(name, ns, obj, **kwargs)
+        return True
+
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        _, _, custom = self._apis()
+        custom.patch_namespaced_custom_object_status(
+            API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": patch}, _content_type="application/merge-patch+json"
+        )
+
+    def foreign_objects(self, key: tuple[str, str]) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        known = self.foreign.get(key, {})
+        for child, (seen, _) in list(known.items()):
+            if now - seen > FOREIGN_TTL_S:
+                del known[child]
+        return {child: obj for child, (_, obj) in known.items()}
+
+    # --- probe and monitor
+    async def _probe(self, namespace: str, name: str, spec_dict: dict[str, Any], revision: str) -> dict[str, Any]:
+        spec = parse_spec(spec_dict)
+        base_url = self.config.endpoints.url(namespace, m.child_name(name, "base"))
+        candidate_url = self.config.endpoints.url(namespace, m.child_name(name, "speculative"))
+        rollout = spec.rollout
+        try:
+            result = await run_probe(
+                base_url,
+                candidate_url,
+                [dump(w) for w in rollout.workloads],
+                min_speedup=rollout.min_speedup,
+                max_rounds=rollout.max_rounds,
+                accept_length_floor=rollout.accept_length_floor,
+                policy=rollout.policy,
+                timeout=self.config.probe_timeout,
+                request_timeout=self.config.probe_request_timeout,
+            )
+            status = result.to_status()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an unusable argument or a bug still ends in a reason, never a promotion
+            status = {"decision": "rollback", "reason": "ProbeFailed", "message": f"probe failed: {exc}", "rounds": 0}
+        status["revision"] = revision
+        return {k: v for k, v in status.items() if v is not None}
+
+    async def scrape(self, namespace: str, name: str) -> Sample:
+        now = rfc3339(datetime.now(timezone.utc))
+        url = self.config.endpoints.url(namespace, m.child_name(name, "speculative"))
+        try:
+            metrics = await scrape_metrics(await self.session(), url, timeout=self.config.scrape_timeout)
+        except ProbeRequestError as exc:
+            return Sample(time=now, error=str(exc))
+        return sample_from_metrics(metrics, now)
+
+    # --- one step
+    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: logging.Logger) -> Plan | None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        key = (namespace, name)
+        uid = body["metadata"]["uid"]
+        status = self.statuses.setdefault(key, {k: v for k, v in _plain(body.get("status") or {}).items() if k != "kopf"})
+        spec_dict = _plain(body.get("spec") or {})
+        try:
+            spec = parse_spec(spec_dict, source=f"{namespace}/{name}")
+        except InputError as exc:
+            new = {**status, "phase": "Failed", "reason": "InvalidSpec", "message": str(exc), "observedGeneration": body["metadata"].get("generation")}
+            patch = merge_patch(status, new)
+            if patch:
+                await asyncio.to_thread(self.patch_status, namespace, name, patch)
+                self.statuses[key] = new
+                kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
+            return None
+
+        probe = self.probes.get(key)
+        probe_running = probe_result = None
+        if probe is not None:
+            if probe.task.done():
+                if not probe.task.cancelled():
+                    try:
+                        probe_result = probe.task.result()
+                    except Exception as exc:  # _probe catches everything; belt and braces
+                        probe_result = {"decision": "rollback", "reason": "ProbeFailed", "message": f"probe failed: {exc}", "rounds": 0, "revision": probe.revision}
+                else:
+                    self.probes.pop(key, None)
+            else:
+                probe_running = probe.revision
+
+        scrape = previous = None
+        if self.monitor_due.get(key):
+            scrape = await self.scrape(namespace, name)
+            previous = self.scrapes.get(key)
+
+        observed_deployments = {d["metadata"]["name"]: d for d in deployments}
+        observed_services = {s["metadata"]["name"]: s for s in services}
+        for child, obj in self.foreign_objects(key).items():
+            target = observed_deployments if obj.get("kind") == "Deployment" else observed_services
+            target.setdefault(child, obj)
+        observed = Observed(
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            generation=int(body["metadata"].get("generation") or 1),
+            deployments=observed_deployments,
+            services=observed_services,
+            pods=list(pods),
+            probe_running=probe_running,
+            probe_result=probe_result,
+            scrape=scrape,
+            previous_scrape=previous,
+        )
+        plan = reconcile(spec, observed, status, datetime.now(timezone.utc), self.config.reconcile)
+
+        for obj in plan.apply:
+            is_observed = obj["metadata"]["name"] in (observed_deployments if obj["kind"] == "Deployment" else observed_services)
+            applied = await asyncio.to_thread(self.apply_child, key, obj, body, uid, is_observed)
+            if not applied:
+                logger.warning(f"{obj['kind']} {namespace}/{obj['metadata']['name']} exists and is not owned by this SpeculativeServer: left alone")
+                self.wake(namespace, name)
+
+        new_status = {k: v for k, v in plan.status.items() if v is not None}
+        patch = merge_patch(status, new_status)
+        if patch:
+            await asyncio.to_thread(self.patch_status, namespace, name, patch)
+            self.statuses[key] = new_status
+        for event in plan.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+            if event.reason in ROLLBACK_REASONS:
+                self.metrics.rollbacks.labels(event.reason).inc()
+            LOG.info(f"{namespace}/{name}: {event.reason}: {event.message}")
+
+        if probe_result is not None:
+            self.probes.pop(key, None)
+            if probe_result.get("revision") == plan.revision:
+                self.metrics.probes.labels(probe_result.get("decision") or "none", probe_result.get("reason") or "none").inc()
+        if plan.cancel_probe and probe is not None and not probe.task.done():
+            probe.task.cancel()
+            self.probes.pop(key, None)
+        if plan.start_probe:
+            task = asyncio.create_task(self._probe(namespace, name, spec_dict, plan.revision), name=f"probe {namespace}/{name}")
+            task.add_done_callback(lambda _t: self.wake(namespace, name))
+            self.probes[key] = ProbeTask(plan.revision, task)
+        if scrape is not None:
+            self.scrapes[key] = scrape
+        self.monitor_due[key] = plan.monitor_due
+        self.metrics.observe_status(namespace, name, new_status)
+        return plan
+
+    def forget(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        probe = self.probes.pop(key, None)
+        if probe is not None:
+            probe.task.cancel()
+        for table in (self.wakeups, self.statuses, self.scrapes, self.monitor_due, self.foreign):
+            table.pop(key, None)
+        self.metrics.forget(namespace, name)
+
+
+async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
+    """Wait until woken, stopped, or `timeout` seconds."""
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Registration
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Kopf settings the operator needs: server-side label filters on the children's watches, Event names."""
+    selector = f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"
+    for resource in ("pods", "deployments", "services"):
+        settings.watching.label_selectors[resource] = selector
+    settings.posting.reporting_component = FIELD_MANAGER
+    # Kopf's own log lines are not Events; the operator posts its Events explicitly.
+    settings.posting.level = logging.WARNING
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+
+
+def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
+    """Register the handlers of one operator instance."""
+    instance = m.LABEL_INSTANCE
+
+    @kopf.index("pods", id="specdec_pods", labels=MANAGED, registry=registry)
+    def specdec_pods(namespace: str, labels: dict, body: Any, **_: Any) -> dict | None:
+        return {(namespace, labels[instance]): slim_pod(body)} if labels.get(instance) else None
+
+    @kopf.index("apps", "v1", "deployments", id="specdec_deployments", labels=MANAGED, registry=registry)
+    def specdec_deployments(namespace: str, labels: dict, body: Any, **_: Any) -> dict | None:
+        return {(namespace, labels[instance]): slim_deployment(body)} if labels.get(instance) else None
+
+    @kopf.index("v1", "services", id="specdec_services", labels=MANAGED, registry=registry)
+    def specdec_services(namespace: str, labels: dict, body: Any, **_: Any) -> dict | None:
+        return {(namespace, labels[instance]): slim_service(body)} if labels.get(instance) else None
+
+    @kopf.on.event("pods", id="pod_changed", labels=MANAGED, registry=registry)
+    @kopf.on.event("apps", "v1", "deployments", id="deployment_changed", labels=MANAGED, registry=registry)
+    @kopf.on.event("v1", "services", id="service_changed", labels=MANAGED, registry=registry)
+    def child_changed(namespace: str, labels: dict, **_: Any) -> None:
+        runtime.wake(namespace, labels.get(instance))
+
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, id="resource_changed", registry=registry)
+    def resource_changed(namespace: str, name: str, **_: Any) -> None:
+        runtime.wake(namespace, name)
+
+    @kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_timeout=10.0, registry=registry)
+    async def serve(body: Any, namespace: str, name: str, stopped: Any, logger: logging.Logger, specdec_pods: Any, specdec_deployments: Any, specdec_services: Any, **_: Any) -> None:
+        key = (namespace, name)
+        wake = runtime.wakeups.setdefault(key, asyncio.Event())
+        failures = 0
+        try:
+            while not stopped:
+                wake.clear()
+                started = time.monotonic()
+                try:
+                    await runtime.step(body, list(specdec_pods.get(key, [])), list(specdec_deployments.get(key, [])), list(specdec_services.get(key, [])), logger)
+                    failures = 0
+                except ApiException as exc:
+                    failures += 1
+                    runtime.metrics.reconcile_errors.labels("api").inc()
+                    logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason}")
+                    # Forget the cached status: the next step rereads the resource as the server has it.
+                    runtime.statuses.pop(key, None)
+                except Exception as exc:  # never let one bad step kill the loop; it is retried with backoff
+                    failures += 1
+                    runtime.metrics.reconcile_errors.labels(type(exc).__name__).inc()
+                    logger.exception(f"reconcile step failed (will retry): {exc}")
+                    runtime.statuses.pop(key, None)
+                finally:
+                    runtime.metrics.reconcile_seconds.observe(time.monotonic() - started)
+                delay = runtime.config.reconcile_interval if not failures else min(60.0, 0.5 * 2**failures)
+                await _sleep(wake, stopped, delay)
+        finally:
+            if stopped.reason is not None and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason:
+                runtime.forget(namespace, name)
+            else:
+                probe = runtime.probes.pop(key, None)
+                if probe is not None:
+                    probe.task.cancel()
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> Any:
+        # A registry of our own has none of Kopf's default handlers: log in as the kubernetes client does
+        # (service account in the cluster, else KUBECONFIG).
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.cleanup(id="shutdown", registry=registry)
+    async def shutdown(**_: Any) -> None:
+        await runtime.close()

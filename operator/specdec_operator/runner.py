@@ -1,0 +1,133 @@
+"""`specdec run`: the operator process (Kopf's runner with the SpeculativeServer handlers).
+
+    specdec run --all-namespaces --metrics-port 8080 --liveness http://0.0.0.0:8081/healthz --peering specdec-operator
+    specdec run --namespace demo --endpoints endpoints.yaml --standalone      # outside the cluster
+
+Credentials come from the pod's service account in the cluster, else from KUBECONFIG / ~/.kube/config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import time
+
+from .errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other bad input
+        raise InputError(message)
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .manifests import DEFAULT_VALIDATOR_IMAGE, STARTUP_ALLOWANCE_S
+
+    p = _Parser(prog="specdec run", description="Run the SpeculativeServer operator.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS", help="serve SpeculativeServers in this namespace (repeatable; glob patterns as in kopf)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace (the default when no --namespace is given)")
+    p.add_argument("--endpoints", metavar="FILE", help="YAML/JSON mapping 'namespace/service' -> URL, for running outside the cluster (default: cluster DNS http://<service>.<namespace>.svc:<port>)")
+    p.add_argument("--metrics-port", type=int, default=8080, metavar="PORT", help="serve the operator's Prometheus metrics on this port at /metrics (0: off; default 8080)")
+    p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDR", help="address the metrics server binds (default 0.0.0.0)")
+    p.add_argument("--liveness", metavar="URL", help="Kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    peering = p.add_mutually_exclusive_group()
+    peering.add_argument("--peering", metavar="NAME", help="leader election through this Kopf peering object (needs the KopfPeering CRDs); the oldest replica leads")
+    peering.add_argument("--standalone", action="store_true", help="no peering: the only replica (development, tests)")
+    p.add_argument("--priority", type=int, help="peering priority (default: older replicas win, so a new replica never preempts a running one)")
+    p.add_argument("--validator-image", default=DEFAULT_VALIDATOR_IMAGE, metavar="IMAGE", help=f"image of the drafter validator init container (default {DEFAULT_VALIDATOR_IMAGE})")
+    p.add_argument("--reconcile-interval", type=_positive(float), default=10.0, metavar="S", help="seconds between reconcile steps when nothing changes (events wake it earlier; default 10)")
+    p.add_argument("--probe-timeout", type=_positive(float), default=3600.0, metavar="S", help="upper bound of one probe; Inconclusive when spent (default 3600)")
+    p.add_argument("--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)")
+    p.add_argument("--startup-allowance", type=_positive(int), default=STARTUP_ALLOWANCE_S, metavar="S", help=f"how long a server may load before its startup probe fails (default {STARTUP_ALLOWANCE_S})")
+    p.add_argument("--crash-restart-limit", type=_positive(int), default=3, metavar="N", help="restarts after which a crash-looping speculative server is given up (ProbeFailed) and scaled to 0 (default 3)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    return p
+
+
+def default_priority() -> int:
+    """Older replicas get higher priorities (milliseconds before 2^40), with a random tie-breaker."""
+    return ((1 << 40) - int(time.time() * 1000)) * 1000 + random.randrange(1000)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+
+    import kopf
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    from . import manifests as m
+    from .handlers import Endpoints, OperatorConfig, Runtime, configure, register
+    from .metrics import OperatorMetrics
+    from .reconcile import Settings
+
+    endpoints = Endpoints.from_file(args.endpoints) if args.endpoints else Endpoints()
+    config = OperatorConfig(
+        reconcile=Settings(
+            manifests=m.ManifestSettings(validator_image=args.validator_image, startup_allowance_s=args.startup_allowance),
+            crash_restart_limit=args.crash_restart_limit,
+        ),
+        endpoints=endpoints,
+        reconcile_interval=args.reconcile_interval,
+        probe_timeout=args.probe_timeout,
+        probe_request_timeout=args.probe_request_timeout,
+    )
+
+    kopf.configure(verbose=args.verbose, quiet=args.quiet)
+    if not args.verbose:
+        # Kopf logs every handler run at INFO (one line per pod event); the operator logs its decisions itself.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        k8s_config.load_incluster_config()
+    except k8s_config.ConfigException:
+        try:
+            k8s_config.load_kube_config()
+        except (k8s_config.ConfigException, OSError) as exc:
+            raise InputError(f"no Kubernetes credentials: not in a cluster and no usable kubeconfig ({exc}); set KUBECONFIG") from None
+
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        try:
+            metrics.serve(args.metrics_port, args.metrics_address)
+        except OSError as exc:
+            raise InputError(f"--metrics-port {args.metrics_port}: cannot listen: {exc.strerror}") from None
+
+    registry = kopf.OperatorRegistry()
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    settings.peering.name = args.peering or "specdec-operator"
+    settings.peering.mandatory = bool(args.peering)
+    runtime = Runtime(config, metrics, k8s.ApiClient())
+    register(registry, runtime)
+
+    logging.getLogger("specdec").info(f"starting: {'all namespaces' if not args.namespace else ', '.join(args.namespace)}, endpoints from {args.endpoints or 'cluster DNS'}")
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            settings=settings,
+            standalone=True if args.standalone else None,
+            priority=args.priority if args.priority is not None else default_priority(),
+            peering_name=args.peering,
+            liveness_endpoint=args.liveness,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+        )
+    )
+    return 0
