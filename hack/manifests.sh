@@ -3,7 +3,9 @@
 #
 # dist/install.yaml is `helm template` of charts/specdec-operator with its defaults (cluster-wide mode), in the
 # order kubectl needs: the CRDs (ours, generated from the API models, and Kopf's peering CRDs), the Namespace,
-# then the operator's ServiceAccount, RBAC, metrics Service and Deployment. Apply it with
+# then the operator's ServiceAccount, RBAC, metrics Service and Deployment, and the Kopf peering object. Apply with
+#   kubectl apply --server-side -f dist/crds.yaml        # the peering object's kind must be known first
+#   kubectl wait --for=condition=Established crd/clusterkopfpeerings.kopf.dev crd/speculativeservers.specdec.io
 #   kubectl apply --server-side -f dist/install.yaml
 # Extra arguments go to `helm template` (e.g. --set watch.allNamespaces=false --set image.tag=0.1.1).
 #

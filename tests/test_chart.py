@@ -53,7 +53,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                   "digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "mirror-pull"}],
         "operator": {"validatorImage": "registry.example.com/mirror/specdec-operator:0.1.0", "verbose": True,
-                     "extraArgs": ["--log-format=json"], "extraEnv": [{"name": "TZ", "value": "UTC"}],
+                     "extraArgs": ["--reconcile-interval=5"], "extraEnv": [{"name": "TZ", "value": "UTC"}],
                      "healthPort": 18080, "metricsPort": 19090},
         "peering": {"enabled": True, "name": "specdec-prod"},
         "podLabels": {"team": "inference"}, "podAnnotations": {"example.com/owner": "ml-platform"},
@@ -131,8 +131,8 @@ def test_every_rendered_manifest_validates_against_the_kubernetes_schemas(render
     version = kubernetes_version()
     checked = 0
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # prometheus-operator kinds: no upstream schema here; test_observability checks them.
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "kopf.dev/")):
+            continue  # custom kinds: checked by the ServiceMonitor/PrometheusRule and peering tests
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -245,6 +245,21 @@ def test_chart_crds_are_the_generated_crd_and_kopfs_peering_crds(helm_bin):
         assert version["schema"]["openAPIV3Schema"]["properties"]["status"]["x-kubernetes-preserve-unknown-fields"]
 
 
+def test_chart_creates_the_peering_objects_kopf_waits_for(helm_bin, tmp_path):
+    """With --peering Kopf starts paused until the named peering object exists; the chart creates it."""
+    cluster = render(helm_bin)
+    (peering,) = by_kind(cluster, "ClusterKopfPeering")
+    assert peering["apiVersion"] == "kopf.dev/v1"
+    assert _flags(_container(cluster))["--peering"] == [peering["metadata"]["name"]]
+    namespaced = render(helm_bin, _values_file(tmp_path, "namespaced-ha"))
+    assert by_kind(namespaced, "ClusterKopfPeering") == []
+    peerings = by_kind(namespaced, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert {p["metadata"]["name"] for p in peerings} == {"specdec-specdec-operator"}
+    standalone = render(helm_bin, _values_file(tmp_path, "bring-your-own-rbac"))
+    assert by_kind(standalone, "ClusterKopfPeering") == by_kind(standalone, "KopfPeering") == []
+
+
 def test_peering_crds_match_what_kopf_looks_for():
     """Kopf finds its peering resources by group/plural: the CRDs must carry exactly those names."""
     from kopf._cogs.structs import references
@@ -346,7 +361,7 @@ def test_image_peering_and_validator_image(helm_bin, tmp_path):
     flags = _flags(custom)
     assert flags["--validator-image"] == ["registry.example.com/mirror/specdec-operator:0.1.0"]
     assert flags["--peering"] == ["specdec-prod"]
-    assert "--verbose" in flags and "--log-format" in flags
+    assert "--verbose" in flags and flags["--reconcile-interval"] == ["5"]
     assert {"name": "TZ", "value": "UTC"} in custom["env"]
 
     standalone = _flags(_container(render(helm_bin, _values_file(tmp_path, "bring-your-own-rbac"))))
@@ -382,7 +397,7 @@ DISCOVERY_USAGE: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
 }
-PEERING_VERBS = {"get", "list", "watch", "patch", "create"}
+PEERING_VERBS = {"get", "list", "watch", "patch"}  # the chart creates the peering object itself
 
 
 def grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -590,7 +605,8 @@ def test_make_manifests_renders_an_installable_file(tools_dir, tmp_path):
     assert namespace["name"] == "specdec-system"
     assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     for doc in docs:
-        kubernetes_validate.validate(doc, kubernetes_version(), strict=True)
+        if doc["apiVersion"] != "kopf.dev/v1":
+            kubernetes_validate.validate(doc, kubernetes_version(), strict=True)
         if doc["kind"] != "CustomResourceDefinition" and doc["kind"] != "Namespace":
             assert doc["metadata"]["name"].startswith("specdec-operator")
             assert doc["metadata"].get("namespace", "specdec-system") == "specdec-system"

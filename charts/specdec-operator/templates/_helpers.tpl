@@ -106,10 +106,10 @@ Every verb here is used by the operator (docs/operator.md, "RBAC"); tests/test_c
 {{/* Peering rules (namespaced or cluster-scoped peering resource). */}}
 {{- define "specdec-operator.peeringRules" -}}
 {{- if .root.Values.peering.enabled -}}
-# Kopf peering: watch the peers and create the peering object when it is missing ...
+# Kopf peering: watch the peers (the chart creates the peering object) ...
 - apiGroups: ["kopf.dev"]
   resources: [{{ .resource | quote }}]
-  verbs: ["list", "watch", "create"]
+  verbs: ["list", "watch"]
 # ... and write this replica's keep-alive into that one object only.
 - apiGroups: ["kopf.dev"]
   resources: [{{ .resource | quote }}]
