@@ -434,6 +434,7 @@ def test_cli_termination_log(dirs: dict[str, Path], tmp_path: Path) -> None:
     cli("--target", tmp_path / "nope", "--drafter", dirs["kimi_draft"], "--termination-log", log, check_rc=2)
     doc = json.loads(log.read_text())
     assert doc["compatible"] is False and "nope" in doc["unusable"]
+    assert doc["findings"][0]["code"] == "ValidatorInputError" and "nope" in doc["findings"][0]["message"]
 
 
 def test_termination_message_always_fits() -> None:
@@ -445,6 +446,14 @@ def test_termination_message_always_fits() -> None:
     doc = json.loads(text)
     assert doc["truncated"] == 200 - len(doc["findings"]) > 0
     assert doc["findings"] and all(f["severity"] == "error" for f in doc["findings"])  # errors are kept first
+
+
+def test_unusable_message_always_fits() -> None:
+    for line in ("x" * 10_000, "\u6a21\u578b" * 5_000, "ok"):
+        text = compat.unusable_message(line)
+        doc = json.loads(text)
+        assert len(text.encode()) <= 4096 and doc["findings"][0]["code"] == "ValidatorInputError"
+        assert line.startswith(doc["unusable"].rstrip("."))
 
 
 def test_validate_rejects_unknown_algorithm(dirs: dict[str, Path]) -> None:

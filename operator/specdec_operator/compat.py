@@ -795,6 +795,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def unusable_message(line: str, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+    """The termination message for unusable input: the one line, also as an error finding so that a
+    reader of `findings` (the operator's status.validation) shows it."""
+    clipped = _clip(line, 1800)
+    while True:  # non-ASCII text grows sixfold as \uXXXX escapes
+        doc = {"compatible": False, "unusable": clipped,
+               "findings": [{"severity": ERROR, "code": "ValidatorInputError", "message": clipped}]}
+        text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
+        if len(text) <= limit:
+            return text
+        clipped = _clip(clipped, len(clipped) * 3 // 4)
+
+
 def _write_termination_log(path: str | None, text: str) -> None:
     if not path:
         return
@@ -852,8 +865,7 @@ def main(argv: list[str]) -> int:
         report, _ = run(args)
     except InputError as exc:
         line = _one_line(str(exc))
-        _write_termination_log(args.termination_log, json.dumps(
-            {"compatible": False, "unusable": _clip(line, 3800)}, ensure_ascii=True, separators=(",", ":")))
+        _write_termination_log(args.termination_log, unusable_message(line))
         raise InputError(line) from None
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=True))
