@@ -241,6 +241,16 @@ def test_lm_head_not_needed_when_shared_with_target(tmp_path: Path, dirs: dict[s
     assert report.compatible, report.findings
 
 
+def test_draft_vocab_size_key_is_required_for_untied_llama_drafts(tmp_path: Path, dirs: dict[str, Path]) -> None:
+    cfg = md.llama31_8b_drafter_config(max_position=131072)
+    tensors = md.eagle3_tensors(cfg)
+    del cfg["draft_vocab_size"]
+    report = check(dirs["llama8b"], md.make_drafter(tmp_path / "d", cfg, tensors=tensors))
+    assert "AttributeError" in finding(report, "DrafterConfigIncomplete").message and not report.compatible
+    tied = check(dirs["llama8b"], md.make_drafter(tmp_path / "t", dict(cfg, tie_word_embeddings=True), tensors=tensors))
+    assert "DrafterConfigIncomplete" not in tied.codes()
+
+
 def test_drafter_without_any_weights(tmp_path: Path, dirs: dict[str, Path]) -> None:
     d = tmp_path / "d"
     md.write_json(d / "config.json", md.kimi_drafter_config())
@@ -286,6 +296,10 @@ def test_mla_drafter_layout(tmp_path: Path, dirs: dict[str, Path]) -> None:
     }
     good = check(dirs["kimi25"], md.make_drafter(tmp_path / "good", cfg, tensors=tensors, provenance=md.provenance()))
     assert good.compatible, good.findings
+    no_lora = {k: v for k, v in cfg.items() if k != "q_lora_rank"}
+    incomplete = check(dirs["kimi25"], md.make_drafter(tmp_path / "nolora", no_lora, tensors=tensors,
+                                                       provenance=md.provenance()))
+    assert "q_lora_rank" in finding(incomplete, "DrafterConfigIncomplete").message
     bad = check(dirs["kimi25"], md.make_drafter(tmp_path / "bad", cfg, tensors=tensors, provenance=md.provenance(),
                                                  reshape={"layers.0.self_attn.q_a_proj.weight": [1536, h]}))
     assert "q_a_proj" in finding(bad, "DrafterWeightShapeMismatch").message

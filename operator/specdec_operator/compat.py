@@ -445,6 +445,24 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
         c.add(ERROR, "VocabSizeMismatch",
               f"drafter vocab_size {d_vocab} != target vocab_size {t_vocab}: different tokenizer; its token ids "
               "would map to the wrong target tokens", "drafter.config.vocab_size")
+    if layout == "llama" and "draft_vocab_size" not in d.config and not d.config.get("tie_word_embeddings", False):
+        # llama_eagle3 reads config.draft_vocab_size directly; transformers' LlamaConfig has no default.
+        c.add(ERROR, "DrafterConfigIncomplete",
+              "config.json has no draft_vocab_size and untied embeddings: SGLang's LlamaForCausalLMEagle3 then "
+              "fails at start-up (AttributeError); set draft_vocab_size (null = full vocabulary, lm_head from the target)",
+              "drafter.config.draft_vocab_size")
+    if layout == "mla":
+        # kimi_k25_eagle3: one MLA decoder layer, and q_lora_rank is required (ValueError otherwise).
+        if d.top_int("num_hidden_layers", minimum=0) not in (None, 1):
+            c.add(ERROR, "DrafterConfigIncomplete",
+                  f"Eagle3DeepseekV2ForCausalLM supports exactly 1 layer; num_hidden_layers is {d.config.get('num_hidden_layers')}",
+                  "drafter.config.num_hidden_layers")
+        missing_mla = [k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                       if d.top_int(k, minimum=1) is None]
+        if missing_mla:
+            c.add(ERROR, "DrafterConfigIncomplete",
+                  f"Eagle3DeepseekV2ForCausalLM needs the MLA fields {', '.join(missing_mla)} in config.json",
+                  f"drafter.config.{missing_mla[0]}")
     if draft_vocab is not None and draft_vocab > min(d_vocab, t_vocab):
         c.add(ERROR, "DraftVocabTooLarge",
               f"draft_vocab_size {draft_vocab} exceeds the vocabulary ({min(d_vocab, t_vocab)}); the d2t map "
