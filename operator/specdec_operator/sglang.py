@@ -1,0 +1,217 @@
+"""SGLang command lines of the base and the speculative server (`specdec sglang-args`).
+
+`render_argv(spec, variant)` is a pure function: the full container command of one server, for the SGLang
+release the spec names in `sglangVersion`. The two variants are identical except for the speculative flags, so
+the probe compares the draft model and nothing else.
+
+Every supported release is listed in `RELEASES` with what was verified against its published wheel (see
+docs/sglang-args.md for how). Flags differ between releases (`--cuda-graph-max-bs` exists in 0.5.9 and is
+rejected by 0.5.23's parser), so an unknown release is refused rather than guessed.
+
+This module never imports SGLang: the operator renders command lines for images it does not contain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import posixpath
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .api import SpeculativeServerSpec, Variant, load_custom_resource
+from .errors import InputError
+
+# SGLang's own default port; the pods, Services and probes all use it.
+SERVER_PORT = 30000
+# Served on the main port when --enable-metrics is given (Prometheus text format).
+METRICS_PATH = "/metrics"
+# A pod must listen on every interface; SGLang's default is 127.0.0.1.
+LISTEN_HOST = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one SGLang release accepts, as far as the rendered command line is concerned."""
+
+    version: str
+    # The program and arguments before the server flags.
+    entrypoint: tuple[str, ...]
+    # Flags a user may carry over from another release that this release's parser rejects, with the
+    # replacement to suggest. Refused in sglang.extraArgs so the pod does not crash-loop on argparse.
+    rejected_flags: Mapping[str, str] = field(default_factory=dict)
+
+
+# `sglang serve` (the recommended entrypoint from 0.5.15 on; `python -m sglang.launch_server` warns there)
+# first decides between its LLM and diffusion backends by inspecting the model directory. `--model-type llm`
+# skips that detection (no diffusers import, no hub lookup) and is stripped before the server flags are parsed.
+_SERVE_LLM = ("sglang", "serve", "--model-type", "llm")
+# 0.5.9 has `sglang serve` but without --model-type; `python -m sglang.launch_server` is its plain, silent path.
+_LAUNCH_SERVER = ("python3", "-m", "sglang.launch_server")
+
+RELEASES: dict[str, Release] = {
+    release.version: release
+    for release in (
+        Release(
+            "0.5.9",
+            _LAUNCH_SERVER,
+            rejected_flags={
+                "--cuda-graph-max-bs-decode": "--cuda-graph-max-bs (the decode/prefill split came after 0.5.9)",
+                "--cuda-graph-max-bs-prefill": "--cuda-graph-max-bs (the decode/prefill split came after 0.5.9)",
+            },
+        ),
+        Release(
+            "0.5.22",
+            _SERVE_LLM,
+            rejected_flags={"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode (and --cuda-graph-max-bs-prefill)"},
+        ),
+        Release(
+            "0.5.23",
+            _SERVE_LLM,
+            rejected_flags={"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode (and --cuda-graph-max-bs-prefill)"},
+        ),
+    )
+}
+
+# The speculative flags, in the order they are rendered. The base server gets none of them.
+SPECULATIVE_FLAGS = (
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part.replace("post", "")) for part in version.split("."))
+
+
+def supported_versions() -> list[str]:
+    """The SGLang releases `render_argv` can render for, oldest first."""
+    return sorted(RELEASES, key=_version_key)
+
+
+def release_of(spec: SpeculativeServerSpec) -> Release:
+    """The release table entry of spec.sglangVersion; InputError (phase Failed) for an unknown release."""
+    release = RELEASES.get(spec.sglang_version)
+    if release is None:
+        raise InputError(
+            f"spec.sglangVersion: SGLang {spec.sglang_version} is not supported (command-line flags differ between "
+            f"releases); use one of {', '.join(supported_versions())} and an image that contains it"
+        )
+    return release
+
+
+def server_port(spec: SpeculativeServerSpec) -> int:
+    """The port both servers listen on (HTTP API, /health, /metrics)."""
+    del spec  # The same for every spec today; a parameter so that callers need not change if it becomes one.
+    return SERVER_PORT
+
+
+def _under_mount(spec: SpeculativeServerSpec, path: str) -> str:
+    """A path relative to model.mountPath made absolute; absolute paths (under the mount) are kept."""
+    return posixpath.normpath(posixpath.join(spec.model.mount_path, path))
+
+
+def target_model_path(spec: SpeculativeServerSpec) -> str:
+    """Where the target's weights are inside the server container."""
+    return _under_mount(spec, spec.target.path)
+
+
+def draft_model_path(spec: SpeculativeServerSpec) -> str | None:
+    """Where the draft's weights are inside the container; None for NEXTN (the target's own MTP layers)."""
+    if spec.drafter.algorithm == "NEXTN" or spec.drafter.path is None:
+        return None
+    return _under_mount(spec, spec.drafter.path)
+
+
+def _check_extra_args(spec: SpeculativeServerSpec, release: Release) -> None:
+    for arg in spec.sglang.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in release.rejected_flags:
+            raise InputError(
+                f"spec.sglang.extraArgs: {flag} is not accepted by SGLang {release.version} (the server would exit "
+                f"at start-up); use {release.rejected_flags[flag]}"
+            )
+
+
+def speculative_args(spec: SpeculativeServerSpec) -> list[str]:
+    """The speculative flags, all explicit.
+
+    SGLang asserts at start-up when --speculative-eagle-topk or --speculative-num-draft-tokens is given without
+    --speculative-num-steps, and picks its own shape (5/4/8 for Llama) when none is given: passing all three
+    makes the served shape the one in the spec.
+    """
+    drafter = spec.drafter
+    args = ["--speculative-algorithm", drafter.algorithm]
+    draft_path = draft_model_path(spec)
+    if draft_path is not None:
+        args += ["--speculative-draft-model-path", draft_path]
+    args += [
+        "--speculative-num-steps", str(drafter.num_steps),
+        "--speculative-eagle-topk", str(drafter.eagle_topk),
+        "--speculative-num-draft-tokens", str(drafter.draft_tokens),
+    ]  # fmt: skip
+    return args
+
+
+def render_argv(spec: SpeculativeServerSpec, variant: Variant | str) -> list[str]:
+    """The full container command of the base or the speculative server.
+
+    Always explicit: --host 0.0.0.0 (SGLang binds 127.0.0.1 by default), --port, --tp-size (= resources.gpus),
+    --max-running-requests (SGLang otherwise caps speculative servers at 48 without saying so) and
+    --enable-metrics (the monitor reads sglang:spec_accept_length). --quantization is never passed: SGLang
+    reads the method from the checkpoint's quantization_config, and an explicit one would also be inherited by
+    the draft model. sglang.extraArgs come last.
+    """
+    try:
+        variant = Variant(variant)
+    except ValueError:
+        raise InputError(f"variant: {variant!r} is not one of base, speculative") from None
+    release = release_of(spec)
+    _check_extra_args(spec, release)
+
+    argv = list(release.entrypoint)
+    argv += [
+        "--model-path", target_model_path(spec),
+        "--host", LISTEN_HOST,
+        "--port", str(server_port(spec)),
+        "--tp-size", str(spec.resources.gpus),
+        "--max-running-requests", str(spec.sglang.max_running_requests),
+        "--enable-metrics",
+    ]  # fmt: skip
+    if spec.target.context_length is not None:
+        argv += ["--context-length", str(spec.target.context_length)]
+    if spec.sglang.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", repr(spec.sglang.mem_fraction_static)]
+    if variant is Variant.SPECULATIVE:
+        argv += speculative_args(spec)
+    argv += list(spec.sglang.extra_args)
+    return argv
+
+
+# --------------------------------------------------------------------------------------------------
+# `specdec sglang-args`
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other bad input
+        raise InputError(message)
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(
+        prog="specdec sglang-args",
+        description="Print the SGLang command line of one server of a SpeculativeServer, as a JSON array.",
+    )
+    parser.add_argument("-f", "--filename", required=True, help="SpeculativeServer YAML file")
+    parser.add_argument("--variant", required=True, choices=[v.value for v in Variant], help="which server")
+    parser.add_argument("--shell", action="store_true", help="print one shell-quoted line instead of JSON")
+    args = parser.parse_args(argv)
+    _, spec = load_custom_resource(args.filename)
+    command = render_argv(spec, args.variant)
+    sys.stdout.write((shlex.join(command) if args.shell else json.dumps(command)) + "\n")
+    return 0
