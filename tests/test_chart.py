@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kube import wait_until
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "specdec-operator"
 
@@ -630,3 +632,186 @@ def test_make_manifests_passes_settings_to_helm_and_checks_the_namespace(tools_d
                          env={**env, "NAMESPACE": "Not_Valid"})
     assert bad.returncode != 0
     assert bad.stderr.strip().count("\n") == 0 and "NAMESPACE" in bad.stderr
+
+
+# =============================================================================================================
+# On the local control plane: install, Pod Security admission, `kubectl auth can-i`, and the operator from the
+# checkout running under the chart's ServiceAccount.
+
+GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
+
+
+def _helm_install(kube_cluster: Any, helm_bin: str, release: str, namespace: str, *sets: str) -> None:
+    proc = subprocess.run(
+        [helm_bin, "install", release, str(CHART), "--namespace", namespace, "--wait", "--timeout", "90s",
+         *[arg for s in sets for arg in ("--set", s)]],
+        capture_output=True, text=True, timeout=150, env=kube_cluster.env())
+    if proc.returncode != 0:
+        pytest.fail(f"helm install {release} failed: {proc.stderr.strip()}", pytrace=False)
+
+
+def _helm_uninstall(kube_cluster: Any, helm_bin: str, release: str, namespace: str) -> None:
+    subprocess.run([helm_bin, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s"],
+                   capture_output=True, text=True, timeout=90, env=kube_cluster.env())
+
+
+def _make_namespace(core_v1: Any, prefix: str, labels: dict[str, str] | None = None) -> str:
+    import uuid
+
+    from kubernetes import client
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"specdec.test/namespace": "true", **(labels or {})})))
+    return name
+
+
+class Release(dict):
+    """What a test needs to know about an installed release."""
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self['namespace']}:{self['serviceaccount']}"
+
+
+@pytest.fixture(scope="module")
+def cluster_release(kube_cluster, kube_client, core_v1, helm_bin) -> Iterator[Release]:
+    """The chart installed with its defaults (cluster-wide) into a namespace enforcing `restricted` pod security."""
+    import uuid
+
+    namespace = _make_namespace(core_v1, "specdec-system", {"pod-security.kubernetes.io/enforce": "restricted"})
+    release = f"chart-{uuid.uuid4().hex[:5]}"
+    _helm_install(kube_cluster, helm_bin, release, namespace)
+    fullname = f"{release}-specdec-operator"
+    try:
+        yield Release(namespace=namespace, release=release, fullname=fullname, serviceaccount=fullname,
+                      peering=fullname)
+    finally:
+        _helm_uninstall(kube_cluster, helm_bin, release, namespace)
+        core_v1.delete_namespace(namespace, propagation_policy="Background")
+
+
+def can_i(kube_cluster: Any, user: str, verb: str, resource: str, namespace: str | None,
+          subresource: str | None = None) -> bool:
+    """`kubectl auth can-i VERB RESOURCE --as=USER` (namespace None: across all namespaces / cluster scope)."""
+    args = ["auth", "can-i", verb, resource, f"--as={user}"]
+    args += ["--namespace", namespace] if namespace else ["--all-namespaces"]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    proc = kube_cluster.kubectl(*args, check=False)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {proc.stdout} {proc.stderr}"
+    return answer == "yes"
+
+
+def _resource_arg(group: str, resource: str) -> tuple[str, str | None]:
+    base, _, sub = resource.partition("/")
+    return (f"{base}.{group}" if group else base), (sub or None)
+
+
+def can_i_matrix(kube_cluster: Any, user: str, checks: list[tuple[str, str, str | None]]) -> dict:
+    """Answer many can-i questions (verb, resource-arg, namespace) concurrently."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(check: tuple[str, str, str | None]) -> bool:
+        verb, resource, namespace = check
+        base, _, sub = resource.partition("|")
+        return can_i(kube_cluster, user, verb, base, namespace, sub or None)
+
+    with ThreadPoolExecutor(8) as pool:
+        return dict(zip(checks, pool.map(ask, checks)))
+
+
+# Things the operator never needs: each must be refused (resource argument for kubectl, '|subresource').
+FORBIDDEN = [
+    *[(verb, "secrets", ns) for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
+      for ns in ("default", None)],
+    ("*", "*", None), ("*", "*", "default"), ("get", "*", "default"), ("*", "deployments.apps", "default"),
+    ("get", "configmaps", "default"), ("list", "configmaps", None), ("create", "configmaps", "default"),
+    ("create", "pods", "default"), ("delete", "pods", "default"), ("patch", "pods", "default"),
+    ("create", "pods|exec", "default"), ("get", "pods|log", "default"), ("get", "services|proxy", "default"),
+    ("deletecollection", "deployments.apps", "default"), ("deletecollection", "services", "default"),
+    ("create", "speculativeservers.specdec.io", "default"), ("delete", "speculativeservers.specdec.io", "default"),
+    ("update", "speculativeservers.specdec.io", "default"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("patch", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("create", "namespaces", None), ("delete", "namespaces", None),
+    ("list", "nodes", None), ("get", "persistentvolumeclaims", "default"), ("create", "jobs.batch", "default"),
+    ("create", "serviceaccounts|token", "default"), ("create", "rolebindings.rbac.authorization.k8s.io", "default"),
+    ("bind", "clusterroles.rbac.authorization.k8s.io", None),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io", None),
+    ("impersonate", "users", None), ("impersonate", "serviceaccounts", "default"),
+    ("create", "clusterkopfpeerings.kopf.dev", None), ("delete", "clusterkopfpeerings.kopf.dev", None),
+    ("patch", "clusterkopfpeerings.kopf.dev/someone-else", None),
+]
+
+
+def _usage_checks(usage: dict[tuple[str, str], set[str]], namespaces: list[str | None]) -> list:
+    checks = []
+    for (group, resource), verbs in usage.items():
+        base, sub = _resource_arg(group, resource)
+        for verb in sorted(verbs):
+            for ns in namespaces:
+                checks.append((verb, f"{base}|{sub}" if sub else base, ns))
+    return checks
+
+
+@pytest.mark.cluster
+def test_operator_pod_passes_restricted_pod_security_admission(cluster_release, kube_cluster, core_v1, helm_bin):
+    """The namespace enforces the `restricted` Pod Security Standard: the operator's pod is admitted."""
+    ns = cluster_release["namespace"]
+    pods = wait_until(lambda: core_v1.list_namespaced_pod(
+        ns, label_selector="app.kubernetes.io/component=operator").items, timeout=30, message="operator pod")
+    assert pods[0].spec.service_account_name == cluster_release["serviceaccount"]
+    # Guard: the same namespace refuses a relaxed copy of that pod, so the admission above meant something.
+    deployment = one(render(helm_bin, None, "--set", "securityContext.allowPrivilegeEscalation=true",
+                            namespace=ns), "Deployment")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "relaxed", "namespace": ns},
+           "spec": {**deployment["spec"]["template"]["spec"],
+                    "serviceAccountName": cluster_release["serviceaccount"]}}
+    proc = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+    assert proc.returncode != 0 and "violates PodSecurity" in proc.stderr, proc.stderr
+
+
+@pytest.mark.cluster
+def test_cluster_wide_rbac_can_i_matrix(cluster_release, kube_cluster):
+    user = cluster_release.user
+    peering = cluster_release["peering"]
+    allowed = _usage_checks(OPERATOR_NAMESPACED_USAGE, ["default", "some-team", None])
+    allowed += _usage_checks(DISCOVERY_USAGE, [None])
+    allowed += [(v, "clusterkopfpeerings.kopf.dev", None) for v in ("list", "watch")]
+    allowed += [(v, f"clusterkopfpeerings.kopf.dev/{peering}", None) for v in ("get", "patch")]
+    answers = can_i_matrix(kube_cluster, user, allowed + FORBIDDEN)
+    refused = [c for c in allowed if not answers[c]]
+    assert not refused, f"the operator's ServiceAccount lacks: {refused}"
+    granted = [c for c in FORBIDDEN if answers[c]]
+    assert not granted, f"the operator's ServiceAccount may do what it never needs: {granted}"
+
+
+@pytest.mark.cluster
+def test_namespaced_rbac_can_i_matrix(kube_cluster, kube_client, core_v1, helm_bin):
+    import uuid
+
+    home = _make_namespace(core_v1, "specdec-ops")
+    served = _make_namespace(core_v1, "team-a")
+    other = _make_namespace(core_v1, "team-b")
+    release = f"ns-{uuid.uuid4().hex[:5]}"
+    _helm_install(kube_cluster, helm_bin, release, home, "watch.allNamespaces=false", f"watch.namespaces={{{served}}}")
+    try:
+        user = f"system:serviceaccount:{home}:{release}-specdec-operator"
+        allowed = _usage_checks(OPERATOR_NAMESPACED_USAGE, [served])
+        allowed += _usage_checks(DISCOVERY_USAGE, [None])
+        allowed += [(v, "kopfpeerings.kopf.dev", served) for v in ("list", "watch")]
+        allowed += [(v, f"kopfpeerings.kopf.dev/{release}-specdec-operator", served) for v in ("get", "patch")]
+        refused_expected = _usage_checks(OPERATOR_NAMESPACED_USAGE, [other, home, None])
+        refused_expected += [("list", "clusterkopfpeerings.kopf.dev", None), ("list", "kopfpeerings.kopf.dev", other)]
+        refused_expected += [c for c in FORBIDDEN if c[2] is not None] + [
+            (v, r, served) for v, r, ns in FORBIDDEN if ns == "default"]
+        answers = can_i_matrix(kube_cluster, user, allowed + refused_expected)
+        assert not [c for c in allowed if not answers[c]], "missing in the served namespace"
+        assert not [c for c in refused_expected if answers[c]], "granted outside the served namespace"
+    finally:
+        _helm_uninstall(kube_cluster, helm_bin, release, home)
+        for ns in (home, served, other):
+            core_v1.delete_namespace(ns, propagation_policy="Background")
