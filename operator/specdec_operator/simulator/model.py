@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import InputError
 
@@ -333,6 +333,9 @@ class SimRequest:
     verify_ct: int = 0
     correct_drafts: int = 0
     cancelled: bool = False
+    # When set, emissions are handed to this callback synchronously instead of the queue: the HTTP layer
+    # writes them straight to the socket, one task switch fewer per streamed event.
+    sink: Callable[[Emission], None] | None = None
 
 
 class Engine:
@@ -481,7 +484,11 @@ class Engine:
                     self.itl_seconds.observe(decode_s / (req.completion_tokens - 1))
         if finished or req.stream_interval == 1 or unsent >= req.stream_interval or req.sent_tokens == 0:
             req.sent_tokens = req.completion_tokens
-            req.out.put_nowait(Emission(req.completion_tokens, finished, req.verify_ct, req.correct_drafts))
+            emission = Emission(req.completion_tokens, finished, req.verify_ct, req.correct_drafts)
+            if req.sink is not None:
+                req.sink(emission)
+            else:
+                req.out.put_nowait(emission)
         return k
 
     def _account(self, tokens: int, verifies: int) -> None:

@@ -429,33 +429,78 @@ class Simulator:
                     await asyncio.sleep(self.profile.errors.stall_seconds)
                 return web.Response(body=self._generate_json(rid, req, em), content_type="application/json")
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            resp.enable_chunked_encoding()
             await resp.prepare(request)
-            half = max_new // 2
-            faulted = False
-            while True:
-                em = await req.out.get()
-                if not faulted and fault != _Fault.NONE and em.completion_tokens >= half and not em.finished:
-                    faulted = True
-                    if fault == _Fault.TRUNCATED:
-                        request.transport.close() if request.transport else None
-                        req.cancelled = True
-                        return resp
-                    if fault == _Fault.MALFORMED:
-                        await resp.write(b'data: {"text": "' + _TAPE.text_json(em.completion_tokens)[1:20] + b"\n\n")
-                        continue
-                    if fault == _Fault.STALL:
-                        await asyncio.sleep(self.profile.errors.stall_seconds)
-                await resp.write(b"data: " + self._generate_json(rid, req, em) + b"\n\n")
-                if em.finished:
-                    break
-            await resp.write(_DONE)
-            await resp.write_eof()
-            return resp
+            if fault == _Fault.STALL:
+                return await self._stream_slow(request, resp, rid, req, fault)
+            return await self._stream_fast(request, resp, rid, req, fault)
         except (asyncio.CancelledError, ConnectionResetError):
             req.cancelled = True
             raise
         finally:
             self._live_requests.pop(id(request), None)
+
+    async def _stream_fast(self, request: web.Request, resp: web.StreamResponse, rid: str, req: SimRequest,
+                           fault: str) -> web.StreamResponse:
+        """Stream by writing HTTP chunks to the transport from the engine's step (no wake-up per event)."""
+        transport = request.transport
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        half = req.max_new_tokens // 2
+
+        def write(data: bytes) -> None:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+        def sink(em: Emission) -> None:
+            if done.done():
+                return
+            if transport is None or transport.is_closing():
+                req.cancelled = True
+                done.set_result(False)
+                return
+            if fault != _Fault.NONE and em.completion_tokens >= half and not em.finished:
+                if fault == _Fault.TRUNCATED:
+                    req.cancelled = True
+                    transport.close()
+                    done.set_result(False)
+                    return
+                if fault == _Fault.MALFORMED:
+                    write(b'data: {"text": "' + _TAPE.text_json(em.completion_tokens)[1:20] + b"\n\n")
+                    return
+            write(b"data: " + self._generate_json(rid, req, em) + b"\n\n")
+            if em.finished:
+                write(_DONE)
+                done.set_result(True)
+
+        req.sink = sink
+        # Emissions queued before the sink was attached (the prefill can finish while headers were sent).
+        while not req.out.empty():
+            sink(req.out.get_nowait())
+        try:
+            completed = await done
+        except asyncio.CancelledError:
+            req.cancelled = True
+            raise
+        if completed:
+            await resp.write_eof()
+        return resp
+
+    async def _stream_slow(self, request: web.Request, resp: web.StreamResponse, rid: str, req: SimRequest,
+                           fault: str) -> web.StreamResponse:
+        """Stream through the request's queue: needed when a fault must pause the stream (stall)."""
+        half = req.max_new_tokens // 2
+        stalled = False
+        while True:
+            em = await req.out.get()
+            if not stalled and fault == _Fault.STALL and em.completion_tokens >= half and not em.finished:
+                stalled = True
+                await asyncio.sleep(self.profile.errors.stall_seconds)
+            await resp.write(b"data: " + self._generate_json(rid, req, em) + b"\n\n")
+            if em.finished:
+                break
+        await resp.write(_DONE)
+        await resp.write_eof()
+        return resp
 
     async def _truncated(self, request: web.Request, partial: bytes, content_type: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": content_type})
