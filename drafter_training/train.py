@@ -409,7 +409,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                  "lr": sched.get_last_lr()[0], "acc0": counts[0][0] / max(counts[0][1], 1)}
             )
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{state['history'][-1]['acc0']:.2f}")
+            bar.set_postfix(loss=f"{state['history'][-1]['loss']:.3f}", acc0=f"{state['history'][-1]['acc0']:.2f}")
             if rank == 0 and cfg.checkpoint_every and state["step"] % cfg.checkpoint_every == 0:
                 _save_checkpoint(ckpt, model, opt, sched, state)
             if state["step"] >= total_steps:
