@@ -288,6 +288,29 @@ def test_a_removed_flag_in_extra_args_is_refused_with_its_replacement():
         sglang_args.render_argv(old_new_flag, "speculative")
 
 
+@pytest.mark.parametrize(
+    "extra, managed",
+    [
+        (["--max-running", "48"], "--max-running-requests"),
+        (["--max-running-req=48"], "--max-running-requests"),
+        (["--enable-metric"], "--enable-metrics"),
+        (["--mem-frac", "0.5"], "--mem-fraction-static"),
+        (["--context-len", "4096"], "--context-length"),
+        (["--model-p", "/other"], "--model-path"),
+    ],
+)
+def test_abbreviations_of_managed_flags_in_extra_args_are_refused(server_parser, extra, managed):
+    """The API's rule refuses managed flags by name; SGLang's parser also takes their prefixes."""
+    spec = spec_of({**MINIMAL, "sglang": {"extraArgs": extra}})  # admitted by the API's CEL rule
+    # The danger is real: appended last, an abbreviation with a value overrides what the operator set.
+    flags = server_flags(spec, sglang_args.render_argv(spec_of(MINIMAL), "speculative")) + extra
+    action = server_parser._option_string_actions[managed]
+    if action.nargs != 0:
+        assert getattr(server_parser.parse_args(flags), action.dest) != getattr(server_parser.parse_args(flags[: -len(extra)]), action.dest)
+    with pytest.raises(InputError, match=f"spec.sglang.extraArgs: {extra[0].split('=')[0]} would set {managed}"):
+        sglang_args.render_argv(spec, "speculative")
+
+
 def test_unknown_release_names_the_field_and_the_supported_ones():
     spec = spec_of({**MINIMAL, "sglangVersion": "0.5.10"})
     with pytest.raises(InputError) as info:

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .api import SpeculativeServerSpec, Variant, load_custom_resource
+from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant, load_custom_resource
 from .errors import InputError
 
 # SGLang's own default port; the pods, Services and probes all use it.
@@ -128,9 +128,21 @@ def draft_model_path(spec: SpeculativeServerSpec) -> str | None:
     return _under_mount(spec, spec.drafter.path)
 
 
+# Flags the operator sets (the API refuses them in extraArgs by name; see _check_extra_args for prefixes).
+_MANAGED_FLAGS = tuple(f"--{name}" for name in MANAGED_SGLANG_FLAGS) + SPECULATIVE_FLAGS
+
+
 def _check_extra_args(spec: SpeculativeServerSpec, release: Release) -> None:
     for arg in spec.sglang.extra_args:
         flag = arg.split("=", 1)[0]
+        # SGLang's parser accepts any unambiguous prefix of a flag, and extraArgs come last, so `--max-running 48`
+        # would silently bring back the 48-request cap that --max-running-requests is there to prevent.
+        overridden = next((m for m in _MANAGED_FLAGS if flag.startswith("--") and len(flag) > 2 and m.startswith(flag)), None)
+        if overridden is not None:
+            raise InputError(
+                f"spec.sglang.extraArgs: {flag} would set {overridden}, which the operator manages (SGLang accepts "
+                f"abbreviated flags); remove it and use the matching spec field"
+            )
         if flag in release.rejected_flags:
             raise InputError(
                 f"spec.sglang.extraArgs: {flag} is not accepted by SGLang {release.version} (the server would exit "
