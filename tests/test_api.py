@@ -132,6 +132,7 @@ BAD_RULES = [
     ("dotdot target", with_("target.path", "../etc"), "spec.target.path", "'..'"),
     ("absolute outside mount", with_("target.path", "/etc/llama"), "spec.target.path", "mountPath"),
     ("managed flag in extraArgs", with_("sglang", {"extraArgs": ["--max-running-requests=48"]}), "spec.sglang.extraArgs", "manages"),
+    ("abbreviated managed flag in extraArgs", with_("sglang", {"extraArgs": ["--max-running", "48"]}), "spec.sglang.extraArgs", "manages"),
     ("speculative flag in extraArgs", with_("sglang", {"extraArgs": ["--speculative-num-steps", "5"]}), "spec.sglang.extraArgs", "manages"),
     ("requests below concurrency", with_("rollout", {"workloads": [{"name": "w", "concurrency": 64, "requests": 8}]}), "spec.rollout.workloads[0].requests", "concurrency"),
     ("context too short", with_("target", {"path": "llama", "contextLength": 1000}), "spec.rollout.workloads", "contextLength"),

@@ -15,7 +15,7 @@ import json
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import API_GROUP, API_VERSION, KIND
 from .errors import InputError
@@ -78,7 +78,22 @@ MANAGED_SGLANG_FLAGS = (
     "mem-fraction-static",
     "quantization",
 )
-_MANAGED_FLAG_RE = "^--(speculative-[a-z0-9-]*|" + "|".join(f.replace("-", "[-_]") for f in MANAGED_SGLANG_FLAGS) + ")(=.*)?$"
+
+
+def _prefixes(word: str) -> str:
+    """Regex matching every non-empty prefix of word: argparse (and so SGLang) accepts unambiguous
+    abbreviations, so `--max-running 48` sets --max-running-requests and must be refused as well."""
+    pattern = ""
+    for ch in reversed(word[1:]):
+        pattern = f"({'[-_]' if ch == '-' else ch}{pattern})?"
+    return word[0] + pattern
+
+
+_MANAGED_FLAG_RE = (
+    "^--("
+    + "|".join([_prefixes("speculative-") + "[a-z0-9_-]*"] + [_prefixes(f) for f in MANAGED_SGLANG_FLAGS])
+    + ")(=.*)?$"
+)
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -107,11 +122,32 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True)
 
 
+class _SpecModel(_Model):
+    """Spec sections: typed exactly as the API server types them, so the CLI and the cluster agree.
+
+    strict: no coercion ("3" is not an integer, "true" not a boolean, 3.0 not an integer: the API server
+    refuses the first two, and a CEL rule reading an integer field that holds 3.0 fails on the server).
+    null is "unset": the API server drops null from typed fields before defaulting, so we drop it too.
+    """
+
+    model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+def _drop_null_values(value: Any) -> Any:
+    """A string map with null values: the API server prunes those entries."""
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+
+
 # --------------------------------------------------------------------------------------------------
 # Spec
 
 
-class ModelStorage(_Model):
+class ModelStorage(_SpecModel):
     volume: dict[str, Any] = Field(
         description=(
             "Where the weights live: one core/v1 volume source, exactly as in a Pod's volumes[] entry without "
@@ -123,9 +159,17 @@ class ModelStorage(_Model):
         "/models",
         alias="mountPath",
         description="Where the volume is mounted in the server containers; target.path and drafter.path are relative to it.",
-        pattern=r"^/[^\x00]*$",
+        pattern=r"^(/[^/\x00]+)+$",  # absolute, no trailing slash: the path rules below join with "/"
         max_length=1024,
     )
+
+    @field_validator("volume")
+    @classmethod
+    def _one_volume_source(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # minProperties/maxProperties are schema keywords pydantic does not enforce on a free-form dict.
+        if len(value) != 1:
+            raise ValueError(f"must name exactly one volume source (e.g. persistentVolumeClaim), got {len(value)}")
+        return value
 
 
 # '[.]' rather than '\\.': a backslash escape inside a CEL string literal must itself be escaped, and the API
@@ -133,7 +177,7 @@ class ModelStorage(_Model):
 _NO_DOTDOT = r"(^|/)[.][.](/|$)"
 
 
-class Target(_Model):
+class Target(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (f"!self.path.matches('{_NO_DOTDOT}')", "target.path must not contain '..' segments", ".path"),
@@ -161,7 +205,7 @@ class Target(_Model):
     )
 
 
-class Drafter(_Model):
+class Drafter(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
@@ -223,7 +267,7 @@ class Drafter(_Model):
         return self.num_draft_tokens if self.num_draft_tokens is not None else self.num_steps + 1
 
 
-class Resources(_Model):
+class Resources(_SpecModel):
     gpus: Literal[1, 2, 4, 8, 16] = Field(
         8, description="GPUs per server, which is also its tensor-parallel size (--tp). Each server runs in one pod."
     )
@@ -243,7 +287,7 @@ class Resources(_Model):
     memory: str | None = Field(None, description="Memory request and limit of each server container (unset: none).", pattern=QUANTITY_PATTERN, max_length=32)
 
 
-class SGLangSettings(_Model):
+class SGLangSettings(_SpecModel):
     max_running_requests: int = Field(
         128,
         alias="maxRunningRequests",
@@ -293,8 +337,18 @@ class SGLangSettings(_Model):
         },
     )
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The items' schema (required name, 1-256 characters) lives in json_schema_extra: enforce it here too.
+        for i, var in enumerate(value):
+            name = var.get("name")
+            if not isinstance(name, str) or not 1 <= len(name) <= 256:
+                raise ValueError(f"env[{i}].name must be a string of 1 to 256 characters")
+        return value
 
-class Workload(_Model):
+
+class Workload(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
@@ -318,7 +372,7 @@ DEFAULT_WORKLOADS: list[dict[str, Any]] = [
 ]
 
 
-class Rollout(_Model):
+class Rollout(_SpecModel):
     min_speedup: float = Field(
         1.0,
         alias="minSpeedup",
@@ -341,6 +395,18 @@ class Rollout(_Model):
             "x-kubernetes-list-map-keys": ["name"],
         },
     )
+
+    @field_validator("workloads")
+    @classmethod
+    def _unique_names(cls, value: list[Workload]) -> list[Workload]:
+        # A list-type map: the API server refuses a repeated key.
+        seen: set[str] = set()
+        for i, workload in enumerate(value):
+            if workload.name in seen:
+                raise ValueError(f"workloads[{i}].name {workload.name!r} is repeated: names must be unique")
+            seen.add(workload.name)
+        return value
+
     max_rounds: int = Field(6, alias="maxRounds", description="Paired rounds before an undecided probe ends Inconclusive (which never promotes).", ge=1, le=50)
     accept_length_floor: float = Field(
         1.1,
@@ -356,7 +422,7 @@ class Rollout(_Model):
     )
 
 
-class Monitor(_Model):
+class Monitor(_SpecModel):
     enabled: bool = Field(True, description="Scrape the promoted speculative server and roll back on acceptance drift.")
     interval: int = Field(30, description="Seconds between scrapes of the speculative pods' /metrics.", ge=5, le=3600)
     accept_length_floor: float = Field(
@@ -369,12 +435,14 @@ class Monitor(_Model):
     window: int = Field(5, description="Consecutive scrapes below the floor that trigger a rollback.", ge=1, le=1000)
 
 
-class PodMetadata(_Model):
+class PodMetadata(_SpecModel):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the server pods (the operator's own labels win).", max_length=64)
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the server pods.", max_length=64)
 
+    _maps_drop_null = field_validator("labels", "annotations", mode="before")(_drop_null_values)
 
-class SpeculativeServerSpec(_Model):
+
+class SpeculativeServerSpec(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
@@ -419,6 +487,7 @@ class SpeculativeServerSpec(_Model):
     drafter: Drafter = Field(description="The draft model and the speculation shape.")
     resources: Resources = Field(default_factory=Resources, description="GPUs and memory of each server.")
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", description="Extra node selector of the server pods.", max_length=64)
+    _node_selector_drop_null = field_validator("node_selector", mode="before")(_drop_null_values)
     affinity: dict[str, Any] | None = Field(
         None,
         description="core/v1 Affinity merged into the server pods (node affinity terms are ANDed with the one from resources.gpuFamily).",
