@@ -482,7 +482,10 @@ class Simulator:
             req.cancelled = True
             raise
         if completed:
-            await resp.write_eof()
+            try:
+                await resp.write_eof()
+            except ConnectionResetError:  # the client left right after [DONE]
+                pass
         return resp
 
     async def _stream_slow(self, request: web.Request, resp: web.StreamResponse, rid: str, req: SimRequest,
@@ -490,16 +493,19 @@ class Simulator:
         """Stream through the request's queue: needed when a fault must pause the stream (stall)."""
         half = req.max_new_tokens // 2
         stalled = False
-        while True:
-            em = await req.out.get()
-            if not stalled and fault == _Fault.STALL and em.completion_tokens >= half and not em.finished:
-                stalled = True
-                await asyncio.sleep(self.profile.errors.stall_seconds)
-            await resp.write(b"data: " + self._generate_json(rid, req, em) + b"\n\n")
-            if em.finished:
-                break
-        await resp.write(_DONE)
-        await resp.write_eof()
+        try:
+            while True:
+                em = await req.out.get()
+                if not stalled and fault == _Fault.STALL and em.completion_tokens >= half and not em.finished:
+                    stalled = True
+                    await asyncio.sleep(self.profile.errors.stall_seconds)
+                await resp.write(b"data: " + self._generate_json(rid, req, em) + b"\n\n")
+                if em.finished:
+                    break
+            await resp.write(_DONE)
+            await resp.write_eof()
+        except ConnectionResetError:  # the client gave up on the stalled stream: what a stall is for
+            req.cancelled = True
         return resp
 
     async def _truncated(self, request: web.Request, partial: bytes, content_type: str) -> web.StreamResponse:
@@ -616,6 +622,9 @@ class Simulator:
                         await resp.write(b'data: {"id": "' + cid.encode() + b'", "choices": [\n\n')
                     if fault == _Fault.STALL:
                         await asyncio.sleep(self.profile.errors.stall_seconds)
+                        if request.transport is None or request.transport.is_closing():
+                            req.cancelled = True
+                            return resp
                 delta = _TAPE.delta_text(sent, em.completion_tokens)
                 sent = em.completion_tokens
                 finish = "length" if em.finished else None
