@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
-from datetime import datetime
 from typing import Any
 
 import pytest
 from kube import devcluster, wait_until
-from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.cluster
 
@@ -408,7 +407,7 @@ def _zombie(pid: int) -> bool:
 def test_missing_tools_give_a_one_line_instruction(tmp_path):
     env = dict(os.environ, SPECDEC_TOOLS_DIR=str(tmp_path), SPECDEC_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run(
-        ["python3", str(devcluster.HACK_DIR / "devcluster.py"), "up", "--name", "nothing-here"],
+        [sys.executable, str(devcluster.HACK_DIR / "devcluster.py"), "up", "--name", "nothing-here"],
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 1
