@@ -1,0 +1,200 @@
+"""Fidelity of the probe and the simulator, measured (results in docs/probe.md).
+
+1. The probe's base tok/s against a simulator agrees with the profile's analytic throughput (within 3%) at
+   concurrency 1 and 128.
+2. SGLang's own benchmark client, ``python -m sglang.benchmark.serving --backend sglang --dataset-name
+   random-ids``, and the probe agree on output tok/s against the same simulator (within 3%).
+3. How many rounds and how much time each decision on the seed's profiles takes.
+
+The simulator runs as a separate process (``specdec simulate``) so it does not share the client's core.
+SGLang's benchmark needs a tokenizer: a small word-level one is built locally (no network; HF_HUB_OFFLINE=1).
+
+Usage: .venv/bin/python benchmarks/probe_fidelity.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+import aiohttp
+
+from specdec_operator.probe import Workload, run_probe
+from specdec_operator.probe.client import measure
+from specdec_operator.simulator import load_profile
+
+HERE = os.path.abspath(__file__)
+
+
+# --- SGLang's benchmark, unmodified, in a child process ------------------------------------------------
+
+
+def sglang_bench_child(argv: list[str]) -> None:
+    """Run ``sglang.benchmark.serving`` as ``python -m`` would.
+
+    One import is stood in for: ``sglang/benchmark/serving.py`` imports the string constant
+    ``FAKE_BOOTSTRAP_HOST = "2.2.2.2"`` from ``sglang.srt.disaggregation.utils`` (used only for
+    prefill/decode disaggregation), and that module imports SGLang's GPU runtime (model configs, quantization
+    kernels: torchvision, compressed-tensors, apache-tvm-ffi, sentencepiece, ...) that cannot be installed
+    next to this project's torch. The constant is provided with its real value; everything else is SGLang's
+    own code.
+    """
+    import runpy
+    import types
+
+    stub = types.ModuleType("sglang.srt.disaggregation.utils")
+    stub.FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+    sys.modules["sglang.srt.disaggregation.utils"] = stub
+    sys.argv = ["sglang.benchmark.serving", *argv]
+    runpy.run_module("sglang.benchmark.serving", run_name="__main__", alter_sys=True)
+
+
+def build_tokenizer(folder: str) -> str:
+    """A word-level tokenizer of 32,000 entries saved as a transformers tokenizer (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(3, 32000):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    path = os.path.join(folder, "tokenizer")
+    fast.save_pretrained(path)
+    return path
+
+
+def run_sglang_bench(url: str, tokenizer: str, concurrency: int, input_len: int, output_len: int, prompts: int,
+                     out_file: str) -> dict:
+    argv = ["--backend", "sglang", "--base-url", url, "--dataset-name", "random-ids", "--tokenizer", tokenizer,
+            "--model", "simulated", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--random-range-ratio", "1.0", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+            "--tokenize-prompt", "--seed", "1", "--disable-tqdm", "--output-file", out_file]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, HERE, "--sglang-bench-child", *argv], capture_output=True, text=True,
+                          env=env, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sglang.benchmark.serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    with open(out_file) as f:
+        return json.loads(f.read().strip().splitlines()[-1])
+
+
+# --- simulator process ---------------------------------------------------------------------------------
+
+
+class SimProcess:
+    def __init__(self, profile: str, scale: float, seed: int = 1) -> None:
+        self.args = [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", profile, "--port", "0",
+                     "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed)]
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
+        return self.proc.stdout.readline().split(" at ")[1].split()[0]
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+async def probe_tok_s(url: str, workload: Workload) -> float:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=workload.concurrency + 8)) as s:
+        await measure(s, url, Workload("warm", 1, 8, 8, 1), rng=random.Random(0))
+        m = await measure(s, url, workload, rng=random.Random(1))
+    return m.tokens_per_second
+
+
+# --- the three parts -------------------------------------------------------------------------------------
+
+
+def fidelity(quick: bool) -> list[dict]:
+    rows = []
+    profile_name = "sglang-base-kimi-k25"
+    profile = load_profile(profile_name)
+    # (concurrency, prompts, time scale): scales keep the simulator's event rate within one core.
+    cases = [(1, 4 if quick else 8, 10.0), (128, 128 if quick else 256, 2.0)]
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = build_tokenizer(tmp)
+        for concurrency, prompts, scale in cases:
+            input_len, output_len = 128, 256
+            analytic = profile.analytic_throughput(concurrency, input_len, output_len) * scale
+            with SimProcess(profile_name, scale) as url:
+                probe = asyncio.run(probe_tok_s(url, Workload("fid", concurrency, input_len, output_len, prompts)))
+            with SimProcess(profile_name, scale) as url:
+                bench = run_sglang_bench(url, tokenizer, concurrency, input_len, output_len, prompts,
+                                         os.path.join(tmp, f"bench-{concurrency}.jsonl"))
+            rows.append({
+                "profile": profile_name, "concurrency": concurrency, "input_tokens": input_len,
+                "output_tokens": output_len, "requests": prompts, "time_scale": scale,
+                "analytic_tok_s": round(analytic, 1),
+                "probe_tok_s": round(probe, 1),
+                "sglang_bench_output_throughput": round(bench["output_throughput"], 1),
+                "sglang_bench_completed": bench["completed"],
+                "probe_vs_analytic": round(probe / analytic - 1, 4),
+                "probe_vs_sglang_bench": round(probe / bench["output_throughput"] - 1, 4),
+                "sglang_bench_vs_analytic": round(bench["output_throughput"] / analytic - 1, 4),
+            })
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+async def _decision(base: str, cand: str, workloads: list[Workload], scale: float) -> dict:
+    procs = [SimProcess(base, scale, 1), SimProcess(cand, scale, 2)]
+    urls = [p.__enter__() for p in procs]
+    try:
+        t = time.perf_counter()
+        result = await run_probe(urls[0], urls[1], workloads, seed=1)
+        wall = time.perf_counter() - t
+    finally:
+        for p in procs:
+            p.__exit__()
+    return {
+        "candidate": cand, "decision": result.decision, "reason": result.reason, "rounds": result.rounds,
+        "accept_length": result.to_dict()["accept_length"],
+        "speedups": {w.name: [w.to_dict()["speedup"], w.to_dict()["speedup_low"], w.to_dict()["speedup_high"]]
+                     for w in result.workloads},
+        "warnings": len(result.warnings),
+        "wall_s": round(wall, 2), "time_scale": scale,
+        "simulated_gpu_s": round(wall * scale, 1),
+    }
+
+
+def decisions(quick: bool) -> list[dict]:
+    rows = []
+    workloads = [Workload("single-stream", 1, 512, 256, 2), Workload("concurrent-128", 128, 512, 256, 128)]
+    for cand, scale in (("kimi-k25-custom-eagle3", 10.0), ("kimi-k2-public-eagle3", 4.0),
+                        ("sglang-base-kimi-k25", 4.0)):
+        if quick and cand == "sglang-base-kimi-k25":
+            continue
+        rows.append(asyncio.run(_decision("sglang-base-kimi-k25", cand, workloads, scale)))
+        print(json.dumps(rows[-1]), flush=True)
+    wl = [Workload("single-stream", 1, 512, 256, 2), Workload("concurrent-64", 64, 512, 256, 128)]
+    rows.append(asyncio.run(_decision("llama31-8b-base", "llama31-8b-eagle3", wl, 1.0)))
+    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--sglang-bench-child":
+        sglang_bench_child(sys.argv[2:])
+        return 0
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer requests")
+    parser.add_argument("--part", choices=["fidelity", "decisions", "all"], default="all")
+    args = parser.parse_args()
+    if args.part in ("fidelity", "all"):
+        fidelity(args.quick)
+    if args.part in ("decisions", "all"):
+        decisions(args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
