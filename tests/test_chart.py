@@ -1,9 +1,9 @@
 """The Helm chart (charts/specdec-operator), rendered and linted with the real helm binary.
 
 Pure-render tests need only helm (`make tools`); every rendered manifest is validated against the Kubernetes
-schemas of the control plane's release (kubernetes-validate, strict). The cluster tests (marked `cluster`)
-install the chart into the local control plane and prove its RBAC with `kubectl auth can-i`: see
-tests/test_chart_cluster.py.
+schemas of the control plane's release (kubernetes-validate, strict). The cluster tests (marked `cluster`, at
+the end) install the chart into the local control plane, prove its RBAC with `kubectl auth can-i`, and run the
+operator from the checkout under the chart's ServiceAccount with every API request recorded.
 """
 
 from __future__ import annotations
@@ -385,21 +385,20 @@ def test_more_than_one_replica_rolls_and_has_a_disruption_budget(helm_bin, tmp_p
 # -------------------------------------------------------------------------------------------------------------
 # RBAC (static). The cluster tests prove the same rules with `kubectl auth can-i`.
 
-# What the operator does with the API (docs/operator.md, "RBAC"): (apiGroup, resource) -> verbs.
+# What the operator does with the API, as measured by the end-to-end test below: (apiGroup, resource) -> verbs.
 OPERATOR_NAMESPACED_USAGE: dict[tuple[str, str], set[str]] = {
-    ("specdec.io", "speculativeservers"): {"get", "list", "watch", "patch"},
-    ("specdec.io", "speculativeservers/status"): {"get", "patch", "update"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("specdec.io", "speculativeservers"): {"list", "watch", "patch"},
+    ("specdec.io", "speculativeservers/status"): {"patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},
+    ("", "pods"): {"list", "watch"},
+    ("", "events"): {"create"},
 }
-DISCOVERY_USAGE: dict[tuple[str, str], set[str]] = {
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    ("", "namespaces"): {"list", "watch"},
-}
-PEERING_VERBS = {"get", "list", "watch", "patch"}  # the chart creates the peering object itself
+CRD_DISCOVERY: dict[tuple[str, str], set[str]] = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+# Namespaced mode only: Kopf lists namespaces to resolve --namespace patterns (serving all, it does not).
+NAMESPACE_DISCOVERY: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
+DISCOVERY_USAGE = {**CRD_DISCOVERY, **NAMESPACE_DISCOVERY}
+PEERING_VERBS = {"list", "watch", "patch"}  # the chart creates the peering object itself; patch names it
 
 
 def grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -435,7 +434,7 @@ def test_cluster_wide_rbac_is_exactly_the_operator_usage(helm_bin):
     docs = render(helm_bin)
     assert by_kind(docs, "Role") == [] and by_kind(docs, "RoleBinding") == []
     role = one(docs, "ClusterRole")
-    expected = {**OPERATOR_NAMESPACED_USAGE, **DISCOVERY_USAGE, ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS}
+    expected = {**OPERATOR_NAMESPACED_USAGE, **CRD_DISCOVERY, ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS}
     assert grants(role["rules"]) == expected
     # Peering writes go to the one named peering object only.
     for rule in role["rules"]:
@@ -731,6 +730,9 @@ FORBIDDEN = [
     ("create", "pods", "default"), ("delete", "pods", "default"), ("patch", "pods", "default"),
     ("create", "pods|exec", "default"), ("get", "pods|log", "default"), ("get", "services|proxy", "default"),
     ("deletecollection", "deployments.apps", "default"), ("deletecollection", "services", "default"),
+    ("delete", "deployments.apps", "default"), ("update", "deployments.apps", "default"),
+    ("delete", "services", "default"), ("update", "services", "default"), ("get", "pods", "default"),
+    ("create", "events.events.k8s.io", "default"), ("update", "speculativeservers.specdec.io|status", "default"),
     ("create", "speculativeservers.specdec.io", "default"), ("delete", "speculativeservers.specdec.io", "default"),
     ("update", "speculativeservers.specdec.io", "default"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
@@ -743,6 +745,7 @@ FORBIDDEN = [
     ("escalate", "clusterroles.rbac.authorization.k8s.io", None),
     ("impersonate", "users", None), ("impersonate", "serviceaccounts", "default"),
     ("create", "clusterkopfpeerings.kopf.dev", None), ("delete", "clusterkopfpeerings.kopf.dev", None),
+    ("get", "clusterkopfpeerings.kopf.dev/someone-else", None),
     ("patch", "clusterkopfpeerings.kopf.dev/someone-else", None),
 ]
 
@@ -779,13 +782,14 @@ def test_cluster_wide_rbac_can_i_matrix(cluster_release, kube_cluster):
     user = cluster_release.user
     peering = cluster_release["peering"]
     allowed = _usage_checks(OPERATOR_NAMESPACED_USAGE, ["default", "some-team", None])
-    allowed += _usage_checks(DISCOVERY_USAGE, [None])
+    allowed += _usage_checks(CRD_DISCOVERY, [None])
     allowed += [(v, "clusterkopfpeerings.kopf.dev", None) for v in ("list", "watch")]
-    allowed += [(v, f"clusterkopfpeerings.kopf.dev/{peering}", None) for v in ("get", "patch")]
-    answers = can_i_matrix(kube_cluster, user, allowed + FORBIDDEN)
+    allowed += [("patch", f"clusterkopfpeerings.kopf.dev/{peering}", None)]
+    forbidden = FORBIDDEN + [("list", "namespaces", None), ("get", "namespaces", None)]
+    answers = can_i_matrix(kube_cluster, user, allowed + forbidden)
     refused = [c for c in allowed if not answers[c]]
     assert not refused, f"the operator's ServiceAccount lacks: {refused}"
-    granted = [c for c in FORBIDDEN if answers[c]]
+    granted = [c for c in forbidden if answers[c]]
     assert not granted, f"the operator's ServiceAccount may do what it never needs: {granted}"
 
 
@@ -803,7 +807,7 @@ def test_namespaced_rbac_can_i_matrix(kube_cluster, kube_client, core_v1, helm_b
         allowed = _usage_checks(OPERATOR_NAMESPACED_USAGE, [served])
         allowed += _usage_checks(DISCOVERY_USAGE, [None])
         allowed += [(v, "kopfpeerings.kopf.dev", served) for v in ("list", "watch")]
-        allowed += [(v, f"kopfpeerings.kopf.dev/{release}-specdec-operator", served) for v in ("get", "patch")]
+        allowed += [("patch", f"kopfpeerings.kopf.dev/{release}-specdec-operator", served)]
         refused_expected = _usage_checks(OPERATOR_NAMESPACED_USAGE, [other, home, None])
         refused_expected += [("list", "clusterkopfpeerings.kopf.dev", None), ("list", "kopfpeerings.kopf.dev", other)]
         refused_expected += [c for c in FORBIDDEN if c[2] is not None] + [
@@ -815,3 +819,296 @@ def test_namespaced_rbac_can_i_matrix(kube_cluster, kube_client, core_v1, helm_b
         _helm_uninstall(kube_cluster, helm_bin, release, home)
         for ns in (home, served, other):
             core_v1.delete_namespace(ns, propagation_policy="Background")
+
+
+# -------------------------------------------------------------------------------------------------------------
+# The operator from the checkout under the chart's ServiceAccount, every API request recorded.
+
+
+class RecordingProxy:
+    """A plain-HTTP reverse proxy in front of the kube-apiserver that records every request the operator makes.
+
+    The operator's kubeconfig points here with the ServiceAccount's bearer token; the proxy forwards each request
+    unchanged (TLS to the API server, streaming watches chunk by chunk) and records (method, path, query,
+    status). The API server authenticates and authorizes the token: the proxy adds no privilege.
+    """
+
+    def __init__(self, upstream: str, ca_data: bytes) -> None:
+        import asyncio
+        import ssl
+        import threading
+
+        self.upstream = upstream.rstrip("/")
+        self.ssl = ssl.create_default_context(cadata=ca_data.decode())
+        self.records: list[tuple[str, str, str, int]] = []
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="api-recorder", daemon=True)
+        self.thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+
+    async def _start(self) -> str:
+        import aiohttp
+        from aiohttp import web
+
+        self.session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _forward(self, request: Any) -> Any:
+        import aiohttp
+        from aiohttp import web
+
+        hop = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+        body = await request.read()
+        async with self.session.request(request.method, self.upstream + request.path_qs, headers=headers,
+                                        data=body or None, ssl=self.ssl) as upstream:
+            self.records.append((request.method, request.path, request.query_string, upstream.status))
+            response = web.StreamResponse(status=upstream.status, headers={
+                k: v for k, v in upstream.headers.items() if k.lower() not in hop})
+            await response.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+            except (ConnectionError, aiohttp.ClientError):
+                pass  # the operator closed a watch, or the proxy is shutting down
+            return response
+
+    def close(self) -> None:
+        import asyncio
+
+        async def stop() -> None:
+            await self.session.close()  # ends the forwarded watches first, so the handlers return
+            await self.runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def api_request_kinds(method: str, path: str, query: str, status: int) -> list[tuple[str, str, str]]:
+    """What the RBAC authorizer checked for one request: a server-side apply (PATCH) that created the object
+    (201) was also authorized as create."""
+    kind = api_request_kind(method, path, query)
+    if kind is None:
+        return []
+    return [kind, ("create", kind[1], kind[2])] if method == "PATCH" and status == 201 else [kind]
+
+
+def api_request_kind(method: str, path: str, query: str) -> tuple[str, str, str] | None:
+    """(verb, apiGroup, resource[/subresource]) of a resource request, as the RBAC authorizer sees it.
+
+    None for discovery and other non-resource URLs (/api, /apis, /apis/<group>/<version>, /version, ...).
+    """
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 3:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        rest = rest[2:]  # a namespaced resource: drop "namespaces/<ns>"
+    resource, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), (rest[2] if len(rest) > 2 else None)
+    watch = re.search(r"(^|&)watch=(true|1)($|&)", query) is not None
+    verb = {
+        "GET": "watch" if watch else ("get" if name else "list"),
+        "POST": "create", "PUT": "update", "PATCH": "patch",
+        "DELETE": "delete" if name else "deletecollection",
+    }[method]
+    return verb, group, f"{resource}/{sub}" if sub else resource
+
+
+def test_api_request_kind_maps_paths_like_the_authorizer():
+    assert api_request_kind("GET", "/apis/specdec.io/v1alpha1/speculativeservers", "watch=true&x=1") == \
+        ("watch", "specdec.io", "speculativeservers")
+    assert api_request_kind("PATCH", "/apis/specdec.io/v1alpha1/namespaces/a/speculativeservers/s/status", "") == \
+        ("patch", "specdec.io", "speculativeservers/status")
+    assert api_request_kind("GET", "/api/v1/namespaces/a/pods", "labelSelector=x") == ("list", "", "pods")
+    assert api_request_kind("GET", "/api/v1/namespaces", "") == ("list", "", "namespaces")
+    assert api_request_kind("GET", "/api/v1/namespaces/a", "") == ("get", "", "namespaces")
+    assert api_request_kind("POST", "/api/v1/namespaces/a/events", "") == ("create", "", "events")
+    assert api_request_kind("DELETE", "/apis/apps/v1/namespaces/a/deployments", "") == \
+        ("deletecollection", "apps", "deployments")
+    assert api_request_kind("GET", "/apis/apps/v1", "") is None
+    assert api_request_kind("GET", "/api", "") is None
+    assert api_request_kinds("PATCH", "/apis/apps/v1/namespaces/a/deployments/d", "fieldManager=x", 201) == \
+        [("patch", "apps", "deployments"), ("create", "apps", "deployments")]
+    assert api_request_kinds("PATCH", "/apis/apps/v1/namespaces/a/deployments/d", "", 200) == \
+        [("patch", "apps", "deployments")]
+
+
+def _service_account_kubeconfig(core_v1: Any, release: Release, server: str, path: pathlib.Path) -> None:
+    """A kubeconfig holding a bound token of the release's ServiceAccount (TokenRequest API), for `server`."""
+    from kubernetes import client
+
+    token = core_v1.create_namespaced_service_account_token(
+        release["serviceaccount"], release["namespace"],
+        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
+    ).status.token
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": [{"name": "local", "cluster": {"server": server}}],
+        "users": [{"name": release["serviceaccount"], "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": release["serviceaccount"]}}],
+    }))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
+        cluster_release, kube_cluster, core_v1, apps_v1, custom_objects, tmp_path):
+    """`specdec run` from the checkout, authenticated as the chart's ServiceAccount (a TokenRequest token),
+    configured exactly as the chart's Deployment configures it, takes the Llama example through validation,
+    deployment, a probe against SGLang simulators, promotion, and deletion. Every API request goes through a
+    recording proxy: none may be refused (the RBAC suffices), and every permission the chart grants must have
+    been used or be listed in RARELY_USED with the reason (the RBAC is minimal)."""
+    import asyncio
+    import base64
+    import os
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    from specdec_operator.simulator import SimulatorServer, load_profile
+
+    admin = yaml.safe_load(pathlib.Path(kube_cluster.kubeconfig).read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    ca = (base64.b64decode(cluster["certificate-authority-data"]) if "certificate-authority-data" in cluster
+          else pathlib.Path(cluster["certificate-authority"]).read_bytes())
+    proxy = RecordingProxy(cluster["server"], ca)
+    kubeconfig = tmp_path / "operator.kubeconfig"
+    _service_account_kubeconfig(core_v1, cluster_release, proxy.url, kubeconfig)
+
+    # Two simulators stand in for the base and speculative SGLang servers (no GPU here).
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, name="simulators", daemon=True)
+    loop_thread.start()
+
+    def on_loop(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
+
+    async def simulator(profile: str) -> Any:
+        server = SimulatorServer(load_profile(profile), port=0, time_scale=20.0, seed=11, load_seconds=0)
+        await server.start()
+        return server
+
+    sims = [on_loop(simulator("llama31-8b-base")), on_loop(simulator("llama31-8b-eagle3"))]
+    namespace = _make_namespace(core_v1, "sa-e2e")
+    name = "llama31-8b"
+    (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump({
+        f"{namespace}/{name}-base": sims[0].url, f"{namespace}/{name}-spec": sims[1].url}))
+
+    # The chart's own arguments for the container, plus what only an out-of-cluster run needs.
+    deployment = apps_v1.read_namespaced_deployment(cluster_release["fullname"], cluster_release["namespace"])
+    chart_args = deployment.spec.template.spec.containers[0].args
+    health, metrics = _free_port(), _free_port()
+    args = [a for a in chart_args if not a.startswith(("--liveness=", "--metrics-port="))]
+    args += [f"--liveness=http://127.0.0.1:{health}/healthz", f"--metrics-port={metrics}",
+             "--metrics-address=127.0.0.1", "--endpoints", str(tmp_path / "endpoints.yaml"),
+             "--reconcile-interval=1"]
+    assert "--all-namespaces" in args and f"--peering={cluster_release['peering']}" in args
+    log = open(tmp_path / "operator.log", "w")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": "checkout-operator"}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    operator = subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "run", *args], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+
+    def operator_log() -> str:
+        return (tmp_path / "operator.log").read_text()
+
+    try:
+        def alive() -> bool:
+            assert operator.poll() is None, f"operator exited {operator.returncode}:\n{operator_log()}"
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_until(alive, timeout=60, interval=0.5, message="the operator's liveness endpoint")
+
+        cr = yaml.safe_load((ROOT / "examples" / "llama31-8b-eagle3.yaml").read_text())
+        cr["metadata"] = {"name": name, "namespace": namespace}
+        # kwok plays the kubelet: the validator init container reports a compatible pair, servers get Ready.
+        cr["spec"]["podMetadata"] = {"annotations": {
+            "specdec.test/init-exit-code": "0",
+            "specdec.test/init-message": json.dumps({"compatible": True, "findings": []}),
+            "specdec.test/ready-after": "1s"}}
+        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+
+        def decided() -> dict | None:
+            assert operator.poll() is None, f"operator exited:\n{operator_log()}"
+            st = custom_objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name).get("status")
+            return st if st and st.get("phase") in ("Promoted", "RolledBack", "Invalid", "Failed") else None
+
+        status = wait_until(decided, timeout=150, interval=0.5, message="a decision")
+        assert status["phase"] == "Promoted", f"{status.get('reason')}: {status.get('message')}"
+        stable = core_v1.read_namespaced_service(name, namespace)
+        assert stable.spec.selector["specdec.io/variant"] == "speculative"
+        assert {e.reason for e in core_v1.list_namespaced_event(namespace).items
+                if e.involved_object.kind == "SpeculativeServer"} >= {"DrafterCompatible", "ProbeStarted"}
+        # The peering object carries this replica's keep-alive.
+        peering = custom_objects.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings",
+                                                           cluster_release["peering"])
+        assert "checkout-operator" in (peering.get("status") or {})
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        assert f'specdec_active_variant{{name="{name}",namespace="{namespace}",variant="speculative"}} 1.0' in scraped
+
+        # Deleting the resource: the operator releases its finalizer, the garbage collector removes the children.
+        custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        wait_until(lambda: not custom_objects.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL)["items"], timeout=60, message="the resource gone")
+        wait_until(lambda: not apps_v1.list_namespaced_deployment(namespace).items, timeout=60,
+                   message="children garbage-collected")
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(20)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        for server in sims:
+            on_loop(server.stop())
+        loop.call_soon_threadsafe(loop.stop)
+        proxy.close()
+        core_v1.delete_namespace(namespace, propagation_policy="Background")
+
+    # Sufficient: the API server refused nothing the operator asked for.
+    refused = [(m, p, q, s) for m, p, q, s in proxy.records if s in (401, 403)]
+    assert not refused, f"refused requests: {refused[:10]}"
+    assert "Forbidden" not in operator_log() and "Not enough permissions" not in operator_log()
+    # Minimal: every granted permission was used, or is listed with the reason it was not needed this time.
+    used = {k for record in proxy.records for k in api_request_kinds(*record)}
+    granted = {(verb, group, resource)
+               for (group, resource), verbs in {**OPERATOR_NAMESPACED_USAGE, **CRD_DISCOVERY,
+                                                ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS}.items()
+               for verb in verbs}
+    unused = granted - used - set(RARELY_USED)
+    print("\nAPI requests by verb and resource (operator under the chart's ServiceAccount):")
+    counts: dict[tuple[str, str, str], int] = {}
+    for record in proxy.records:
+        for key in api_request_kinds(*record):
+            counts[key] = counts.get(key, 0) + 1
+    for key, n in sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        print(f"  {n:5d}  {key[0]:<7} {key[1] or 'core'}/{key[2]}")
+    assert not unused, f"granted but never used (remove from the chart, or list in RARELY_USED why): {unused}"
+    assert used <= granted, f"used but not in the chart's usage table: {used - granted}"
+
+
+# Permissions the chart grants that a short end-to-end run may not exercise, each with the code path needing it.
+RARELY_USED: dict[tuple[str, str, str], str] = {}

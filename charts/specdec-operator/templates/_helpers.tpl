@@ -70,37 +70,37 @@ app.kubernetes.io/part-of: specdec-operator
 {{/*
 RBAC rules for the namespaced objects the operator reads and writes. Shared by the ClusterRole (cluster-wide
 mode) and the per-namespace Roles (namespaced mode), so both modes grant exactly the same verbs.
-Every verb here is used by the operator (docs/operator.md, "RBAC"); tests/test_chart.py proves each with
-`kubectl auth can-i` and proves that nothing else (Secrets, wildcards, other resources) is granted.
+This is what the operator was measured to use (tests/test_chart.py runs it under this ServiceAccount through a
+recording proxy, and fails on any refused request and on any grant it never used); `kubectl auth can-i` proves
+each rule and that nothing else (Secrets, wildcards, other resources) is granted.
 */}}
 {{- define "specdec-operator.namespacedRules" -}}
-# The custom resources: watched by Kopf, which also patches them (finalizers, its progress annotations).
+# The custom resources: watched by Kopf, which patches them for its finalizer and progress annotations.
 - apiGroups: ["specdec.io"]
   resources: ["speculativeservers"]
-  verbs: ["get", "list", "watch", "patch"]
-# Phase, conditions, probe results.
+  verbs: ["list", "watch", "patch"]
+# Phase, conditions, probe results (merge patches of the status subresource).
 - apiGroups: ["specdec.io"]
   resources: ["speculativeservers/status"]
-  verbs: ["get", "patch", "update"]
-# The base and speculative SGLang servers (owned by their SpeculativeServer).
+  verbs: ["patch"]
+# <name>-base and <name>-spec, owned by their SpeculativeServer: server-side apply (a patch, authorized as
+# create when it creates), a read before taking a name, Kopf's label-filtered watch. Deletion is left to the
+# garbage collector through owner references: no delete verb.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# <name>-base, <name>-spec and the stable <name> Service whose selector is the promotion and the rollback.
+  verbs: ["get", "list", "watch", "create", "patch"]
+# <name>-base, <name>-spec and the stable <name>, whose selector is the promotion and the rollback.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# Read-only: readiness, loading time, and the validator init container's termination message.
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Read-only, through Kopf's watch: readiness, load time, the validator init container's termination message.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# Events for every decision (Kopf posts core/v1 Events; events.k8s.io is the same objects' newer API).
+  verbs: ["list", "watch"]
+# An Event for every decision (Kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* Peering rules (namespaced or cluster-scoped peering resource). */}}
@@ -114,6 +114,6 @@ Every verb here is used by the operator (docs/operator.md, "RBAC"); tests/test_c
 - apiGroups: ["kopf.dev"]
   resources: [{{ .resource | quote }}]
   resourceNames: [{{ include "specdec-operator.peeringName" .root | quote }}]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 {{- end }}
 {{- end }}
