@@ -1112,3 +1112,38 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
 
 # Permissions the chart grants that a short end-to-end run may not exercise, each with the code path needing it.
 RARELY_USED: dict[tuple[str, str, str], str] = {}
+
+
+@pytest.mark.cluster
+def test_plain_manifests_install_with_kubectl(kube_cluster, kube_client, core_v1, apps_v1, tools_dir, tmp_path):
+    """dist/install.yaml as docs/install.md applies it: CRDs first, then the rest; the operator pod is admitted in
+    a namespace enforcing the `restricted` Pod Security Standard."""
+    import uuid
+
+    namespace = f"specdec-plain-{uuid.uuid4().hex[:5]}"
+    proc = subprocess.run(["bash", str(ROOT / "hack" / "manifests.sh")], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": str(tools_dir),
+                               "DIST_DIR": str(tmp_path), "NAMESPACE": namespace})
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all((tmp_path / "install.yaml").read_text()) if d]
+    try:
+        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tmp_path / "crds.yaml"))
+        kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                             *[f"crd/{d['metadata']['name']}" for d in docs if d["kind"] == "CustomResourceDefinition"])
+        applied = kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                                       str(tmp_path / "install.yaml"), check=False)
+        assert applied.returncode == 0, applied.stderr
+        assert core_v1.read_namespace(namespace).metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        pods = wait_until(lambda: core_v1.list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=operator").items, timeout=30,
+            message="the operator pod admitted")
+        assert pods[0].spec.service_account_name == "specdec-operator"
+        assert can_i(kube_cluster, f"system:serviceaccount:{namespace}:specdec-operator", "patch",
+                     "deployments.apps", "anywhere")
+    finally:
+        # Everything but the CRDs: deleting those would delete every SpeculativeServer of the session's cluster.
+        for doc in reversed(docs):
+            if doc["kind"] not in ("CustomResourceDefinition", "Namespace"):
+                kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                                     input=json.dumps(doc), check=False)
+        core_v1.delete_namespace(namespace, propagation_policy="Background")
