@@ -135,7 +135,11 @@ class _SpecModel(_Model):
     @model_validator(mode="before")
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+        # Only for known fields: an unknown field is refused (strict field validation) even when null.
+        if not isinstance(data, dict):
+            return data
+        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
+        return {k: v for k, v in data.items() if v is not None or k not in known}
 
 
 def _drop_null_values(value: Any) -> Any:
