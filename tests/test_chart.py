@@ -1074,7 +1074,9 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
         custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         wait_until(lambda: not custom_objects.list_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL)["items"], timeout=60, message="the resource gone")
-        wait_until(lambda: not apps_v1.list_namespaced_deployment(namespace).items, timeout=60,
+        # ... and their pods, whose simulated GPUs the next test's servers need.
+        wait_until(lambda: not apps_v1.list_namespaced_deployment(namespace).items
+                   and not core_v1.list_namespaced_pod(namespace).items, timeout=60,
                    message="children garbage-collected")
     finally:
         operator.terminate()
