@@ -289,6 +289,7 @@ def test_acceptance_drift_rolls_back_after_the_window_and_never_repromotes() -> 
     # No flapping: good scrapes or even a fresh promote result for the same revision change nothing.
     again = world.step(now=t + timedelta(minutes=5), scrape=Sample(time="x", accept_length=3.0), probe_result=promote_result(plan.revision))
     assert again.status["phase"] == "RolledBack" and again.events == [] and not again.monitor_due and not again.start_probe
+    assert again.status["monitor"]["belowFloorCount"] == 4 and again.status["acceptLength"] == 1.2  # the evidence stays
 
 
 def test_drift_with_a_cold_base_keeps_serving_speculative_until_base_is_ready() -> None:

@@ -422,6 +422,8 @@ def reconcile(
                 }
                 promoted = False
                 events.append(Event("Warning", DecisionReason.ACCEPTANCE_DRIFT.value, f"rolled back: {decision['message']}"))
+    elif decision and decision.get("reason") == DecisionReason.ACCEPTANCE_DRIFT.value:
+        monitor_status = prev.get("monitor")  # the evidence of the drift rollback stays visible
     rolled_back = bool(decision and decision.get("decision") == "rollback")
 
     # --- replicas

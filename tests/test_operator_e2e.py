@@ -1,0 +1,482 @@
+"""The operator end to end: the real `specdec run` process on the local control plane, SGLang simulators on loopback.
+
+The pods are kwok pods (nothing runs in them); their outcomes (the validator's exit code and termination message,
+readiness) are scripted with specdec.test/* annotations passed through spec.podMetadata (docs/development.md).
+The servers the probe and the monitor talk to are in-process SGLang simulators, reached through the operator's
+--endpoints mapping, exactly as an operator outside a cluster reaches real Services.
+
+Times measured here (apply -> Invalid, apply -> decision) are printed at the end of the module (pytest -s or the
+"timings" section of the report); the simulators run at TIME_SCALE simulated seconds per wall second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kube import wait_until
+from specdec_operator.simulator import SimulatorServer, load_profile
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
+TIME_SCALE = 20.0
+# The Kimi profiles at concurrency 128 emit ~2,400 tok/s of simulated time: at 5x that is what a Python simulator
+# sharing two cores with the operator can stream without becoming the bottleneck itself.
+KIMI_TIME_SCALE = 5.0
+TIMINGS: dict[str, float] = {}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Simulators on a background event loop
+
+
+class Simulators:
+    """In-process SGLang simulators on one background asyncio loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="simulators", daemon=True)
+        self.thread.start()
+        self.servers: list[SimulatorServer] = []
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self, profile: str, time_scale: float = TIME_SCALE, seed: int = 7) -> SimulatorServer:
+        async def go() -> SimulatorServer:
+            server = SimulatorServer(load_profile(profile), port=0, time_scale=time_scale, seed=seed, load_seconds=0)
+            await server.start()
+            return server
+
+        server = self.run(go())
+        self.servers.append(server)
+        return server
+
+    def close(self) -> None:
+        for server in self.servers:
+            try:
+                self.run(server.stop(), timeout=10)
+            except Exception:
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def sims() -> Any:
+    pool = Simulators()
+    yield pool
+    pool.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The operator process
+
+
+class Operator:
+    """`specdec run` as a subprocess, scoped to one namespace, with an endpoints mapping file."""
+
+    def __init__(self, kubeconfig: str, namespace: str, workdir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.workdir = workdir
+        self.endpoints: dict[str, str] = {}
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def map(self, service: str, url: str) -> None:
+        self.endpoints[f"{self.namespace}/{service}"] = url
+
+    def start(self) -> None:
+        self.starts += 1
+        path = self.workdir / "endpoints.yaml"
+        path.write_text(yaml.safe_dump(self.endpoints))
+        log = open(self.workdir / f"operator-{self.starts}.log", "w")
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig}
+        cmd = [sys.executable, "-m", "specdec_operator.cli", "run", "--namespace", self.namespace, "--standalone",
+               "--endpoints", str(path), "--metrics-port", "0", "--reconcile-interval", "1"]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as a node failure or an OOM kill."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.workdir.glob("operator-*.log")))
+
+
+@pytest.fixture
+def operator(kubeconfig_path: str, namespace: str, tmp_path: Path, custom_objects: Any, core_v1: Any) -> Any:
+    op = Operator(kubeconfig_path, namespace, tmp_path)
+    yield op
+    # Delete the resources while the operator runs (it owns the finalizer), and wait until the garbage collector
+    # removed the pods: the next test's servers need the GPUs of the simulated nodes.
+    try:
+        if op.proc is None or op.proc.poll() is not None:
+            op.start()
+        for item in custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+            custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, item["metadata"]["name"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            left = custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+            if not left and not core_v1.list_namespaced_pod(namespace).items:
+                break
+            time.sleep(0.5)
+    finally:
+        op.stop()
+        if os.environ.get("SPECDEC_E2E_LOGS"):
+            print(op.logs())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def example(file: str, name: str, namespace: str, *, annotations: dict[str, str] | None = None, workloads: list | None = None, **spec_changes: Any) -> dict:
+    cr = yaml.safe_load((EXAMPLES / file).read_text())
+    cr["metadata"] = {"name": name, "namespace": namespace}
+    cr["spec"]["podMetadata"] = {"annotations": dict(annotations or {})}
+    if workloads is not None:
+        cr["spec"].setdefault("rollout", {})["workloads"] = workloads
+    for dotted, value in spec_changes.items():
+        node = cr["spec"]
+        *path, last = dotted.split("__")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return cr
+
+
+def compatible_annotations(findings: list | None = None, ready_after: str = "1s") -> dict[str, str]:
+    return {
+        "specdec.test/init-exit-code": "0",
+        "specdec.test/init-message": json.dumps({"compatible": True, "findings": findings or []}),
+        "specdec.test/ready-after": ready_after,
+    }
+
+
+def get(custom_objects: Any, namespace: str, name: str) -> dict:
+    return custom_objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def status(custom_objects: Any, namespace: str, name: str) -> dict:
+    return get(custom_objects, namespace, name).get("status") or {}
+
+
+def wait_phase(custom_objects: Any, namespace: str, name: str, phases: set[str], timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status(custom_objects, namespace, name)
+        if st.get("phase") in phases:
+            return st
+        if time.monotonic() > deadline:
+            pytest.fail(f"{namespace}/{name} not in {sorted(phases)} after {timeout:.0f}s: phase {st.get('phase')}, {st.get('message')}", pytrace=False)
+        time.sleep(0.1)
+
+
+def events(core_v1: Any, namespace: str, name: str) -> list:
+    return [e for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.kind == "SpeculativeServer" and e.involved_object.name == name]
+
+
+def event_reasons(core_v1: Any, namespace: str, name: str) -> list[str]:
+    out = []
+    for e in events(core_v1, namespace, name):
+        out += [e.reason] * max(1, e.count or 1)
+    return out
+
+
+def variant_pods(core_v1: Any, namespace: str, name: str, variant: str) -> list:
+    selector = f"app.kubernetes.io/instance={name},specdec.io/variant={variant}"
+    return core_v1.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def stable_variant(core_v1: Any, namespace: str, name: str) -> str:
+    return core_v1.read_namespaced_service(name, namespace).spec.selector["specdec.io/variant"]
+
+
+def validator_verdict(tmp_path: Path) -> tuple[int, str]:
+    """What the real `specdec validate` writes for a Kimi-K2 drafter put on a Llama-3.1-8B target."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import model_dirs as md
+
+    target = md.make_target(tmp_path / "models" / "llama", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER)
+    drafter = md.make_drafter(tmp_path / "models" / "drafter", md.kimi_drafter_config())
+    log = tmp_path / "termination-log"
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(target), "--drafter", str(drafter), "--json", "--termination-log", str(log)],
+        capture_output=True, text=True, timeout=60,
+    )
+    return proc.returncode, log.read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests
+
+
+def test_invalid_resources_are_refused_by_the_api_server(kubectl: Any, namespace: str) -> None:
+    base = example("llama31-8b-eagle3.yaml", "bad", namespace)
+    cases = {
+        "drafter.numSteps": ("spec.drafter.numSteps", lambda s: s["drafter"].update(numSteps=0)),
+        "managed flag": ("extraArgs", lambda s: s["sglang"].update(extraArgs=["--tp-size=4"])),
+        "draft tokens": ("numDraftTokens", lambda s: s["drafter"].update(numSteps=3, numDraftTokens=7)),
+        "missing image": ("image", lambda s: s.pop("image")),
+        "gpu family": ("gpuFamily", lambda s: s["resources"].update(gpuFamily="ampere")),
+    }
+    for label, (needle, mutate) in cases.items():
+        cr = copy.deepcopy(base)
+        mutate(cr["spec"])
+        proc = kubectl("apply", "-f", "-", input=yaml.safe_dump(cr), check=False)
+        assert proc.returncode != 0, f"{label}: accepted"
+        assert needle in proc.stderr, f"{label}: {proc.stderr}"
+    assert "No resources found" in kubectl("get", "sps", check=False).stderr
+
+
+def test_incompatible_drafter_is_invalid_within_seconds_and_no_speculative_pod_runs(
+    operator: Operator, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any, tmp_path: Path
+) -> None:
+    code, verdict = validator_verdict(tmp_path)
+    assert code == 1 and "HiddenSizeMismatch" in verdict
+    operator.start()
+    cr = example(
+        "llama31-8b-eagle3.yaml", "mismatch", namespace,
+        annotations={"specdec.test/init-exit-code": str(code), "specdec.test/init-message": verdict, "specdec.test/ready-after": "1s"},
+    )
+    started = time.monotonic()
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    seen_running: list[str] = []
+    while True:
+        for pod in variant_pods(core_v1, namespace, "mismatch", "speculative"):
+            if pod.status.phase == "Running" or any(c.state.running for c in pod.status.container_statuses or []):
+                seen_running.append(pod.metadata.name)
+        st = status(custom_objects, namespace, "mismatch")
+        if st.get("phase") == "Invalid":
+            break
+        assert time.monotonic() - started < 30, f"not Invalid after 30s: {st.get('phase')} {st.get('message')}"
+        time.sleep(0.1)
+    TIMINGS["apply -> Invalid (incompatible drafter)"] = time.monotonic() - started
+    assert TIMINGS["apply -> Invalid (incompatible drafter)"] < 15
+    assert seen_running == []
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["DrafterCompatible"]["status"] == "False" and conds["DrafterCompatible"]["reason"] == "HiddenSizeMismatch"
+    assert st["reason"] == "HiddenSizeMismatch" and st["validation"]["compatible"] is False
+    wait_until(lambda: apps_v1.read_namespaced_deployment("mismatch-spec", namespace).spec.replicas == 0, timeout=10, message="spec Deployment scaled to 0")
+    wait_until(lambda: not variant_pods(core_v1, namespace, "mismatch", "speculative"), timeout=20, message="speculative pod gone")
+    # The base keeps serving: it becomes Ready and the stable Service selects it.
+    wait_until(lambda: {c["type"]: c for c in status(custom_objects, namespace, "mismatch")["conditions"]}["Ready"]["status"] == "True", timeout=20, message="Ready")
+    assert stable_variant(core_v1, namespace, "mismatch") == "base"
+    assert "DrafterIncompatible" in event_reasons(core_v1, namespace, "mismatch")
+    # Never a speculative pod running afterwards either.
+    assert all(p.status.phase != "Running" for p in variant_pods(core_v1, namespace, "mismatch", "speculative"))
+
+
+SEED_WORKLOADS = [
+    # The seed's two shapes (one stream, 128 concurrent), shortened: short prompts and 64 tokens per request.
+    {"name": "single-stream", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 2},
+    {"name": "concurrent-128", "concurrency": 128, "inputTokens": 128, "outputTokens": 64, "requests": 128},
+]
+
+
+@pytest.mark.parametrize(
+    ("file", "drafter_profile", "reason"),
+    [
+        ("kimi-k25-int4-eagle3.yaml", "kimi-k25-custom-eagle3", "DrafterNotAccepting"),
+        ("kimi-k25-int4-public-eagle3.yaml", "kimi-k2-public-eagle3", "SpeedupBelowThreshold"),
+    ],
+    ids=["custom-drafter", "public-drafter"],
+)
+def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
+    file: str, drafter_profile: str, reason: str, operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any
+) -> None:
+    name = "kimi"
+    operator.map(f"{name}-base", sims.start("sglang-base-kimi-k25", time_scale=KIMI_TIME_SCALE).url)
+    operator.map(f"{name}-spec", sims.start(drafter_profile, time_scale=KIMI_TIME_SCALE).url)
+    operator.start()
+    warnings = [{"severity": "warning", "code": "HiddenStateSourceMismatch", "message": "trained on bf16 hidden states, served int4"}]
+    cr = example(file, name, namespace, annotations=compatible_annotations(warnings), workloads=SEED_WORKLOADS)
+    # The examples mount a PersistentVolumeClaim; the local control plane has no storage provisioner.
+    cr["spec"]["model"]["volume"] = {"hostPath": {"path": "/data/models", "type": "Directory"}}
+    started = time.monotonic()
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    st = wait_phase(custom_objects, namespace, name, {"RolledBack", "Promoted", "Invalid", "Failed"}, timeout=120)
+    TIMINGS[f"apply -> decision ({drafter_profile}, time scale {KIMI_TIME_SCALE:g}x)"] = time.monotonic() - started
+    assert st["phase"] == "RolledBack", st.get("message")
+    assert st["reason"] == reason and st["probe"]["reason"] == reason and st["probe"]["decision"] == "rollback"
+    assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, name) == "base"
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["SpeedupVerified"]["status"] == "False" and conds["SpeedupVerified"]["reason"] == reason
+    assert "HiddenStateSourceMismatch" in conds["DrafterCompatible"]["message"]  # warnings shown, not blocking
+    assert reason in event_reasons(core_v1, namespace, name)
+    # Blackwell only: the 8-GPU pods are on the B200 / RTX PRO 6000 nodes.
+    for variant in ("base", "speculative"):
+        for pod in variant_pods(core_v1, namespace, name, variant):
+            assert pod.spec.node_name in {"b200-0", "b200-1", "rtxpro6000-0"}, pod.spec.node_name
+
+
+def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_everything(
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
+) -> None:
+    name = "llama"
+    base = sims.start("llama31-8b-base")
+    spec_sim = sims.start("llama31-8b-eagle3")
+    operator.map(f"{name}-base", base.url)
+    operator.map(f"{name}-spec", spec_sim.url)
+    operator.start()
+    cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations(), monitor__interval=5, monitor__window=2)
+    started = time.monotonic()
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack", "Invalid", "Failed"}, timeout=90)
+    TIMINGS["apply -> decision (llama31-8b-eagle3)"] = time.monotonic() - started
+    assert st["phase"] == "Promoted", st.get("message")
+    assert st["activeVariant"] == "speculative" and st["speedup"] > 1.0
+    assert stable_variant(core_v1, namespace, name) == "speculative"
+    endpoints = core_v1.read_namespaced_endpoints(name, namespace)
+    spec_ips = {p.status.pod_ip for p in variant_pods(core_v1, namespace, name, "speculative")}
+    wait_until(lambda: {a.ip for s in (core_v1.read_namespaced_endpoints(name, namespace).subsets or []) for a in s.addresses or []} == spec_ips, timeout=15, message="stable Service endpoints = speculative pods")
+    del endpoints
+    for pod in core_v1.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={name}").items:
+        assert pod.spec.node_name == "h200-0"  # gpuFamily hopper: the only Hopper node
+
+    # Acceptance drifts: the drafter stops being accepted while production traffic keeps flowing.
+    spec_sim.sim.engine._p = 0.0  # the simulator's per-draft acceptance probability: 0 = accept length 1.00
+    stop = threading.Event()
+
+    def traffic() -> None:
+        import urllib.request
+
+        body = json.dumps({"text": "hello " * 32, "sampling_params": {"max_new_tokens": 32, "ignore_eos": True}}).encode()
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(urllib.request.Request(spec_sim.url + "/generate", data=body, headers={"Content-Type": "application/json"}), timeout=10).read()
+            except Exception:
+                time.sleep(0.2)
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    try:
+        drift_started = time.monotonic()
+        st = wait_phase(custom_objects, namespace, name, {"RolledBack"}, timeout=60)
+        TIMINGS["promoted -> drift rollback (interval 5s, window 2)"] = time.monotonic() - drift_started
+    finally:
+        stop.set()
+        worker.join(5)
+    assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
+    assert st["monitor"]["belowFloorCount"] >= 2 and st["monitor"]["acceptLength"] < 1.5
+    assert stable_variant(core_v1, namespace, name) == "base"
+    assert "AcceptanceDrift" in event_reasons(core_v1, namespace, name)
+    # No flapping: the decided revision is not promoted again.
+    spec_sim.sim.engine._p = 0.9
+    time.sleep(6)
+    assert status(custom_objects, namespace, name)["phase"] == "RolledBack"
+    assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 1
+
+    # Deleting the resource removes every child (owner references, garbage collector).
+    custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    wait_until(
+        lambda: not apps_v1.list_namespaced_deployment(namespace).items
+        and not core_v1.list_namespaced_service(namespace).items
+        and not core_v1.list_namespaced_pod(namespace).items,
+        timeout=60,
+        message="children garbage-collected",
+    )
+
+
+def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_decision(
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
+) -> None:
+    name = "llama"
+    # A slower clock so that the probe is still running when the operator is killed.
+    base = sims.start("llama31-8b-base", time_scale=2.0)
+    spec_sim = sims.start("llama31-8b-eagle3", time_scale=2.0)
+    operator.map(f"{name}-base", base.url)
+    operator.map(f"{name}-spec", spec_sim.url)
+    operator.start()
+    cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations())
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    probing = wait_phase(custom_objects, namespace, name, {"Probing"}, timeout=60)
+    wait_until(lambda: spec_sim.sim.generate_count > 0, timeout=30, message="the probe sending requests")
+    operator.kill()
+    st = status(custom_objects, namespace, name)
+    assert st["phase"] == "Probing" and "decision" not in (st.get("probe") or {})
+    revision = probing["probe"]["revision"]
+
+    operator.start()
+    st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=120)
+    assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision
+    reasons = event_reasons(core_v1, namespace, name)
+    assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2  # run again, decided once
+    assert sorted(d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items) == [f"{name}-base", f"{name}-spec"]
+    assert sorted(s.metadata.name for s in core_v1.list_namespaced_service(namespace).items) == [name, f"{name}-base", f"{name}-spec"]
+    assert len(apps_v1.list_namespaced_replica_set(namespace).items) == 2
+    assert len(core_v1.list_namespaced_pod(namespace).items) == 2
+
+    # A second restart reads the decision back: nothing is probed again, the stable Service stays put.
+    operator.kill()
+    requests_before = spec_sim.sim.generate_count + base.sim.generate_count
+    operator.start()
+    # An unrelated edit (monitor settings) changes neither the revision nor the decision.
+    custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"monitor": {"window": 7}}})
+    wait_until(lambda: status(custom_objects, namespace, name).get("observedGeneration") == 2, timeout=20, message="generation 2 observed")
+    time.sleep(3)
+    st = status(custom_objects, namespace, name)
+    assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision and stable_variant(core_v1, namespace, name) == "speculative"
+    assert base.sim.generate_count + spec_sim.sim.generate_count == requests_before
+    assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 2
+
+
+def test_a_resource_cannot_make_the_operator_touch_or_probe_what_it_does_not_own(
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any
+) -> None:
+    from kubernetes import client
+
+    # Someone else's Service that happens to be called like a child of the resource, with a server behind it.
+    decoy_base, decoy_spec = sims.start("llama31-8b-base"), sims.start("llama31-8b-eagle3")
+    foreign = client.V1Service(
+        metadata=client.V1ObjectMeta(name="victim-base", labels={"team": "payments"}),
+        spec=client.V1ServiceSpec(selector={"app": "payments"}, ports=[client.V1ServicePort(port=8080)]),
+    )
+    core_v1.create_namespaced_service(namespace, foreign)
+    operator.map("victim-base", decoy_base.url)
+    operator.map("victim-spec", decoy_spec.url)
+    operator.start()
+    cr = example("llama31-8b-eagle3.yaml", "victim", namespace, annotations=compatible_annotations())
+    cr["spec"]["probeURL"] = "http://attacker.example:1234"  # not a field: pruned by the structural schema
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    assert "probeURL" not in get(custom_objects, namespace, "victim")["spec"]
+    st = wait_phase(custom_objects, namespace, "victim", {"Failed"}, timeout=30)
+    assert st["reason"] == "NameConflict" and "victim-base" in st["message"]
+    time.sleep(3)  # both pods become Ready meanwhile; still nothing may be probed
+    svc = core_v1.read_namespaced_service("victim-base", namespace)
+    assert svc.metadata.owner_references is None and svc.spec.selector == {"app": "payments"} and svc.metadata.labels == {"team": "payments"}
+    assert decoy_base.sim.generate_count == 0 and decoy_spec.sim.generate_count == 0
+    assert status(custom_objects, namespace, "victim")["phase"] == "Failed"
+
+
+def teardown_module() -> None:
+    if TIMINGS:
+        lines = [f"  {k}: {v:.1f}s" for k, v in TIMINGS.items()]
+        print(f"\noperator e2e timings (simulator time scale {TIME_SCALE:g}x unless noted):\n" + "\n".join(lines))
