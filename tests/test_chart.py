@@ -794,7 +794,10 @@ def test_cluster_wide_rbac_can_i_matrix(cluster_release, kube_cluster):
 
 
 @pytest.mark.cluster
-def test_namespaced_rbac_can_i_matrix(kube_cluster, kube_client, core_v1, helm_bin):
+def test_namespaced_rbac_can_i_matrix_and_operator_run(kube_cluster, kube_client, core_v1, apps_v1, custom_objects,
+                                                       helm_bin, tmp_path):
+    """Namespaced mode: `kubectl auth can-i` in the served namespace (yes) and elsewhere (no); then the operator
+    under that ServiceAccount serves a resource there with nothing refused, using the namespaces grant."""
     import uuid
 
     home = _make_namespace(core_v1, "specdec-ops")
@@ -815,6 +818,36 @@ def test_namespaced_rbac_can_i_matrix(kube_cluster, kube_client, core_v1, helm_b
         answers = can_i_matrix(kube_cluster, user, allowed + refused_expected)
         assert not [c for c in allowed if not answers[c]], "missing in the served namespace"
         assert not [c for c in refused_expected if answers[c]], "granted outside the served namespace"
+
+        fullname = f"{release}-specdec-operator"
+        operator = OperatorUnderServiceAccount(
+            kube_cluster, core_v1, apps_v1,
+            Release(namespace=home, release=release, fullname=fullname, serviceaccount=fullname, peering=fullname),
+            tmp_path, [])
+        try:
+            assert f"--namespace={served}" in operator.chart_args
+            custom_objects.create_namespaced_custom_object(GROUP, VERSION, served, PLURAL,
+                                                           _compatible_example("llama", served))
+
+            def served_with_children() -> bool:
+                operator.check_running()
+                st = custom_objects.get_namespaced_custom_object(GROUP, VERSION, served, PLURAL, "llama").get("status")
+                names = {d.metadata.name for d in apps_v1.list_namespaced_deployment(served).items}
+                return bool(st and st.get("phase")) and names == {"llama-base", "llama-spec"}
+
+            wait_until(served_with_children, timeout=60, interval=0.5, message="status and Deployments")
+            custom_objects.delete_namespaced_custom_object(GROUP, VERSION, served, PLURAL, "llama")
+            wait_until(lambda: not custom_objects.list_namespaced_custom_object(
+                GROUP, VERSION, served, PLURAL)["items"], timeout=60, message="the resource gone")
+        finally:
+            operator.stop()
+        operator.assert_nothing_refused()
+        used = operator.used()
+        # Kopf resolves --namespace patterns by listing and watching namespaces: the grant is needed here.
+        assert {("list", "", "namespaces"), ("watch", "", "namespaces"),
+                ("patch", "kopf.dev", "kopfpeerings")} <= used
+        assert not {k for k in used if k[2] == "clusterkopfpeerings"}
+        wait_until(lambda: not core_v1.list_namespaced_pod(served).items, timeout=60, message="pods gone")
     finally:
         _helm_uninstall(kube_cluster, helm_bin, release, home)
         for ns in (home, served, other):
@@ -969,37 +1002,109 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+class OperatorUnderServiceAccount:
+    """`specdec run` from the checkout with the arguments the chart gives its container, authenticated as the
+    chart's ServiceAccount (a bound token from the TokenRequest API), every API request through a RecordingProxy.
+
+    Only what an out-of-cluster run needs differs from the Deployment: loopback liveness and metrics ports, and
+    an --endpoints mapping to simulators instead of cluster DNS.
+    """
+
+    def __init__(self, kube_cluster: Any, core_v1: Any, apps_v1: Any, release: Release, workdir: pathlib.Path,
+                 extra_args: list[str]) -> None:
+        import base64
+        import os
+        import sys
+
+        admin = yaml.safe_load(pathlib.Path(kube_cluster.kubeconfig).read_text())
+        cluster = admin["clusters"][0]["cluster"]
+        ca = (base64.b64decode(cluster["certificate-authority-data"]) if "certificate-authority-data" in cluster
+              else pathlib.Path(cluster["certificate-authority"]).read_bytes())
+        self.proxy = RecordingProxy(cluster["server"], ca)
+        self.workdir = workdir
+        kubeconfig = workdir / "operator.kubeconfig"
+        _service_account_kubeconfig(core_v1, release, self.proxy.url, kubeconfig)
+        deployment = apps_v1.read_namespaced_deployment(release["fullname"], release["namespace"])
+        self.chart_args = list(deployment.spec.template.spec.containers[0].args)
+        self.health, self.metrics = _free_port(), _free_port()
+        args = [a for a in self.chart_args if not a.startswith(("--liveness=", "--metrics-port="))]
+        args += [f"--liveness=http://127.0.0.1:{self.health}/healthz", f"--metrics-port={self.metrics}",
+                 "--metrics-address=127.0.0.1", "--reconcile-interval=1", *extra_args]
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": "checkout-operator"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        self.process = subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "run", *args],
+                                        stdout=open(workdir / "operator.log", "w"), stderr=subprocess.STDOUT,
+                                        env=env, cwd=workdir)
+        wait_until(self._alive, timeout=60, interval=0.5, message="the operator's liveness endpoint")
+
+    def log(self) -> str:
+        return (self.workdir / "operator.log").read_text()
+
+    def check_running(self) -> None:
+        assert self.process.poll() is None, f"operator exited {self.process.returncode}:\n{self.log()}"
+
+    def _alive(self) -> bool:
+        import urllib.request
+
+        self.check_running()
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{self.health}/healthz", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.proxy.close()
+
+    def used(self) -> set[tuple[str, str, str]]:
+        return {k for record in self.proxy.records for k in api_request_kinds(*record)}
+
+    def assert_nothing_refused(self) -> None:
+        refused = [r for r in self.proxy.records if r[3] in (401, 403)]
+        assert not refused, f"refused requests: {refused[:10]}"
+        assert "Forbidden" not in self.log() and "Not enough permissions" not in self.log(), self.log()
+
+    def request_table(self) -> str:
+        counts: dict[tuple[str, str, str], int] = {}
+        for record in self.proxy.records:
+            for key in api_request_kinds(*record):
+                counts[key] = counts.get(key, 0) + 1
+        return "\n".join(f"  {n:5d}  {k[0]:<7} {k[1] or 'core'}/{k[2]}"
+                         for k, n in sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])))
+
+
+def _compatible_example(name: str, namespace: str) -> dict[str, Any]:
+    cr = yaml.safe_load((ROOT / "examples" / "llama31-8b-eagle3.yaml").read_text())
+    cr["metadata"] = {"name": name, "namespace": namespace}
+    # kwok plays the kubelet: the validator init container reports a compatible pair, the servers get Ready.
+    cr["spec"]["podMetadata"] = {"annotations": {
+        "specdec.test/init-exit-code": "0",
+        "specdec.test/init-message": json.dumps({"compatible": True, "findings": []}),
+        "specdec.test/ready-after": "1s"}}
+    return cr
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
         cluster_release, kube_cluster, core_v1, apps_v1, custom_objects, tmp_path):
-    """`specdec run` from the checkout, authenticated as the chart's ServiceAccount (a TokenRequest token),
-    configured exactly as the chart's Deployment configures it, takes the Llama example through validation,
-    deployment, a probe against SGLang simulators, promotion, and deletion. Every API request goes through a
-    recording proxy: none may be refused (the RBAC suffices), and every permission the chart grants must have
-    been used or be listed in RARELY_USED with the reason (the RBAC is minimal)."""
+    """`specdec run` from the checkout, as the chart runs it and authenticated as the chart's ServiceAccount,
+    takes the Llama example through validation, deployment, a probe against SGLang simulators, promotion, and
+    deletion. Every API request goes through a recording proxy: none may be refused (the RBAC suffices), and
+    every permission the chart grants must have been used (the RBAC is minimal)."""
     import asyncio
-    import base64
-    import os
-    import sys
     import threading
-    import time
     import urllib.request
 
     from specdec_operator.simulator import SimulatorServer, load_profile
 
-    admin = yaml.safe_load(pathlib.Path(kube_cluster.kubeconfig).read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    ca = (base64.b64decode(cluster["certificate-authority-data"]) if "certificate-authority-data" in cluster
-          else pathlib.Path(cluster["certificate-authority"]).read_bytes())
-    proxy = RecordingProxy(cluster["server"], ca)
-    kubeconfig = tmp_path / "operator.kubeconfig"
-    _service_account_kubeconfig(core_v1, cluster_release, proxy.url, kubeconfig)
-
     # Two simulators stand in for the base and speculative SGLang servers (no GPU here).
     loop = asyncio.new_event_loop()
-    loop_thread = threading.Thread(target=loop.run_forever, name="simulators", daemon=True)
-    loop_thread.start()
+    threading.Thread(target=loop.run_forever, name="simulators", daemon=True).start()
 
     def on_loop(coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
@@ -1014,46 +1119,17 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
     name = "llama31-8b"
     (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump({
         f"{namespace}/{name}-base": sims[0].url, f"{namespace}/{name}-spec": sims[1].url}))
-
-    # The chart's own arguments for the container, plus what only an out-of-cluster run needs.
-    deployment = apps_v1.read_namespaced_deployment(cluster_release["fullname"], cluster_release["namespace"])
-    chart_args = deployment.spec.template.spec.containers[0].args
-    health, metrics = _free_port(), _free_port()
-    args = [a for a in chart_args if not a.startswith(("--liveness=", "--metrics-port="))]
-    args += [f"--liveness=http://127.0.0.1:{health}/healthz", f"--metrics-port={metrics}",
-             "--metrics-address=127.0.0.1", "--endpoints", str(tmp_path / "endpoints.yaml"),
-             "--reconcile-interval=1"]
-    assert "--all-namespaces" in args and f"--peering={cluster_release['peering']}" in args
-    log = open(tmp_path / "operator.log", "w")
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": "checkout-operator"}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    operator = subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "run", *args], stdout=log,
-                                stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-
-    def operator_log() -> str:
-        return (tmp_path / "operator.log").read_text()
-
+    operator = None
     try:
-        def alive() -> bool:
-            assert operator.poll() is None, f"operator exited {operator.returncode}:\n{operator_log()}"
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2).status == 200
-            except OSError:
-                return False
-
-        wait_until(alive, timeout=60, interval=0.5, message="the operator's liveness endpoint")
-
-        cr = yaml.safe_load((ROOT / "examples" / "llama31-8b-eagle3.yaml").read_text())
-        cr["metadata"] = {"name": name, "namespace": namespace}
-        # kwok plays the kubelet: the validator init container reports a compatible pair, servers get Ready.
-        cr["spec"]["podMetadata"] = {"annotations": {
-            "specdec.test/init-exit-code": "0",
-            "specdec.test/init-message": json.dumps({"compatible": True, "findings": []}),
-            "specdec.test/ready-after": "1s"}}
-        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+        operator = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path,
+                                               ["--endpoints", str(tmp_path / "endpoints.yaml")])
+        assert "--all-namespaces" in operator.chart_args
+        assert f"--peering={cluster_release['peering']}" in operator.chart_args
+        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                       _compatible_example(name, namespace))
 
         def decided() -> dict | None:
-            assert operator.poll() is None, f"operator exited:\n{operator_log()}"
+            operator.check_running()
             st = custom_objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name).get("status")
             return st if st and st.get("phase") in ("Promoted", "RolledBack", "Invalid", "Failed") else None
 
@@ -1067,53 +1143,37 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
         peering = custom_objects.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings",
                                                            cluster_release["peering"])
         assert "checkout-operator" in (peering.get("status") or {})
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics}/metrics", timeout=5).read().decode()
         assert f'specdec_active_variant{{name="{name}",namespace="{namespace}",variant="speculative"}} 1.0' in scraped
 
-        # Deleting the resource: the operator releases its finalizer, the garbage collector removes the children.
+        # Deleting the resource: the operator releases its finalizer, the garbage collector removes the children
+        # and their pods (whose simulated GPUs the next test's servers need).
         custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         wait_until(lambda: not custom_objects.list_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL)["items"], timeout=60, message="the resource gone")
-        # ... and their pods, whose simulated GPUs the next test's servers need.
         wait_until(lambda: not apps_v1.list_namespaced_deployment(namespace).items
                    and not core_v1.list_namespaced_pod(namespace).items, timeout=60,
                    message="children garbage-collected")
     finally:
-        operator.terminate()
-        try:
-            operator.wait(20)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        if operator is not None:
+            operator.stop()
         for server in sims:
             on_loop(server.stop())
         loop.call_soon_threadsafe(loop.stop)
-        proxy.close()
         core_v1.delete_namespace(namespace, propagation_policy="Background")
 
     # Sufficient: the API server refused nothing the operator asked for.
-    refused = [(m, p, q, s) for m, p, q, s in proxy.records if s in (401, 403)]
-    assert not refused, f"refused requests: {refused[:10]}"
-    assert "Forbidden" not in operator_log() and "Not enough permissions" not in operator_log()
-    # Minimal: every granted permission was used, or is listed with the reason it was not needed this time.
-    used = {k for record in proxy.records for k in api_request_kinds(*record)}
+    operator.assert_nothing_refused()
+    # Minimal: every granted permission was used.
+    print("\nAPI requests by verb and resource (operator under the chart's ServiceAccount, cluster-wide):")
+    print(operator.request_table())
     granted = {(verb, group, resource)
                for (group, resource), verbs in {**OPERATOR_NAMESPACED_USAGE, **CRD_DISCOVERY,
                                                 ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS}.items()
                for verb in verbs}
-    unused = granted - used - set(RARELY_USED)
-    print("\nAPI requests by verb and resource (operator under the chart's ServiceAccount):")
-    counts: dict[tuple[str, str, str], int] = {}
-    for record in proxy.records:
-        for key in api_request_kinds(*record):
-            counts[key] = counts.get(key, 0) + 1
-    for key, n in sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        print(f"  {n:5d}  {key[0]:<7} {key[1] or 'core'}/{key[2]}")
-    assert not unused, f"granted but never used (remove from the chart, or list in RARELY_USED why): {unused}"
+    used = operator.used()
+    assert not granted - used, f"granted but never used (remove them from the chart): {granted - used}"
     assert used <= granted, f"used but not in the chart's usage table: {used - granted}"
-
-
-# Permissions the chart grants that a short end-to-end run may not exercise, each with the code path needing it.
-RARELY_USED: dict[tuple[str, str, str], str] = {}
 
 
 @pytest.mark.cluster
