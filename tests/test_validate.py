@@ -18,15 +18,16 @@ from specdec_operator.errors import InputError
 from specdec_operator.modelmeta import read_model_dir
 
 
-def check(target: Path, drafter: Path, **kw: Any) -> ValidationReport:
-    algorithm = kw.get("algorithm", "EAGLE3")
-    if algorithm == "NEXTN":
-        t = read_model_dir(str(target), role="target", weights="names")
-        d = t if target == drafter else read_model_dir(str(drafter), role="drafter", weights="none")
-    else:
-        t = read_model_dir(str(target), role="target", weights="none")
-        d = read_model_dir(str(drafter), role="drafter", weights="headers")
-    return validate(t, d, **kw)
+def check(target: Path, drafter: Path, *, quantization: str | None = None, context_length: int | None = None,
+          algorithm: str = "EAGLE3") -> ValidationReport:
+    """Validate a pair exactly as the CLI does (compat.run), without a subprocess."""
+    argv = ["--target", str(target), "--drafter", str(drafter), "--algorithm", algorithm]
+    if quantization:
+        argv += ["--quantization", quantization]
+    if context_length:
+        argv += ["--context-length", str(context_length)]
+    report, _ = compat.run(compat.build_parser().parse_args(argv))
+    return report
 
 
 def finding(report: ValidationReport, code: str) -> compat.Finding:
@@ -150,6 +151,13 @@ def test_speculators_format_drafter_gets_conversion_advice(tmp_path: Path, dirs:
 def test_full_model_passed_as_drafter(dirs: dict[str, Path]) -> None:
     report = check(dirs["llama8b"], dirs["llama8b"])
     assert "full model" in finding(report, "DrafterArchitectureUnsupported").message
+    # A 61-layer MoE passed as drafter is refused from its config: no shard header is parsed.
+    kimi = check(dirs["kimi25"], dirs["kimi_k2"])
+    assert "DeepseekV3ForCausalLM" in finding(kimi, "DrafterArchitectureUnsupported").message
+    assert "NEXTN" not in finding(kimi, "DrafterArchitectureUnsupported").message  # Kimi-K2 has no MTP layers
+    assert "tensors" not in kimi.drafter and kimi.drafter["bytes_read"] < 20_000
+    deepseek = check(dirs["kimi25"], dirs["deepseek_v3"])
+    assert "--algorithm NEXTN" in finding(deepseek, "DrafterArchitectureUnsupported").message
 
 
 def test_eagle_drafter_with_eagle3_and_the_reverse(tmp_path: Path, dirs: dict[str, Path]) -> None:

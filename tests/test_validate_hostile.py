@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import model_dirs as md
+from specdec_operator import compat
 from specdec_operator.compat import validate
 from specdec_operator.errors import InputError
 from specdec_operator.modelmeta import MAX_SAFETENSORS_HEADER_BYTES, MetaReader, read_model_dir
@@ -48,10 +49,7 @@ def read_pair_bounded(target: Path, drafter: Path) -> tuple[Exception | None, in
     tracemalloc.start()
     error: Exception | None = None
     try:
-        reader = MetaReader()
-        t = read_model_dir(str(target), role="target", weights="none", reader=reader)
-        d = read_model_dir(str(drafter), role="drafter", weights="headers", reader=reader)
-        validate(t, d)
+        compat.run(compat.build_parser().parse_args(["--target", str(target), "--drafter", str(drafter)]))
     except InputError as exc:
         error = exc
     finally:
@@ -241,6 +239,21 @@ def test_hostile_shard_name_in_index(tmp_path: Path, target: Path) -> None:
     (drafter / "model.safetensors").unlink()
     md.write_json(drafter / "model.safetensors.index.json", {"weight_map": {"fc.weight": "shard-\udcff\n.safetensors"}})
     assert_clean_failure(run_cli(target, drafter), "shard-\\xff\\x0a.safetensors")
+
+
+def test_tensor_count_is_bounded_across_shards(tmp_path: Path, target: Path) -> None:
+    drafter = good_drafter(tmp_path / "d")
+    (drafter / "model.safetensors").unlink()
+    weight_map = {}
+    for shard in range(3):
+        name = f"model-{shard + 1:05d}-of-00003.safetensors"
+        tensors = {f"s{shard}.t{i}": ("U8", [1]) for i in range(40_000)}
+        md.write_safetensors(drafter / name, tensors)
+        weight_map.update({n: name for n in tensors})
+    md.write_json(drafter / "model.safetensors.index.json", {"weight_map": weight_map})
+    assert_clean_failure(run_cli(target, drafter), "model-00003-of-00003.safetensors", "100,000 tensors")
+    error, peak = read_pair_bounded(target, drafter)
+    assert isinstance(error, InputError) and peak < 128 * MiB
 
 
 def test_termination_log_written_for_unusable_input(tmp_path: Path, target: Path) -> None:

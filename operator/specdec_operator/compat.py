@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError
-from .modelmeta import MetaReader, ModelMeta, display_path, read_model_dir
+from .modelmeta import MetaReader, ModelMeta, display_path, read_model_dir, read_weights
 
 SGLANG_VERSION = "0.5.23"
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -81,6 +81,9 @@ NEXTN_TARGET_ARCHITECTURES = frozenset({
     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM",
     "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "HYV3ForCausalLM", "HYV4ForCausalLM",
 })
+
+DRAFT_CLASSES_WITH_CHECKED_WEIGHTS = frozenset(EAGLE3_DRAFT_ARCHITECTURES) | EAGLE_DRAFT_ARCHITECTURES | {
+    "Eagle3LlamaForCausalLM"}
 
 CONVERT_EAGLE3_LLAMA = (
     "vLLM's name for the same layout: set architectures to [\"LlamaForCausalLMEagle3\"] in config.json "
@@ -853,7 +856,11 @@ def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[Val
             args.drafter, role="drafter", weights="none", reader=reader)
     else:
         target = read_model_dir(args.target, role="target", weights="none", reader=reader)
-        drafter = read_model_dir(args.drafter, role="drafter", weights="headers", reader=reader)
+        drafter = read_model_dir(args.drafter, role="drafter", weights="none", reader=reader)
+        # Only a draft class has weights worth checking; a full model passed as drafter is refused
+        # from its config without parsing hundreds of shard headers.
+        if drafter.config.get("architectures") and drafter.architecture in DRAFT_CLASSES_WITH_CHECKED_WEIGHTS:
+            read_weights(drafter, "headers", reader)
     report = validate(target, drafter, quantization=args.quantization, context_length=args.context_length,
                       algorithm=args.algorithm)
     return report, reader

@@ -37,7 +37,10 @@ MAX_CONFIG_BYTES = 4 * MiB
 MAX_TOKENIZER_CONFIG_BYTES = 8 * MiB
 MAX_SMALL_JSON_BYTES = 1 * MiB  # provenance, hf_quant_config.json, chat_template.jinja
 MAX_INDEX_BYTES = 64 * MiB  # a Kimi-K2 INT4 index lists ~200k tensors (tens of MiB); read only on demand
-MAX_SAFETENSORS_HEADER_BYTES = 16 * MiB
+# Headers are parsed into Python objects (~13x their size), so they get a tighter cap than their bytes
+# alone would need: a 1-layer draft's header is ~2 KiB, the largest real shard headers ~1 MiB.
+MAX_SAFETENSORS_HEADER_BYTES = 4 * MiB
+MAX_TENSORS = 100_000  # across all headers one reader parses (a draft has ~15)
 MAX_TOTAL_BYTES = 128 * MiB  # everything one reader may read
 MAX_SHARDS = 4096
 MAX_DIR_ENTRIES_SCANNED = 10_000
@@ -99,6 +102,7 @@ class MetaReader:
         self.max_total_bytes = max_total_bytes
         self.bytes_read = 0
         self.files_read = 0
+        self.tensors_parsed = 0
 
     # -- low level ---------------------------------------------------------------------------
     def _open_regular(self, path: str, what: str) -> tuple[int, os.stat_result]:
@@ -213,6 +217,12 @@ class MetaReader:
         finally:
             os.close(fd)
         header = _parse_json_object(raw, shown, "safetensors header", strip_padding=True)
+        self.tensors_parsed += len(header)
+        if self.tensors_parsed > MAX_TENSORS:
+            raise InputError(
+                f"{shown}: the headers read so far declare more than {MAX_TENSORS:,} tensors; "
+                "that is a full model, not a draft"
+            )
         data_len = size - 8 - header_len
         name = os.path.basename(path)
         tensors: dict[str, TensorInfo] = {}
@@ -324,7 +334,7 @@ class ModelMeta:
     hidden_size, vocab_size and num_hidden_layers under `text_config`).
     """
 
-    path: str
+    path: str  # printable (see display_path)
     config: dict[str, Any]
     text: dict[str, Any]
     text_config_key: str | None = None
@@ -342,6 +352,7 @@ class ModelMeta:
     # ~9 MiB, and json.loads of it costs ~100x the substring search that answers "is layer L there?".
     index_text: str | None = None
     bytes_read: int = 0
+    fs_path: str = ""  # the path as given, for reading more later (read_weights)
 
     # -- typed field access ----------------------------------------------------------------------
     @property
@@ -530,7 +541,7 @@ def read_model_dir(
             raise InputError(f"{shown}/{CONFIG}: {key} must be an object, got {_short(sub)}")
         text, text_key = sub, key
         break
-    meta = ModelMeta(path=shown, config=config, text=text, text_config_key=text_key)
+    meta = ModelMeta(path=shown, config=config, text=text, text_config_key=text_key, fs_path=os.fspath(path))
 
     if _exists(join(path, TOKENIZER_CONFIG)):
         meta.tokenizer_config = reader.read_json(join(path, TOKENIZER_CONFIG), MAX_TOKENIZER_CONFIG_BYTES, "tokenizer_config.json")
@@ -559,6 +570,18 @@ PROVENANCE_FIELDS: dict[str, tuple[type, ...]] = {
     "tokenizer_sha256": (str,),
     "created": (str,),
 }
+
+
+def read_weights(meta: ModelMeta, weights: str, reader: MetaReader | None = None) -> ModelMeta:
+    """Read (more of) a model's weight metadata after read_model_dir, e.g. once its architecture
+    shows it is worth reading: a full model passed as drafter is refused without parsing its headers."""
+    if weights not in ("headers", "names", "none"):
+        raise ValueError(f"weights must be headers|names|none, not {weights!r}")
+    reader = reader or MetaReader()
+    start = reader.bytes_read
+    _read_weights(meta, meta.fs_path, weights, reader)
+    meta.bytes_read += reader.bytes_read - start
+    return meta
 
 
 def _check_provenance(prov: dict[str, Any], shown: str) -> dict[str, Any]:
