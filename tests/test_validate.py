@@ -99,6 +99,20 @@ def test_llama_pair_compatible_but_drafter_context_is_short(dirs: dict[str, Path
     assert "ContextLengthExceedsDrafter" not in check(dirs["llama8b"], dirs["llama_draft"], context_length=2048).codes()
 
 
+def test_hugging_face_cache_layout_with_symlinked_blobs(tmp_path: Path, dirs: dict[str, Path]) -> None:
+    # huggingface_hub snapshots are directories of relative symlinks into ../../blobs.
+    built = md.make_drafter(tmp_path / "build", md.kimi_drafter_config(), provenance=md.provenance())
+    repo = tmp_path / "hub" / "models--acme--Kimi-K2.5-eagle3"
+    snapshot, blobs = repo / "snapshots" / ("a" * 40), repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, f in enumerate(sorted(built.iterdir())):
+        f.rename(blobs / f"blob{i}")
+        (snapshot / f.name).symlink_to(Path("..", "..", "blobs", f"blob{i}"))
+    report = check(dirs["kimi25"], snapshot)
+    assert report.compatible and report.drafter["tensors"] == 15
+
+
 def test_sharded_qwen3_drafter_headers_are_merged(dirs: dict[str, Path]) -> None:
     report = check(dirs["qwen3"], dirs["qwen3_draft"])
     assert report.compatible, report.findings
