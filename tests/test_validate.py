@@ -241,6 +241,14 @@ def test_aux_layer_in_range_at_the_edge(tmp_path: Path, dirs: dict[str, Path]) -
     assert check(dirs["kimi25"], drafter).compatible
 
 
+def test_aux_layers_duplicated_and_count_disagreeing(tmp_path: Path, dirs: dict[str, Path]) -> None:
+    dup = md.make_drafter(tmp_path / "dup", md.kimi_drafter_config(aux_layer_ids=[2, 2, 58]), provenance=md.provenance())
+    assert "AuxLayersDuplicated" in check(dirs["kimi25"], dup).codes("warning")
+    cfg = md.kimi_drafter_config(num_aux_hidden_states=4)
+    count = md.make_drafter(tmp_path / "count", cfg, tensors=md.eagle3_tensors(cfg), provenance=md.provenance())
+    assert "num_aux_hidden_states 4 != 3" in finding(check(dirs["kimi25"], count), "AuxLayerOutOfRange").message
+
+
 def test_aux_hidden_states_disabled(tmp_path: Path, dirs: dict[str, Path]) -> None:
     cfg = md.kimi_drafter_config()
     cfg["eagle_config"]["use_aux_hidden_state"] = False
