@@ -143,6 +143,29 @@ def test_every_rendered_manifest_validates_against_the_kubernetes_schemas(render
     assert checked >= 4, f"[{name}] only {checked} manifests rendered"  # 3 CRDs + the Deployment at least
 
 
+YAMLLINT_RENDERED = """
+extends: default
+rules:
+  document-start: disable
+  line-length: {max: 240}
+  comments: {min-spaces-from-content: 1}
+  indentation: {indent-sequences: whatever}
+"""
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_rendered_yaml_is_clean(helm_bin, tmp_path, name):
+    """What users read in `helm template` and dist/install.yaml: no trailing spaces, stray blank lines, bad
+    indentation or duplicate keys (yamllint)."""
+    from yamllint import linter
+    from yamllint.config import YamlLintConfig
+
+    text = helm(helm_bin, "template", "specdec", str(CHART), "--namespace", "specdec-system",
+                "--values", str(_values_file(tmp_path, name))).stdout
+    problems = [f"{p.line}: {p.desc}" for p in linter.run(text, YamlLintConfig(YAMLLINT_RENDERED))]
+    assert not problems, problems
+
+
 def test_validation_would_catch_a_broken_manifest(helm_bin):
     """Guard for the test above: the validator really is strict for this Kubernetes version."""
     import kubernetes_validate
