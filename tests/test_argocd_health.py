@@ -171,11 +171,58 @@ def test_script_does_not_mutate_its_input_and_is_deterministic():
 def test_install_doc_registers_this_exact_script():
     """docs/install.md shows the argocd-cm entry; its Lua must be this file, key and all."""
     text = INSTALL_DOC.read_text()
-    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
-    for block in blocks:
-        doc = yaml.safe_load(block)
+    docs = [d for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) for d in yaml.safe_load_all(block)]
+    for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] == "argocd-cm":
             key = "resource.customizations.health.specdec.io_SpeculativeServer"
             assert doc["data"][key].strip() == SCRIPT.read_text().strip()
             return
     pytest.fail("docs/install.md has no argocd-cm ConfigMap example")
+
+
+# -------------------------------------------------------------------------------------------------------------
+# Flux: the CEL health checks in docs/install.md, evaluated with cel-python the way kustomize-controller does
+# (the object's top-level fields are the variables; inProgress first, then failed, then current, else in progress).
+
+
+def flux_checks() -> dict[str, str]:
+    text = INSTALL_DOC.read_text()
+    docs = [d for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) for d in yaml.safe_load_all(block)]
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "Kustomization":
+            (check,) = doc["spec"]["healthCheckExprs"]
+            assert (check["apiVersion"], check["kind"]) == ("specdec.io/v1alpha1", "SpeculativeServer")
+            return {k: check[k] for k in ("inProgress", "failed", "current")}
+    pytest.fail("docs/install.md has no Flux Kustomization with healthCheckExprs")
+
+
+def flux_health(obj: dict[str, Any]) -> str:
+    import celpy
+
+    env = celpy.Environment()
+    activation = {k: celpy.json_to_cel(v) for k, v in obj.items()}
+    for outcome, key in (("InProgress", "inProgress"), ("Failed", "failed"), ("Current", "current")):
+        result = env.program(env.compile(flux_checks()[key])).evaluate(activation)
+        assert not isinstance(result, Exception), f"{key}: {result}"
+        if bool(result):
+            return outcome
+    return "InProgress"
+
+
+# Argo CD health -> the Flux outcome it corresponds to.
+ARGO_TO_FLUX = {"Healthy": "Current", "Progressing": "InProgress", "Degraded": "Failed"}
+
+SAMPLES = [
+    sps(None), sps("Pending"), sps("Validating", ready="Unknown"), sps("Deploying"), sps("Probing", ready="Unknown"),
+    sps("Promoted", ready="True", speedup=1.4), sps("Promoted"), sps("Promoted", ready="False"),
+    sps("Promoted", ready="True", generation=5, observed=4),
+    sps("RolledBack", ready="True", reason="SpeedupBelowThreshold"), sps("RolledBack", ready="False"),
+    sps("RolledBack", ready="Unknown"), sps("RolledBack"),
+    sps("Invalid", ready="False", reason="HiddenSizeMismatch"), sps("Failed"),
+]
+
+
+@pytest.mark.parametrize("obj", SAMPLES, ids=lambda o: f"{(o.get('status') or {}).get('phase')}-"
+                         f"{[c['status'] for c in (o.get('status') or {}).get('conditions', []) if c['type'] == 'Ready']}")
+def test_flux_health_checks_agree_with_the_argocd_check(obj):
+    assert flux_health(obj) == ARGO_TO_FLUX[health(obj)["status"]]
