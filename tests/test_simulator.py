@@ -375,3 +375,32 @@ def test_subprocess_dies_after_the_configured_requests(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_sglang_benchmark_client_reads_the_simulator(tmp_path):
+    """SGLang's own `python -m sglang.benchmark.serving --backend sglang` runs against the simulator."""
+    pytest.importorskip("datasets", reason="sglang.benchmark.serving imports datasets (the dev extra has it)")
+    import importlib.util
+
+    bench_path = Path(__file__).parents[1] / "benchmarks" / "probe_fidelity.py"
+    spec = importlib.util.spec_from_file_location("probe_fidelity_bench", bench_path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    tokenizer = bench.build_tokenizer(str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", "llama31-8b-eagle3", "--port", "0",
+         "--time-scale", "4", "--load-seconds", "0", "--seed", "1"], stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        url = proc.stdout.readline().split(" at ")[1].split()[0]
+        result = bench.run_sglang_bench(url, tokenizer, 4, 32, 48, 8, str(tmp_path / "out.jsonl"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert result["completed"] == 8
+    assert result["total_output_tokens"] == 8 * 48
+    assert result["output_throughput"] > 0 and result["median_ttft_ms"] > 0
+    # Read from /server_info's internal_states, as SGLang's client does.
+    assert 2.0 < result["accept_length"] < 3.6
