@@ -40,7 +40,7 @@ MAX_INDEX_BYTES = 64 * MiB  # a Kimi-K2 INT4 index lists ~200k tensors (tens of 
 # Headers are parsed into Python objects (~13x their size), so they get a tighter cap than their bytes
 # alone would need: a 1-layer draft's header is ~2 KiB, the largest real shard headers ~1 MiB.
 MAX_SAFETENSORS_HEADER_BYTES = 4 * MiB
-MAX_TENSORS = 100_000  # across all headers one reader parses (a draft has ~15)
+MAX_TENSORS = 20_000  # across all headers one reader parses (a draft has ~15; only drafts and NEXTN single files are parsed)
 MAX_TOTAL_BYTES = 128 * MiB  # everything one reader may read
 MAX_SHARDS = 4096
 MAX_DIR_ENTRIES_SCANNED = 10_000
@@ -590,8 +590,8 @@ def _check_provenance(prov: dict[str, Any], shown: str) -> dict[str, Any]:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
-            kind = " or ".join("integer" if t is int else "number" if t is float else "string" for t in types)
-            raise InputError(f"{shown}: {key} must be a {kind}, got {_short(value)}")
+            kind = " or ".join("an integer" if t is int else "a number" if t is float else "a string" for t in types)
+            raise InputError(f"{shown}: {key} must be {kind}, got {_short(value)}")
         if key == "num_samples" and value < 0:
             raise InputError(f"{shown}: num_samples must be >= 0, got {value}")
     return prov
