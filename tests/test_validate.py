@@ -279,6 +279,9 @@ def test_draft_vocab_size_key_is_required_for_untied_llama_drafts(tmp_path: Path
     assert "AttributeError" in finding(report, "DrafterConfigIncomplete").message and not report.compatible
     tied = check(dirs["llama8b"], md.make_drafter(tmp_path / "t", dict(cfg, tie_word_embeddings=True), tensors=tensors))
     assert "DrafterConfigIncomplete" not in tied.codes()
+    untyped = {k: v for k, v in md.llama31_8b_drafter_config(max_position=131072).items() if k != "model_type"}
+    no_type = check(dirs["llama8b"], md.make_drafter(tmp_path / "m", untyped, tensors=tensors))
+    assert "model_type" in finding(no_type, "DrafterConfigIncomplete").message
 
 
 def test_drafter_without_any_weights(tmp_path: Path, dirs: dict[str, Path]) -> None:
@@ -293,6 +296,7 @@ def test_drafter_without_any_weights(tmp_path: Path, dirs: dict[str, Path]) -> N
     ("lm_head.weight", [163840, 7168], "lm_head.weight is [163840, 7168], expected [32000, 7168]"),
     ("d2t", [31999], "d2t is [31999], expected [32000]"),
     ("t2d", [129280], "t2d is [129280], expected [163840]"),
+    ("midlayer.mlp.gate_proj.weight", [11008, 7168], "expected [18432, 7168]"),
 ])
 def test_drafter_weight_shape_mismatch(tmp_path: Path, dirs: dict[str, Path], name: str, shape: list[int],
                                        expected: str) -> None:

@@ -454,6 +454,10 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
               "config.json has no draft_vocab_size and untied embeddings: SGLang's LlamaForCausalLMEagle3 then "
               "fails at start-up (AttributeError); set draft_vocab_size (null = full vocabulary, lm_head from the target)",
               "drafter.config.draft_vocab_size")
+    if "model_type" not in d.config:
+        c.add(ERROR, "DrafterConfigIncomplete",
+              "config.json has no model_type: transformers' AutoConfig cannot load it (an SGLang-format EAGLE-3 "
+              "draft says \"llama\")", "drafter.config.model_type")
     if layout == "mla":
         # kimi_k25_eagle3: one MLA decoder layer, and q_lora_rank is required (ValueError otherwise).
         if d.top_int("num_hidden_layers", minimum=0) not in (None, 1):
@@ -584,9 +588,13 @@ def _check_draft_weights(
             elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden or (rows is not None and info.shape[0] != rows):
                 bad_shapes.append(f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] "
                                   "(input is 2 x hidden: embedding and fc output)")
-        expect("layers.0.self_attn.o_proj.weight", None)
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            expect(f"layers.0.mlp.{proj}.weight", None)
+        # transformers' LlamaConfig defaults intermediate_size to 11008 when absent; SGLang's weight
+        # loader then asserts on the first MLP tensor, after the target has loaded.
+        inter = d.top_int("intermediate_size", minimum=1) or 11008
+        expect("layers.0.self_attn.o_proj.weight", (d_hidden, q_rows) if q_rows else None)
+        expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
+        expect("layers.0.mlp.up_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
+        expect("layers.0.mlp.down_proj.weight", (d_hidden, inter), "hidden x intermediate_size")
     else:
         for proj in ("q_a_proj", "kv_a_proj_with_mqa"):
             name = f"layers.0.self_attn.{proj}.weight"
