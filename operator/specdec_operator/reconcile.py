@@ -489,7 +489,10 @@ def reconcile(
         phase, reason, message = Phase.PENDING.value, "Creating", "creating the base and speculative servers"
     elif validation is None:
         phase, reason = Phase.VALIDATING.value, "Validating"
-        message = f"validating the drafter against the target; base: {base_state.message}"
+        if spec_state.reason in ("Validating", "Loading", "Ready"):
+            message = f"validating the drafter against the target; base: {base_state.message}"
+        else:  # the validator has not started: say why (no node with free GPUs, image pull, ...)
+            message = f"validating the drafter: speculative pod {spec_state.message}; base: {base_state.message}"
     elif not (base_state.ready and spec_state.ready):
         phase, reason = Phase.DEPLOYING.value, "Loading"
         message = f"base: {base_state.message}; speculative: {spec_state.message}"

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""`make demo`: the operator deciding, on this machine, what the seed found out by hand over a day of GPU time.
+
+1. Start a local Kubernetes control plane (hack/devcluster.py: real kube-apiserver, scheduler, controller-manager;
+   kwok plays the kubelets of simulated 8-GPU Blackwell and Hopper nodes) and install the CRD.
+2. Start SGLang simulators (specdec simulate) for every server: the Kimi-K2.5 base and the two drafters from the
+   seed's table, and a Llama-3.1-8B-like pair whose drafter pays off.
+3. Run the operator (specdec run) with an endpoints file that maps each Service to its simulator.
+4. Apply examples/ (plus one drafter built for the wrong target) and show the lifecycle live.
+5. Print the seed-style table (variant, tok/s per workload, acceptance, decision), then clean up.
+
+Nothing runs in the simulated pods: their validator verdicts (produced here by the real `specdec validate` on
+metadata-only model directories) and their readiness are scripted with specdec.test/* pod annotations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
+sys.path.insert(0, str(HACK))
+sys.path.insert(0, str(REPO / "tests"))  # model_dirs: metadata-only model directories for the validator
+
+import devcluster  # noqa: E402
+
+NAMESPACE = "specdec-demo"
+CLUSTER = "specdec-demo"
+# Workloads shortened for simulators that share a laptop's CPU with everything else: the seed's shapes (one
+# stream, 128 concurrent streams), 128-token prompts, 64 generated tokens.
+KIMI_WORKLOADS = [
+    {"name": "single-stream", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 2},
+    {"name": "concurrent-128", "concurrency": 128, "inputTokens": 128, "outputTokens": 64, "requests": 128},
+]
+LLAMA_WORKLOADS = [
+    {"name": "chat", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 4, "weight": 3},
+    {"name": "batch-32", "concurrency": 32, "inputTokens": 128, "outputTokens": 64, "requests": 64, "weight": 1},
+]
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def specdec(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specdec_operator.cli", *args]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the demo deploys
+
+
+class Case:
+    def __init__(self, file: str | None, name: str, base_profile: str | None, spec_profile: str | None, time_scale: float,
+                 story: str, load: str, workloads: list[dict] | None = None) -> None:
+        self.file, self.name, self.time_scale, self.story, self.load = file, name, time_scale, story, load
+        self.base_profile, self.spec_profile, self.workloads = base_profile, spec_profile, workloads
+        self.verdict: tuple[int, str] = (0, "")
+
+
+CASES = [
+    Case("kimi-k25-int4-eagle3.yaml", "kimi-k25", "sglang-base-kimi-k25", "kimi-k25-custom-eagle3", 5.0,
+         "Kimi-K2.5 INT4 + the custom EAGLE-3 drafter trained on bf16 hidden states (seed: accept len 1.00)", "12s", KIMI_WORKLOADS),
+    Case("kimi-k25-int4-public-eagle3.yaml", "kimi-k25-public-drafter", "sglang-base-kimi-k25", "kimi-k2-public-eagle3", 5.0,
+         "Kimi-K2.5 INT4 + the public Kimi-K2 EAGLE-3 drafter (seed: accepts ~2.26 tokens, no faster)", "12s", KIMI_WORKLOADS),
+    Case("llama31-8b-eagle3.yaml", "llama31-8b", "llama31-8b-base", "llama31-8b-eagle3", 20.0,
+         "Llama-3.1-8B-Instruct + its EAGLE-3 drafter (a drafter that pays off)", "8s", LLAMA_WORKLOADS),
+    Case(None, "llama31-8b-wrong-drafter", None, None, 20.0,
+         "Llama-3.1-8B-Instruct + a Kimi drafter by mistake (caught from metadata, before any GPU time)", "8s"),
+]
+
+
+def validator_verdicts(workdir: Path) -> None:
+    """Run the real `specdec validate` on metadata-only model directories shaped like each case's models."""
+    import model_dirs as md
+
+    models = workdir / "models"
+    kimi = md.make_target(models / "kimi-k2.5-int4", md.kimi_k25(), tokenizer_config=md.KIMI_TOKENIZER, shards=2)
+    llama = md.make_target(models / "Llama-3.1-8B-Instruct", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER)
+    custom = md.make_drafter(models / "kimi-k2.5-custom-10k", md.kimi_drafter_config(), tokenizer_config=md.KIMI_TOKENIZER,
+                             provenance=md.provenance(target_quantization="bf16", hidden_state_source="HF transformers bf16", num_samples=10_000))
+    public = md.make_drafter(models / "kimi-k2-public", md.kimi_drafter_config(), tokenizer_config=md.KIMI_TOKENIZER,
+                             provenance=md.provenance(target_model="moonshotai/Kimi-K2-Instruct"))
+    llama_draft = md.make_drafter(models / "sglang-EAGLE3-LLaMA3.1-Instruct-8B", md.llama31_8b_drafter_config())
+    pairs = {"kimi-k25": (kimi, custom, "int4"), "kimi-k25-public-drafter": (kimi, public, "int4"),
+             "llama31-8b": (llama, llama_draft, "auto"), "llama31-8b-wrong-drafter": (llama, custom, "auto")}
+    for case in CASES:
+        target, drafter, quant = pairs[case.name]
+        log = workdir / f"{case.name}.termination-log"
+        proc = subprocess.run(specdec("validate", "--target", str(target), "--drafter", str(drafter), "--quantization", quant,
+                                      "--json", "--termination-log", str(log)), capture_output=True, text=True, timeout=120)
+        case.verdict = (proc.returncode, log.read_text() if log.exists() else proc.stderr.strip())
+
+
+def custom_resource(case: Case) -> dict:
+    cr = yaml.safe_load((REPO / "examples" / (case.file or "llama31-8b-eagle3.yaml")).read_text())
+    cr["metadata"] = {"name": case.name, "namespace": NAMESPACE}
+    spec = cr["spec"]
+    if case.file is None:
+        spec["drafter"]["path"] = "eagle3/kimi-k2.5-custom-10k"
+    # The local control plane has no storage provisioner: a hostPath volume stands in for the PVC.
+    spec["model"]["volume"] = {"hostPath": {"path": "/data/models", "type": "Directory"}}
+    if case.workloads:
+        spec.setdefault("rollout", {})["workloads"] = case.workloads
+    if case.name.startswith("kimi"):
+        # 8 GPUs per server, 24 Blackwell GPUs in the cluster: a losing speculative server gives its GPUs back.
+        spec["rollout"]["keepBaseWarm"] = False
+    code, message = case.verdict
+    spec["podMetadata"] = {"annotations": {
+        "specdec.test/init-exit-code": str(code),
+        "specdec.test/init-message": message,
+        "specdec.test/init-after": "2s",
+        "specdec.test/ready-after": case.load,
+    }}
+    return cr
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output
+
+
+def _shape(message: str) -> str:
+    return re.sub(r"\d+m\d+s|\d+h\d+m|\d+s\b", "…", message or "")
+
+
+def show_table(items: list[dict]) -> None:
+    say("\nWhat the operator measured (tok/s in simulated GPU time; the seed's numbers in the simulator profiles):\n")
+    scale = {c.name: c.time_scale for c in CASES}
+    for item in items:
+        name, st = item["metadata"]["name"], item.get("status") or {}
+        probe = st.get("probe") or {}
+        workloads = probe.get("workloads") or []
+        decision = f"{st.get('phase')} ({st.get('reason')})"
+        say(f"  {name}: {decision}")
+        if not workloads:
+            findings = (st.get("validation") or {}).get("findings") or []
+            errors = [f"{f['code']}: {f.get('message', '')}" for f in findings if f.get("severity") == "error"]
+            say(f"    never started: {errors[0] if errors else st.get('message')}\n")
+            continue
+        findings = (st.get("validation") or {}).get("findings") or []
+        warned = [f["code"] for f in findings if f.get("severity") == "warning"]
+        if warned:
+            say(f"    validator: compatible, with warnings {', '.join(warned)} (metadata cannot tell; the measurement decides)")
+        s = scale.get(name, 1.0)
+        header = f"    {'variant':<13}" + "".join(f"{w['name'] + ' tok/s':>24}" for w in workloads) + f"{'accept':>9}  decision"
+        say(header)
+        base = "".join(f"{w['baseTokensPerSecond'] / s:>24.1f}" if w.get("baseTokensPerSecond") else f"{'-':>24}" for w in workloads)
+        say(f"    {'base':<13}{base}{'-':>9}  {'serves' if st.get('activeVariant') == 'base' else ''}")
+        spec = "".join(
+            f"{(w.get('speculativeTokensPerSecond') or 0) / s:>16.1f} ({w['speedup']:.2f}x)" if w.get("speedup") else f"{'-':>24}"
+            for w in workloads
+        )
+        accept = probe.get("acceptLength")
+        verdict = "promoted, serves" if st.get("activeVariant") == "speculative" else f"rolled back: {probe.get('reason')}"
+        say(f"    {'speculative':<13}{spec}{(f'{accept:.2f}' if accept else '-'):>9}  {verdict}")
+        say(f"    why: {probe.get('message', '')}\n")
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hack/demo.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", action="store_true", help="leave the cluster, simulators and operator running at the end")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for every decision (default 300)")
+    args = parser.parse_args(argv)
+
+    say("specdec-operator demo: validate drafters from metadata, measure them against their base, promote only when faster.\n")
+    workdir = Path(tempfile.mkdtemp(prefix="specdec-demo-"))
+    procs: list[subprocess.Popen] = []
+    we_started_cluster = False
+    try:
+        # 1. cluster
+        say(f"[1/5] Local control plane '{CLUSTER}' (kube-apiserver, scheduler, controller-manager, kwok GPU nodes)")
+        if devcluster.status(CLUSTER).get("state") != "up":
+            we_started_cluster = True
+        cluster = devcluster.up(CLUSTER, log=lambda m: say(f"      {m}"))
+        kubectl = lambda *a, **kw: cluster.kubectl(*a, **kw)  # noqa: E731
+        nodes = kubectl("get", "nodes", "-L", "nvidia.com/gpu.family", "-L", "nvidia.com/gpu.count", "--no-headers").stdout
+        for line in nodes.strip().splitlines():
+            parts = line.split()
+            say(f"      node {parts[0]:<14} gpu family {parts[-2] if len(parts) >= 7 else '-':<10} gpus {parts[-1] if len(parts) >= 7 else '-'}")
+        kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        kubectl("wait", "--for=condition=Established", "crd/speculativeservers.specdec.io", "--timeout=60s")
+        kubectl("create", "namespace", NAMESPACE, check=False)
+        say("      CRD speculativeservers.specdec.io installed; namespace specdec-demo")
+
+        # 2. simulators
+        say("\n[2/5] SGLang simulators (same HTTP API and /metrics as SGLang 0.5.23; throughput from a batching model)")
+        endpoints: dict[str, str] = {}
+        for case in CASES:
+            for suffix, profile in (("base", case.base_profile), ("spec", case.spec_profile)):
+                if profile is None:
+                    continue
+                port = free_port()
+                log = open(workdir / f"sim-{case.name}-{suffix}.log", "w")
+                procs.append(subprocess.Popen(specdec("simulate", "--profile", profile, "--port", str(port), "--time-scale",
+                                                      str(case.time_scale), "--load-seconds", "0", "--seed", "1"),
+                                              stdout=log, stderr=subprocess.STDOUT))
+                endpoints[f"{NAMESPACE}/{case.name}-{suffix}"] = f"http://127.0.0.1:{port}"
+                say(f"      {case.name}-{suffix:<4} -> {profile:<24} on :{port} ({case.time_scale:g}x time)")
+        (workdir / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
+
+        # 3. operator
+        say("\n[3/5] The operator: specdec run --namespace specdec-demo --endpoints endpoints.yaml")
+        metrics_port = free_port()
+        oplog = open(workdir / "operator.log", "w")
+        procs.append(subprocess.Popen(specdec("run", "--namespace", NAMESPACE, "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
+                                              "--metrics-port", str(metrics_port), "--reconcile-interval", "2"),
+                                      stdout=oplog, stderr=subprocess.STDOUT, env=cluster.env()))
+        say(f"      log {workdir / 'operator.log'}, metrics http://127.0.0.1:{metrics_port}/metrics")
+
+        # 4. apply
+        say("\n[4/5] Applying the SpeculativeServers:")
+        validator_verdicts(workdir)
+        for case in CASES:
+            say(f"      {case.name:<26} {case.story}")
+            kubectl("apply", "-f", "-", input=yaml.safe_dump(custom_resource(case)))
+        say("      (8 GPUs per Kimi server and 24 Blackwell GPUs in the cluster: one Kimi server waits for GPUs until a")
+        say("       losing speculative server is scaled to 0: the demo sets rollout.keepBaseWarm: false on the Kimi servers)")
+        say("\n      Live (each line is a change of phase or message):")
+        started = time.monotonic()
+        shown: dict[str, str] = {}
+        done = {"Promoted", "RolledBack", "Invalid", "Failed"}
+        while True:
+            items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+            for item in items:
+                st = item.get("status") or {}
+                name = item["metadata"]["name"]
+                line = f"{st.get('phase') or 'Pending':<11} {st.get('message') or ''}"
+                if _shape(line) != _shape(shown.get(name, "")):
+                    shown[name] = line
+                    say(f"      {time.monotonic() - started:5.1f}s  {name:<26} {line[:190]}")
+            if len(items) == len(CASES) and all((i.get("status") or {}).get("phase") in done for i in items):
+                break
+            if time.monotonic() - started > args.timeout:
+                say("      timed out waiting for the decisions; see the operator log")
+                break
+            time.sleep(1)
+
+        # 5. result
+        say("\n[5/5] kubectl get sps:")
+        say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE).stdout.rstrip().splitlines()))
+        show_table(items)
+        events = kubectl("get", "events", "-n", NAMESPACE, "--field-selector", "involvedObject.kind=SpeculativeServer",
+                         "--sort-by=.lastTimestamp", "-o", "custom-columns=OBJECT:.involvedObject.name,TYPE:.type,REASON:.reason").stdout
+        say("Events posted by the operator:")
+        say("\n".join("      " + line for line in events.rstrip().splitlines()))
+        say("\nThe base servers kept serving throughout: the stable Service <name> selects the speculative pods only for llama31-8b.")
+        return 0
+    except devcluster.ClusterError as exc:
+        say(f"demo: {exc}")
+        return 1
+    finally:
+        if args.keep:
+            say(f"\n--keep: left running (workdir {workdir}); stop with `python hack/devcluster.py down --name {CLUSTER}`")
+        else:
+            say("\nCleaning up: deleting the SpeculativeServers (children are garbage-collected), stopping everything.")
+            try:
+                cluster = devcluster.up(CLUSTER) if devcluster.status(CLUSTER).get("state") == "up" else None
+                if cluster is not None:
+                    cluster.kubectl("delete", "sps", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=60s", check=False, timeout=90)
+            except Exception:
+                pass
+            for proc in reversed(procs):
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            if we_started_cluster:
+                devcluster.down(CLUSTER)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
