@@ -123,6 +123,16 @@ def test_speculative_draws_have_the_profile_mean_and_bounds():
 
     assert asyncio.run(draw_broken()) == {1}
 
+    async def drift():
+        engine = Engine(profile(speculative=SPEC), seed=5)
+        engine.set_accept_length_mean(1.0)  # the drafter stops accepting mid-run
+        broken = {engine._draw_tokens() for _ in range(1000)}
+        engine.set_accept_length_mean(3.5)
+        return broken, sum(engine._draw_tokens() for _ in range(20000)) / 20000
+
+    broken, recovered = asyncio.run(drift())
+    assert broken == {1} and recovered == pytest.approx(3.5, rel=0.02)
+
 
 # --- HTTP shapes --------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import json
 import math
 import random
@@ -371,6 +372,15 @@ class Engine:
         self._window_tokens = 0
         self._window_verify = 0
         self._window_start = 0.0
+
+    def set_accept_length_mean(self, value: float) -> None:
+        """Change the drafter's mean acceptance length from now on (drift scenarios: 2.3 -> 1.0 mid-run)."""
+        spec = self.profile.speculative
+        if spec is None:
+            raise ValueError("set_accept_length_mean: this profile is not speculative")
+        if not 1.0 <= value <= spec.num_draft_tokens:
+            raise ValueError(f"set_accept_length_mean: {value} is outside 1..{spec.num_draft_tokens}")
+        self._p = dataclasses.replace(spec, accept_length_mean=value).chain_accept_probability
 
     # --- clock -------------------------------------------------------------------------------
     def wall_to_sim(self, wall: float) -> float:
