@@ -6,7 +6,6 @@ import asyncio
 import inspect
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable, Sequence

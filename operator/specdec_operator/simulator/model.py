@@ -26,7 +26,6 @@ import asyncio
 import bisect
 import dataclasses
 import json
-import math
 import random
 from dataclasses import dataclass, field
 from importlib import resources

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from .model import Emission, Engine, Histogram, Profile, SimRequest
+from .model import Emission, Engine, Profile, SimRequest
 
 try:  # orjson is faster; the standard library is enough.
     import orjson
