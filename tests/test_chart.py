@@ -1034,7 +1034,7 @@ class OperatorUnderServiceAccount:
     """
 
     def __init__(self, kube_cluster: Any, core_v1: Any, apps_v1: Any, release: Release, workdir: pathlib.Path,
-                 extra_args: list[str]) -> None:
+                 extra_args: list[str], pod_id: str = "checkout-operator") -> None:
         import base64
         import os
         import sys
@@ -1045,6 +1045,7 @@ class OperatorUnderServiceAccount:
               else pathlib.Path(cluster["certificate-authority"]).read_bytes())
         self.proxy = RecordingProxy(cluster["server"], ca)
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         kubeconfig = workdir / "operator.kubeconfig"
         _service_account_kubeconfig(core_v1, release, self.proxy.url, kubeconfig)
         deployment = apps_v1.read_namespaced_deployment(release["fullname"], release["namespace"])
@@ -1053,7 +1054,7 @@ class OperatorUnderServiceAccount:
         args = [a for a in self.chart_args if not a.startswith(("--liveness=", "--metrics-port="))]
         args += [f"--liveness=http://127.0.0.1:{self.health}/healthz", f"--metrics-port={self.metrics}",
                  "--metrics-address=127.0.0.1", "--reconcile-interval=1", *extra_args]
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": "checkout-operator"}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": pod_id}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         self.process = subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "run", *args],
                                         stdout=open(workdir / "operator.log", "w"), stderr=subprocess.STDOUT,
@@ -1232,3 +1233,43 @@ def test_plain_manifests_install_with_kubectl(kube_cluster, kube_client, core_v1
                 kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
                                      input=json.dumps(doc), check=False)
         core_v1.delete_namespace(namespace, propagation_policy="Background")
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_two_replicas_elect_one_through_the_charts_peering(cluster_release, kube_cluster, core_v1, apps_v1, tmp_path):
+    """Two operators with the chart's arguments and ServiceAccount: the younger one pauses in favour of the older,
+    and takes over when the older one stops. The chart's peering object and RBAC are all Kopf's peering needs."""
+    import time
+    first = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "a", [],
+                                        pod_id="replica-a")
+    second = None
+    try:
+        wait_until(lambda: "replica-a" in (_peering_status(kube_cluster, cluster_release) or {}), timeout=30,
+                   message="replica-a's keep-alive in the peering object")
+        second = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "b", [],
+                                             pod_id="replica-b")
+        # replica-b starts paused (mandatory peering) and stays so while replica-a, older and so of higher
+        # priority, keeps its keep-alive: it announces itself in the peering but never resumes.
+        wait_until(lambda: "replica-b" in _peering_status(kube_cluster, cluster_release), timeout=30,
+                   message="replica-b's keep-alive in the peering object")
+        peers = _peering_status(kube_cluster, cluster_release)
+        assert peers["replica-a"]["priority"] > peers["replica-b"]["priority"], peers
+        time.sleep(3)
+        assert "Resuming operations" not in second.log(), f"{peers}\n{second.log()}"
+        assert "Pausing" not in first.log()
+        first.stop()  # a graceful stop removes replica-a from the peering at once
+        wait_until(lambda: "Resuming operations" in second.log(), timeout=30, message="replica-b taking over")
+        assert set(_peering_status(kube_cluster, cluster_release)) == {"replica-b"}
+    finally:
+        if first.process.poll() is None:
+            first.stop()
+        if second is not None:
+            second.stop()
+    for replica in (first, second):
+        replica.assert_nothing_refused()
+
+
+def _peering_status(kube_cluster: Any, release: Release) -> dict[str, Any]:
+    proc = kube_cluster.kubectl("get", "clusterkopfpeering", release["peering"], "-o", "json")
+    return json.loads(proc.stdout).get("status") or {}
