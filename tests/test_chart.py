@@ -1258,8 +1258,10 @@ def test_two_replicas_elect_one_through_the_charts_peering(cluster_release, kube
         time.sleep(3)
         assert "Resuming operations" not in second.log(), f"{peers}\n{second.log()}"
         assert "Pausing" not in first.log()
+        stopped = time.monotonic()
         first.stop()  # a graceful stop removes replica-a from the peering at once
         wait_until(lambda: "Resuming operations" in second.log(), timeout=30, message="replica-b taking over")
+        print(f"\ntakeover after a graceful stop of the active replica: {time.monotonic() - stopped:.1f}s")
         assert set(_peering_status(kube_cluster, cluster_release)) == {"replica-b"}
     finally:
         if first.process.poll() is None:
