@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-length", type=int, default=2048)
     t.add_argument("--eval-fraction", type=float, default=0.05)
     t.add_argument("--checkpoint-every", type=int, default=0)
-    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--max-steps", type=int, default=None, help="cap on total steps (the LR schedule spans them)")
+    t.add_argument("--stop-after", type=int, default=None, help="leave after N steps of this run (resume later)")
     t.add_argument("--intermediate-size", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default=None)
@@ -154,7 +155,7 @@ def _run(args: argparse.Namespace) -> Any:
             ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
             warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_size=args.batch_size,
             max_length=args.max_length, eval_fraction=args.eval_fraction, checkpoint_every=args.checkpoint_every,
-            max_steps=args.max_steps, intermediate_size=args.intermediate_size, seed=args.seed, device=args.device,
+            max_steps=args.max_steps, stop_after=args.stop_after, intermediate_size=args.intermediate_size, seed=args.seed, device=args.device,
             progress=progress,
         )
         s = train(cfg)

@@ -61,7 +61,8 @@ class TrainConfig:
     seed: int = 0
     device: str | None = None
     intermediate_size: int | None = None
-    max_steps: int | None = None  # stop early (benchmarks, smoke tests)
+    max_steps: int | None = None  # cap on total optimizer steps (the schedule is laid out over this many)
+    stop_after: int | None = None  # leave this invocation after N steps (checkpointed; resume continues)
     progress: bool = True
     init_from: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -384,7 +385,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     tokens_this_run = 0
     bar = tqdm(total=total_steps, initial=state["step"], desc="train", unit="step", disable=not cfg.progress or rank)
     done = state["step"] >= total_steps
-    while not done and state["epoch"] < cfg.epochs:
+    started_step, stopped = state["step"], False
+    while not done and not stopped and state["epoch"] < cfg.epochs:
         batches = make_batches(train_idx, lengths, cfg.batch_size, cfg.seed + state["epoch"])
         mine = batches[rank::world][:steps_per_epoch]
         for bi in range(state["batch_in_epoch"], len(mine)):
@@ -415,9 +417,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if state["step"] >= total_steps:
                 done = True
                 break
+            if cfg.stop_after and state["step"] - started_step >= cfg.stop_after:
+                stopped = True
+                break
         else:
             state["epoch"] += 1
             state["batch_in_epoch"] = 0
+        if stopped:
+            if rank == 0:
+                _save_checkpoint(ckpt, model, opt, sched, state)
+            break
         if rank == 0 and eval_idx:
             ev = evaluate_split(model, reader, eval_idx, cfg, device, heads, t2d_dev, t2d_map)
             ev["epoch"] = state["epoch"]
