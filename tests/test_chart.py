@@ -488,6 +488,13 @@ def test_namespaced_rbac_grants_only_the_watched_namespaces(helm_bin, tmp_path):
     assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == discovery["metadata"]["name"]
 
 
+def test_owner_reference_enforcement_adds_only_finalizers_update(helm_bin):
+    plain = grants(one(render(helm_bin), "ClusterRole")["rules"])
+    openshift = grants(one(render(helm_bin, None, "--set", "rbac.ownerReferencesPermissionEnforcement=true"),
+                           "ClusterRole")["rules"])
+    assert openshift == {**plain, ("specdec.io", "speculativeservers/finalizers"): {"update"}}
+
+
 def test_rbac_and_serviceaccount_can_be_brought_by_the_user(helm_bin, tmp_path):
     docs = render(helm_bin, _values_file(tmp_path, "bring-your-own-rbac"))
     for kind in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"):

@@ -83,6 +83,13 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: ["specdec.io"]
   resources: ["speculativeservers/status"]
   verbs: ["patch"]
+{{- if .Values.rbac.ownerReferencesPermissionEnforcement }}
+# The children's owner references block their owner's deletion; with the OwnerReferencesPermissionEnforcement
+# admission plugin (OpenShift) setting that needs update on the owner's finalizers.
+- apiGroups: ["specdec.io"]
+  resources: ["speculativeservers/finalizers"]
+  verbs: ["update"]
+{{- end }}
 # <name>-base and <name>-spec, owned by their SpeculativeServer: server-side apply (a patch, authorized as
 # create when it creates), a read before taking a name, Kopf's label-filtered watch. Deletion is left to the
 # garbage collector through owner references: no delete verb.
