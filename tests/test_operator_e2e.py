@@ -289,7 +289,7 @@ def test_incompatible_drafter_is_invalid_within_seconds_and_no_speculative_pod_r
     # The base keeps serving: it becomes Ready and the stable Service selects it.
     wait_until(lambda: {c["type"]: c for c in status(custom_objects, namespace, "mismatch")["conditions"]}["Ready"]["status"] == "True", timeout=20, message="Ready")
     assert stable_variant(core_v1, namespace, "mismatch") == "base"
-    assert "DrafterIncompatible" in event_reasons(core_v1, namespace, "mismatch")
+    wait_until(lambda: "DrafterIncompatible" in event_reasons(core_v1, namespace, "mismatch"), timeout=10, message="DrafterIncompatible Event")
     # Never a speculative pod running afterwards either.
     assert all(p.status.phase != "Running" for p in variant_pods(core_v1, namespace, "mismatch", "speculative"))
 
@@ -330,7 +330,7 @@ def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["SpeedupVerified"]["status"] == "False" and conds["SpeedupVerified"]["reason"] == reason
     assert "HiddenStateSourceMismatch" in conds["DrafterCompatible"]["message"]  # warnings shown, not blocking
-    assert reason in event_reasons(core_v1, namespace, name)
+    wait_until(lambda: reason in event_reasons(core_v1, namespace, name), timeout=10, message=f"{reason} Event")
     # Blackwell only: the 8-GPU pods are on the B200 / RTX PRO 6000 nodes.
     for variant in ("base", "speculative"):
         for pod in variant_pods(core_v1, namespace, name, variant):
@@ -387,7 +387,7 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
     assert st["monitor"]["belowFloorCount"] >= 2 and st["monitor"]["acceptLength"] < 1.5
     assert stable_variant(core_v1, namespace, name) == "base"
-    assert "AcceptanceDrift" in event_reasons(core_v1, namespace, name)
+    wait_until(lambda: "AcceptanceDrift" in event_reasons(core_v1, namespace, name), timeout=10, message="AcceptanceDrift Event")
     # No flapping: the decided revision is not promoted again.
     spec_sim.sim.engine._p = 0.9
     time.sleep(6)
@@ -427,7 +427,8 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     operator.start()
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=120)
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision
-    reasons = event_reasons(core_v1, namespace, name)
+    # Events are posted right after the status patch, asynchronously.
+    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event")
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2  # run again, decided once
     assert sorted(d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items) == [f"{name}-base", f"{name}-spec"]
     assert sorted(s.metadata.name for s in core_v1.list_namespaced_service(namespace).items) == [name, f"{name}-base", f"{name}-spec"]

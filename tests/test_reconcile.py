@@ -186,8 +186,9 @@ def test_both_ready_starts_the_probe_once_and_a_promotion_switches_the_stable_se
     assert plan.status["phase"] == "Probing" and plan.start_probe and "ProbeStarted" in reasons(plan)
     assert plan.status["probe"] == {"revision": plan.revision, "startedAt": "2026-12-02T10:00:00Z"}
     world.probe_running = plan.revision
-    running = world.step(now=NOW + timedelta(seconds=30))
+    running = world.step(now=NOW + timedelta(seconds=30), probe_progress="round 2 of up to 6: chat 1.90x")
     assert not running.start_probe and running.status["phase"] == "Probing" and running.events == []
+    assert running.status["message"].endswith("30s; round 2 of up to 6: chat 1.90x")
     assert running.status["probe"]["startedAt"] == "2026-12-02T10:00:00Z"
     # A result for another revision is ignored.
     stale = world.step(probe_result=promote_result("0000000000000000"))

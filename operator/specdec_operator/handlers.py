@@ -162,6 +162,7 @@ class Runtime:
         self.scrapes: dict[tuple[str, str], Sample] = {}
         self.monitor_due: dict[tuple[str, str], bool] = {}
         self.foreign: dict[tuple[str, str], dict[str, tuple[float, dict[str, Any]]]] = {}
+        self.progress: dict[tuple[str, str], str] = {}
         self._session: aiohttp.ClientSession | None = None
 
     # --- API clients (sync kubernetes client, called in threads)
@@ -238,6 +239,14 @@ class Runtime:
         base_url = self.config.endpoints.url(namespace, m.child_name(name, "base"))
         candidate_url = self.config.endpoints.url(namespace, m.child_name(name, "speculative"))
         rollout = spec.rollout
+        key = (namespace, name)
+
+        def on_round(partial: Any) -> None:
+            speedups = ", ".join(f"{w.name} {w.speedup:.2f}x" for w in partial.workloads if getattr(w, "speedup", None))
+            self.progress[key] = f"round {partial.rounds} of up to {rollout.max_rounds}" + (f": {speedups}" if speedups else "")
+            self.wake(namespace, name)
+
+        self.progress.pop(key, None)
         try:
             result = await run_probe(
                 base_url,
@@ -249,6 +258,7 @@ class Runtime:
                 policy=rollout.policy,
                 timeout=self.config.probe_timeout,
                 request_timeout=self.config.probe_request_timeout,
+                on_round=on_round,
             )
             status = result.to_status()
         except asyncio.CancelledError:
@@ -319,6 +329,7 @@ class Runtime:
             pods=list(pods),
             probe_running=probe_running,
             probe_result=probe_result,
+            probe_progress=self.progress.get(key) if probe_running else None,
             scrape=scrape,
             previous_scrape=previous,
         )
@@ -364,7 +375,7 @@ class Runtime:
         probe = self.probes.pop(key, None)
         if probe is not None:
             probe.task.cancel()
-        for table in (self.wakeups, self.statuses, self.scrapes, self.monitor_due, self.foreign):
+        for table in (self.wakeups, self.statuses, self.scrapes, self.monitor_due, self.foreign, self.progress):
             table.pop(key, None)
         self.metrics.forget(namespace, name)
 

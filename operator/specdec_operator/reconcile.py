@@ -62,6 +62,7 @@ class Observed:
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods labelled with this instance
     probe_running: str | None = None  # revision of the probe task running in this process, if any
     probe_result: dict[str, Any] | None = None  # status.probe of a probe that just finished (has "revision")
+    probe_progress: str | None = None  # what the running probe has done so far ("round 2 of up to 6")
     scrape: Sample | None = None  # a metrics scrape of the speculative server taken for this step
     previous_scrape: Sample | None = None  # the scrape before it (tells an idle server from a working one)
 
@@ -501,6 +502,8 @@ def reconcile(
         started = prev_probe.get("startedAt") if prev_probe.get("revision") == rev and observed.probe_running == rev else now_s
         since = parse_time(started)
         message = f"measuring the speculative server against the base ({len(spec.rollout.workloads)} workloads), {human_duration((now - since).total_seconds()) if since else '0s'}"
+        if observed.probe_progress and observed.probe_running == rev:
+            message += f"; {observed.probe_progress}"
 
     # --- status.probe
     if decision:

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     peering.add_argument("--peering", metavar="NAME", help="leader election through this Kopf peering object (needs the KopfPeering CRDs); the oldest replica leads")
     peering.add_argument("--standalone", action="store_true", help="no peering: the only replica (development, tests)")
     p.add_argument("--priority", type=int, help="peering priority (default: older replicas win, so a new replica never preempts a running one)")
+    p.add_argument("--peering-lifetime", type=_positive(int), default=60, metavar="S", help="how long this replica's peering record is trusted; after a crash the next replica takes over within it (default 60, Kopf's; at least 15)")
     p.add_argument("--validator-image", default=DEFAULT_VALIDATOR_IMAGE, metavar="IMAGE", help=f"image of the drafter validator init container (default {DEFAULT_VALIDATOR_IMAGE})")
     p.add_argument("--reconcile-interval", type=_positive(float), default=10.0, metavar="S", help="seconds between reconcile steps when nothing changes (events wake it earlier; default 10)")
     p.add_argument("--probe-timeout", type=_positive(float), default=3600.0, metavar="S", help="upper bound of one probe; Inconclusive when spent (default 3600)")
@@ -62,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def default_priority() -> int:
-    """Older replicas get higher priorities (milliseconds before 2^40), with a random tie-breaker."""
-    return ((1 << 40) - int(time.time() * 1000)) * 1000 + random.randrange(1000)
+    """Older replicas get higher priorities (milliseconds before 2^42, past 2100), with a random tie-breaker."""
+    return ((1 << 42) - int(time.time() * 1000)) * 1000 + random.randrange(1000)
 
 
 def main(argv: list[str]) -> int:
@@ -114,6 +115,8 @@ def main(argv: list[str]) -> int:
     configure(settings)
     settings.peering.name = args.peering or "specdec-operator"
     settings.peering.mandatory = bool(args.peering)
+    # Kopf refreshes the record 5-10 s before it expires, so shorter lifetimes would flap.
+    settings.peering.lifetime = max(15, args.peering_lifetime)
     runtime = Runtime(config, metrics, k8s.ApiClient())
     register(registry, runtime)
 

@@ -1,0 +1,67 @@
+"""`specdec run`: flags and the endpoints mapping fail on one line; Services resolve to DNS or the mapping only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec_operator.errors import InputError
+from specdec_operator.handlers import Endpoints
+from specdec_operator.runner import build_parser, default_priority
+
+
+def run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec_operator.cli", "run", *args], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "nothing")})
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--endpoints", "missing.yaml"], "--endpoints missing.yaml: cannot read"),
+        (["--reconcile-interval", "0"], "--reconcile-interval"),
+        (["--metrics-port", "abc"], "--metrics-port"),
+        (["--peering", "x", "--standalone"], "not allowed with"),
+        (["--namespace", "a", "--all-namespaces"], "not allowed with"),
+    ],
+)
+def test_bad_flags_give_one_line_and_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    proc = run(*args, tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_no_credentials_is_one_line(tmp_path: Path) -> None:
+    proc = run("--standalone", "--metrics-port", "0", tmp_path=tmp_path)
+    assert proc.returncode == 2 and "no Kubernetes credentials" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_endpoints_file_is_validated(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("team/svc: ftp://x\n")
+    with pytest.raises(InputError, match="team/svc"):
+        Endpoints.from_file(str(bad))
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(InputError, match="must map"):
+        Endpoints.from_file(str(bad))
+    good = tmp_path / "good.yaml"
+    good.write_text("demo/llama-base: http://127.0.0.1:31001/\n")
+    endpoints = Endpoints.from_file(str(good))
+    assert endpoints.url("demo", "llama-base") == "http://127.0.0.1:31001"
+    # Anything not in the mapping is reached by cluster DNS, on SGLang's port: never a host from elsewhere.
+    assert endpoints.url("demo", "llama-spec") == "http://llama-spec.demo.svc:30000"
+
+
+def test_defaults_and_priority_order() -> None:
+    args = build_parser().parse_args([])
+    assert args.reconcile_interval == 10.0 and args.metrics_port == 8080 and not args.namespace
+    older = default_priority()
+    import time
+
+    time.sleep(0.01)
+    assert default_priority() < older  # an older replica outranks a newer one
+    assert older > 0
