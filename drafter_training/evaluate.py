@@ -119,26 +119,7 @@ def speculative_generate(
         cand = torch.cat([seq, torch.tensor(drafts, dtype=torch.long, device=device)])
         aux_all, _, logits = capture_forward(target, cand[None], layer_ids)
         ver = logits[0, seq.numel() - 1 :]  # distributions after the last committed token and each draft
-        emitted: list[int] = []
-        for i, d in enumerate(drafts):
-            if temperature <= 0:
-                ok = int(ver[i].argmax()) == d
-                nxt = None if ok else int(ver[i].argmax())
-            else:
-                probs = torch.softmax(ver[i].float() / temperature, -1).cpu()
-                ok = float(torch.rand((), generator=generator)) < float(probs[d])
-                nxt = None
-                if not ok:
-                    residual = probs.clone()
-                    residual[d] = 0
-                    nxt = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-            if ok:
-                emitted.append(d)
-            else:
-                emitted.append(nxt)
-                break
-        else:
-            emitted.append(_pick(ver[len(drafts)], temperature, generator))
+        emitted = verify_chain(ver, drafts, temperature, generator)
         res.accept_lengths.append(len(emitted))
         keep = emitted[: max_new_tokens - len(res.generated)]
         for j, tok in enumerate(keep):
@@ -152,6 +133,37 @@ def speculative_generate(
             break
     res.emitted = len(res.generated)
     return res
+
+
+def verify_chain(
+    ver_logits: torch.Tensor, drafts: list[int], temperature: float, generator: torch.Generator | None = None
+) -> list[int]:
+    """Tokens one verify emits: the accepted prefix of `drafts` plus one token from the target.
+
+    ver_logits[i] is the target's next-token logits after the committed prefix and drafts[:i]
+    (len(drafts) + 1 rows). Greedy: accept while the draft is the argmax, then emit the argmax. Sampled:
+    the draft is deterministic, so accept d with probability p(d); on rejection sample from p without d
+    (renormalised); after a fully accepted chain sample the bonus from the last row. Either way every
+    emitted token is distributed as the target alone would have produced it.
+    """
+    emitted: list[int] = []
+    for i, d in enumerate(drafts):
+        if temperature <= 0:
+            best = int(ver_logits[i].argmax())
+            emitted.append(best)
+            if best != d:
+                return emitted
+            continue
+        probs = torch.softmax(ver_logits[i].float() / temperature, -1).cpu()
+        if float(torch.rand((), generator=generator)) < float(probs[d]):
+            emitted.append(d)
+            continue
+        residual = probs.clone()
+        residual[d] = 0
+        emitted.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+        return emitted
+    emitted.append(_pick(ver_logits[len(drafts)], temperature, generator))
+    return emitted
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
