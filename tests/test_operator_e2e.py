@@ -98,6 +98,7 @@ class Operator:
         self.endpoints: dict[str, str] = {}
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.extra_args: list[str] = []
 
     def map(self, service: str, url: str) -> None:
         self.endpoints[f"{self.namespace}/{service}"] = url
@@ -109,7 +110,7 @@ class Operator:
         log = open(self.workdir / f"operator-{self.starts}.log", "w")
         env = {**os.environ, "KUBECONFIG": self.kubeconfig}
         cmd = [sys.executable, "-m", "specdec_operator.cli", "run", "--namespace", self.namespace, "--standalone",
-               "--endpoints", str(path), "--metrics-port", "0", "--reconcile-interval", "1"]
+               "--endpoints", str(path), "--metrics-port", "0", "--reconcile-interval", "1", *self.extra_args]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
 
     def kill(self) -> None:
@@ -155,6 +156,14 @@ def operator(kubeconfig_path: str, namespace: str, tmp_path: Path, custom_object
 
 # ---------------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def example(file: str, name: str, namespace: str, *, annotations: dict[str, str] | None = None, workloads: list | None = None, **spec_changes: Any) -> dict:
@@ -345,6 +354,8 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     spec_sim = sims.start("llama31-8b-eagle3")
     operator.map(f"{name}-base", base.url)
     operator.map(f"{name}-spec", spec_sim.url)
+    metrics_port, health_port = free_port(), free_port()
+    operator.extra_args = ["--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1", "--liveness", f"http://127.0.0.1:{health_port}/healthz"]
     operator.start()
     cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations(), monitor__interval=5, monitor__window=2)
     started = time.monotonic()
@@ -354,12 +365,19 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     assert st["phase"] == "Promoted", st.get("message")
     assert st["activeVariant"] == "speculative" and st["speedup"] > 1.0
     assert stable_variant(core_v1, namespace, name) == "speculative"
-    endpoints = core_v1.read_namespaced_endpoints(name, namespace)
     spec_ips = {p.status.pod_ip for p in variant_pods(core_v1, namespace, name, "speculative")}
     wait_until(lambda: {a.ip for s in (core_v1.read_namespaced_endpoints(name, namespace).subsets or []) for a in s.addresses or []} == spec_ips, timeout=15, message="stable Service endpoints = speculative pods")
-    del endpoints
     for pod in core_v1.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={name}").items:
         assert pod.spec.node_name == "h200-0"  # gpuFamily hopper: the only Hopper node
+    # The operator's own signals: Prometheus metrics and Kopf's liveness endpoint.
+    import urllib.request
+
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    labels = f'name="{name}",namespace="{namespace}"'
+    assert f'specdec_active_variant{{{labels},variant="speculative"}} 1.0' in metrics
+    assert f"specdec_speedup{{{labels}}} {st['speedup']}" in metrics
+    assert 'specdec_probes_total{decision="promote",reason="SpeedupConfirmed"} 1.0' in metrics
+    assert urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=5).status == 200
 
     # Acceptance drifts: the drafter stops being accepted while production traffic keeps flowing.
     spec_sim.sim.engine._p = 0.0  # the simulator's per-draft acceptance probability: 0 = accept length 1.00

@@ -158,7 +158,7 @@ class Runtime:
         self.api_client = api_client
         self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
         self.probes: dict[tuple[str, str], ProbeTask] = {}
-        self.statuses: dict[tuple[str, str], dict[str, Any]] = {}
+        self.statuses: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}  # (uid, status last written)
         self.scrapes: dict[tuple[str, str], Sample] = {}
         self.monitor_due: dict[tuple[str, str], bool] = {}
         self.foreign: dict[tuple[str, str], dict[str, tuple[float, dict[str, Any]]]] = {}
@@ -282,7 +282,10 @@ class Runtime:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         key = (namespace, name)
         uid = body["metadata"]["uid"]
-        status = self.statuses.setdefault(key, {k: v for k, v in _plain(body.get("status") or {}).items() if k != "kopf"})
+        cached = self.statuses.get(key)
+        if cached is None or cached[0] != uid:  # first step, or a new object under the same name
+            cached = self.statuses[key] = (uid, {k: v for k, v in _plain(body.get("status") or {}).items() if k != "kopf"})
+        status = cached[1]
         spec_dict = _plain(body.get("spec") or {})
         try:
             spec = parse_spec(spec_dict, source=f"{namespace}/{name}")
@@ -291,7 +294,7 @@ class Runtime:
             patch = merge_patch(status, new)
             if patch:
                 await asyncio.to_thread(self.patch_status, namespace, name, patch)
-                self.statuses[key] = new
+                self.statuses[key] = (uid, new)
                 kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
             return None
 
@@ -346,7 +349,7 @@ class Runtime:
         patch = merge_patch(status, new_status)
         if patch:
             await asyncio.to_thread(self.patch_status, namespace, name, patch)
-            self.statuses[key] = new_status
+            self.statuses[key] = (uid, new_status)
         for event in plan.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
             if event.reason in ROLLBACK_REASONS:
@@ -431,7 +434,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     def resource_changed(namespace: str, name: str, **_: Any) -> None:
         runtime.wake(namespace, name)
 
-    @kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_timeout=10.0, registry=registry)
+    # On deletion or shutdown the loop is asked to stop (it exits within a step) and cancelled only after 5 s.
+    @kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_backoff=5.0, cancellation_timeout=10.0, registry=registry)
     async def serve(body: Any, namespace: str, name: str, stopped: Any, logger: logging.Logger, specdec_pods: Any, specdec_deployments: Any, specdec_services: Any, **_: Any) -> None:
         key = (namespace, name)
         wake = runtime.wakeups.setdefault(key, asyncio.Event())
