@@ -495,6 +495,19 @@ def test_a_resource_cannot_make_the_operator_touch_or_probe_what_it_does_not_own
     assert status(custom_objects, namespace, "victim")["phase"] == "Failed"
 
 
+def test_a_child_the_api_server_refuses_is_explained_in_status(operator: Operator, namespace: str, custom_objects: Any) -> None:
+    operator.start()
+    cr = example("llama31-8b-eagle3.yaml", "badlabel", namespace, annotations=compatible_annotations())
+    cr["spec"]["podMetadata"]["labels"] = {"team name": "x"}  # a string map to the CRD, not a valid label key
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    st = wait_phase(custom_objects, namespace, "badlabel", {"Failed"}, timeout=30)
+    assert st["reason"] == "ApplyRejected" and "team name" in st["message"]
+    # Fixing the resource clears it.
+    custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "badlabel", {"spec": {"podMetadata": {"labels": {"team name": None, "team": "x"}}}})
+    st = wait_phase(custom_objects, namespace, "badlabel", {"Validating", "Deploying", "Probing", "RolledBack", "Promoted"}, timeout=30)
+    assert st.get("reason") != "ApplyRejected"
+
+
 def teardown_module() -> None:
     if TIMINGS:
         lines = [f"  {k}: {v:.1f}s" for k, v in TIMINGS.items()]

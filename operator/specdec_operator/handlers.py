@@ -373,6 +373,27 @@ class Runtime:
         self.metrics.observe_status(namespace, name, new_status)
         return plan
 
+    async def report_failure(self, body: Any, exc: ApiException) -> None:
+        """Put an API refusal that retrying cannot fix (forbidden, invalid object) into status and an Event, once."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        reason = "Forbidden" if exc.status == 403 else "ApplyRejected"
+        detail = str(exc.reason)
+        try:
+            import json as _json
+
+            detail = _json.loads(exc.body).get("message") or detail
+        except Exception:
+            pass
+        message = f"the API server refused a request ({exc.status}): {detail}"[:1024]
+        current = body.get("status") or {}
+        if current.get("reason") == reason and current.get("message") == message:
+            return
+        try:
+            await asyncio.to_thread(self.patch_status, namespace, name, {"phase": "Failed", "reason": reason, "message": message})
+        except ApiException:
+            return
+        kopf.event(body, type="Warning", reason=reason, message=message)
+
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         probe = self.probes.pop(key, None)
@@ -444,8 +465,9 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
             while not stopped:
                 wake.clear()
                 started = time.monotonic()
+                plan = None
                 try:
-                    await runtime.step(body, list(specdec_pods.get(key, [])), list(specdec_deployments.get(key, [])), list(specdec_services.get(key, [])), logger)
+                    plan = await runtime.step(body, list(specdec_pods.get(key, [])), list(specdec_deployments.get(key, [])), list(specdec_services.get(key, [])), logger)
                     failures = 0
                 except ApiException as exc:
                     failures += 1
@@ -453,6 +475,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                     logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason}")
                     # Forget the cached status: the next step rereads the resource as the server has it.
                     runtime.statuses.pop(key, None)
+                    if exc.status in (400, 403, 422):  # retrying will not fix it: tell the user where they look
+                        await runtime.report_failure(body, exc)
                 except Exception as exc:  # never let one bad step kill the loop; it is retried with backoff
                     failures += 1
                     runtime.metrics.reconcile_errors.labels(type(exc).__name__).inc()
@@ -461,6 +485,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 finally:
                     runtime.metrics.reconcile_seconds.observe(time.monotonic() - started)
                 delay = runtime.config.reconcile_interval if not failures else min(60.0, 0.5 * 2**failures)
+                if plan is not None and plan.next_scrape_in is not None:
+                    delay = min(delay, max(0.2, plan.next_scrape_in))
                 await _sleep(wake, stopped, delay)
         finally:
             if stopped.reason is not None and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason:

@@ -85,6 +85,7 @@ class Plan:
     start_probe: bool  # start a probe of `revision` (none is running in this process)
     cancel_probe: bool  # the running probe is for another revision or must not go on
     monitor_due: bool  # the speculative server should be scraped now (checked before the next step)
+    next_scrape_in: float | None = None  # seconds until the next scrape is due (None: no monitoring)
     desired: list[dict[str, Any]] = field(default_factory=list)  # all children this object should have
 
 
@@ -583,10 +584,11 @@ def reconcile(
     if prev.get("phase") != phase and phase in (Phase.FAILED.value,):
         events.append(Event("Warning", reason, message))
 
-    monitor_due = False
+    monitor_due, next_scrape_in = False, None
     if promoted and spec.monitor.enabled and phase == Phase.PROMOTED.value:
         last = parse_time((monitor_status or {}).get("lastScrapeTime"))
         monitor_due = last is None or (now - last).total_seconds() >= spec.monitor.interval
+        next_scrape_in = 0.0 if last is None else max(0.0, spec.monitor.interval - (now - last).total_seconds())
 
     return Plan(
         revision=rev,
@@ -596,6 +598,7 @@ def reconcile(
         start_probe=start_probe,
         cancel_probe=cancel_probe,
         monitor_due=monitor_due,
+        next_scrape_in=next_scrape_in,
         desired=desired,
     )
 
