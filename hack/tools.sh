@@ -281,8 +281,8 @@ main() {
     local total listing
     # `go list -deps` downloads exactly the modules the build needs (no test-only dependencies) and counts the
     # packages for the progress lines.
-    if ! listing="$(cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -deps $(pkgs_of "$group") 2>&1)"; then
-      tail -n 5 <<<"$listing" >&2
+    if ! listing="$(cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -deps $(pkgs_of "$group") 2>"${logs[$group]}")"; then
+      tail -n 5 "${logs[$group]}" >&2
       die "resolving hack/go/$group failed (is the Go module proxy reachable? GOPROXY=$(go env GOPROXY))"
     fi
     total="$(wc -l <<<"$listing")"
