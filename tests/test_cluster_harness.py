@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -412,3 +413,50 @@ def test_missing_tools_give_a_one_line_instruction(tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "run `make tools`" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------
+# hack/tools.sh (fast paths only: the builds themselves are what `make tools` does before the suite)
+
+TOOLS_SH = devcluster.HACK_DIR / "tools.sh"
+
+
+def run_tools(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(TOOLS_SH), *args], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_tools_sh_is_idempotent_and_check_reports_missing_tools(tmp_path):
+    built = devcluster.tools_dir()
+    assert run_tools("--check", SPECDEC_TOOLS_DIR=str(built)).returncode == 0
+    start = time.monotonic()
+    again = run_tools(SPECDEC_TOOLS_DIR=str(built))
+    assert again.returncode == 0 and "up to date" in again.stderr and time.monotonic() - start < 5
+
+    empty = run_tools("--check", SPECDEC_TOOLS_DIR=str(tmp_path / "none"))
+    assert empty.returncode == 1 and "run: make tools" in empty.stderr
+    assert run_tools("--print-dir", SPECDEC_TOOLS_DIR=str(tmp_path)).stdout.strip() == str(tmp_path)
+
+
+def test_tools_sh_reuses_fitting_binaries_from_path(tmp_path):
+    target = tmp_path / "bin"
+    result = run_tools(SPECDEC_TOOLS_DIR=str(target), PATH=f"{devcluster.tools_dir()}{os.pathsep}{os.environ['PATH']}")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("reusing ") == len(devcluster.REQUIRED_TOOLS) + 2  # + kwokctl, helm
+    for tool in (*devcluster.REQUIRED_TOOLS, "helm"):
+        assert (target / tool).resolve() == (devcluster.tools_dir() / tool).resolve()
+    assert run_tools("--check", SPECDEC_TOOLS_DIR=str(target)).returncode == 0
+
+
+def test_tools_sh_refuses_go_modules_that_disagree_with_versions_env(tmp_path):
+    hack = tmp_path / "hack"
+    shutil.copytree(devcluster.HACK_DIR / "go", hack / "go")
+    shutil.copy2(TOOLS_SH, hack / "tools.sh")
+    pinned = devcluster.versions()["HELM_VERSION"]
+    pins = (devcluster.HACK_DIR / "versions.env").read_text()
+    (hack / "versions.env").write_text(pins.replace(f"HELM_VERSION={pinned}", "HELM_VERSION=v4.0.0-unpinned"))
+    result = subprocess.run([str(hack / "tools.sh")], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "SPECDEC_TOOLS_DIR": str(tmp_path / "bin"), "SPECDEC_TOOLS_REUSE": "0"})
+    assert result.returncode == 1
+    assert "pins 'helm.sh/helm/v4 v4.0.0-unpinned'" in result.stderr and "update both" in result.stderr
+    assert not (tmp_path / "bin" / "helm").exists()
