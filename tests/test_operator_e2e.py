@@ -506,6 +506,11 @@ def test_a_child_the_api_server_refuses_is_explained_in_status(operator: Operato
     custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "badlabel", {"spec": {"podMetadata": {"labels": {"team name": None, "team": "x"}}}})
     st = wait_phase(custom_objects, namespace, "badlabel", {"Validating", "Deploying", "Probing", "RolledBack", "Promoted"}, timeout=30)
     assert st.get("reason") != "ApplyRejected"
+    # An SGLang release the command-line renderer does not know: admitted by the schema, explained by the operator.
+    old = example("llama31-8b-eagle3.yaml", "oldsglang", namespace, annotations=compatible_annotations(), sglangVersion="0.4.0")
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, old)
+    st = wait_phase(custom_objects, namespace, "oldsglang", {"Failed"}, timeout=30)
+    assert st["reason"] == "InvalidSpec" and "0.4.0 is not supported" in st["message"]
 
 
 def teardown_module() -> None:

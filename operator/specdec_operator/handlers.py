@@ -290,12 +290,7 @@ class Runtime:
         try:
             spec = parse_spec(spec_dict, source=f"{namespace}/{name}")
         except InputError as exc:
-            new = {**status, "phase": "Failed", "reason": "InvalidSpec", "message": str(exc), "observedGeneration": body["metadata"].get("generation")}
-            patch = merge_patch(status, new)
-            if patch:
-                await asyncio.to_thread(self.patch_status, namespace, name, patch)
-                self.statuses[key] = (uid, new)
-                kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
+            await self._invalid_spec(body, uid, status, exc)
             return None
 
         probe = self.probes.get(key)
@@ -336,7 +331,11 @@ class Runtime:
             scrape=scrape,
             previous_scrape=previous,
         )
-        plan = reconcile(spec, observed, status, datetime.now(timezone.utc), self.config.reconcile)
+        try:
+            plan = reconcile(spec, observed, status, datetime.now(timezone.utc), self.config.reconcile)
+        except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
+            await self._invalid_spec(body, uid, status, exc)
+            return None
 
         for obj in plan.apply:
             is_observed = obj["metadata"]["name"] in (observed_deployments if obj["kind"] == "Deployment" else observed_services)
@@ -372,6 +371,16 @@ class Runtime:
         self.monitor_due[key] = plan.monitor_due
         self.metrics.observe_status(namespace, name, new_status)
         return plan
+
+    async def _invalid_spec(self, body: Any, uid: str, status: dict[str, Any], exc: InputError) -> None:
+        """A spec the API server admitted but the operator cannot serve: phase Failed with the one-line reason."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        new = {**status, "phase": "Failed", "reason": "InvalidSpec", "message": str(exc), "observedGeneration": body["metadata"].get("generation")}
+        patch = merge_patch(status, new)
+        if patch:
+            await asyncio.to_thread(self.patch_status, namespace, name, patch)
+            self.statuses[(namespace, name)] = (uid, new)
+            kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
 
     async def report_failure(self, body: Any, exc: ApiException) -> None:
         """Put an API refusal that retrying cannot fix (forbidden, invalid object) into status and an Event, once."""
