@@ -237,6 +237,11 @@ def main() -> int:
     ap.add_argument("--eval-prompts", type=int, default=48)
     ap.add_argument("--eval-tokens", type=int, default=96)
     ap.add_argument("--capture-layers", default=None)
+    ap.add_argument("--serve-quant", default="int4-rtn-g128", help="how the serving copy is quantised")
+    ap.add_argument("--experiment", choices=["main", "quant-sweep"], default="main",
+                    help="main: TTT-7/TTT-1 and bf16/matched drafters; quant-sweep: the bf16-trained drafter "
+                         "against ever coarser RTN servers, and one drafter matched to --serve-quant")
+    ap.add_argument("--sweep-quants", default="int4-rtn-g128,int4-rtn-g4096,int3-rtn-g128,int2-rtn-g128")
     args = ap.parse_args()
     if args.smoke:
         args.corpus_bytes, args.tokenizer_bytes, args.vocab = 1_500_000, 600_000, 512
@@ -300,26 +305,35 @@ def main() -> int:
     log(f"target: {n_params/1e6:.1f}M params, held-out loss {q_bf16['loss']:.3f} top1 {q_bf16['top1']:.3f}")
     save(out)
 
-    # -- the INT4 copy that serves
+    # -- the quantized copies that serve
     from transformers import AutoModelForCausalLM
 
+    from drafter_training.target import parse_quantization
+
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sq = args.serve_quant
+    quants = [sq]
+    if args.experiment == "quant-sweep":
+        quants += [q for q in args.sweep_quants.split(",") if q and q != sq]
     bf16 = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=dtype).to(device).eval()
-    int4 = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=dtype).to(device).eval()
-    n_q = apply_rtn_int4_(int4, group_size=128)
-    q_int4 = heldout_quality(int4, held_tokens, device)
     q_ref = heldout_quality(bf16, held_tokens, device)
-    RESULTS["target"]["int4_rtn_g128"] = {
-        "quantized_linears": n_q, "heldout_loss": q_int4["loss"], "heldout_top1": q_int4["top1"],
-        "bf16_reload_heldout_loss": q_ref["loss"],
-        "top1_agreement_with_bf16": float((q_int4["argmax"] == q_ref["argmax"]).float().mean()),
-    }
-    log(f"int4: {RESULTS['target']['int4_rtn_g128']}")
-    save(out)
     cfg = read_config(tdir)
+    targets = {"bf16": LoadedTarget(bf16, cfg, "none", str(tdir))}
+    RESULTS["target"]["quantized"] = {}
+    for q in quants:
+        kind, group = parse_quantization(q)
+        qm = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=dtype).to(device).eval()
+        n_q = apply_rtn_int4_(qm, group_size=group, bits=int(kind[3]))
+        qual = heldout_quality(qm, held_tokens, device)
+        RESULTS["target"]["quantized"][q] = {
+            "quantized_linears": n_q, "heldout_loss": qual["loss"], "heldout_top1": qual["top1"],
+            "bf16_reload_heldout_loss": q_ref["loss"],
+            "top1_agreement_with_bf16": float((qual["argmax"] == q_ref["argmax"]).float().mean()),
+        }
+        targets[q] = LoadedTarget(qm, cfg, q, str(tdir))
+        log(f"{q}: {RESULTS['target']['quantized'][q]}")
+    save(out)
     layers = [int(x) for x in args.capture_layers.split(",")] if args.capture_layers else None
-    targets = {"bf16": LoadedTarget(bf16, cfg, "none", str(tdir)),
-               "int4": LoadedTarget(int4, cfg, "int4-rtn-g128", str(tdir))}
 
     # -- prompts: training prompts from training files, evaluation prompts from held-out files
     rng = np.random.default_rng(2)
@@ -329,10 +343,11 @@ def main() -> int:
     train_prompts = windows(train_tokens, args.samples)
     eval_prompts = windows(held_tokens, args.eval_prompts)
 
-    # -- regenerate + capture + vocab per serving variant
+    # -- regenerate + capture + vocab per source of training data (the bf16 model, the serving copy)
     data: dict[str, Path] = {}
     RESULTS["data"] = {}
-    for name, tgt in targets.items():
+    for name in ("bf16", sq):
+        tgt = targets[name]
         t = time.time()
         samples = work / f"samples-{name}.jsonl"
         rg = regenerate_local(tgt.model, train_prompts, args.gen_len, args.regen_temperature,
@@ -351,7 +366,9 @@ def main() -> int:
         save(out)
 
     # -- drafters
-    runs = {"ttt7_int4": ("int4", 7), "ttt7_bf16": ("bf16", 7), "ttt1_int4": ("int4", 1)}
+    runs = {f"ttt7_{sq}": (sq, 7), "ttt7_bf16": ("bf16", 7)}
+    if args.experiment == "main":
+        runs[f"ttt1_{sq}"] = (sq, 1)
     RESULTS["drafters"] = {}
     finals: dict[str, Path] = {}
     for name, (src, steps) in runs.items():
@@ -376,8 +393,11 @@ def main() -> int:
     # -- evaluation against the serving target(s)
     RESULTS["evaluation"] = {}
     eos = {tokenizer.eos_token_id}
-    plan = [("ttt7_int4", "int4", 0.0), ("ttt7_bf16", "int4", 0.0), ("ttt1_int4", "int4", 0.0),
-            ("ttt7_int4", "int4", 0.7), ("ttt7_bf16", "int4", 0.7), ("ttt7_bf16", "bf16", 0.0)]
+    if args.experiment == "main":
+        plan = [(f"ttt7_{sq}", sq, 0.0), ("ttt7_bf16", sq, 0.0), (f"ttt1_{sq}", sq, 0.0),
+                (f"ttt7_{sq}", sq, 0.7), ("ttt7_bf16", sq, 0.7), ("ttt7_bf16", "bf16", 0.0)]
+    else:
+        plan = [(f"ttt7_{sq}", sq, 0.0)] + [("ttt7_bf16", q, 0.0) for q in ["bf16"] + quants]
     for drafter, served, temp in plan:
         t = time.time()
         draft = load_trained(finals[drafter], tdir).to(device)

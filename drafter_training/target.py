@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,14 +121,14 @@ def rtn_quantize_(weight: torch.Tensor, bits: int = 4, group_size: int = 128) ->
     return err
 
 
-def apply_rtn_int4_(model: nn.Module, group_size: int = 128) -> int:
+def apply_rtn_int4_(model: nn.Module, group_size: int = 128, bits: int = 4) -> int:
     """Quantise every Linear inside the decoder layers (lm_head and embeddings stay, as INT4 servers do)."""
     layers = decoder_layers(model)
     count = 0
     for layer in layers:
         for module in layer.modules():
             if isinstance(module, nn.Linear):
-                rtn_quantize_(module.weight, 4, group_size)
+                rtn_quantize_(module.weight, bits, group_size)
                 count += 1
     return count
 
@@ -149,20 +150,21 @@ def final_norm(model: nn.Module) -> nn.Module:
     return norm
 
 
+_RTN = re.compile(r"int([2-8])-rtn(?:-g(\d+))?")
+
+
 def parse_quantization(spec: str | None) -> tuple[str, int]:
-    """'none' | 'int4-rtn-g128' (applied here) | 'checkpoint' (whatever the checkpoint carries)."""
+    """'none' | 'checkpoint' (whatever the checkpoint carries) | 'int<bits>-rtn-g<group>' (applied here).
+
+    Returns (kind, group) with kind 'none', 'checkpoint' or 'int<bits>-rtn'.
+    """
     spec = (spec or "checkpoint").lower()
     if spec in ("none", "checkpoint"):
         return spec, 0
-    if spec.startswith("int4-rtn"):
-        group = 128
-        if "-g" in spec:
-            try:
-                group = int(spec.rsplit("-g", 1)[1])
-            except ValueError:
-                raise InputError(f"--quantization {spec}: expected int4-rtn-g<group>, e.g. int4-rtn-g128") from None
-        return "int4-rtn", group
-    raise InputError(f"--quantization {spec}: one of checkpoint, none, int4-rtn-g<group>")
+    m = _RTN.fullmatch(spec)
+    if m:
+        return f"int{m.group(1)}-rtn", int(m.group(2) or 128)
+    raise InputError(f"--quantization {spec}: one of checkpoint, none, int<bits>-rtn-g<group> (e.g. int4-rtn-g128)")
 
 
 @dataclass
@@ -192,9 +194,10 @@ def load_target(
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: transformers cannot load it ({str(exc).splitlines()[0]})") from None
     model.to(device).eval()
-    if kind == "int4-rtn":
-        apply_rtn_int4_(model, group)
-        recorded = f"int4-rtn-g{group}"
+    if kind.endswith("-rtn"):
+        bits = int(kind[3])
+        apply_rtn_int4_(model, group, bits=bits)
+        recorded = f"{kind}-g{group}"
     elif kind == "none":
         recorded = "none"
     else:

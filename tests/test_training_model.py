@@ -106,8 +106,12 @@ def test_rtn_int4_group_quantisation():
     rtn_quantize_(again, 4, 128)
     torch.testing.assert_close(again, w, atol=1e-5, rtol=0)
     assert parse_quantization("int4-rtn-g64") == ("int4-rtn", 64)
+    assert parse_quantization("int3-rtn") == ("int3-rtn", 128)
     with pytest.raises(InputError, match="--quantization"):
         parse_quantization("int3")
+    w3 = torch.randn(4, 128)
+    rtn_quantize_(w3, 3, 128)
+    assert all(row.unique().numel() <= 8 for row in w3)
 
 
 def test_fp8_storage_round_trip():
