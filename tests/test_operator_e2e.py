@@ -456,6 +456,7 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     # A second restart reads the decision back: nothing is probed again, the stable Service stays put.
     operator.kill()
     requests_before = spec_sim.sim.generate_count + base.sim.generate_count
+    services_before = {s.metadata.name: s.metadata.resource_version for s in core_v1.list_namespaced_service(namespace).items}
     operator.start()
     # An unrelated edit (monitor settings) changes neither the revision nor the decision.
     custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"monitor": {"window": 7}}})
@@ -464,6 +465,8 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     st = status(custom_objects, namespace, name)
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision and stable_variant(core_v1, namespace, name) == "speculative"
     assert base.sim.generate_count + spec_sim.sim.generate_count == requests_before
+    # Not one write to the Services: the stable selector did not even flicker.
+    assert {s.metadata.name: s.metadata.resource_version for s in core_v1.list_namespaced_service(namespace).items} == services_before
     assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 2
 
 
