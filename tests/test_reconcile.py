@@ -368,3 +368,17 @@ def test_a_restarting_promoted_server_fails_over_to_base_and_back_without_a_new_
     assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
     assert not up.start_probe and up.revision == promoted.revision
     assert [e.reason for e in up.events] == ["TrafficSwitched"]
+
+
+def test_a_validator_that_cannot_start_says_why() -> None:
+    world = World(llama_spec())
+    world.step()
+    pod = world.add_pod("speculative")
+    pod["status"]["initContainerStatuses"] = [
+        {"name": m.VALIDATOR_CONTAINER, "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "specdec:bad"'}}}
+    ]
+    plan = world.step()
+    assert plan.status["phase"] == "Validating"
+    assert 'the drafter validator cannot start (ImagePullBackOff: Back-off pulling image "specdec:bad")' in plan.status["message"]
+    pod["status"]["initContainerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
+    assert "validating the drafter against the target" in world.step().status["message"]

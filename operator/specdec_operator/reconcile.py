@@ -165,6 +165,10 @@ class ServerState:
     restarts: int = 0  # restarts of the server container of the current pod
 
 
+# Waiting reasons that are simply progress, not a problem to report.
+_WAITING_NORMAL = {"PodInitializing", "ContainerCreating"}
+
+
 def _is_ready(pod: dict[str, Any]) -> bool:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
@@ -201,9 +205,13 @@ def server_state(pods: list[dict[str, Any]], template_hash: str, now: datetime) 
         if "terminated" in state and (state["terminated"] or {}).get("exitCode") == 0:
             continue
         if "running" in state or "waiting" in state or not state:
-            waiting = (state.get("waiting") or {}).get("reason")
-            if waiting == "CrashLoopBackOff":
+            waiting = state.get("waiting") or {}
+            if waiting.get("reason") == "CrashLoopBackOff":
                 return ServerState(False, any_ready, "Validating", "the drafter validator failed (see DrafterCompatible)")
+            if waiting.get("reason") and waiting["reason"] not in _WAITING_NORMAL:
+                # ImagePullBackOff, CreateContainerConfigError, ...: the validator cannot even start.
+                detail = f"{waiting['reason']}: {waiting.get('message')}" if waiting.get("message") else waiting["reason"]
+                return ServerState(False, any_ready, "Validating", _clip(f"the drafter validator cannot start ({detail})"))
             return ServerState(False, any_ready, "Validating", "validating the drafter against the target")
         return ServerState(False, any_ready, "Validating", "the drafter validator failed (see DrafterCompatible)")
     for cs in status.get("containerStatuses") or []:
@@ -224,7 +232,10 @@ def server_state(pods: list[dict[str, Any]], template_hash: str, now: datetime) 
             elapsed = human_duration((now - started).total_seconds()) if started else "just started"
             return ServerState(False, any_ready, "Loading", f"loading weights, {elapsed}", restarts)
         if waiting:
-            return ServerState(False, any_ready, "Starting", _clip(f"starting ({waiting.get('reason') or 'waiting'})"), restarts)
+            detail = waiting.get("reason") or "waiting"
+            if waiting.get("message") and detail not in _WAITING_NORMAL:
+                detail = f"{detail}: {waiting['message']}"
+            return ServerState(False, any_ready, "Starting", _clip(f"starting ({detail})"), restarts)
     return ServerState(False, any_ready, "Starting", "starting")
 
 
@@ -491,8 +502,10 @@ def reconcile(
         phase, reason, message = Phase.PENDING.value, "Creating", "creating the base and speculative servers"
     elif validation is None:
         phase, reason = Phase.VALIDATING.value, "Validating"
-        if spec_state.reason in ("Validating", "Loading", "Ready"):
+        if spec_state.reason in ("Loading", "Ready") or spec_state.message == "validating the drafter against the target":
             message = f"validating the drafter against the target; base: {base_state.message}"
+        elif spec_state.reason == "Validating":  # the validator cannot start or failed without a verdict yet
+            message = f"{spec_state.message}; base: {base_state.message}"
         else:  # the validator has not started: say why (no node with free GPUs, image pull, ...)
             message = f"validating the drafter: speculative pod {spec_state.message}; base: {base_state.message}"
     elif not (base_state.ready and spec_state.ready):
