@@ -65,3 +65,21 @@ def test_defaults_and_priority_order() -> None:
     time.sleep(0.01)
     assert default_priority() < older  # an older replica outranks a newer one
     assert older > 0
+
+
+def test_operator_metrics_exposition() -> None:
+    from prometheus_client import generate_latest
+
+    from specdec_operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.observe_status("ns", "llama", {"phase": "Promoted", "activeVariant": "speculative", "speedup": 1.9, "acceptLength": 2.8})
+    metrics.rollbacks.labels("AcceptanceDrift").inc()
+    text = generate_latest(metrics.registry).decode()
+    assert 'specdec_speedup{name="llama",namespace="ns"} 1.9' in text
+    assert 'specdec_active_variant{name="llama",namespace="ns",variant="speculative"} 1.0' in text
+    assert 'specdec_active_variant{name="llama",namespace="ns",variant="base"} 0.0' in text
+    assert 'specdec_phase{name="llama",namespace="ns",phase="Promoted"} 1.0' in text
+    assert 'specdec_rollbacks_total{reason="AcceptanceDrift"} 1.0' in text
+    metrics.forget("ns", "llama")
+    assert 'name="llama"' not in generate_latest(metrics.registry).decode()
