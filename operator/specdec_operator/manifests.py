@@ -266,9 +266,9 @@ def pod_template(
 
 def template_hash(template: dict[str, Any]) -> str:
     """Hash of a pod template without its own hash annotation (stable across dict ordering)."""
-    stripped = copy.deepcopy(template)
-    stripped.get("metadata", {}).get("annotations", {}).pop(ANNOTATION_TEMPLATE_HASH, None)
-    blob = json.dumps(stripped, sort_keys=True, separators=(",", ":")).encode()
+    metadata = dict(template.get("metadata") or {})
+    metadata["annotations"] = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != ANNOTATION_TEMPLATE_HASH}
+    blob = json.dumps({**template, "metadata": metadata}, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
