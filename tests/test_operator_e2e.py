@@ -99,19 +99,27 @@ class Operator:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.extra_args: list[str] = []
+        self.peering: str | None = None  # --peering NAME instead of --standalone
+        self.all_procs: list[subprocess.Popen] = []
 
     def map(self, service: str, url: str) -> None:
         self.endpoints[f"{self.namespace}/{service}"] = url
 
-    def start(self) -> None:
+    def start(self) -> subprocess.Popen:
         self.starts += 1
         path = self.workdir / "endpoints.yaml"
         path.write_text(yaml.safe_dump(self.endpoints))
         log = open(self.workdir / f"operator-{self.starts}.log", "w")
         env = {**os.environ, "KUBECONFIG": self.kubeconfig}
-        cmd = [sys.executable, "-m", "specdec_operator.cli", "run", "--namespace", self.namespace, "--standalone",
+        peering = ["--peering", self.peering] if self.peering else ["--standalone"]
+        cmd = [sys.executable, "-m", "specdec_operator.cli", "run", "--namespace", self.namespace, *peering,
                "--endpoints", str(path), "--metrics-port", "0", "--reconcile-interval", "1", *self.extra_args]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+        self.all_procs.append(self.proc)
+        return self.proc
+
+    def log_of(self, start: int) -> str:
+        return (self.workdir / f"operator-{start}.log").read_text()
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no goodbye, as a node failure or an OOM kill."""
@@ -120,12 +128,14 @@ class Operator:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        for proc in self.all_procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
 
     def logs(self) -> str:
         return "\n".join(p.read_text() for p in sorted(self.workdir.glob("operator-*.log")))
@@ -496,6 +506,35 @@ def test_a_resource_cannot_make_the_operator_touch_or_probe_what_it_does_not_own
     assert svc.metadata.owner_references is None and svc.spec.selector == {"app": "payments"} and svc.metadata.labels == {"team": "payments"}
     assert decoy_base.sim.generate_count == 0 and decoy_spec.sim.generate_count == 0
     assert status(custom_objects, namespace, "victim")["phase"] == "Failed"
+
+
+def test_two_replicas_with_leader_election_decide_once(
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, kubectl: Any
+) -> None:
+    kubectl("apply", "-f", str(REPO / "charts" / "specdec-operator" / "crds" / "kopf.dev_kopfpeerings.yaml"))
+    kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=30s")
+    kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "specdec", "namespace": namespace}}))
+    name = "llama"
+    base, spec_sim = sims.start("llama31-8b-base", time_scale=2.0), sims.start("llama31-8b-eagle3", time_scale=2.0)
+    operator.map(f"{name}-base", base.url)
+    operator.map(f"{name}-spec", spec_sim.url)
+    operator.peering = "specdec"
+    leader = operator.start()
+    time.sleep(2)
+    operator.start()  # the second replica: younger, so it waits
+    cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations())
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    wait_phase(custom_objects, namespace, name, {"Probing"}, timeout=60)
+    wait_until(lambda: spec_sim.sim.generate_count > 0, timeout=30, message="the leader's probe sending requests")
+    assert "ProbeStarted" in operator.log_of(1) and "ProbeStarted" not in operator.log_of(2)
+    leader.terminate()  # a rolling update: the leader leaves, the other replica resumes at once
+    leader.wait(20)
+    st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=120)
+    assert st["phase"] == "Promoted"
+    wait_until(lambda: "SpeedupConfirmed" in operator.log_of(2), timeout=10, message="the second replica logging its decision")
+    assert "SpeedupConfirmed" not in operator.log_of(1)
+    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event")
+    assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2
 
 
 def test_a_child_the_api_server_refuses_is_explained_in_status(operator: Operator, namespace: str, custom_objects: Any) -> None:
