@@ -233,8 +233,13 @@ def _stop_pid(pid: int, directory: Path, grace: float = 10.0) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     # Reap it when it is our child (pytest session that started the cluster).
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+    else:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _die_with_parent() -> None:
@@ -242,6 +247,27 @@ def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+# Components started by this process, by pid: their exit status is known exactly (no /proc guessing while a
+# component starts), and keeping the Popen objects avoids "subprocess still running" warnings.
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+def _alive(pid: int, directory: Path) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    return _is_ours(pid, directory)
+
+
+def _exit_reason(pid: int) -> str:
+    child = _CHILDREN.get(pid)
+    if child is None or child.returncode is None:
+        return "exited"
+    if child.returncode < 0:
+        return f"was killed by signal {signal.Signals(-child.returncode).name}"
+    return f"exited with code {child.returncode}"
 
 
 def _spawn(cmd: Sequence[str], log: Path, cwd: Path, tie_to_parent: bool) -> int:
@@ -255,6 +281,7 @@ def _spawn(cmd: Sequence[str], log: Path, cwd: Path, tie_to_parent: bool) -> int
             start_new_session=True,  # own process group: `down` kills the whole group
             preexec_fn=_die_with_parent if tie_to_parent else None,
         )
+    _CHILDREN[proc.pid] = proc
     return proc.pid
 
 
@@ -535,9 +562,10 @@ def _wait_healthy(directory: Path, ports: dict[str, int], pids: dict[str, int], 
     pending = list(COMPONENTS)
     while pending:
         for component in list(pending):
-            if not _is_ours(pids[component], directory):
+            if not _alive(pids[component], directory):
                 log = directory / "logs" / f"{component}.log"
-                raise ClusterError(f"{component} exited during startup; last lines of {log}:\n{_tail(log)}")
+                raise ClusterError(f"{component} {_exit_reason(pids[component])} during startup; "
+                                   f"last lines of {log}:\n{_tail(log)}")
             if checks[component]():
                 pending.remove(component)
         if pending and time.monotonic() > deadline:
@@ -656,12 +684,43 @@ def _wait_component(directory: Path, ports: dict[str, int], pids: dict[str, int]
                     deadline: float) -> None:
     check = _health_checks(directory, ports)[component]
     while not check():
-        if not _is_ours(pids[component], directory):
+        if not _alive(pids[component], directory):
             log = directory / "logs" / f"{component}.log"
-            raise ClusterError(f"{component} exited during startup; last lines of {log}:\n{_tail(log)}")
+            raise ClusterError(f"{component} {_exit_reason(pids[component])} during startup; "
+                               f"last lines of {log}:\n{_tail(log)}")
         if time.monotonic() > deadline:
             raise ClusterError(f"{component} not healthy in time (log: {directory / 'logs' / component}.log)")
         time.sleep(0.1)
+
+
+def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, timeout: float = 120.0) -> None:
+    """Stop some components of a running cluster and start them again (fault injection for tests).
+
+    Unlike ``up``, etcd keeps its data. Components stop in reverse start order, stay down ``down_seconds``, and
+    start in start order, each waited for until healthy. Components started here are tied to the calling process
+    when the cluster was (``up(tie_to_parent=True)`` from this same process).
+    """
+    _validate_name(name)
+    unknown = sorted(set(components) - set(COMPONENTS))
+    if unknown:
+        raise ClusterError(f"unknown component(s) {', '.join(unknown)}: choose from {', '.join(COMPONENTS)}")
+    directory = cluster_dir(name)
+    with _locked(name):
+        state, alive = _running(name)
+        if not alive:
+            raise ClusterError(f"cluster {name!r} is not running: `up` it first")
+        ports = {k: int(v) for k, v in state["ports"].items()}
+        commands = _commands(directory, ports, Path(state["tools"]))
+        tie = state.get("owner_pid") == os.getpid()
+        order = [c for c in COMPONENTS if c in components]
+        for component in reversed(order):
+            _stop_pid(int(state["pids"][component]), directory)
+        time.sleep(down_seconds)
+        deadline = time.monotonic() + timeout
+        for component in order:
+            state["pids"][component] = _spawn(commands[component], directory / "logs" / f"{component}.log", directory, tie)
+            _write_state(name, state)
+            _wait_component(directory, ports, state["pids"], component, deadline)
 
 
 def _bootstrap(cluster: Cluster, deadline: float) -> None:
