@@ -667,10 +667,13 @@ def up(
                     # The apiserver gives up on an unreachable store, and the controller-manager and scheduler
                     # exit when RBAC is not bootstrapped yet: each waits for the one before it to be ready.
                     _wait_component(directory, ports, pids, component, deadline)
-            say(f"started {', '.join(COMPONENTS)}; waiting for them to be healthy")
-            _wait_healthy(directory, ports, pids, deadline)
+                    say(f"{component} ready after {time.monotonic() - started:.1f}s")
             cluster = _cluster_from_state(name, state)
-            _bootstrap(cluster, deadline)
+            # The nodes are created while the controller-manager, scheduler and kwok start.
+            _create_nodes(cluster)
+            _wait_healthy(directory, ports, pids, deadline)
+            say(f"all components healthy after {time.monotonic() - started:.1f}s")
+            _wait_schedulable(cluster, deadline)
         except BaseException:
             _stop_all(name, state)
             raise
@@ -723,17 +726,43 @@ def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, 
             _wait_component(directory, ports, state["pids"], component, deadline)
 
 
-def _bootstrap(cluster: Cluster, deadline: float) -> None:
-    """Create the fake nodes and wait until the cluster can run pods: nodes Ready, default ServiceAccount."""
+def _api_get(cluster: Cluster, path: str) -> dict | None:
+    """GET a path of the cluster's API as the admin; None on any error (the caller polls)."""
+    try:
+        with urllib.request.urlopen(cluster.server + path, context=_admin_ssl(cluster.directory / "pki"),
+                                    timeout=5) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, OSError, ssl.SSLError, ValueError):
+        return None
+
+
+def _create_nodes(cluster: Cluster) -> None:
+    """Apply hack/kwok/nodes.yaml (kwok starts managing them as soon as it is up)."""
     cluster.kubectl("apply", "-f", str(NODES_MANIFEST))
-    remaining = max(5, int(deadline - time.monotonic()))
-    cluster.kubectl("wait", "--for=condition=Ready", "nodes", "--all", f"--timeout={remaining}s",
-                    timeout=remaining + 10)
+
+
+def _wait_schedulable(cluster: Cluster, deadline: float) -> None:
+    """Wait until the cluster can run pods: every fake node Ready, the default ServiceAccount created."""
+    expected = NODES_MANIFEST.read_text().count("\nkind: Node")
+
+    def nodes_ready() -> bool:
+        nodes = (_api_get(cluster, "/api/v1/nodes") or {}).get("items") or []
+        ready = [
+            n for n in nodes
+            if any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (n.get("status") or {}).get("conditions") or [])
+        ]
+        return len(ready) >= expected
+
     # The ServiceAccount admission plugin rejects pods until the controller-manager created 'default'.
-    while cluster.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            raise ClusterError("the controller-manager did not create the default ServiceAccount in time")
-        time.sleep(0.2)
+    def default_service_account() -> bool:
+        return _api_get(cluster, "/api/v1/namespaces/default/serviceaccounts/default") is not None
+
+    for what, check in (("nodes Ready", nodes_ready), ("default ServiceAccount", default_service_account)):
+        while not check():
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out waiting for {what} (logs in {cluster.directory / 'logs'})")
+            time.sleep(0.1)
 
 
 def _stop_all(name: str, state: dict) -> None:
