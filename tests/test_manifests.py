@@ -170,6 +170,20 @@ def test_pod_metadata_passes_through_but_operator_labels_win() -> None:
     assert meta["labels"]["app.kubernetes.io/instance"] == "srv"
     assert meta["annotations"]["prometheus.io/scrape"] == "true"
     assert meta["annotations"][m.ANNOTATION_REVISION] == "rev1"
+    assert m.ANNOTATION_REVISION not in build(spec, "base")["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_a_drafter_change_leaves_the_base_template_alone() -> None:
+    spec = example("llama31-8b-eagle3.yaml")["spec"]
+    other = copy.deepcopy(spec)
+    other["drafter"]["path"] = "eagle3/another"
+    parsed, parsed_other = parse_spec(spec), parse_spec(other)
+    from specdec_operator.api import speculative_revision
+
+    base = m.deployment("srv", "ns", parsed, "base", command=render_argv(parsed, "base"), replicas=1, revision=speculative_revision(parsed))
+    base2 = m.deployment("srv", "ns", parsed_other, "base", command=render_argv(parsed_other, "base"), replicas=1, revision=speculative_revision(parsed_other))
+    assert speculative_revision(parsed) != speculative_revision(parsed_other)
+    assert base["spec"]["template"] == base2["spec"]["template"]
 
 
 def test_template_hash_tracks_the_template_only() -> None:

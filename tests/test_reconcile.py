@@ -232,10 +232,12 @@ def test_unrelated_edits_keep_the_decision_drafter_edits_revalidate_and_reprobe(
     same = world.step()
     assert same.revision == promoted.revision
     assert same.status["phase"] == "Promoted" and same.events == [] and same.status["observedGeneration"] == 2
-    world.spec_dict = llama_spec(**{"drafter.numSteps": 4})
+    base_template = world.template("base")
+    world.spec_dict = llama_spec(**{"drafter.numSteps": 4, "monitor.window": 8, "podMetadata": {"annotations": {"owner": "team-a"}}})
     world.generation = 3
     world.probe_running = None
     changed = world.step()
+    assert world.template("base") == base_template  # the base keeps serving: its pod is not restarted
     assert changed.revision != promoted.revision
     assert changed.status["phase"] == "Validating"
     assert changed.status["activeVariant"] == "base"  # the new speculative server is not the one that was measured

@@ -230,7 +230,11 @@ def pod_template(
     """The pod template of one variant, annotated with its revision and its own hash."""
     variant = _v(variant)
     labels = {**spec.pod_metadata.labels, **instance_labels(name), **selector_labels(name, variant)}
-    annotations = {**spec.pod_metadata.annotations, ANNOTATION_REVISION: revision}
+    annotations = dict(spec.pod_metadata.annotations)
+    if variant == Variant.SPECULATIVE.value:
+        # Only the speculative pod carries the revision (its validator verdict is read per revision): a drafter
+        # change must not restart the base server, which keeps serving while the new drafter is validated.
+        annotations[ANNOTATION_REVISION] = revision
     model_volume = {"name": MODEL_VOLUME, **copy.deepcopy(spec.model.volume)}
     pod_spec: dict[str, Any] = {
         "enableServiceLinks": False,
@@ -322,16 +326,17 @@ def service(name: str, namespace: str, variant: str | Variant | None, *, active:
     metadata: dict[str, Any] = {"name": child_name(name, variant), "namespace": namespace, "labels": labels}
     if annotations:
         metadata["annotations"] = annotations
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata,
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(name, selected),
-            "ports": [{"name": PORT_NAME, "port": settings.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
-        },
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(name, selected),
+        "ports": [{"name": PORT_NAME, "port": settings.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
     }
+    if variant is not None:
+        # Headless: the per-variant Services exist for the probe and the monitor, which reach them by DNS (the
+        # pod's own IP, same port); only the stable Service needs a virtual IP. ClusterIP allocation was what
+        # broke first at 1,000 resources: the API server allocated a few per second (benchmarks/scale.py).
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
 
 
 def service_variant(svc: dict[str, Any]) -> str | None:
