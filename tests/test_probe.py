@@ -143,7 +143,7 @@ async def probe_between(base, candidate, workloads, *, scale=2.0, seed=0, **kwar
 def test_clear_win_promotes_with_intervals_above_one():
     result = asyncio.run(probe_between(BASE, WIN, [SINGLE, Workload("mid", 16, 32, 64, 32)], scale=2))
     assert (result.decision, result.reason) == ("promote", "SpeedupConfirmed"), result.message
-    assert result.rounds == 3
+    assert 3 <= result.rounds <= 6
     single = result.workloads[0]
     # Client round trips count against both servers in wall time, so the measured ratio sits a little under
     # the model's 2.08x (more so on a loaded host).
@@ -185,18 +185,21 @@ def test_seed_public_drafter_single_stream_is_not_promoted():
 
 
 def test_win_at_one_loss_at_128_under_both_policies():
-    all_policy = asyncio.run(probe_between(BASE, MIXED, [SINGLE, WIDE], policy="all"))
+    # What is tested here is how the policies combine workloads, so the intervals are the cheaper 95 % ones
+    # (the default 99.8 % costs a round or two more per probe on this noisy in-process setup).
+    fast = {"confidence": 0.95}
+    all_policy = asyncio.run(probe_between(BASE, MIXED, [SINGLE, WIDE], policy="all", **fast))
     assert (all_policy.decision, all_policy.reason) == ("rollback", "SpeedupBelowThreshold"), all_policy.message
     by_name = {w.name: w for w in all_policy.workloads}
     assert by_name["single"].speedup_low > 1 and by_name["wide"].speedup_high < 1
 
     mostly_single = [Workload("single", 1, 32, 64, 2, weight=9), Workload("wide", 128, 32, 16, 128, weight=1)]
-    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_single, policy="weighted"))
+    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_single, policy="weighted", **fast))
     assert (weighted.decision, weighted.reason) == ("promote", "SpeedupConfirmed"), weighted.message
     assert weighted.speedup == pytest.approx((9 * 2.08 + 0.5) / 10, rel=0.1)
 
     mostly_wide = [Workload("single", 1, 32, 64, 2, weight=1), Workload("wide", 128, 32, 16, 128, weight=9)]
-    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_wide, policy="weighted"))
+    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_wide, policy="weighted", **fast))
     assert (weighted.decision, weighted.reason) == ("rollback", "SpeedupBelowThreshold"), weighted.message
 
 
@@ -263,7 +266,7 @@ def test_on_round_sees_each_round():
         return await probe_between(BASE, WIN, [SINGLE], scale=4, on_round=hook)
 
     result = asyncio.run(scenario())
-    assert seen == [(1, 1), (2, 2), (3, 3)] and result.rounds == 3
+    assert result.rounds >= 3 and seen == [(i, i) for i in range(1, result.rounds + 1)]
 
 
 def test_scrape_metrics_reads_the_simulator():

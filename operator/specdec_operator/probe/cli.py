@@ -9,7 +9,7 @@ import sys
 
 from ..errors import InputError
 from .client import Workload
-from .run import ProbeResult, run_probe
+from .run import DEFAULT_CONFIDENCE, ProbeResult, run_probe
 
 DEFAULT_WORKLOADS = ["single-stream:1:1024:256:4", "concurrent-64:64:1024:256:128"]
 
@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reject at once when the first round's acceptance length is at or below this (default 1.1)")
     p.add_argument("--policy", default="all", choices=["all", "weighted"],
                    help="all: every workload must pass; weighted: the weight-averaged speedup must pass")
-    p.add_argument("--confidence", type=float, default=0.95,
-                   help="family-wise confidence over all looks (default 0.95)")
+    p.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
+                   help=f"family-wise confidence of the intervals over all looks (default {DEFAULT_CONFIDENCE}: "
+                   "equal servers are promoted in under 0.1%% of probes)")
     p.add_argument("--timeout", type=float, default=3600.0, help="time budget of the whole probe in seconds")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=None, help="seed for the random prompts")

@@ -31,6 +31,11 @@ from .stats import RatioInterval, log_ratio_interval, per_look_level, weighted_r
 
 BASE, CANDIDATE = "base", "candidate"
 
+# Family-wise over all looks of a probe. At the boundary (equal servers, min_speedup 1.0) the probe then
+# promotes in under 0.1 % of probes; a clear win still takes 3-4 rounds (docs/probe.md, measured by
+# benchmarks/probe_calibration.py). 0.95 would promote equal servers in ~2 % of probes.
+DEFAULT_CONFIDENCE = 0.998
+
 
 def _rfc3339(ts: datetime | None) -> str | None:
     return None if ts is None else ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -99,7 +104,7 @@ class ProbeResult:
     rounds: int = 0
     policy: str = "all"
     min_speedup: float = 1.0
-    confidence: float = 0.95
+    confidence: float = DEFAULT_CONFIDENCE
     accept_length: float | None = None  # client side: completion_tokens / spec_verify_ct over the candidate's rounds
     server_accept_length: float | None = None  # sglang:spec_accept_length from /metrics after the last round
     speedup: float | None = None  # smallest workload speedup (all) or the weighted one (weighted)
@@ -197,7 +202,7 @@ async def run_probe(
     max_rounds: int = 6,
     accept_length_floor: float = 1.1,
     policy: str = "all",
-    confidence: float = 0.95,
+    confidence: float = DEFAULT_CONFIDENCE,
     timeout: float = 3600.0,
     request_timeout: float = 600.0,
     read_timeout: float = 120.0,
