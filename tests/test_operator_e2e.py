@@ -477,6 +477,17 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     assert base.sim.generate_count + spec_sim.sim.generate_count == requests_before
     # Not one write to the Services: the stable selector did not even flicker.
     assert {s.metadata.name: s.metadata.resource_version for s in core_v1.list_namespaced_service(namespace).items} == services_before
+
+    # A drafter change is a new revision: validated and measured again, with the base serving meanwhile, untouched.
+    base_pod = variant_pods(core_v1, namespace, name, "base")[0].metadata.uid
+    custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"drafter": {"numSteps": 4}}})
+    wait_until(lambda: stable_variant(core_v1, namespace, name) == "base", timeout=20, message="stable Service back on base")
+    wait_until(
+        lambda: any((p.metadata.annotations or {}).get("specdec.io/revision") not in (None, revision) for p in variant_pods(core_v1, namespace, name, "speculative")),
+        timeout=30, message="a speculative pod of the new revision",
+    )
+    assert [p.metadata.uid for p in variant_pods(core_v1, namespace, name, "base")] == [base_pod]
+    assert status(custom_objects, namespace, name)["phase"] in {"Validating", "Deploying", "Probing", "Promoted"}
     assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 2
 
 
