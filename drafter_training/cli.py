@@ -203,6 +203,16 @@ def _evaluate(args: argparse.Namespace, progress: bool) -> dict[str, Any]:
     return report
 
 
+def _runtime_failures() -> tuple[type[BaseException], ...]:
+    import asyncio
+
+    import aiohttp
+
+    from .regenerate import EndpointError
+
+    return (OSError, RuntimeError, EndpointError, aiohttp.ClientError, asyncio.TimeoutError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -211,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"specdec-train {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    except _runtime_failures() as exc:  # server gone, disk full, CUDA out of memory: one line, exit 1
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"specdec-train {args.stage}: failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     print(json.dumps(result, indent=1, default=str))

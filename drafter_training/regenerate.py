@@ -179,6 +179,17 @@ async def complete_turn(
     max_new_tokens: int, temperature: float, retries: int, backoff: float,
 ) -> str:
     """Ask the serving model for the next assistant turn of `messages`."""
+    try:
+        return await _complete_turn(session, base_url, api, model, tokenizer, messages, max_new_tokens, temperature,
+                                    retries, backoff)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise EndpointError(f"{base_url} ({api}): unexpected response shape ({type(exc).__name__}: {exc})") from None
+
+
+async def _complete_turn(
+    session: Any, base_url: str, api: str, model: str, tokenizer: Any, messages: list[dict[str, str]],
+    max_new_tokens: int, temperature: float, retries: int, backoff: float,
+) -> str:
     if api == "chat":
         body = {"model": model, "messages": messages, "max_tokens": max_new_tokens, "temperature": temperature}
         data = await _post(session, f"{base_url}/v1/chat/completions", body, retries, backoff)
