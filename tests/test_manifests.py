@@ -205,3 +205,18 @@ def test_replicas_and_recreate_strategy() -> None:
     assert dep["spec"]["replicas"] == 0
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     assert dep["spec"]["progressDeadlineSeconds"] > 30 * 60
+
+
+def test_speculative_server_may_run_a_drafter_with_a_shorter_context() -> None:
+    """SGLang refuses to start a drafter whose max_position_embeddings is below the target's context unless told."""
+    spec = example("llama31-8b-eagle3.yaml")["spec"]
+
+    def env(variant: str, spec_dict: dict) -> dict:
+        (container,) = pod_spec(build(spec_dict, variant))["containers"]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert env("speculative", spec)[m.ALLOW_LONGER_DRAFT_CONTEXT_ENV] == "1"
+    assert m.ALLOW_LONGER_DRAFT_CONTEXT_ENV not in env("base", spec)
+    user = copy.deepcopy(spec)
+    user["sglang"] = {**user.get("sglang", {}), "env": [{"name": m.ALLOW_LONGER_DRAFT_CONTEXT_ENV, "value": "0"}]}
+    assert env("speculative", user)[m.ALLOW_LONGER_DRAFT_CONTEXT_ENV] == "0"

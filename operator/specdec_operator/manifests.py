@@ -219,6 +219,18 @@ def server_container(spec: SpeculativeServerSpec, command: list[str], settings: 
     }
 
 
+# SGLang 0.5.23 gives the draft model the target's context length and refuses to start when the drafter's own
+# max_position_embeddings is shorter (public EAGLE-3 drafters often say 2048) unless this variable is set. The
+# validator reports the gap as ContextLengthExceedsDrafter and the probe measures what it costs; a server that
+# cannot start would only crash-loop on 8 GPUs.
+ALLOW_LONGER_DRAFT_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+def _allow_longer_draft_context(container: dict[str, Any]) -> None:
+    if not any(e.get("name") == ALLOW_LONGER_DRAFT_CONTEXT_ENV for e in container["env"]):
+        container["env"].append({"name": ALLOW_LONGER_DRAFT_CONTEXT_ENV, "value": "1"})
+
+
 def pod_template(
     name: str,
     spec: SpeculativeServerSpec,
@@ -263,6 +275,8 @@ def pod_template(
         init = validator_container(spec, settings)
         if init:
             pod_spec["initContainers"] = [init]
+        if spec.drafter.algorithm != "NEXTN":
+            _allow_longer_draft_context(pod_spec["containers"][0])
     template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
     template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash(template)
     return template
