@@ -13,6 +13,7 @@ import asyncio
 import logging
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from .errors import InputError
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)")
     p.add_argument("--startup-allowance", type=_positive(int), default=STARTUP_ALLOWANCE_S, metavar="S", help=f"how long a server may load before its startup probe fails (default {STARTUP_ALLOWANCE_S})")
     p.add_argument("--crash-restart-limit", type=_positive(int), default=3, metavar="N", help="restarts after which a crash-looping speculative server is given up (ProbeFailed) and scaled to 0 (default 3)")
+    p.add_argument("--api-workers", type=_positive(int), default=32, metavar="N", help="Kubernetes API calls in flight at once (threads and connections of the API client; default 32)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p
@@ -117,12 +119,20 @@ def main(argv: list[str]) -> int:
     settings.peering.mandatory = bool(args.peering)
     # Kopf refreshes the record 5-10 s before it expires, so shorter lifetimes would flap.
     settings.peering.lifetime = max(15, args.peering_lifetime)
-    runtime = Runtime(config, metrics, k8s.ApiClient())
+    # The handlers call the blocking kubernetes client through asyncio.to_thread. With asyncio's default pool
+    # (min(32, CPUs + 4) threads: 6 on 2 cores) and the client's 10 pooled connections, 1,000 resources queued
+    # behind 6 requests in flight and the first status took minutes (benchmarks/scale.py, docs/scale.md).
+    settings.execution.max_workers = args.api_workers  # Kopf's pool for its synchronous handlers (the indexes)
+    client_config = k8s.Configuration.get_default_copy()
+    client_config.connection_pool_maxsize = args.api_workers
+    runtime = Runtime(config, metrics, k8s.ApiClient(client_config))
     register(registry, runtime)
 
     logging.getLogger("specdec").info(f"starting: {'all namespaces' if not args.namespace else ', '.join(args.namespace)}, endpoints from {args.endpoints or 'cluster DNS'}")
-    asyncio.run(
-        kopf.operator(
+
+    async def operate() -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(args.api_workers, thread_name_prefix="kube-api"))
+        await kopf.operator(
             registry=registry,
             settings=settings,
             standalone=True if args.standalone else None,
@@ -132,5 +142,6 @@ def main(argv: list[str]) -> int:
             clusterwide=not args.namespace,
             namespaces=args.namespace,
         )
-    )
+
+    asyncio.run(operate())
     return 0
