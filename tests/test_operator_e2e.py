@@ -386,7 +386,7 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     labels = f'name="{name}",namespace="{namespace}"'
     assert f'specdec_active_variant{{{labels},variant="speculative"}} 1.0' in metrics
     assert f"specdec_speedup{{{labels}}} {st['speedup']}" in metrics
-    assert 'specdec_probes_total{decision="promote",reason="SpeedupConfirmed"} 1.0' in metrics
+    assert f'specdec_probes_total{{decision="promote",{labels},reason="SpeedupConfirmed"}} 1.0' in metrics
     assert urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=5).status == 200
 
     # Acceptance drifts: the drafter stops being accepted while production traffic keeps flowing.

@@ -74,12 +74,27 @@ def test_operator_metrics_exposition() -> None:
 
     metrics = OperatorMetrics()
     metrics.observe_status("ns", "llama", {"phase": "Promoted", "activeVariant": "speculative", "speedup": 1.9, "acceptLength": 2.8})
-    metrics.rollbacks.labels("AcceptanceDrift").inc()
+    metrics.rollbacks.labels("ns", "srv", "AcceptanceDrift").inc()
     text = generate_latest(metrics.registry).decode()
     assert 'specdec_speedup{name="llama",namespace="ns"} 1.9' in text
     assert 'specdec_active_variant{name="llama",namespace="ns",variant="speculative"} 1.0' in text
     assert 'specdec_active_variant{name="llama",namespace="ns",variant="base"} 0.0' in text
     assert 'specdec_phase{name="llama",namespace="ns",phase="Promoted"} 1.0' in text
-    assert 'specdec_rollbacks_total{reason="AcceptanceDrift"} 1.0' in text
+    assert 'specdec_rollbacks_total{name="srv",namespace="ns",reason="AcceptanceDrift"} 1.0' in text
     metrics.forget("ns", "llama")
     assert 'name="llama"' not in generate_latest(metrics.registry).decode()
+
+
+def test_forgetting_a_server_drops_its_counters_too() -> None:
+    from prometheus_client import generate_latest
+
+    from specdec_operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.rollbacks.labels("ns", "gone", "AcceptanceDrift").inc()
+    metrics.probes.labels("ns", "gone", "rollback", "ProbeFailed").inc()
+    metrics.probes.labels("ns", "kept", "promote", "SpeedupConfirmed").inc()
+    metrics.forget("ns", "gone")
+    text = generate_latest(metrics.registry).decode()
+    assert 'name="gone"' not in text
+    assert 'specdec_probes_total{decision="promote",name="kept",namespace="ns",reason="SpeedupConfirmed"} 1.0' in text

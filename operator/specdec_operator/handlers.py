@@ -352,13 +352,15 @@ class Runtime:
         for event in plan.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
             if event.reason in ROLLBACK_REASONS:
-                self.metrics.rollbacks.labels(event.reason).inc()
+                self.metrics.rollbacks.labels(namespace, name, event.reason).inc()
             LOG.info(f"{namespace}/{name}: {event.reason}: {event.message}")
 
         if probe_result is not None:
             self.probes.pop(key, None)
             if probe_result.get("revision") == plan.revision:
-                self.metrics.probes.labels(probe_result.get("decision") or "none", probe_result.get("reason") or "none").inc()
+                self.metrics.probes.labels(
+                    namespace, name, probe_result.get("decision") or "none", probe_result.get("reason") or "none"
+                ).inc()
         if plan.cancel_probe and probe is not None and not probe.task.done():
             probe.task.cancel()
             self.probes.pop(key, None)

@@ -29,8 +29,9 @@ class OperatorMetrics:
             "specdec_active_variant", "1 for the variant the stable Service selects, 0 for the other.", ["namespace", "name", "variant"], registry=r
         )
         self.phase = Gauge("specdec_phase", "1 for the current phase of each SpeculativeServer.", ["namespace", "name", "phase"], registry=r)
-        self.probes = Counter("specdec_probes_total", "Probes finished, by decision and reason.", ["decision", "reason"], registry=r)
-        self.rollbacks = Counter("specdec_rollbacks_total", "Rollbacks (probe decisions and drift), by reason.", ["reason"], registry=r)
+        # Counters carry namespace and name too, so an alert can say which server rolled back.
+        self.probes = Counter("specdec_probes_total", "Probes finished, by decision and reason.", ["namespace", "name", "decision", "reason"], registry=r)
+        self.rollbacks = Counter("specdec_rollbacks_total", "Rollbacks (probe decisions and drift), by reason.", ["namespace", "name", "reason"], registry=r)
         self.reconcile_errors = Counter("specdec_reconcile_errors_total", "Reconcile steps that failed (retried).", ["kind"], registry=r)
         self.reconcile_seconds = Histogram(
             "specdec_reconcile_duration_seconds",
@@ -53,6 +54,9 @@ class OperatorMetrics:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the per-object series of a deleted SpeculativeServer."""
+        for counter in (self.probes, self.rollbacks):
+            for labels in [key for key in _label_sets(counter) if key[:2] == (namespace, name)]:
+                counter.remove(*labels)
         for gauge in (self.speedup, self.accept_length):
             try:
                 gauge.remove(namespace, name)
@@ -72,3 +76,9 @@ class OperatorMetrics:
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Expose /metrics on a background thread."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+def _label_sets(metric) -> list[tuple[str, ...]]:
+    """Label values of every child of a labelled metric (prometheus-client keeps them in _metrics)."""
+    with metric._lock:
+        return list(metric._metrics)
