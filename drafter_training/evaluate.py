@@ -33,7 +33,7 @@ from specdec_operator.errors import InputError
 
 from .model import Eagle3Draft, StepCache
 from .target import capture_forward
-from .train import shifted, simulated_acceptance
+from .train import simulated_acceptance
 from .vocab import draft_ids_of_targets
 
 log = logging.getLogger(__name__)

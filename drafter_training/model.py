@@ -148,7 +148,7 @@ class Eagle3Draft(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        num_aux = max(len(cfg.aux_layer_ids), 1) if cfg.aux_layer_ids else 3
+        num_aux = len(cfg.aux_layer_ids) or 3  # SGLang: len(eagle_aux_hidden_state_layer_ids), else 3
         self.fc = nn.Linear(num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
