@@ -89,10 +89,21 @@ def resolve_capture_layers(layer_ids: list[int] | None, num_layers: int) -> list
 
 
 def quantization_of(config: dict[str, Any]) -> str:
-    """A short name for the quantization a checkpoint carries: 'none' or quant_method[-bits][-g<group>]."""
-    q = config.get("quantization_config")
+    """A short name for the quantization a checkpoint carries: 'none', or the validator's label with its detail.
+
+    The provenance must use the words `specdec validate` derives for the serving target from the very same
+    config (compressed-tensors keeps its bit width in config_groups, not in a top-level `bits`), or a drafter
+    trained on the right hidden states would be flagged HiddenStateSourceMismatch/ProvenanceMissing.
+    """
+    from specdec_operator.compat import checkpoint_quantization
+    from specdec_operator.modelmeta import ModelMeta
+
+    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
     if not q:
         return "none"
+    label, detail = checkpoint_quantization(ModelMeta(path="config.json", config=config, text=config.get("text_config") or config))
+    if label:
+        return f"{label} ({detail})"
     name = str(q.get("quant_method", "unknown"))
     bits = q.get("bits") or q.get("w_bit")
     group = q.get("group_size") or q.get("q_group_size")
