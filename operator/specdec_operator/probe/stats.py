@@ -126,7 +126,14 @@ def log_ratio_interval(ratios: Sequence[float], level: float) -> RatioInterval:
         return RatioInterval(math.exp(mean), 0.0, math.inf, n, level)
     var = sum((x - mean) ** 2 for x in logs) / (n - 1)
     half = t_quantile(1.0 - (1.0 - level) / 2.0, n - 1) * math.sqrt(var / n)
-    return RatioInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, level)
+    return RatioInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level)
+
+
+def _exp(x: float) -> float:
+    """exp that saturates at inf: with one degree of freedom and a strict per-look level the t quantile is in the
+    tens of thousands, and noisy rounds made math.exp overflow (OverflowError, a ProbeFailed where the truth is
+    Inconclusive; found by benchmarks/scale.py with 500 probes sharing two simulators)."""
+    return math.exp(x) if x < 709.0 else math.inf
 
 
 def weighted_round_ratios(per_workload: dict[str, Sequence[float]], weights: dict[str, float]) -> list[float]:
