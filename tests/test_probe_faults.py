@@ -53,7 +53,7 @@ def test_the_same_servers_without_faults_would_promote():
         async with AsyncExitStack() as stack:
             b = await stack.enter_async_context(SimulatorServer(profile_from_dict(base), time_scale=4, seed=1))
             c = await stack.enter_async_context(SimulatorServer(profile_from_dict(cand), time_scale=4, seed=2))
-            return await run_probe(b, c, [campaign.WORKLOAD], max_rounds=3, seed=1)
+            return await run_probe(b, c, [campaign.WORKLOAD], seed=1, **campaign.PROBE_SETTINGS)
 
     result = asyncio.run(control())
     assert (result.decision, result.reason) == ("promote", "SpeedupConfirmed"), result.message
