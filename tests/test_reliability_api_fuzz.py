@@ -20,6 +20,7 @@ import itertools
 import json
 import re
 import threading
+import time
 import unicodedata
 from collections import Counter
 from typing import Any, NamedTuple
@@ -33,6 +34,7 @@ from specdec_operator import API_GROUP, API_VERSION, PLURAL, api
 from specdec_operator.celrules import violations
 from specdec_operator.crd import structural_schema
 from specdec_operator.errors import InputError
+from test_reliability_crash import cluster  # noqa: F401  (fixture: operator replicas and simulators)
 
 BATCH = 25  # objects per hypothesis example, sent concurrently
 EXAMPLES = 42  # hypothesis examples: BATCH * EXAMPLES objects in all (1,050)
@@ -472,3 +474,53 @@ def test_api_server_and_our_validation_agree_on_1050_generated_objects(kube_api_
     print("\napi fuzz:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(stats.items())))
     assert stats["objects"] >= 1000
     assert stats["valid"] >= 150 and stats["invalid"] >= 150, stats
+
+
+# --------------------------------------------------------------------------------------------------
+# The operator on admitted generated objects
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_operator_explains_every_admitted_generated_object_and_stays_cool(cluster, namespace):
+    """30 generated objects the API server admits (odd Unicode paths, extreme sizes, every shape of drafter) are
+    created for real: each gets a status with a phase and an explanation, the operator never exits, and once they
+    are all explained it does not spin (CPU over 10 s)."""
+    import psutil
+
+    from test_operator_e2e import status
+
+    specs: list[dict[str, Any]] = []
+
+    @settings(max_examples=400, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+    @given(mutated_specs())
+    def collect(case):
+        spec, _ = case
+        if len(specs) < 30 and oracle(spec).valid and len(json.dumps(spec)) < 200_000:
+            specs.append(spec)
+
+    collect()
+    assert len(specs) == 30
+    op = cluster.replica()
+    op.start()
+    for i, spec in enumerate(specs):
+        cluster.create({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "SpeculativeServer", "metadata": {"name": f"generated-{i}"}, "spec": spec})
+    deadline = time.monotonic() + 120
+    unexplained = [f"generated-{i}" for i in range(len(specs))]
+    while unexplained:
+        assert op.proc.poll() is None, f"the operator exited:\n{op.logs()[-3000:]}"
+        assert time.monotonic() < deadline, f"no explaining status after 120 s: {unexplained[:5]}"
+        unexplained = [n for n in unexplained if not ((st := status(cluster.custom, namespace, n)).get("phase") and (st.get("message") or st.get("reason")))]
+        time.sleep(1)
+    phases = Counter(f"{(st := status(cluster.custom, namespace, f'generated-{i}'))['phase']} {st.get('reason', '')}".strip() for i in range(len(specs)))
+    print(f"\n30 generated resources: {dict(phases)}")
+    for i in range(len(specs)):
+        if (st := status(cluster.custom, namespace, f"generated-{i}"))["phase"] == "Failed":
+            print(f"  generated-{i}: {st['reason']}: {st.get('message', '')[:300]}")
+    process = psutil.Process(op.proc.pid)
+    before = sum(process.cpu_times()[:2])
+    time.sleep(10)
+    cores = (sum(process.cpu_times()[:2]) - before) / 10
+    assert cores < 0.5, f"the operator uses {cores:.2f} cores with 30 resources explained"
+    assert op.proc.poll() is None

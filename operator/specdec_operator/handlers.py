@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -137,6 +139,23 @@ def slim_deployment(body: Any) -> dict[str, Any]:
     }
 
 
+# Characters YAML does not carry raw: non-printables and what YAML 1.1 folds as line breaks (NEL, LS, PS).
+# (C0 controls are escaped by json.dumps already.)
+_NOT_YAML_PRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufffe\uffff]")
+
+
+def apply_body(obj: dict[str, Any]) -> bytes:
+    """A server-side apply body (YAML content) that survives any Unicode in a spec.
+
+    The client would send json.dumps' ASCII output, in which a character beyond the BMP (an emoji in an image
+    name or a path) is a surrogate-pair escape: valid JSON, but the API server's YAML decoder refuses it ("found
+    invalid Unicode character escape code"), so the children could not be applied (found by
+    tests/test_reliability_api_fuzz.py). Non-ASCII goes as UTF-8; only what YAML cannot carry raw is escaped.
+    """
+    text = json.dumps(obj, ensure_ascii=False)
+    return _NOT_YAML_PRINTABLE.sub(lambda c: f"\\u{ord(c.group()):04x}", text).encode("utf-8")
+
+
 def slim_service(body: Any) -> dict[str, Any]:
     spec = body.get("spec") or {}
     return {"kind": "Service", "metadata": _meta(body), "spec": {"selector": _plain(spec.get("selector") or {}), "ports": _plain(spec.get("ports") or [])}}
@@ -210,13 +229,20 @@ class Runtime:
                 self.foreign.setdefault(key, {})[obj["metadata"]["name"]] = (time.monotonic(), existing)
                 return False
         kopf.append_owner_reference(obj, owner=owner)
-        apps, core, _ = self._apis()
-        kwargs = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": "application/apply-patch+yaml"}
+        self._apis()
         name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
-        if obj["kind"] == "Deployment":
-            apps.patch_namespaced_deployment(name, ns, obj, **kwargs)
-        else:
-            core.patch_namespaced_service(name, ns, obj, **kwargs)
+        path = "/apis/apps/v1/namespaces/{namespace}/deployments/{name}" if obj["kind"] == "Deployment" else "/api/v1/namespaces/{namespace}/services/{name}"
+        # The generated patch_namespaced_* methods only take a dict body, which they serialize as ASCII JSON; the
+        # body is serialized here (apply_body) and sent through the same client (auth, TLS, errors as ApiException).
+        method, url, headers, _, _ = self.api_client.param_serialize(
+            "PATCH", path, path_params={"namespace": ns, "name": name},
+            query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(method, url, headers, body=apply_body(obj))
+        response.read()
+        self.api_client.response_deserialize(response, {"200": "object", "201": "object"})  # raises ApiException
         return True
 
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
