@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""Scale: many SpeculativeServers on the local control plane, one operator (results: docs/scale.md).
+
+Starts its own local control plane (hack/devcluster.py, cluster name `scale`, removed afterwards unless --keep),
+adds enough simulated one-GPU-per-pod capacity (kwok nodes), starts a few SGLang simulators shared by every
+object through the operator's --endpoints mapping, runs the real `specdec run` as a subprocess, creates the
+objects across namespaces and waits until every one has settled in a terminal phase (Promoted, RolledBack,
+Invalid). Then it watches the settled system for --idle-seconds more (the steady-state cost).
+
+Measured:
+- time to steady state: from the first create to the moment every object is in a terminal phase;
+- operator RSS (peak and at the end) and CPU (seconds used, average cores, while settling and while idle);
+- reconcile step latency p50/p99 (the operator's own histogram specdec_reconcile_duration_seconds);
+- API requests per object: the delta of kube-apiserver's apiserver_request_total over the run, all clients
+  (operator, controller-manager, scheduler, kwok, this script), and the operator's own share estimated from the
+  requests only it makes (status patches of speculativeservers, server-side applies of Deployments and Services,
+  Events).
+
+    .venv/bin/python benchmarks/scale.py                           # 1,000 objects in 50 namespaces
+    .venv/bin/python benchmarks/scale.py --objects 100 --namespaces 10 --json /tmp/scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hack"))
+import devcluster  # noqa: E402
+
+GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
+TERMINAL = {"Promoted", "RolledBack", "Invalid", "Failed"}
+# Bigger simulated nodes than hack/kwok/nodes.yaml's 8-GPU ones: 2,000 one-GPU pods fit on 65 nodes instead of 252,
+# whose kwok heartbeats (Lease updates) would otherwise be a large share of the API server's load.
+GPUS_PER_NODE = 32
+# Simulator pairs (base profile, speculative profile) shared round-robin by the objects.
+PAIRS = [("llama31-8b-base", "llama31-8b-eagle3"), ("sglang-base-kimi-k25", "kimi-k2-public-eagle3")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bench_node(index: int) -> dict[str, Any]:
+    """A kwok node with GPUS_PER_NODE simulated Hopper GPUs (labels and taint as hack/kwok/nodes.yaml's H200)."""
+    name = f"scale-h200-{index}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "kwok",
+                       "nvidia.com/gpu.present": "true", "nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.product": "NVIDIA-H200",
+                       "nvidia.com/gpu.count": str(GPUS_PER_NODE)},
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"cpu": "192", "memory": "2Ti", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)},
+            "allocatable": {"cpu": "190", "memory": "2000Gi", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)},
+        },
+    }
+
+
+def resource(name: str, namespace: str, incompatible: bool) -> dict[str, Any]:
+    """A small SpeculativeServer: one GPU per server, a short probe; the pods' outcomes scripted for kwok."""
+    verdict = ({"compatible": False, "findings": [{"severity": "error", "code": "HiddenSizeMismatch", "message": "scale benchmark: scripted"}]}
+               if incompatible else {"compatible": True, "findings": []})
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SpeculativeServer",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "image": "lmsysorg/sglang:v0.5.23-cu130",
+            "model": {"volume": {"hostPath": {"path": "/data/models", "type": "Directory"}}},
+            "target": {"path": "llama"},
+            "drafter": {"path": "eagle3/llama", "numSteps": 3},
+            "resources": {"gpus": 1, "gpuFamily": "hopper"},
+            "podMetadata": {"annotations": {
+                "specdec.test/init-exit-code": "1" if incompatible else "0",
+                "specdec.test/init-message": json.dumps(verdict),
+                "specdec.test/ready-after": "1s",
+            }},
+            "rollout": {"workloads": [{"name": "quick", "concurrency": 2, "inputTokens": 32, "outputTokens": 16, "requests": 2}]},
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Measurements
+
+
+def prometheus_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of metric `name` in Prometheus text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)", line)
+        if not match or match.group(1) != name:
+            continue
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
+        out.append((labels, float(match.group(4))))
+    return out
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets (linear within a bucket)."""
+    buckets = sorted(buckets)
+    total = buckets[-1][1]
+    if total == 0:
+        return float("nan")
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / max(count - lower_count, 1e-12)
+        lower_bound, lower_count = bound, count
+    return buckets[-1][0]
+
+
+def apiserver_requests(api_client: Any) -> Counter:
+    """apiserver_request_total summed by (verb, resource, subresource)."""
+    # The client's connection pool carries the admin credentials (client certificate) of the kubeconfig.
+    text = api_client.rest_client.pool_manager.request("GET", api_client.configuration.host + "/metrics").data.decode()
+    counts: Counter = Counter()
+    for labels, value in prometheus_samples(text, "apiserver_request_total"):
+        counts[(labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))] += value
+    return counts
+
+
+class Sampler(threading.Thread):
+    """Samples the operator process' RSS and CPU time once a second."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.proc = psutil.Process(pid)
+        self.samples: list[tuple[float, float, float]] = []  # (monotonic, rss bytes, cpu seconds)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                times = self.proc.cpu_times()
+                self.samples.append((time.monotonic(), float(self.proc.memory_info().rss), times.user + times.system))
+            except psutil.Error:
+                return
+            self.stop.wait(1.0)
+
+    def window(self, start: float, end: float) -> dict[str, float]:
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return {}
+        cpu = inside[-1][2] - inside[0][2]
+        return {"peak_rss_mb": max(s[1] for s in inside) / 2**20, "end_rss_mb": inside[-1][1] / 2**20,
+                "cpu_seconds": cpu, "cores": cpu / (inside[-1][0] - inside[0][0])}
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--objects", type=int, default=1000, help="SpeculativeServers (default 1000)")
+    parser.add_argument("--namespaces", type=int, default=50, help="namespaces they are spread over (default 50)")
+    parser.add_argument("--incompatible-every", type=int, default=10, help="every Nth object has an incompatible drafter (default 10)")
+    parser.add_argument("--time-scale", type=float, default=200.0, help="simulator clock speed (default 200x)")
+    parser.add_argument("--reconcile-interval", type=float, default=10.0, help="the operator's --reconcile-interval (default 10, its default)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="give up settling after this many seconds (default 900)")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="watch the settled system this long (default 60)")
+    parser.add_argument("--cluster", default="scale", help="devcluster name (default scale)")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+
+    from kubernetes import client, config
+
+    def say(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    say(f"cluster {args.cluster!r}: starting")
+    cluster = devcluster.up(args.cluster, tie_to_parent=True)
+    workdir = Path(tempfile.mkdtemp(prefix="specdec-scale-"))
+    children: list[subprocess.Popen] = []
+    result: dict[str, Any] = {"objects": args.objects, "namespaces": args.namespaces, "time_scale": args.time_scale,
+                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "cpus": os.cpu_count(),
+                              "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"), "load_average_at_start": os.getloadavg()[0]}
+    try:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"), check=True)
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True)
+        api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        api_client.configuration.connection_pool_maxsize = 32
+        core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
+        # A CRD just Established may still answer 429 "storage is (re)initializing" for a moment; the operator
+        # would back off for seconds and the clock below would count it.
+        _until(lambda: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1), 60)
+
+        nodes = math.ceil(2 * args.objects / GPUS_PER_NODE) + 2
+        say(f"adding {nodes} simulated {GPUS_PER_NODE}-GPU nodes")
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda i: core.create_node(bench_node(i)) if not _exists(core.read_node, f"scale-h200-{i}") else None, range(nodes)))
+
+        # Shared simulators: one per profile, in their own processes (their CPU is not the operator's).
+        urls: dict[str, str] = {}
+        for profile in sorted({p for pair in PAIRS for p in pair}):
+            port = free_port()
+            log = open(workdir / f"sim-{profile}.log", "w")
+            children.append(subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", profile, "--port", str(port),
+                                              "--time-scale", str(args.time_scale), "--load-seconds", "0"], stdout=log, stderr=subprocess.STDOUT))
+            urls[profile] = f"http://127.0.0.1:{port}"
+        names = [(f"scale-{i % args.namespaces:02d}", f"sps-{i:04d}") for i in range(args.objects)]
+        endpoints = {}
+        for i, (ns, name) in enumerate(names):
+            base, spec = PAIRS[i % len(PAIRS)]
+            endpoints[f"{ns}/{name}-base"], endpoints[f"{ns}/{name}-spec"] = urls[base], urls[spec]
+        (workdir / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
+        for url in urls.values():
+            _wait_http(url + "/health", 30)
+
+        metrics_port = free_port()
+        op_log = open(workdir / "operator.log", "w")
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "specdec_operator.cli", "run", "--all-namespaces", "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
+             "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1", "--reconcile-interval", str(args.reconcile_interval),
+             *(["--api-workers", str(args.api_workers)] if args.api_workers else [])],
+            stdout=op_log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        )
+        children.append(operator)
+        sampler = Sampler(operator.pid)
+        sampler.start()
+        _wait_http(f"http://127.0.0.1:{metrics_port}/metrics", 60)
+        time.sleep(3)  # let Kopf list and start its watches
+
+        for ns in sorted({ns for ns, _ in names}):
+            if not _exists(core.read_namespace, ns):
+                core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        requests_before = apiserver_requests(api_client)
+        say(f"creating {args.objects} SpeculativeServers in {args.namespaces} namespaces")
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda item: custom.create_namespaced_custom_object(
+                GROUP, VERSION, item[1][0], PLURAL, resource(item[1][1], item[1][0], args.incompatible_every > 0 and item[0] % args.incompatible_every == 0)),
+                enumerate(names)))
+        created = time.monotonic() - started
+        say(f"created in {created:.1f}s; waiting for every object to settle")
+
+        settled_at = None
+        phases: Counter = Counter()
+        while time.monotonic() - started < args.timeout:
+            try:
+                items = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=60)["items"]
+            except Exception as exc:  # an overloaded API server times out now and then: note it and poll again
+                say(f"  list failed ({str(exc).splitlines()[0][:80]}); retrying")
+                result["list_failures"] = result.get("list_failures", 0) + 1
+                time.sleep(5)
+                continue
+            phases = Counter((o.get("status") or {}).get("phase") or "none" for o in items)
+            if operator.poll() is not None:
+                raise RuntimeError(f"the operator exited with {operator.returncode}; see {workdir / 'operator.log'}")
+            if sum(phases[p] for p in TERMINAL) >= args.objects:
+                settled_at = time.monotonic()
+                break
+            say(f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  rss {sampler.samples[-1][1] / 2**20:.0f} MB")
+            time.sleep(5)
+        settle = (settled_at or time.monotonic()) - started
+        result.update({"create_seconds": round(created, 1), "settled": settled_at is not None, "steady_state_seconds": round(settle, 1),
+                       "phases": dict(phases)})
+        say(f"{'settled' if settled_at else 'NOT settled'} after {settle:.1f}s: {dict(phases)}")
+        reasons = Counter((o.get("status") or {}).get("reason") for o in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"])
+        result["reasons"] = {str(k): v for k, v in reasons.items()}
+        requests_settled = apiserver_requests(api_client)
+        metrics_settled = _get(f"http://127.0.0.1:{metrics_port}/metrics")
+
+        say(f"watching the settled system for {args.idle_seconds:.0f}s")
+        idle_start = time.monotonic()
+        time.sleep(args.idle_seconds)
+        idle_end = time.monotonic()
+        requests_end = apiserver_requests(api_client)
+        metrics_end = _get(f"http://127.0.0.1:{metrics_port}/metrics")
+        sampler.stop.set()
+
+        result["settling"] = {k: round(v, 2) for k, v in sampler.window(started, settled_at or idle_start).items()}
+        result["idle"] = {k: round(v, 3) for k, v in sampler.window(idle_start, idle_end).items()}
+        result["peak_rss_mb"] = round(max(s[1] for s in sampler.samples) / 2**20, 1)
+        def reconcile_buckets(text: str) -> dict[float, float]:
+            return {float(lbl["le"]): v for lbl, v in prometheus_samples(text, "specdec_reconcile_duration_seconds_bucket")}
+
+        settling_buckets, end_buckets = reconcile_buckets(metrics_settled), reconcile_buckets(metrics_end)
+        idle_buckets = {le: end_buckets[le] - settling_buckets.get(le, 0.0) for le in end_buckets}
+        for label, buckets in (("reconcile_settling", settling_buckets), ("reconcile_idle", idle_buckets), ("reconcile_all", end_buckets)):
+            pairs = sorted(buckets.items())
+            # Above the largest finite bucket (10 s) the quantile is reported as ">10".
+            result[label] = {"steps": int(pairs[-1][1]), "p50_s": round(histogram_quantile(pairs, 0.5), 4), "p99_s": round(histogram_quantile(pairs, 0.99), 4),
+                             "share_over_1s": round(1 - buckets.get(1.0, 0.0) / max(pairs[-1][1], 1), 4)}
+        result["load_average_at_end"] = os.getloadavg()[0]
+        result["reconcile_errors"] = {lbl.get("kind", ""): v for lbl, v in prometheus_samples(metrics_end, "specdec_reconcile_errors_total")}
+
+        def per_object(delta: Counter) -> dict[str, Any]:
+            total = sum(delta.values())
+            # Writes only the operator makes: patches of the resources (finalizer, status) and server-side applies
+            # of Deployments and Services. (Events come from every controller, so they are counted apart.)
+            ops = sum(v for (verb, res, sub), v in delta.items()
+                      if (res == PLURAL and verb in ("PATCH", "UPDATE")) or (res in ("deployments", "services") and verb in ("PATCH", "APPLY") and not sub))
+            events = sum(v for (verb, res, sub), v in delta.items() if res == "events" and verb in ("POST", "PATCH"))
+            top = sorted(((v, f"{verb} {res}{'/' + sub if sub else ''}") for (verb, res, sub), v in delta.items()), reverse=True)[:8]
+            return {"all_clients_total": int(total), "all_clients_per_object": round(total / args.objects, 1),
+                    "operator_writes_per_object": round(ops / args.objects, 2), "events_all_clients_per_object": round(events / args.objects, 2),
+                    "top": [f"{int(v)} {k}" for v, k in top]}
+
+        result["api_requests_settling"] = per_object(requests_settled - requests_before)
+        idle_delta = requests_end - requests_settled
+        result["api_requests_idle"] = {**per_object(idle_delta), "per_second": round(sum(idle_delta.values()) / (idle_end - idle_start), 1)}
+        print(json.dumps(result, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0 if settled_at else 1
+    finally:
+        for child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+        say(f"logs in {workdir}")
+        if not args.keep:
+            devcluster.down(args.cluster, purge=True)
+
+
+def _exists(read: Any, name: str) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        read(name)
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+def _until(action: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            action()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _get(url)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not answer within {timeout:.0f}s") from None
+            time.sleep(0.3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
