@@ -155,6 +155,7 @@ def test_cel_rules_refuse_bad_specs_naming_the_field(name, spec, field, text):
         with_("drafter", {"path": "d", "numSteps": 5, "eagleTopk": 4, "numDraftTokens": 8}),
         with_("drafter", {"algorithm": "NEXTN", "numSteps": 1}),
         with_("sglang", {"extraArgs": ["--attention-backend", "flashinfer", "--model-loader-extra-config={}"]}),
+        with_("sglang", {"extraArgs": ["--served-model-name", "kimi", "--skip-server-warmup", "--tool-call-parser", "kimi_k2"]}),
         with_("target.path", "/models/llama"),
         with_("rollout", {"acceptLengthFloor": 3.9}),
     ],

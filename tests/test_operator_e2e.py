@@ -390,7 +390,8 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     assert urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=5).status == 200
 
     # Acceptance drifts: the drafter stops being accepted while production traffic keeps flowing.
-    spec_sim.sim.engine._p = 0.0  # the simulator's per-draft acceptance probability: 0 = accept length 1.00
+    healthy_accept_length = spec_sim.sim.profile.speculative.accept_length_mean
+    spec_sim.sim.engine.set_accept_length_mean(1.0)  # nothing accepted any more
     stop = threading.Event()
 
     def traffic() -> None:
@@ -417,7 +418,7 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     assert stable_variant(core_v1, namespace, name) == "base"
     wait_until(lambda: "AcceptanceDrift" in event_reasons(core_v1, namespace, name), timeout=10, message="AcceptanceDrift Event")
     # No flapping: the decided revision is not promoted again.
-    spec_sim.sim.engine._p = 0.9
+    spec_sim.sim.engine.set_accept_length_mean(healthy_accept_length)
     time.sleep(6)
     assert status(custom_objects, namespace, name)["phase"] == "RolledBack"
     assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 1

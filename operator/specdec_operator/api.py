@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from . import API_GROUP, API_VERSION, KIND
 from .errors import InputError
@@ -91,13 +92,20 @@ def _prefixes(word: str) -> str:
 
 _MANAGED_FLAG_RE = (
     "^--("
-    + "|".join([_prefixes("speculative-") + "[a-z0-9_-]*"] + [_prefixes(f) for f in MANAGED_SGLANG_FLAGS])
+    # Every --speculative-* flag, and every abbreviation of a managed flag (including "--spec").
+    + "|".join(["speculative[-_][a-z0-9_-]*", _prefixes("speculative")] + [_prefixes(f) for f in MANAGED_SGLANG_FLAGS])
     + ")(=.*)?$"
 )
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$"
+# Kubernetes label syntax: key = [prefix/]name (name at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends;
+# prefix a DNS subdomain), value empty or like a name. The API server checks it only on the children, so a spec
+# with a bad key was admitted and then every Deployment apply failed (found by the reliability fuzz).
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY_PATTERN = rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$"
+LABEL_VALUE_PATTERN = rf"^({_LABEL_NAME})?$"
 
 
 def _cel(*rules: tuple[str, str, str | None]) -> dict[str, Any]:
@@ -109,6 +117,25 @@ def _cel(*rules: tuple[str, str, str | None]) -> dict[str, Any]:
             item["fieldPath"] = field_path
         out.append(item)
     return {"x-kubernetes-validations": out}
+
+
+def _label_keys(field: str) -> dict[str, Any]:
+    """CEL rule on a string map: every key is a Kubernetes label (or annotation) key."""
+    return _cel((
+        f"self.all(k, size(k) <= 317 && k.matches('{LABEL_KEY_PATTERN}'))",
+        f"{field} keys must be Kubernetes label keys: [prefix/]name, the name at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        None,
+    ))
+
+
+def _check_label_keys(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key):
+            raise ValueError(f"{key!r} is not a Kubernetes label key ([prefix/]name, the name at most 63 letters, digits, '-', '_' or '.')")
+    return value
+
+
+LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 
 
 def _free_object() -> dict[str, Any]:
@@ -440,10 +467,16 @@ class Monitor(_SpecModel):
 
 
 class PodMetadata(_SpecModel):
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the server pods (the operator's own labels win).", max_length=64)
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the server pods.", max_length=64)
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict, description="Extra labels on the server pods (the operator's own labels win).", max_length=64,
+        json_schema_extra=_label_keys("podMetadata.labels"),
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations on the server pods.", max_length=64, json_schema_extra=_label_keys("podMetadata.annotations"),
+    )
 
     _maps_drop_null = field_validator("labels", "annotations", mode="before")(_drop_null_values)
+    _keys = field_validator("labels", "annotations")(_check_label_keys)
 
 
 class SpeculativeServerSpec(_SpecModel):
@@ -490,8 +523,11 @@ class SpeculativeServerSpec(_SpecModel):
     # that breaks its own CEL rules makes the API server refuse the whole CRD.
     drafter: Drafter = Field(description="The draft model and the speculation shape.")
     resources: Resources = Field(default_factory=Resources, description="GPUs and memory of each server.")
-    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", description="Extra node selector of the server pods.", max_length=64)
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, alias="nodeSelector", description="Extra node selector of the server pods.", max_length=64, json_schema_extra=_label_keys("nodeSelector"),
+    )
     _node_selector_drop_null = field_validator("node_selector", mode="before")(_drop_null_values)
+    _node_selector_keys = field_validator("node_selector")(_check_label_keys)
     affinity: dict[str, Any] | None = Field(
         None,
         description="core/v1 Affinity merged into the server pods (node affinity terms are ANDed with the one from resources.gpuFamily).",
