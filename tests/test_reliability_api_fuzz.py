@@ -149,13 +149,16 @@ def plausible_specs(draw) -> dict[str, Any]:
             "memory": _maybe(draw, mostly(st.just("64Gi"), QUANTITIES, 0.2)),
         }.items() if v is not None}
     if draw(st.booleans()):
-        spec["nodeSelector"] = draw(st.dictionaries(st.text(UNICODE, min_size=1, max_size=8), st.text(UNICODE, max_size=8), max_size=3))
+        spec["nodeSelector"] = draw(mostly(
+            st.dictionaries(st.sampled_from(["topology.kubernetes.io/zone", "team", "example.com/pool", "a_b.c-d"]), st.sampled_from(["", "a", "us-east-1a", "x" * 63]), max_size=3),
+            st.dictionaries(st.text(UNICODE, min_size=1, max_size=8), st.text(UNICODE, max_size=8), min_size=1, max_size=3), 0.1))
     if draw(st.booleans()):
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     if draw(st.booleans()):
         spec["affinity"] = {"podAntiAffinity": {}}
     if draw(st.booleans()):
-        spec["podMetadata"] = {"labels": draw(st.dictionaries(st.sampled_from(["team", "tier", "é"]), st.sampled_from(["a", "b", ""]), max_size=2))}
+        spec["podMetadata"] = {"labels": draw(st.dictionaries(mostly(st.sampled_from(["team", "tier"]), st.sampled_from(["é", "-x", "a/b/c", "x" * 64]), 0.1),
+                                                              mostly(st.sampled_from(["a", "b", ""]), st.sampled_from(["é", "x" * 64, "-a"]), 0.1), max_size=2))}
     if draw(st.booleans()):
         sglang: dict[str, Any] = {}
         for key, strat in (

@@ -509,10 +509,15 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 except ApiException as exc:
                     failures += 1
                     runtime.metrics.reconcile_errors.labels("api").inc()
-                    logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason}")
+                    detail = exc.body[:300] if isinstance(exc.body, str) else ""
+                    logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason} {detail}".rstrip())
                     # Forget the cached status: the next step rereads the resource as the server has it.
                     runtime.statuses.pop(key, None)
-                    if exc.status in (400, 403, 422):  # retrying will not fix it: tell the user where they look
+                    # Retrying will not fix these: tell the user where they look. Server-side apply answers 500
+                    # "failed to create typed patch object" when a child does not fit its type (a free-form spec
+                    # field such as sglang.env holding a number where EnvVar wants a string).
+                    typed_patch = exc.status == 500 and "failed to create typed patch object" in (exc.body if isinstance(exc.body, str) else "")
+                    if exc.status in (400, 403, 422) or typed_patch:
                         await runtime.report_failure(body, exc)
                 except Exception as exc:  # never let one bad step kill the loop; it is retried with backoff
                     failures += 1
