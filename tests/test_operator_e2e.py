@@ -551,14 +551,16 @@ def test_two_replicas_with_leader_election_decide_once(
 
 def test_a_child_the_api_server_refuses_is_explained_in_status(operator: Operator, namespace: str, custom_objects: Any) -> None:
     operator.start()
-    cr = example("llama31-8b-eagle3.yaml", "badlabel", namespace, annotations=compatible_annotations())
-    cr["spec"]["podMetadata"]["labels"] = {"team name": "x"}  # a string map to the CRD, not a valid label key
+    cr = example("llama31-8b-eagle3.yaml", "badenv", namespace, annotations=compatible_annotations())
+    # sglang.env items are core/v1 EnvVars passed through: the CRD checks only their name, the API server's
+    # typed apply of the Deployment refuses a valueFrom that is not an object.
+    cr["spec"].setdefault("sglang", {})["env"] = [{"name": "NCCL_DEBUG", "valueFrom": "INFO"}]
     custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
-    st = wait_phase(custom_objects, namespace, "badlabel", {"Failed"}, timeout=30)
-    assert st["reason"] == "ApplyRejected" and "team name" in st["message"]
+    st = wait_phase(custom_objects, namespace, "badenv", {"Failed"}, timeout=30)
+    assert st["reason"] == "ApplyRejected" and "valueFrom" in st["message"]
     # Fixing the resource clears it.
-    custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "badlabel", {"spec": {"podMetadata": {"labels": {"team name": None, "team": "x"}}}})
-    st = wait_phase(custom_objects, namespace, "badlabel", {"Validating", "Deploying", "Probing", "RolledBack", "Promoted"}, timeout=30)
+    custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "badenv", {"spec": {"sglang": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}}})
+    st = wait_phase(custom_objects, namespace, "badenv", {"Validating", "Deploying", "Probing", "RolledBack", "Promoted"}, timeout=30)
     assert st.get("reason") != "ApplyRejected"
     # An SGLang release the command-line renderer does not know: admitted by the schema, explained by the operator.
     old = example("llama31-8b-eagle3.yaml", "oldsglang", namespace, annotations=compatible_annotations(), sglangVersion="0.4.0")
