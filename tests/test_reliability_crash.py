@@ -201,6 +201,9 @@ def test_killed_while_validating_or_deploying_resumes_without_duplicates(phase: 
     history.stopped.set()
     assert st["phase"] == "Promoted", st.get("message")
     cluster.assert_no_duplicates(name)
+    # Kopf posts Events in the background: the decision's Event can trail the status patch by a moment.
+    wait_until(lambda: "SpeedupConfirmed" in event_reasons(cluster.core, cluster.namespace, name), timeout=20,
+               message="the decision's Event")
     reasons = event_reasons(cluster.core, cluster.namespace, name)
     assert reasons.count("ProbeStarted") == 1 and reasons.count("SpeedupConfirmed") == 1, reasons
     assert reasons.count("DrafterCompatible") <= 1, reasons
@@ -252,7 +255,8 @@ def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster:
     assert st["phase"] == "Promoted", st.get("message")
 
     # Acceptance collapses under production traffic; kill the operator once the drift window has started.
-    spec.sim.engine._p = 0.0
+    healthy_accept_length = spec.sim.profile.speculative.accept_length_mean
+    spec.sim.engine.set_accept_length_mean(1.0)  # nothing accepted any more
     stop = threading.Event()
 
     def traffic() -> None:
@@ -280,7 +284,7 @@ def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster:
         worker.join(5)
     assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
     # Acceptance recovers: the rolled-back revision stays rolled back (no flapping), nothing is probed again.
-    spec.sim.engine._p = 0.9
+    spec.sim.engine.set_accept_length_mean(healthy_accept_length)
     time.sleep(6)
     history.stopped.set()
     st = status(cluster.custom, cluster.namespace, name)
@@ -328,6 +332,10 @@ def test_two_replicas_the_leader_killed_mid_probe_the_other_takes_over_and_decid
     print(f"\nleader killed mid-probe: the follower resumed after {takeover:.1f}s (peering lifetime {PEERING_LIFETIME}s)")
     assert takeover <= PEERING_LIFETIME + 15
     assert st["phase"] == "Promoted", st.get("message")
+    # Kopf posts Events in the background: the decision's Event can trail the status patch by a moment.
+    wait_until(lambda: "SpeedupConfirmed" in event_reasons(cluster.core, cluster.namespace, name), timeout=20,
+               message="the decision's Event")
+    time.sleep(2)  # and a second decision, if there were one, would have had time to show
     reasons = event_reasons(cluster.core, cluster.namespace, name)
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2, reasons
     assert follower.proc.poll() is None
