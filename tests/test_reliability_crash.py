@@ -140,6 +140,11 @@ class SelectorHistory(threading.Thread):
                 self.history.append(variant)
             self.stopped.wait(0.05)
 
+    def stop_at(self, variant: str, timeout: float = 20) -> None:
+        """Stop once the stable Service selects `variant` (the switch can trail the status by a step)."""
+        wait_until(lambda: self.history[-1:] == [variant], timeout=timeout, message=f"the stable Service selecting {variant}")
+        self.stopped.set()
+
 
 @pytest.fixture
 def cluster(kubeconfig_path: str, namespace: str, tmp_path: Path, custom_objects: Any, core_v1: Any, apps_v1: Any) -> Any:
@@ -198,7 +203,7 @@ def test_killed_while_validating_or_deploying_resumes_without_duplicates(phase: 
 
     op.start()
     st = wait_phase(cluster.custom, cluster.namespace, name, DECIDED, timeout=120)
-    history.stopped.set()
+    history.stop_at("speculative")
     assert st["phase"] == "Promoted", st.get("message")
     cluster.assert_no_duplicates(name)
     # Kopf posts Events in the background: the decision's Event can trail the status patch by a moment.
@@ -232,7 +237,7 @@ def test_killed_right_after_a_decision_reads_it_back_and_probes_nothing(cluster:
     op.kill()
     op.start()
     time.sleep(5)
-    history.stopped.set()
+    history.stop_at("speculative")
     st = status(cluster.custom, cluster.namespace, name)
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == decided["probe"]["revision"]
     assert st["probe"]["finishedAt"] == decided["probe"]["finishedAt"]
@@ -286,7 +291,7 @@ def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster:
     # Acceptance recovers: the rolled-back revision stays rolled back (no flapping), nothing is probed again.
     spec.sim.engine.set_accept_length_mean(healthy_accept_length)
     time.sleep(6)
-    history.stopped.set()
+    history.stop_at("base")
     st = status(cluster.custom, cluster.namespace, name)
     assert st["phase"] == "RolledBack" and st["reason"] == "AcceptanceDrift"
     reasons = event_reasons(cluster.core, cluster.namespace, name)
@@ -328,7 +333,7 @@ def test_two_replicas_the_leader_killed_mid_probe_the_other_takes_over_and_decid
                timeout=PEERING_LIFETIME + 30, message="the follower resuming the probe")
     takeover = time.monotonic() - killed
     st = wait_phase(cluster.custom, cluster.namespace, name, DECIDED, timeout=180)
-    history.stopped.set()
+    history.stop_at("speculative")
     print(f"\nleader killed mid-probe: the follower resumed after {takeover:.1f}s (peering lifetime {PEERING_LIFETIME}s)")
     assert takeover <= PEERING_LIFETIME + 15
     assert st["phase"] == "Promoted", st.get("message")
