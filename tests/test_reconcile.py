@@ -259,7 +259,12 @@ def test_a_probe_for_an_old_revision_is_cancelled() -> None:
 
 def test_keep_base_warm_false_scales_the_loser_once_the_winner_serves() -> None:
     world = World(llama_spec(**{"rollout.keepBaseWarm": False}))
-    to_promoted(world)
+    promoted = to_promoted(world)
+    # The step that switches the stable Service also scales the base to 0: the Service is applied first, so
+    # traffic has left the base before its pod goes away.
+    applied = [(o["kind"], o["metadata"]["name"]) for o in promoted.apply]
+    assert ("Service", "llama") in applied and ("Deployment", "llama-base") in applied
+    assert applied.index(("Service", "llama")) < applied.index(("Deployment", "llama-base"))
     assert world.deployments["llama-base"]["spec"]["replicas"] == 0
     assert world.deployments["llama-spec"]["spec"]["replicas"] == 1
     rolled = World(llama_spec(**{"rollout.keepBaseWarm": False}))

@@ -469,12 +469,14 @@ def reconcile(
     if current_active in states and current_active != active and name not in conflicts:
         events.append(Event("Normal", "TrafficSwitched", f"stable Service {name} now selects the {active} server"))
 
+    # Services before Deployments: when one step both switches the stable Service and scales the losing server
+    # to 0, the Service must leave that server first (the handlers apply one kind at a time, in this order).
     desired = [
-        deps[BASE],
-        deps[SPECULATIVE],
         m.service(name, ns, BASE, settings=ms),
         m.service(name, ns, SPECULATIVE, settings=ms),
         m.service(name, ns, None, active=active, settings=ms),
+        deps[BASE],
+        deps[SPECULATIVE],
     ]
     conflict_names = set(conflicts)
     observed_by_kind = {"Deployment": observed.deployments, "Service": observed.services}
