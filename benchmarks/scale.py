@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--trace-memory", metavar="FILE", help="run the operator under tracemalloc (benchmarks/traced_operator.py) and write "
+                        "its largest allocation sites to FILE when settled and at the end (slows it down: not for the figures)")
     args = parser.parse_args(argv)
 
     from kubernetes import client, config
@@ -243,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port = free_port()
         op_log = open(workdir / "operator.log", "w")
         operator = subprocess.Popen(
-            [sys.executable, "-m", "specdec_operator.cli", "run", "--all-namespaces", "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
+            [sys.executable, *([str(REPO / "benchmarks" / "traced_operator.py"), args.trace_memory] if args.trace_memory else ["-m", "specdec_operator.cli"]),
+             "run", "--all-namespaces", "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
              "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1", "--reconcile-interval", str(args.reconcile_interval),
              *(["--api-workers", str(args.api_workers)] if args.api_workers else [])],
             stdout=op_log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
@@ -292,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         reasons = Counter((o.get("status") or {}).get("reason") for o in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"])
         result["reasons"] = {str(k): v for k, v in reasons.items()}
         requests_settled = apiserver_requests(api_client)
+        if args.trace_memory:
+            operator.send_signal(signal.SIGUSR1)
         metrics_settled = _get(f"http://127.0.0.1:{metrics_port}/metrics")
 
         say(f"watching the settled system for {args.idle_seconds:.0f}s")
@@ -299,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.idle_seconds)
         idle_end = time.monotonic()
         requests_end = apiserver_requests(api_client)
+        if args.trace_memory:
+            operator.send_signal(signal.SIGUSR1)
+            time.sleep(5)
         metrics_end = _get(f"http://127.0.0.1:{metrics_port}/metrics")
         sampler.stop.set()
 
