@@ -199,8 +199,12 @@ def test_win_at_one_loss_at_128_under_both_policies():
     assert weighted.speedup == pytest.approx((9 * 2.08 + 0.5) / 10, rel=0.1)
 
     mostly_wide = [Workload("single", 1, 32, 64, 2, weight=1), Workload("wide", 128, 32, 16, 128, weight=9)]
-    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_wide, policy="weighted", **fast))
-    assert (weighted.decision, weighted.reason) == ("rollback", "SpeedupBelowThreshold"), weighted.message
+    weighted = asyncio.run(probe_between(BASE, MIXED, mostly_wide, policy="weighted", max_rounds=10, **fast))
+    # Never a promotion; the weight of the loss shows in the estimate (the model's 0.66x; an unweighted mean
+    # would be 1.3x). On a loaded host the in-process c=128 rounds are noisy enough that even ten rounds may
+    # leave the interval across 1 (Inconclusive, seen once in CI at load 4): that is the right answer too.
+    assert weighted.decision == "rollback" and weighted.reason in ("SpeedupBelowThreshold", "Inconclusive"), weighted.message
+    assert weighted.speedup < 1.0, weighted.message
 
 
 def test_equal_servers_with_five_percent_jitter_never_promote():

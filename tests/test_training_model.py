@@ -46,12 +46,13 @@ def test_unrolled_training_attention_equals_the_chain_the_server_runs():
         for t in range(T):
             cache = StepCache()
             logits, hidden = model.step(aux[:, : t + 1], ids[:, 1 : t + 2], positions[:, : t + 1], cache)
-            torch.testing.assert_close(logits[0, -1], unrolled[0][0, t])
+            # Same computation, different kernel shapes: equal to float rounding (torch 2.15 differs by 1.4e-7).
+            torch.testing.assert_close(logits[0, -1], unrolled[0][0, t], rtol=1e-5, atol=1e-6)
             row = torch.tensor([t])
             for k in range(1, steps):
                 logits, hidden = model.step(hidden[:, -1:], ids[:, t + 1 + k : t + 2 + k], (row + k)[None], cache,
                                             query_rows=row)
-                torch.testing.assert_close(logits[0, -1], unrolled[k][0, t])
+                torch.testing.assert_close(logits[0, -1], unrolled[k][0, t], rtol=1e-5, atol=1e-6)
 
 
 def test_step_zero_is_causal_and_later_steps_see_their_own_chain():
