@@ -125,10 +125,25 @@ class Cluster:
         """The pinned helm binary."""
         return self.tools / "helm"
 
+    @property
+    def kubectl_cache(self) -> Path:
+        """kubectl's discovery cache for this cluster.
+
+        The default (~/.kube/cache/discovery/<host_port>) is shared by every cluster that ever used the same
+        port and may hold another cluster's API list: kubectl then answers "no matches for kind" for a CRD
+        that is installed. Each cluster run gets its own, emptied by ``up`` (see ``forget_discovery``).
+        """
+        return self.directory / "kubectl-cache"
+
+    def forget_discovery(self) -> None:
+        """Drop kubectl's cached API list (after installing CRDs: the next call sees them at once)."""
+        shutil.rmtree(self.kubectl_cache, ignore_errors=True)
+
     def env(self) -> dict[str, str]:
-        """os.environ plus KUBECONFIG for this cluster and the tools directory first on PATH."""
+        """os.environ plus KUBECONFIG (and kubectl's cache) for this cluster and the tools directory first on PATH."""
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
+        env["KUBECACHEDIR"] = str(self.kubectl_cache)
         env["PATH"] = f"{self.tools}{os.pathsep}{env.get('PATH', '')}"
         return env
 
@@ -137,7 +152,7 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster and return the completed process (text output captured)."""
         proc = subprocess.run(
-            [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), *args],
+            [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.kubectl_cache), *args],
             input=input,
             capture_output=True,
             text=True,
@@ -631,6 +646,7 @@ def up(
             say(f"cluster {name!r} is already up")
             return _cluster_from_state(name, state)
         _stop_all(name, state)
+        shutil.rmtree(directory / "kubectl-cache", ignore_errors=True)  # a new API server: nothing cached is true
 
         started = time.monotonic()
         deadline = started + timeout

@@ -162,6 +162,7 @@ def project_crds(kube_cluster: devcluster.Cluster) -> list[str]:
         )
         if waited.returncode != 0:
             pytest.fail(f"CRDs from crds/ not Established: {waited.stderr.strip()}", pytrace=False)
+        kube_cluster.forget_discovery()  # kubectl listed the APIs before the CRDs existed
     return names
 
 
@@ -260,8 +261,8 @@ def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
 
 
 @pytest.fixture
-def kubectl(kube_cluster: devcluster.Cluster, namespace: str) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """kubectl(*args, check=True, input=None) in the test's namespace; returns the CompletedProcess."""
+def kubectl(kube_cluster: devcluster.Cluster, namespace: str, project_crds: list[str]) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """kubectl(*args, check=True, input=None) in the test's namespace (the project's CRDs installed)."""
 
     def run(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
         proc = kube_cluster.kubectl("--namespace", namespace, *args, check=False, input=input)
