@@ -344,7 +344,7 @@ def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
     st = wait_phase(custom_objects, namespace, name, {"RolledBack", "Promoted", "Invalid", "Failed"}, timeout=120)
     TIMINGS[f"apply -> decision ({drafter_profile}, time scale {KIMI_TIME_SCALE:g}x)"] = time.monotonic() - started
     assert st["phase"] == "RolledBack", st.get("message")
-    assert st["reason"] == reason and st["probe"]["reason"] == reason and st["probe"]["decision"] == "rollback"
+    assert st["reason"] == reason and st["probe"]["reason"] == reason and st["probe"]["decision"] == "rollback", st.get("message")
     assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, name) == "base"
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["SpeedupVerified"]["status"] == "False" and conds["SpeedupVerified"]["reason"] == reason

@@ -184,12 +184,6 @@ class Runtime:
         self.progress: dict[tuple[str, str], str] = {}
         self._session: aiohttp.ClientSession | None = None
 
-    # --- API clients (sync kubernetes client, called in threads)
-    def _apis(self) -> tuple[k8s.AppsV1Api, k8s.CoreV1Api, k8s.CustomObjectsApi]:
-        if self.api_client is None:
-            self.api_client = k8s.ApiClient()
-        return k8s.AppsV1Api(self.api_client), k8s.CoreV1Api(self.api_client), k8s.CustomObjectsApi(self.api_client)
-
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
@@ -207,17 +201,30 @@ class Runtime:
             if event is not None:
                 event.set()
 
+    # --- API calls (the blocking kubernetes client's ApiClient, called in threads)
+    # Raw requests through ApiClient (auth, TLS, retries, errors as ApiException) rather than the generated
+    # CoreV1Api/AppsV1Api/CustomObjectsApi classes: importing those (pydantic-validated methods) costs 27 MB of
+    # RSS and 2.7 s of CPU, which buys nothing for the four requests made here (docs/scale.md).
+    def _request(self, method: str, path: str, path_params: dict[str, str], *, query: list[tuple[str, str]] | None = None,
+                 content_type: str | None = None, body: Any = None) -> Any:
+        if self.api_client is None:
+            self.api_client = k8s.ApiClient()
+        headers = {"Accept": "application/json", **({"Content-Type": content_type} if content_type else {})}
+        method, url, headers, _, _ = self.api_client.param_serialize(
+            method, path, path_params=path_params, query_params=query or [], header_params=headers, auth_settings=["BearerToken"]
+        )
+        response = self.api_client.call_api(method, url, headers, body=body)
+        response.read()
+        return self.api_client.response_deserialize(response, {"2XX": "object"}).data  # raises ApiException otherwise
+
     # --- applying children
     def _read(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        apps, core, _ = self._apis()
-        name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
         try:
-            found = apps.read_namespaced_deployment(name, ns) if obj["kind"] == "Deployment" else core.read_namespaced_service(name, ns)
+            return self._request("GET", _child_path(obj["kind"]), {"namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]})
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return self.api_client.sanitize_for_serialization(found)
 
     def apply_child(self, key: tuple[str, str], obj: dict[str, Any], owner: Any, uid: str, observed: bool) -> bool:
         """Create or update one child with server-side apply; False when the name belongs to someone else."""
@@ -229,26 +236,17 @@ class Runtime:
                 self.foreign.setdefault(key, {})[obj["metadata"]["name"]] = (time.monotonic(), existing)
                 return False
         kopf.append_owner_reference(obj, owner=owner)
-        self._apis()
-        name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
-        path = "/apis/apps/v1/namespaces/{namespace}/deployments/{name}" if obj["kind"] == "Deployment" else "/api/v1/namespaces/{namespace}/services/{name}"
-        # The generated patch_namespaced_* methods only take a dict body, which they serialize as ASCII JSON; the
-        # body is serialized here (apply_body) and sent through the same client (auth, TLS, errors as ApiException).
-        method, url, headers, _, _ = self.api_client.param_serialize(
-            "PATCH", path, path_params={"namespace": ns, "name": name},
-            query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-            auth_settings=["BearerToken"],
+        # The body is serialized here (apply_body): the client would send json.dumps' ASCII output.
+        self._request(
+            "PATCH", _child_path(obj["kind"]), {"namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]},
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")], content_type="application/apply-patch+yaml", body=apply_body(obj),
         )
-        response = self.api_client.call_api(method, url, headers, body=apply_body(obj))
-        response.read()
-        self.api_client.response_deserialize(response, {"200": "object", "201": "object"})  # raises ApiException
         return True
 
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        _, _, custom = self._apis()
-        custom.patch_namespaced_custom_object_status(
-            API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": patch}, _content_type="application/merge-patch+json"
+        self._request(
+            "PATCH", f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}/status", {"namespace": namespace, "name": name},
+            content_type="application/merge-patch+json", body={"status": patch},
         )
 
     def foreign_objects(self, key: tuple[str, str]) -> dict[str, dict[str, Any]]:
@@ -444,6 +442,10 @@ class Runtime:
         for table in (self.wakeups, self.statuses, self.scrapes, self.monitor_due, self.foreign, self.progress):
             table.pop(key, None)
         self.metrics.forget(namespace, name)
+
+
+def _child_path(kind: str) -> str:
+    return "/apis/apps/v1/namespaces/{namespace}/deployments/{name}" if kind == "Deployment" else "/api/v1/namespaces/{namespace}/services/{name}"
 
 
 def _by_kind(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
