@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             if not _exists(core.read_namespace, ns):
                 core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         requests_before = apiserver_requests(api_client)
+        if args.trace_memory:
+            operator.send_signal(signal.SIGUSR2)  # start tracing: what the resources cost, not the start-up
         say(f"creating {args.objects} SpeculativeServers in {args.namespaces} namespaces")
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
