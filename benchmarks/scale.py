@@ -194,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
     parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--trace-memory", metavar="FILE", help="run the operator under tracemalloc (benchmarks/traced_operator.py) and write "
-                        "its largest allocation sites to FILE when settled and at the end (slows it down: not for the figures)")
+    parser.add_argument("--memory-report", metavar="FILE", help="run the operator through benchmarks/traced_operator.py and append a census "
+                        "of its live objects to FILE when settled and at the end")
+    parser.add_argument("--trace-allocations", action="store_true", help="with --memory-report: also trace allocation sites from the "
+                        "creates on (slows the operator several-fold: not for the figures)")
     args = parser.parse_args(argv)
 
     from kubernetes import client, config
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port = free_port()
         op_log = open(workdir / "operator.log", "w")
         operator = subprocess.Popen(
-            [sys.executable, *([str(REPO / "benchmarks" / "traced_operator.py"), args.trace_memory] if args.trace_memory else ["-m", "specdec_operator.cli"]),
+            [sys.executable, *([str(REPO / "benchmarks" / "traced_operator.py"), args.memory_report] if args.memory_report else ["-m", "specdec_operator.cli"]),
              "run", "--all-namespaces", "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
              "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1", "--reconcile-interval", str(args.reconcile_interval),
              *(["--api-workers", str(args.api_workers)] if args.api_workers else [])],
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             if not _exists(core.read_namespace, ns):
                 core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         requests_before = apiserver_requests(api_client)
-        if args.trace_memory:
+        if args.memory_report and args.trace_allocations:
             operator.send_signal(signal.SIGUSR2)  # start tracing: what the resources cost, not the start-up
         say(f"creating {args.objects} SpeculativeServers in {args.namespaces} namespaces")
         started = time.monotonic()
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         reasons = Counter((o.get("status") or {}).get("reason") for o in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"])
         result["reasons"] = {str(k): v for k, v in reasons.items()}
         requests_settled = apiserver_requests(api_client)
-        if args.trace_memory:
+        if args.memory_report:
             operator.send_signal(signal.SIGUSR1)
         metrics_settled = _get(f"http://127.0.0.1:{metrics_port}/metrics")
 
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.idle_seconds)
         idle_end = time.monotonic()
         requests_end = apiserver_requests(api_client)
-        if args.trace_memory:
+        if args.memory_report:
             operator.send_signal(signal.SIGUSR1)
             time.sleep(5)
         metrics_end = _get(f"http://127.0.0.1:{metrics_port}/metrics")
