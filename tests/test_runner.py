@@ -81,6 +81,12 @@ def test_operator_metrics_exposition() -> None:
     assert 'specdec_active_variant{name="llama",namespace="ns",variant="base"} 0.0' in text
     assert 'specdec_phase{name="llama",namespace="ns",phase="Promoted"} 1.0' in text
     assert 'specdec_rollbacks_total{name="srv",namespace="ns",reason="AcceptanceDrift"} 1.0' in text
+    # A later status without measurements (a new revision validating) keeps the last measured values.
+    metrics.observe_status("ns", "llama", {"phase": "Validating", "activeVariant": "base"})
+    text = generate_latest(metrics.registry).decode()
+    assert 'specdec_speedup{name="llama",namespace="ns"} 1.9' in text and 'specdec_accept_length{name="llama",namespace="ns"} 2.8' in text
+    assert 'specdec_phase{name="llama",namespace="ns",phase="Validating"} 1.0' in text
+    assert 'specdec_phase{name="llama",namespace="ns",phase="Promoted"} 0.0' in text
     metrics.forget("ns", "llama")
     assert 'name="llama"' not in generate_latest(metrics.registry).decode()
 
