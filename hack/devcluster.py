@@ -500,10 +500,6 @@ def _commands(directory: Path, ports: dict[str, int], tools: Path) -> dict[str, 
             # The defaults (20 QPS, 5 workers per controller) turn Deployments into pods at a few per second:
             # with 1,000 SpeculativeServers (2,000 Deployments) that pipeline, not the operator, set the pace
             # (docs/scale.md). Clusters of that size raise these; so does this one.
-            "--kube-api-qps=100",
-            "--kube-api-burst=200",
-            "--concurrent-deployment-syncs=10",
-            "--concurrent-replicaset-syncs=10",
             "--profiling=false",
             "--v=1",
         ],
