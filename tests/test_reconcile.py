@@ -12,7 +12,7 @@ import yaml
 from specdec_operator import manifests as m
 from specdec_operator.api import parse_spec, speculative_revision
 from specdec_operator.monitor import Sample
-from specdec_operator.reconcile import Observed, Plan, human_duration, merge_patch, parse_validator_report, reconcile
+from specdec_operator.reconcile import Observed, Plan, elapsed_in_status, human_duration, merge_patch, parse_validator_report, reconcile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=timezone.utc)
@@ -173,9 +173,15 @@ def test_compatible_with_warnings_shows_them_and_reports_loading_progress() -> N
     assert any(e.reason == "DrafterCompatible" and "HiddenStateSourceMismatch" in e.message for e in plan.events)
     assert plan.status["phase"] == "Deploying"
     assert "loading weights, 6m10s" in plan.status["message"]
-    assert conditions(plan.status)["SpeculativeReady"]["message"] == "loading weights, 45s"
+    assert conditions(plan.status)["SpeculativeReady"]["message"] == "loading weights, 40s"  # 45 s, in 10 s steps
     assert conditions(plan.status)["BaseReady"]["reason"] == "Loading"
     assert not plan.start_probe
+    # Steps within the same 10 s write nothing: the status they compute is the one already there (a status
+    # patch wakes the next step, so a per-second text made every loading server write in a loop).
+    again = world.step(now=NOW + timedelta(seconds=4))
+    assert not merge_patch(plan.status, again.status) and again.apply == []
+    later = world.step(now=NOW + timedelta(seconds=6))
+    assert conditions(later.status)["SpeculativeReady"]["message"] == "loading weights, 50s"
 
 
 def test_both_ready_starts_the_probe_once_and_a_promotion_switches_the_stable_service() -> None:
@@ -358,6 +364,7 @@ def test_parse_validator_report_exit_codes() -> None:
 def test_revision_and_helpers() -> None:
     assert speculative_revision(parse_spec(llama_spec())) == speculative_revision(parse_spec(llama_spec(**{"monitor.window": 9})))
     assert human_duration(370) == "6m10s" and human_duration(45) == "45s" and human_duration(3720) == "1h2m" and human_duration(120) == "2m"
+    assert elapsed_in_status(45) == "40s" and elapsed_in_status(599) == "9m50s" and elapsed_in_status(659) == "10m" and elapsed_in_status(3725) == "1h2m"
     assert merge_patch({"a": 1, "p": {"x": 1, "y": 2}, "kopf": {}}, {"a": 1, "p": {"x": 1}}) == {"p": {"y": None}}
     assert merge_patch({"a": 1}, {"a": 1}) is None
 

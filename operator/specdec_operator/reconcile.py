@@ -118,6 +118,18 @@ def human_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
+def elapsed_in_status(seconds: float) -> str:
+    """human_duration floored to 10 s (1 min past 10 min), for status messages.
+
+    The message is written into the status; at one-second resolution every step found a new text, so every step
+    patched the status, whose watch event woke the next step at once: a write loop per loading server, bounded
+    only by API latency (found by benchmarks/scale.py: 14 status patches per resource, 10 a minute idle).
+    """
+    seconds = max(0, int(seconds))
+    step = 10 if seconds < 600 else 60
+    return human_duration(seconds - seconds % step)
+
+
 def _clip(text: Any, limit: int = MAX_TEXT) -> str:
     text = str(text or "")
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -229,7 +241,7 @@ def server_state(pods: list[dict[str, Any]], template_hash: str, now: datetime) 
         running = state.get("running")
         if running is not None:
             started = parse_time(running.get("startedAt")) or parse_time(status.get("startTime"))
-            elapsed = human_duration((now - started).total_seconds()) if started else "just started"
+            elapsed = elapsed_in_status((now - started).total_seconds()) if started else "just started"
             return ServerState(False, any_ready, "Loading", f"loading weights, {elapsed}", restarts)
         if waiting:
             detail = waiting.get("reason") or "waiting"
@@ -517,7 +529,7 @@ def reconcile(
         phase, reason, probing = Phase.PROBING.value, "Probing", True
         started = prev_probe.get("startedAt") if prev_probe.get("revision") == rev and observed.probe_running == rev else now_s
         since = parse_time(started)
-        message = f"measuring the speculative server against the base ({len(spec.rollout.workloads)} workloads), {human_duration((now - since).total_seconds()) if since else '0s'}"
+        message = f"measuring the speculative server against the base ({len(spec.rollout.workloads)} workloads), {elapsed_in_status((now - since).total_seconds()) if since else '0s'}"
         if observed.probe_progress and observed.probe_running == rev:
             message += f"; {observed.probe_progress}"
 
