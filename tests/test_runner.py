@@ -104,3 +104,39 @@ def test_forgetting_a_server_drops_its_counters_too() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'name="gone"' not in text
     assert 'specdec_probes_total{decision="promote",name="kept",namespace="ns",reason="SpeedupConfirmed"} 1.0' in text
+
+
+def test_probes_beyond_the_limit_wait_for_a_slot_and_all_finish() -> None:
+    """--max-concurrent-probes: a probe past the limit says it waits, starts when a slot frees, and decides."""
+    import asyncio
+
+    import yaml
+
+    from specdec_operator.handlers import Endpoints, OperatorConfig, Runtime
+    from specdec_operator.metrics import OperatorMetrics
+    from specdec_operator.simulator import SimulatorServer, load_profile
+
+    spec = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "llama31-8b-eagle3.yaml").read_text())["spec"]
+    spec["rollout"]["workloads"] = [{"name": "one", "concurrency": 1, "inputTokens": 16, "outputTokens": 16, "requests": 1}]
+    spec["rollout"]["maxRounds"] = 3
+
+    async def scenario() -> None:
+        async with SimulatorServer(load_profile("llama31-8b-base"), time_scale=50, load_seconds=0) as base, \
+                SimulatorServer(load_profile("llama31-8b-eagle3"), time_scale=50, load_seconds=0) as candidate:
+            urls = {f"ns/{n}-{v}": url for n in ("a", "b") for v, url in (("base", str(base)), ("spec", str(candidate)))}
+            runtime = Runtime(OperatorConfig(endpoints=Endpoints(urls), max_concurrent_probes=1), OperatorMetrics())
+            first = asyncio.create_task(runtime._probe("ns", "a", spec, "rev-a"))
+            await asyncio.sleep(0.01)  # the first takes the only slot
+            second = asyncio.create_task(runtime._probe("ns", "b", spec, "rev-b"))
+            await asyncio.sleep(0.01)
+            assert "waiting for a probe slot" in runtime.progress[("ns", "b")]
+            assert not first.done()
+            a = await first
+            b = await second
+            assert ("ns", "b") not in runtime.progress or "waiting" not in runtime.progress[("ns", "b")]
+            assert a["revision"] == "rev-a" and b["revision"] == "rev-b"
+            assert a["decision"] in ("promote", "rollback") and b["decision"] in ("promote", "rollback")
+            assert a["reason"] != "ProbeFailed" and b["reason"] != "ProbeFailed", (a, b)
+            await runtime.close()
+
+    asyncio.run(scenario())

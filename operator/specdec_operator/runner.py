@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)")
     p.add_argument("--startup-allowance", type=_positive(int), default=STARTUP_ALLOWANCE_S, metavar="S", help=f"how long a server may load before its startup probe fails (default {STARTUP_ALLOWANCE_S})")
     p.add_argument("--crash-restart-limit", type=_positive(int), default=3, metavar="N", help="restarts after which a crash-looping speculative server is given up (ProbeFailed) and scaled to 0 (default 3)")
+    p.add_argument("--max-concurrent-probes", type=_positive(int), default=8, metavar="N", help="probes run at once by this replica; more wait for a slot (each streams from two servers through this process, and a CPU-starved client would bias its measurements; default 8)")
     p.add_argument("--api-workers", type=_positive(int), default=32, metavar="N", help="Kubernetes API calls in flight at once (threads and connections of the API client; default 32)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> int:
         reconcile_interval=args.reconcile_interval,
         probe_timeout=args.probe_timeout,
         probe_request_timeout=args.probe_request_timeout,
+        max_concurrent_probes=args.max_concurrent_probes,
     )
 
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
