@@ -323,9 +323,11 @@ def test_continuous_batching_throughput_follows_the_model():
     for concurrency in (1, 8):
         measured = asyncio.run(tok_s(p, concurrency, 2 * concurrency, 100, 4))
         assert measured == pytest.approx(4 * p.analytic_throughput(concurrency, 64, 100), rel=0.06)
-    # 32 clients against a cap of 8 get the cap's throughput, not 32 streams' worth.
-    capped = asyncio.run(tok_s(p, 32, 32, 100, 4))
-    assert capped == pytest.approx(4 * p.analytic_throughput(8, 64, 100), rel=0.08)
+    # 32 clients against a cap of 8 get the cap's throughput (analytic_throughput applies the cap), not 32 streams'.
+    # At half the clock speed of the runs above: 32 streams share this process's event loop with the server, and
+    # at 4x a loaded CI host measured 23 % under the model.
+    capped = asyncio.run(tok_s(p, 32, 32, 100, 2))
+    assert capped == pytest.approx(2 * p.analytic_throughput(8, 64, 100), rel=0.08)
 
 
 def test_subprocess_serves_prints_its_url_and_stops_on_sigterm(tmp_path):
