@@ -170,7 +170,9 @@ def test_seed_custom_drafter_is_rejected_in_seconds():
 
 def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
     base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
-    result = asyncio.run(probe_between(base, public, [Workload("c128", 128, 8, 16, 144)], scale=2))
+    # Up to 10 rounds: one noisy in-process round at c=128 left the default 6 undecided once in CI
+    # (0.48x [0.22, 1.04]); more rounds narrow the interval, they do not change the truth (0.44x).
+    result = asyncio.run(probe_between(base, public, [Workload("c128", 128, 8, 16, 144)], scale=2, max_rounds=10))
     assert (result.decision, result.reason) == ("rollback", "SpeedupBelowThreshold"), result.message
     # The seed measured 849 / 2370 = 0.36x in steady state; this short run's waves model to ~0.44x.
     assert result.workloads[0].speedup < 0.6
