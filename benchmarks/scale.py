@@ -178,6 +178,69 @@ class Sampler(threading.Thread):
                 "cpu_seconds": cpu, "cores": cpu / (inside[-1][0] - inside[0][0])}
 
 
+class PhaseWatcher(threading.Thread):
+    """Follows every SpeculativeServer's status.phase through one watch (re-listing after 410 Gone or an error).
+
+    Polling with a LIST of all 1,000 objects every few seconds was the benchmark's own load on the API server it
+    measures (several MB of JSON each time, and 504s under load); a watch costs one more watcher.
+    """
+
+    def __init__(self, api_client: Any) -> None:
+        super().__init__(daemon=True)
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(api_client)
+        self.phases: dict[tuple[str, str], str] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.relists = 0
+
+    def counts(self) -> Counter:
+        with self.lock:
+            return Counter(self.phases.values())
+
+    def _record(self, obj: dict) -> None:
+        meta = obj["metadata"]
+        with self.lock:
+            self.phases[(meta["namespace"], meta["name"])] = (obj.get("status") or {}).get("phase") or "none"
+
+    def run(self) -> None:
+        from kubernetes import watch
+
+        while not self.stop.is_set():
+            try:
+                listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=120)
+                with self.lock:
+                    self.phases.clear()
+                for obj in listed["items"]:
+                    self._record(obj)
+                version = listed["metadata"]["resourceVersion"]
+                for event in watch.Watch().stream(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                                  resource_version=version, timeout_seconds=300, _request_timeout=360):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._record(event["object"])
+                    elif event["type"] == "DELETED":
+                        with self.lock:
+                            self.phases.pop((event["object"]["metadata"]["namespace"], event["object"]["metadata"]["name"]), None)
+                    if self.stop.is_set():
+                        return
+            except Exception:  # 410 Gone, a timeout under load: list again
+                self.relists += 1
+                time.sleep(1)
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each named process; absent when it is gone."""
+    used = {}
+    for label, pid in pids.items():
+        try:
+            times = psutil.Process(pid).cpu_times()
+            used[label] = times.user + times.system
+        except psutil.Error:
+            pass
+    return used
+
+
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -192,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="watch the settled system this long (default 60)")
     parser.add_argument("--cluster", default="scale", help="devcluster name (default scale)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument("--controller-manager-qps", type=int, help="the controller-manager's client QPS per controller (default: its own, 20)")
     parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--memory-report", metavar="FILE", help="run the operator through benchmarks/traced_operator.py and append a census "
@@ -206,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
     say(f"cluster {args.cluster!r}: starting")
-    cluster = devcluster.up(args.cluster, tie_to_parent=True)
+    cluster = devcluster.up(args.cluster, tie_to_parent=True, controller_manager_qps=args.controller_manager_qps)
     workdir = Path(tempfile.mkdtemp(prefix="specdec-scale-"))
     children: list[subprocess.Popen] = []
     result: dict[str, Any] = {"objects": args.objects, "namespaces": args.namespaces, "time_scale": args.time_scale,
-                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "cpus": os.cpu_count(),
+                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "controller_manager_qps": args.controller_manager_qps, "cpus": os.cpu_count(),
                               "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"), "load_average_at_start": os.getloadavg()[0]}
     try:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"), check=True)
@@ -263,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             if not _exists(core.read_namespace, ns):
                 core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         requests_before = apiserver_requests(api_client)
+        # Who uses the two cores while the resources settle: each control-plane component, the simulators, the operator.
+        processes = {**{c: int(p) for c, p in devcluster._read_state(args.cluster)["pids"].items()},
+                     **{f"simulator-{i}": c.pid for i, c in enumerate(children[:-1])}, "operator": operator.pid}
+        cpu_before = cpu_seconds(processes)
         if args.memory_report and args.trace_allocations:
             operator.send_signal(signal.SIGUSR2)  # start tracing: what the resources cost, not the start-up
         say(f"creating {args.objects} SpeculativeServers in {args.namespaces} namespaces")
@@ -276,22 +344,22 @@ def main(argv: list[str] | None = None) -> int:
 
         settled_at = None
         phases: Counter = Counter()
+        watcher = PhaseWatcher(api_client)
+        watcher.start()
+        last_said = 0.0
         while time.monotonic() - started < args.timeout:
-            try:
-                items = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=60)["items"]
-            except Exception as exc:  # an overloaded API server times out now and then: note it and poll again
-                say(f"  list failed ({str(exc).splitlines()[0][:80]}); retrying")
-                result["list_failures"] = result.get("list_failures", 0) + 1
-                time.sleep(5)
-                continue
-            phases = Counter((o.get("status") or {}).get("phase") or "none" for o in items)
+            phases = watcher.counts()
             if operator.poll() is not None:
                 raise RuntimeError(f"the operator exited with {operator.returncode}; see {workdir / 'operator.log'}")
             if sum(phases[p] for p in TERMINAL) >= args.objects:
                 settled_at = time.monotonic()
                 break
-            say(f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  rss {sampler.samples[-1][1] / 2**20:.0f} MB")
-            time.sleep(5)
+            if time.monotonic() - last_said >= 10:
+                last_said = time.monotonic()
+                say(f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  rss {sampler.samples[-1][1] / 2**20:.0f} MB")
+            time.sleep(0.5)
+        watcher.stop.set()
+        result["watch_relists"] = watcher.relists
         settle = (settled_at or time.monotonic()) - started
         result.update({"create_seconds": round(created, 1), "settled": settled_at is not None, "steady_state_seconds": round(settle, 1),
                        "phases": dict(phases)})
@@ -299,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         reasons = Counter((o.get("status") or {}).get("reason") for o in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"])
         result["reasons"] = {str(k): v for k, v in reasons.items()}
         requests_settled = apiserver_requests(api_client)
+        cpu_settled = cpu_seconds(processes)
+        elapsed = time.monotonic() - started
+        result["cores_settling"] = {label: round((cpu_settled[label] - cpu_before[label]) / elapsed, 2) for label in cpu_before if label in cpu_settled}
+        say(f"cores used while settling: {result['cores_settling']}")
         if args.memory_report:
             operator.send_signal(signal.SIGUSR1)
         metrics_settled = _get(f"http://127.0.0.1:{metrics_port}/metrics")
@@ -317,16 +389,20 @@ def main(argv: list[str] | None = None) -> int:
         result["settling"] = {k: round(v, 2) for k, v in sampler.window(started, settled_at or idle_start).items()}
         result["idle"] = {k: round(v, 3) for k, v in sampler.window(idle_start, idle_end).items()}
         result["peak_rss_mb"] = round(max(s[1] for s in sampler.samples) / 2**20, 1)
-        def reconcile_buckets(text: str) -> dict[float, float]:
-            return {float(lbl["le"]): v for lbl, v in prometheus_samples(text, "specdec_reconcile_duration_seconds_bucket")}
+        def buckets_of(text: str, histogram: str) -> dict[float, float]:
+            return {float(lbl["le"]): v for lbl, v in prometheus_samples(text, f"{histogram}_bucket")}
 
-        settling_buckets, end_buckets = reconcile_buckets(metrics_settled), reconcile_buckets(metrics_end)
-        idle_buckets = {le: end_buckets[le] - settling_buckets.get(le, 0.0) for le in end_buckets}
-        for label, buckets in (("reconcile_settling", settling_buckets), ("reconcile_idle", idle_buckets), ("reconcile_all", end_buckets)):
-            pairs = sorted(buckets.items())
-            # Above the largest finite bucket (10 s) the quantile is reported as ">10".
-            result[label] = {"steps": int(pairs[-1][1]), "p50_s": round(histogram_quantile(pairs, 0.5), 4), "p99_s": round(histogram_quantile(pairs, 0.99), 4),
-                             "share_over_1s": round(1 - buckets.get(1.0, 0.0) / max(pairs[-1][1], 1), 4)}
+        # A step's own duration, and (apart) how long a woken resource waited for a step slot before it.
+        for prefix, histogram in (("reconcile", "specdec_reconcile_duration_seconds"), ("queue", "specdec_reconcile_queue_seconds")):
+            settling_buckets, end_buckets = buckets_of(metrics_settled, histogram), buckets_of(metrics_end, histogram)
+            if not end_buckets:
+                continue
+            idle_buckets = {le: end_buckets[le] - settling_buckets.get(le, 0.0) for le in end_buckets}
+            for label, buckets in ((f"{prefix}_settling", settling_buckets), (f"{prefix}_idle", idle_buckets), (f"{prefix}_all", end_buckets)):
+                pairs = sorted(buckets.items())
+                # Above the largest finite bucket the quantile is reported as that bucket's bound.
+                result[label] = {"steps": int(pairs[-1][1]), "p50_s": round(histogram_quantile(pairs, 0.5), 4), "p99_s": round(histogram_quantile(pairs, 0.99), 4),
+                                 "share_over_1s": round(1 - buckets.get(1.0, 0.0) / max(pairs[-1][1], 1), 4)}
         result["load_average_at_end"] = os.getloadavg()[0]
         result["reconcile_errors"] = {lbl.get("kind", ""): v for lbl, v in prometheus_samples(metrics_end, "specdec_reconcile_errors_total")}
 

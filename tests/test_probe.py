@@ -105,6 +105,19 @@ def test_metrics_parser_averages_over_tp_ranks():
     assert parse_sglang_metrics(text) == {"sglang:spec_accept_length": 2.5}
 
 
+def test_metrics_parser_skips_histogram_buckets_but_keeps_sum_and_count_and_refuses_non_prometheus_text():
+    text = (
+        "# HELP sglang:e2e_request_latency_seconds x\n# TYPE sglang:e2e_request_latency_seconds histogram\n"
+        'sglang:e2e_request_latency_seconds_bucket{le="0.1",model_name="m"} 1.0\n'
+        'sglang:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 4.0\n'
+        'sglang:e2e_request_latency_seconds_sum{model_name="m"} 2.5\n'
+        'sglang:e2e_request_latency_seconds_count{model_name="m"} 4.0\n'
+    )
+    assert parse_sglang_metrics(text) == {"sglang:e2e_request_latency_seconds_sum": 2.5, "sglang:e2e_request_latency_seconds_count": 4.0}
+    with pytest.raises(ValueError):
+        parse_sglang_metrics("<html><body>502 Bad Gateway</body></html>\n")
+
+
 # --- decisions against simulators ------------------------------------------------------------------
 
 

@@ -127,6 +127,7 @@ def to_promoted(world: World) -> Plan:
 def test_first_step_creates_five_children_and_the_stable_service_selects_base() -> None:
     world = World(llama_spec())
     plan = world.step()
+    assert not plan.switch_first  # nothing exists yet: all five are created in one round trip
     assert sorted((o["kind"], o["metadata"]["name"]) for o in plan.apply) == [
         ("Deployment", "llama-base"), ("Deployment", "llama-spec"), ("Service", "llama"), ("Service", "llama-base"), ("Service", "llama-spec"),
     ]
@@ -271,6 +272,7 @@ def test_keep_base_warm_false_scales_the_loser_once_the_winner_serves() -> None:
     applied = [(o["kind"], o["metadata"]["name"]) for o in promoted.apply]
     assert ("Service", "llama") in applied and ("Deployment", "llama-base") in applied
     assert applied.index(("Service", "llama")) < applied.index(("Deployment", "llama-base"))
+    assert promoted.switch_first  # the handlers apply this plan's Services, then its Deployments
     assert world.deployments["llama-base"]["spec"]["replicas"] == 0
     assert world.deployments["llama-spec"]["spec"]["replicas"] == 1
     rolled = World(llama_spec(**{"rollout.keepBaseWarm": False}))
@@ -396,3 +398,51 @@ def test_a_validator_that_cannot_start_says_why() -> None:
     assert 'the drafter validator cannot start (ImagePullBackOff: Back-off pulling image "specdec:bad")' in plan.status["message"]
     pod["status"]["initContainerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
     assert "validating the drafter against the target" in world.step().status["message"]
+
+
+def test_settled_only_once_decided_with_every_running_server_ready() -> None:
+    """A settled resource is only stepped on events and the slow resync; anything that changes with time is not settled."""
+    world = World(llama_spec())
+    assert not world.step().settled  # creating the children
+    world.set_pods(base={"running_since": NOW - timedelta(seconds=30)}, speculative={"init": (0, COMPATIBLE), "running_since": NOW})
+    assert not world.step().settled  # loading: the message carries elapsed time
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    probing = world.step()
+    assert probing.start_probe and not probing.settled
+    world.probe_running = probing.revision
+    decided = world.step(probe_result=promote_result(probing.revision))
+    assert decided.status["phase"] == "Promoted"
+    assert not decided.settled and decided.apply  # the base is being scaled to 0: not settled until applied
+    world.probe_running = None
+    assert world.step().settled
+    world.set_pods(speculative={"running_since": NOW, "init": (0, COMPATIBLE)})  # the winner's pod restarts
+    assert not world.step().settled
+
+
+def test_invalid_is_settled_only_when_the_base_serves() -> None:
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"running_since": NOW}, speculative={"init": (2, INCOMPATIBLE)})
+    loading = world.step()
+    assert loading.status["phase"] == "Invalid" and not loading.settled
+    world.set_pods(base={"ready": True})
+    assert world.step().settled
+
+
+def test_pod_templates_are_rendered_once_per_generation_when_the_caller_keeps_them() -> None:
+    from specdec_operator.reconcile import _default_render
+
+    world = World(llama_spec())
+    calls = []
+
+    def counting_render(spec, variant):
+        calls.append(variant)
+        return _default_render(spec, variant)
+
+    rendered: dict = {}
+    obs = Observed(name="llama", namespace="ns", uid=UID, generation=1, deployments={}, services={}, pods=[])
+    first = reconcile(world.spec, obs, {}, NOW, render_argv=counting_render, rendered=rendered)
+    again = reconcile(world.spec, obs, first.status, NOW + timedelta(seconds=30), render_argv=counting_render, rendered=rendered)
+    fresh = reconcile(world.spec, obs, {}, NOW)
+    assert sorted(calls) == ["base", "speculative"]  # two steps, one rendering of each variant
+    assert first.apply == fresh.apply == again.apply  # the same children as rendering every time

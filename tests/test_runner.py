@@ -59,6 +59,7 @@ def test_endpoints_file_is_validated(tmp_path: Path) -> None:
 def test_defaults_and_priority_order() -> None:
     args = build_parser().parse_args([])
     assert args.reconcile_interval == 10.0 and args.metrics_port == 8080 and not args.namespace
+    assert args.resync_interval == 300.0 and args.max_concurrent_reconciles == 16
     older = default_priority()
     import time
 
@@ -140,3 +141,24 @@ def test_probes_beyond_the_limit_wait_for_a_slot_and_all_finish() -> None:
             await runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_lean_diffbase_builds_the_same_essence_as_kopfs_without_copying_status() -> None:
+    import kopf
+
+    from specdec_operator.handlers import LeanDiffBaseStorage
+
+    managed = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {f"f:{i}": {} for i in range(50)}}}]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "n", "uid": "u", "resourceVersion": "7", "labels": {"app": "x"}, "managedFields": managed,
+                        "annotations": {"note": "kept", "kopf.zalando.org/last-handled-configuration": "{}"}, "ownerReferences": [{"kind": "ReplicaSet", "name": "r", "uid": "1"}]},
+           "spec": {"containers": [{"name": "c", "image": "i", "args": ["--a", "1"]}]},
+           "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    replicaset = {**pod, "kind": "ReplicaSet", "metadata": {**pod["metadata"], "ownerReferences": [{"kind": "Deployment", "name": "d", "uid": "2"}]}}
+    for body in (pod, replicaset, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}):
+        expected = kopf.AnnotationsDiffBaseStorage().build(body=kopf.Body(body))
+        assert LeanDiffBaseStorage().build(body=kopf.Body(body)) == expected
+    essence = LeanDiffBaseStorage().build(body=kopf.Body(pod))
+    assert "status" not in essence and essence["metadata"]["annotations"] == {"note": "kept"} and essence["spec"]["containers"][0]["args"] == ["--a", "1"]
+    # Handlers that filter on status fields get Kopf's own (whole-object) essence.
+    assert LeanDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"]) == kopf.AnnotationsDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"])

@@ -3,7 +3,8 @@
 One Kopf daemon per SpeculativeServer runs the loop: observe -> ``reconcile.reconcile`` -> apply children
 (server-side apply, owner-referenced), patch status, post Events, start or cancel the probe. It wakes up on
 any event of the resource or of its children (pods, Deployments, Services, watched through label-filtered
-Kopf indexes, so a step lists nothing) and at least every ``reconcile_interval`` seconds.
+Kopf indexes, so a step lists nothing), every ``reconcile_interval`` seconds while its status changes with time
+(servers loading, a probe running), and every ``resync_interval`` seconds once it is settled.
 
 The probe runs as an asyncio task next to the daemon; when it finishes, the next step records its decision in
 status.probe. The drift monitor scrapes the speculative Service when ``reconcile`` says a scrape is due.
@@ -19,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import re
 import time
 from datetime import datetime, timezone
@@ -92,13 +94,24 @@ class OperatorConfig:
 
     reconcile: Settings = dataclasses.field(default_factory=Settings)
     endpoints: Endpoints = dataclasses.field(default_factory=Endpoints)
-    reconcile_interval: float = 10.0  # seconds between steps when nothing happens
+    reconcile_interval: float = 10.0  # seconds between steps while a resource changes with time (loading, probing)
+    # Seconds between steps of a settled resource (decided, its servers ready): a safety net only, since every
+    # change that matters then arrives as an event. At 10 s, 1,000 settled resources kept 0.4 cores busy.
+    resync_interval: float = 300.0
     probe_timeout: float = 3600.0  # bound of one whole probe (Inconclusive when spent)
     probe_request_timeout: float = 600.0
     scrape_timeout: float = 10.0
     # Probes measure throughput from this process: too many at once and the client, not the servers, sets the
     # pace (one probe streaming 28k tok/s takes 15 % of a core, docs/probe.md), biasing every measurement.
     max_concurrent_probes: int = 8
+    # Steps making API calls at once (controller-runtime's MaxConcurrentReconciles). Without a bound, 1,000
+    # resources woken together queued several thousand calls behind the client's connections, so every step
+    # waited for all the others; bounded, a woken resource waits its turn (specdec_reconcile_queue_seconds) and
+    # its step then runs at the API server's own pace.
+    max_concurrent_reconciles: int = 16
+    # A resource is stepped at most this often: child events arriving closer together (a pod scheduled,
+    # started, ready within a second) are merged into one step and at most one status write.
+    min_step_interval: float = 1.0
 
 
 @dataclasses.dataclass
@@ -185,8 +198,11 @@ class Runtime:
         self.monitor_due: dict[tuple[str, str], bool] = {}
         self.foreign: dict[tuple[str, str], dict[str, tuple[float, dict[str, Any]]]] = {}
         self.progress: dict[tuple[str, str], str] = {}
+        # (uid, generation, parsed spec, rendered pod templates): parsed and rendered once per generation.
+        self.rendered: dict[tuple[str, str], tuple[str, int, Any, dict[str, Any]]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._probe_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
+        self._step_slots: asyncio.Semaphore | None = None  # likewise, on the first step
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -198,6 +214,11 @@ class Runtime:
             probe.task.cancel()
         if self._session is not None:
             await self._session.close()
+
+    def step_slot(self) -> asyncio.Semaphore:
+        if self._step_slots is None:
+            self._step_slots = asyncio.Semaphore(self.config.max_concurrent_reconciles)
+        return self._step_slots
 
     def wake(self, namespace: str | None, name: str | None) -> None:
         if namespace and name:
@@ -306,6 +327,11 @@ class Runtime:
         status["revision"] = revision
         return {k: v for k, v in status.items() if v is not None}
 
+    async def due_scrape(self, namespace: str, name: str) -> Sample | None:
+        """Scrape the speculative server when the last step said a scrape is due (before taking a step slot:
+        a slow server must not hold one)."""
+        return await self.scrape(namespace, name) if self.monitor_due.get((namespace, name)) else None
+
     async def scrape(self, namespace: str, name: str) -> Sample:
         now = rfc3339(datetime.now(timezone.utc))
         url = self.config.endpoints.url(namespace, m.child_name(name, "speculative"))
@@ -316,7 +342,7 @@ class Runtime:
         return sample_from_metrics(metrics, now)
 
     # --- one step
-    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: logging.Logger) -> Plan | None:
+    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: logging.Logger, scrape: Sample | None = None) -> Plan | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         key = (namespace, name)
         uid = body["metadata"]["uid"]
@@ -325,11 +351,16 @@ class Runtime:
             cached = self.statuses[key] = (uid, {k: v for k, v in _plain(body.get("status") or {}).items() if k != "kopf"})
         status = cached[1]
         spec_dict = _plain(body.get("spec") or {})
-        try:
-            spec = parse_spec(spec_dict, source=f"{namespace}/{name}")
-        except InputError as exc:
-            await self._invalid_spec(body, uid, status, exc)
-            return None
+        generation = int(body["metadata"].get("generation") or 1)
+        memo = self.rendered.get(key)
+        if memo is None or memo[0] != uid or memo[1] != generation:  # the spec changes only with the generation
+            try:
+                memo = self.rendered[key] = (uid, generation, parse_spec(spec_dict, source=f"{namespace}/{name}"), {})
+            except InputError as exc:
+                self.rendered.pop(key, None)
+                await self._invalid_spec(body, uid, status, exc)
+                return None
+        spec, rendered = memo[2], memo[3]
 
         probe = self.probes.get(key)
         probe_running = probe_result = None
@@ -345,10 +376,7 @@ class Runtime:
             else:
                 probe_running = probe.revision
 
-        scrape = previous = None
-        if self.monitor_due.get(key):
-            scrape = await self.scrape(namespace, name)
-            previous = self.scrapes.get(key)
+        previous = self.scrapes.get(key) if scrape is not None else None
 
         observed_deployments = {d["metadata"]["name"]: d for d in deployments}
         observed_services = {s["metadata"]["name"]: s for s in services}
@@ -359,7 +387,7 @@ class Runtime:
             name=name,
             namespace=namespace,
             uid=uid,
-            generation=int(body["metadata"].get("generation") or 1),
+            generation=generation,
             deployments=observed_deployments,
             services=observed_services,
             pods=list(pods),
@@ -370,27 +398,29 @@ class Runtime:
             previous_scrape=previous,
         )
         try:
-            plan = reconcile(spec, observed, status, datetime.now(timezone.utc), self.config.reconcile)
+            plan = reconcile(spec, observed, status, datetime.now(timezone.utc), self.config.reconcile, rendered=rendered)
         except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
             await self._invalid_spec(body, uid, status, exc)
             return None
 
-        # Children of one kind are applied concurrently (a step waits for one round trip, not five, which is what
-        # keeps steps short when the API server is slow); the kinds go one after another in the plan's order.
-        for group in _by_kind(plan.apply):
-            results = await asyncio.gather(*(
-                asyncio.to_thread(self.apply_child, key, obj, body, uid, obj["metadata"]["name"] in (observed_deployments if obj["kind"] == "Deployment" else observed_services))
-                for obj in group
-            ))
-            for obj, applied in zip(group, results):
+        # One round trip where order does not matter: every child at once, and the status patch with them (it
+        # describes what this step saw and did). Only when a step both re-points an existing Service and changes a
+        # Deployment (switch, then scale the loser to 0) do the kinds go one after another, Services first.
+        new_status = {k: v for k, v in plan.status.items() if v is not None}
+        patch = merge_patch(status, new_status)
+        waves = _by_kind(plan.apply) if plan.switch_first else [plan.apply]
+        for number, wave in enumerate(waves, 1):
+            write_status = bool(patch) and number == len(waves)
+            results = await asyncio.gather(
+                *(asyncio.to_thread(self.apply_child, key, obj, body, uid, obj["metadata"]["name"] in (observed_deployments if obj["kind"] == "Deployment" else observed_services))
+                  for obj in wave),
+                *([asyncio.to_thread(self.patch_status, namespace, name, patch)] if write_status else []),
+            )
+            for obj, applied in zip(wave, results):
                 if not applied:
                     logger.warning(f"{obj['kind']} {namespace}/{obj['metadata']['name']} exists and is not owned by this SpeculativeServer: left alone")
                     self.wake(namespace, name)
-
-        new_status = {k: v for k, v in plan.status.items() if v is not None}
-        patch = merge_patch(status, new_status)
         if patch:
-            await asyncio.to_thread(self.patch_status, namespace, name, patch)
             self.statuses[key] = (uid, new_status)
         for event in plan.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
@@ -453,7 +483,7 @@ class Runtime:
         probe = self.probes.pop(key, None)
         if probe is not None:
             probe.task.cancel()
-        for table in (self.wakeups, self.statuses, self.scrapes, self.monitor_due, self.foreign, self.progress):
+        for table in (self.wakeups, self.statuses, self.scrapes, self.monitor_due, self.foreign, self.progress, self.rendered):
             table.pop(key, None)
         self.metrics.forget(namespace, name)
 
@@ -483,6 +513,25 @@ async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
             waiter.cancel()
 
 
+class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """Kopf's default essence storage (same essence, same annotation) without copying what it throws away.
+
+    Kopf builds the essence of every watched object on every event (for change detection) by deep-copying the
+    whole object, status included, and then deleting metadata and status. With 8,000 watched pods, Deployments
+    and Services that copy was about 5 % of the operator's CPU at 1,000 resources (docs/scale.md); here only
+    what the essence keeps is handed over.
+    """
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        fields = list(extra_fields or [])
+        if fields:  # handlers that watch status fields need the whole object
+            return super().build(body=body, extra_fields=fields)
+        meta = body.get("metadata") or {}
+        lean = {k: v for k, v in body.items() if k not in ("metadata", "status")}
+        lean["metadata"] = {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
+        return super().build(body=kopf.Body(lean))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Registration
 
@@ -496,6 +545,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # Kopf's own log lines are not Events; the operator posts its Events explicitly.
     settings.posting.level = logging.WARNING
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.persistence.diffbase_storage = LeanDiffBaseStorage()
 
 
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
@@ -530,13 +580,28 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         key = (namespace, name)
         wake = runtime.wakeups.setdefault(key, asyncio.Event())
         failures = 0
+        last_step = -math.inf
         try:
             while not stopped:
-                wake.clear()
-                started = time.monotonic()
+                pause = last_step + runtime.config.min_step_interval - time.monotonic()
+                if pause > 0:  # events closer together than that are merged into this one step
+                    await _sleep(asyncio.Event(), stopped, pause)
+                    if stopped:
+                        break
+                queued = time.monotonic()
                 plan = None
                 try:
-                    plan = await runtime.step(body, list(specdec_pods.get(key, [])), list(specdec_deployments.get(key, [])), list(specdec_services.get(key, [])), logger)
+                    scrape = await runtime.due_scrape(namespace, name)
+                    async with runtime.step_slot():
+                        wake.clear()  # after the wait: what happened while queued is seen by this step
+                        started = time.monotonic()
+                        runtime.metrics.reconcile_queue_seconds.observe(started - queued)
+                        try:
+                            plan = await runtime.step(body, list(specdec_pods.get(key, [])), list(specdec_deployments.get(key, [])),
+                                                      list(specdec_services.get(key, [])), logger, scrape)
+                        finally:
+                            last_step = time.monotonic()
+                            runtime.metrics.reconcile_seconds.observe(last_step - started)
                     failures = 0
                 except ApiException as exc:
                     failures += 1
@@ -556,9 +621,12 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                     runtime.metrics.reconcile_errors.labels(type(exc).__name__).inc()
                     logger.exception(f"reconcile step failed (will retry): {exc}")
                     runtime.statuses.pop(key, None)
-                finally:
-                    runtime.metrics.reconcile_seconds.observe(time.monotonic() - started)
-                delay = runtime.config.reconcile_interval if not failures else min(60.0, 0.5 * 2**failures)
+                if failures:
+                    delay = min(60.0, 0.5 * 2**failures)
+                elif plan is not None and plan.settled:
+                    delay = runtime.config.resync_interval
+                else:
+                    delay = runtime.config.reconcile_interval
                 if plan is not None and plan.next_scrape_in is not None:
                     delay = min(delay, max(0.2, plan.next_scrape_in))
                 await _sleep(wake, stopped, delay)

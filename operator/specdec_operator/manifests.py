@@ -300,13 +300,20 @@ def deployment(
     spec: SpeculativeServerSpec,
     variant: str | Variant,
     *,
-    command: list[str],
+    command: list[str] | None = None,
     replicas: int,
     revision: str,
     settings: ManifestSettings = ManifestSettings(),
+    template: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Deployment ``<name>-base`` or ``<name>-spec`` (owner reference added by the caller)."""
+    """Deployment ``<name>-base`` or ``<name>-spec`` (owner reference added by the caller).
+
+    ``template``: this variant's ``pod_template`` rendered earlier for the same arguments (the caller's cache;
+    it is shared, not copied, so nobody may modify it); without it, ``command`` is rendered into a new one.
+    """
     variant = _v(variant)
+    if template is None and command is None:
+        raise ValueError("deployment() needs the server command or a rendered template")
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -323,7 +330,7 @@ def deployment(
             "revisionHistoryLimit": 3,
             # The startup probe allows long loads; the Deployment must not call that a stalled rollout first.
             "progressDeadlineSeconds": settings.startup_allowance_s + 600,
-            "template": pod_template(name, spec, variant, command, revision, settings),
+            "template": template if template is not None else pod_template(name, spec, variant, command or [], revision, settings),
         },
     }
 

@@ -89,6 +89,12 @@ class OperatorMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=r,
         )
+        self.reconcile_queue_seconds = Histogram(
+            "specdec_reconcile_queue_seconds",
+            "How long a woken resource waited for a step slot (--max-concurrent-reconciles) before its step ran.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=r,
+        )
 
     def observe_status(self, namespace: str, name: str, status: dict) -> None:
         """Refresh the per-object gauges from a status (a speedup or acceptance length, once measured, is kept)."""

@@ -53,12 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, help="peering priority (default: older replicas win, so a new replica never preempts a running one)")
     p.add_argument("--peering-lifetime", type=_positive(int), default=60, metavar="S", help="how long this replica's peering record is trusted; after a crash the next replica takes over within it (default 60, Kopf's; at least 15)")
     p.add_argument("--validator-image", default=DEFAULT_VALIDATOR_IMAGE, metavar="IMAGE", help=f"image of the drafter validator init container (default {DEFAULT_VALIDATOR_IMAGE})")
-    p.add_argument("--reconcile-interval", type=_positive(float), default=10.0, metavar="S", help="seconds between reconcile steps when nothing changes (events wake it earlier; default 10)")
+    p.add_argument("--reconcile-interval", type=_positive(float), default=10.0, metavar="S", help="seconds between reconcile steps while a resource changes with time: servers loading, a probe running (events wake it earlier; default 10)")
+    p.add_argument("--resync-interval", type=_positive(float), default=300.0, metavar="S", help="seconds between steps of a settled resource (decided, its servers ready); events wake it at once (default 300)")
     p.add_argument("--probe-timeout", type=_positive(float), default=3600.0, metavar="S", help="upper bound of one probe; Inconclusive when spent (default 3600)")
     p.add_argument("--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)")
     p.add_argument("--startup-allowance", type=_positive(int), default=STARTUP_ALLOWANCE_S, metavar="S", help=f"how long a server may load before its startup probe fails (default {STARTUP_ALLOWANCE_S})")
     p.add_argument("--crash-restart-limit", type=_positive(int), default=3, metavar="N", help="restarts after which a crash-looping speculative server is given up (ProbeFailed) and scaled to 0 (default 3)")
     p.add_argument("--max-concurrent-probes", type=_positive(int), default=8, metavar="N", help="probes run at once by this replica; more wait for a slot (each streams from two servers through this process, and a CPU-starved client would bias its measurements; default 8)")
+    p.add_argument("--max-concurrent-reconciles", type=_positive(int), default=16, metavar="N", help="reconcile steps making API calls at once; woken resources wait their turn (default 16)")
     p.add_argument("--api-workers", type=_positive(int), default=32, metavar="N", help="Kubernetes API calls in flight at once (threads and connections of the API client; default 32)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -90,9 +92,11 @@ def main(argv: list[str]) -> int:
         ),
         endpoints=endpoints,
         reconcile_interval=args.reconcile_interval,
+        resync_interval=args.resync_interval,
         probe_timeout=args.probe_timeout,
         probe_request_timeout=args.probe_request_timeout,
         max_concurrent_probes=args.max_concurrent_probes,
+        max_concurrent_reconciles=args.max_concurrent_reconciles,
     )
 
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
