@@ -116,6 +116,9 @@ def test_metrics_parser_skips_histogram_buckets_but_keeps_sum_and_count_and_refu
     assert parse_sglang_metrics(text) == {"sglang:e2e_request_latency_seconds_sum": 2.5, "sglang:e2e_request_latency_seconds_count": 4.0}
     with pytest.raises(ValueError):
         parse_sglang_metrics("<html><body>502 Bad Gateway</body></html>\n")
+    # One gauge asked for: only its lines are parsed (a broken line elsewhere does not matter).
+    text += 'sglang:spec_accept_length{tp_rank="0"} 3.0\nsglang:spec_accept_length{tp_rank="1"} 2.0\nbroken{ line\n'
+    assert parse_sglang_metrics(text, only=frozenset({"sglang:spec_accept_length"})) == {"sglang:spec_accept_length": 2.5}
 
 
 # --- decisions against simulators ------------------------------------------------------------------

@@ -198,6 +198,8 @@ class Runtime:
         self.monitor_due: dict[tuple[str, str], bool] = {}
         self.foreign: dict[tuple[str, str], dict[str, tuple[float, dict[str, Any]]]] = {}
         self.progress: dict[tuple[str, str], str] = {}
+        # Creations of the stable Service in flight (see step): at most one per resource.
+        self.creating: dict[tuple[str, str], asyncio.Task] = {}
         # (uid, generation, parsed spec, rendered pod templates): parsed and rendered once per generation.
         self.rendered: dict[tuple[str, str], tuple[str, int, Any, dict[str, Any]]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -212,6 +214,8 @@ class Runtime:
     async def close(self) -> None:
         for probe in list(self.probes.values()):
             probe.task.cancel()
+        for task in list(self.creating.values()):
+            task.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -406,9 +410,20 @@ class Runtime:
         # One round trip where order does not matter: every child at once, and the status patch with them (it
         # describes what this step saw and did). Only when a step both re-points an existing Service and changes a
         # Deployment (switch, then scale the loser to 0) do the kinds go one after another, Services first.
+        # Creating a Service with a virtual IP (the stable one) is the slowest write there is: the API server
+        # allocates ClusterIPs a few per second under load (2-10 s each with 1,000 resources starting together,
+        # docs/scale.md), and nothing in the lifecycle waits for that Service - the servers start, validate and
+        # are measured without it. So it is created beside the step rather than in it; the next step sees it.
+        applying = []
+        for obj in plan.apply:
+            if _creates_virtual_ip(obj, observed_services):
+                if key not in self.creating:
+                    self.creating[key] = asyncio.create_task(self._create_in_background(key, obj, body, uid, logger), name=f"create {namespace}/{obj['metadata']['name']}")
+            else:
+                applying.append(obj)
         new_status = {k: v for k, v in plan.status.items() if v is not None}
         patch = merge_patch(status, new_status)
-        waves = _by_kind(plan.apply) if plan.switch_first else [plan.apply]
+        waves = _by_kind(applying) if plan.switch_first else [applying]
         for number, wave in enumerate(waves, 1):
             write_status = bool(patch) and number == len(waves)
             results = await asyncio.gather(
@@ -447,6 +462,34 @@ class Runtime:
         self.metrics.observe_status(namespace, name, new_status)
         return plan
 
+    async def _create_in_background(self, key: tuple[str, str], obj: dict[str, Any], body: Any, uid: str, logger: logging.Logger) -> None:
+        namespace, name = key
+        try:
+            if not await asyncio.to_thread(self.apply_child, key, obj, body, uid, False):
+                logger.warning(f"{obj['kind']} {namespace}/{obj['metadata']['name']} exists and is not owned by this SpeculativeServer: left alone")
+        except ApiException as exc:
+            self.metrics.reconcile_errors.labels("api").inc()
+            await self.api_failure(body, exc, logger)
+        except Exception as exc:  # the next step tries again
+            self.metrics.reconcile_errors.labels(type(exc).__name__).inc()
+            logger.warning(f"creating {obj['kind']} {namespace}/{obj['metadata']['name']} failed (will retry): {exc}")
+        finally:
+            self.creating.pop(key, None)
+            self.wake(namespace, name)
+
+    async def api_failure(self, body: Any, exc: ApiException, logger: logging.Logger) -> None:
+        """Log a refused API call; put the ones retrying cannot fix into status (report_failure)."""
+        detail = exc.body[:300] if isinstance(exc.body, str) else ""
+        logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason} {detail}".rstrip())
+        # Forget the cached status: the next step rereads the resource as the server has it.
+        self.statuses.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+        # Retrying will not fix these: tell the user where they look. Server-side apply answers 500 "failed to
+        # create typed patch object" when a child does not fit its type (a free-form spec field such as
+        # sglang.env holding a number where EnvVar wants a string).
+        typed_patch = exc.status == 500 and "failed to create typed patch object" in (exc.body if isinstance(exc.body, str) else "")
+        if exc.status in (400, 403, 422) or typed_patch:
+            await self.report_failure(body, exc)
+
     async def _invalid_spec(self, body: Any, uid: str, status: dict[str, Any], exc: InputError) -> None:
         """A spec the API server admitted but the operator cannot serve: phase Failed with the one-line reason."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -483,6 +526,9 @@ class Runtime:
         probe = self.probes.pop(key, None)
         if probe is not None:
             probe.task.cancel()
+        creating = self.creating.pop(key, None)
+        if creating is not None:
+            creating.cancel()
         for table in (self.wakeups, self.statuses, self.scrapes, self.monitor_due, self.foreign, self.progress, self.rendered):
             table.pop(key, None)
         self.metrics.forget(namespace, name)
@@ -490,6 +536,11 @@ class Runtime:
 
 def _child_path(kind: str) -> str:
     return "/apis/apps/v1/namespaces/{namespace}/deployments/{name}" if kind == "Deployment" else "/api/v1/namespaces/{namespace}/services/{name}"
+
+
+def _creates_virtual_ip(obj: dict[str, Any], observed_services: dict[str, Any]) -> bool:
+    """Whether applying ``obj`` creates a Service with a ClusterIP (not headless, not there yet)."""
+    return obj["kind"] == "Service" and obj["metadata"]["name"] not in observed_services and (obj.get("spec") or {}).get("clusterIP") != "None"
 
 
 def _by_kind(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -606,16 +657,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 except ApiException as exc:
                     failures += 1
                     runtime.metrics.reconcile_errors.labels("api").inc()
-                    detail = exc.body[:300] if isinstance(exc.body, str) else ""
-                    logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason} {detail}".rstrip())
-                    # Forget the cached status: the next step rereads the resource as the server has it.
-                    runtime.statuses.pop(key, None)
-                    # Retrying will not fix these: tell the user where they look. Server-side apply answers 500
-                    # "failed to create typed patch object" when a child does not fit its type (a free-form spec
-                    # field such as sglang.env holding a number where EnvVar wants a string).
-                    typed_patch = exc.status == 500 and "failed to create typed patch object" in (exc.body if isinstance(exc.body, str) else "")
-                    if exc.status in (400, 403, 422) or typed_patch:
-                        await runtime.report_failure(body, exc)
+                    await runtime.api_failure(body, exc, logger)
                 except Exception as exc:  # never let one bad step kill the loop; it is retried with backoff
                     failures += 1
                     runtime.metrics.reconcile_errors.labels(type(exc).__name__).inc()

@@ -11,18 +11,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from .client import ProbeRequestError
 
 
-def parse_sglang_metrics(text: str, prefix: str = "sglang:") -> dict[str, float]:
+def parse_sglang_metrics(text: str, prefix: str = "sglang:", only: frozenset[str] | None = None) -> dict[str, float]:
     """Sample name -> value, averaged over label sets (one per TP rank, or per model/priority).
 
     Every TP rank's scheduler reports the same gauges (``sglang:spec_accept_length``, ``num_running_reqs``,
     ...) under its own ``tp_rank`` label; the mean is the server's value. Histogram buckets are skipped
     (``_sum`` and ``_count`` are kept). Raises ValueError on text that is not Prometheus exposition.
+    ``only``: parse just these sample names (the other lines are dropped unparsed; a caller after one gauge
+    does not pay for the whole exposition).
     """
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     # Bucket samples are most of SGLang's exposition and are skipped anyway: drop them before parsing (half
     # the parser's time; the probe scrapes after every round).
-    text = "\n".join(line for line in text.split("\n") if "_bucket{" not in line.split(" ", 1)[0])
+    if only is not None:
+        text = "\n".join(line for line in text.split("\n") if line.split("{", 1)[0].split(" ", 1)[0] in only)
+    else:
+        text = "\n".join(line for line in text.split("\n") if "_bucket{" not in line.split(" ", 1)[0])
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if not sample.name.startswith(prefix) or sample.name.endswith("_bucket"):
@@ -35,7 +40,7 @@ def parse_sglang_metrics(text: str, prefix: str = "sglang:") -> dict[str, float]
 
 
 async def scrape_metrics(
-    session: aiohttp.ClientSession | None, base_url: str, *, timeout: float = 10.0
+    session: aiohttp.ClientSession | None, base_url: str, *, timeout: float = 10.0, only: frozenset[str] | None = None
 ) -> dict[str, float]:
     """GET ``{base_url}/metrics`` and parse it with :func:`parse_sglang_metrics`.
 
@@ -61,6 +66,6 @@ async def scrape_metrics(
     else:
         text = await fetch(session)
     try:
-        return parse_sglang_metrics(text)
+        return parse_sglang_metrics(text, only=only)
     except ValueError as exc:
         raise ProbeRequestError(f"{url}: not Prometheus text ({exc})") from None

@@ -433,10 +433,13 @@ def _summarize(wls, result: ProbeResult, tok_s, last, level: float) -> dict[str,
     return intervals
 
 
+ACCEPT_LENGTH_ONLY = frozenset({"sglang:spec_accept_length"})
+
+
 async def _server_accept_length(session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
     """sglang:spec_accept_length from the candidate's /metrics; None (and one warning) when unavailable."""
     try:
-        metrics = await scrape_metrics(session, url)
+        metrics = await scrape_metrics(session, url, only=ACCEPT_LENGTH_ONLY)
     except ProbeRequestError as exc:
         note = f"candidate /metrics unavailable ({exc}); acceptance comes from responses only"
         if note not in result.warnings:
