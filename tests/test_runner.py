@@ -162,3 +162,13 @@ def test_lean_diffbase_builds_the_same_essence_as_kopfs_without_copying_status()
     assert "status" not in essence and essence["metadata"]["annotations"] == {"note": "kept"} and essence["spec"]["containers"][0]["args"] == ["--a", "1"]
     # Handlers that filter on status fields get Kopf's own (whole-object) essence.
     assert LeanDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"]) == kopf.AnnotationsDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"])
+
+
+def test_only_creating_the_stable_service_goes_beside_the_step() -> None:
+    from specdec_operator import manifests as m
+    from specdec_operator.handlers import _creates_virtual_ip
+
+    stable, headless = m.service("llama", "ns", None), m.service("llama", "ns", "base")
+    assert _creates_virtual_ip(stable, {}) and not _creates_virtual_ip(stable, {"llama": stable})  # an update waits in the step (a switch)
+    assert not _creates_virtual_ip(headless, {})
+    assert not _creates_virtual_ip({"kind": "Deployment", "metadata": {"name": "llama-base"}, "spec": {}}, {})

@@ -45,6 +45,8 @@ FIELD_MANAGER = "specdec-operator"
 LOG = logging.getLogger("specdec.operator")
 MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
 ROLLBACK_REASONS = {"SpeedupBelowThreshold", "DrafterNotAccepting", "Inconclusive", "ProbeFailed", "AcceptanceDrift"}
+# Stable Services created at once beside the steps (ClusterIP allocation is serial in the API server).
+CREATIONS_AT_ONCE = 4
 # How long a name found taken by a foreign object is remembered before it is looked up again.
 FOREIGN_TTL_S = 30.0
 
@@ -198,8 +200,11 @@ class Runtime:
         self.monitor_due: dict[tuple[str, str], bool] = {}
         self.foreign: dict[tuple[str, str], dict[str, tuple[float, dict[str, Any]]]] = {}
         self.progress: dict[tuple[str, str], str] = {}
-        # Creations of the stable Service in flight (see step): at most one per resource.
+        # Creations of the stable Service in flight (see step): at most one per resource, and at most
+        # CREATIONS_AT_ONCE in all - the API server allocates ClusterIPs one after another (about 4 a second
+        # here), so more in flight would only hold API worker threads that the steps need.
         self.creating: dict[tuple[str, str], asyncio.Task] = {}
+        self._creation_slots: asyncio.Semaphore | None = None
         # (uid, generation, parsed spec, rendered pod templates): parsed and rendered once per generation.
         self.rendered: dict[tuple[str, str], tuple[str, int, Any, dict[str, Any]]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -464,8 +469,12 @@ class Runtime:
 
     async def _create_in_background(self, key: tuple[str, str], obj: dict[str, Any], body: Any, uid: str, logger: logging.Logger) -> None:
         namespace, name = key
+        if self._creation_slots is None:
+            self._creation_slots = asyncio.Semaphore(CREATIONS_AT_ONCE)
         try:
-            if not await asyncio.to_thread(self.apply_child, key, obj, body, uid, False):
+            async with self._creation_slots:
+                applied = await asyncio.to_thread(self.apply_child, key, obj, body, uid, False)
+            if not applied:
                 logger.warning(f"{obj['kind']} {namespace}/{obj['metadata']['name']} exists and is not owned by this SpeculativeServer: left alone")
         except ApiException as exc:
             self.metrics.reconcile_errors.labels("api").inc()
