@@ -403,6 +403,17 @@ def main(argv: list[str] | None = None) -> int:
                 # Above the largest finite bucket the quantile is reported as that bucket's bound.
                 result[label] = {"steps": int(pairs[-1][1]), "p50_s": round(histogram_quantile(pairs, 0.5), 4), "p99_s": round(histogram_quantile(pairs, 0.99), 4),
                                  "share_over_1s": round(1 - buckets.get(1.0, 0.0) / max(pairs[-1][1], 1), 4)}
+        # The operator's own API requests seen from the client (all of them, and each verb/resource apart), settling.
+        api_buckets: dict[str, dict[float, float]] = {}
+        for lbl, value in prometheus_samples(metrics_settled, "specdec_api_request_duration_seconds_bucket"):
+            for label in ("all", f"{lbl['verb']} {lbl['resource']}"):
+                per = api_buckets.setdefault(label, {})
+                per[float(lbl["le"])] = per.get(float(lbl["le"]), 0.0) + value
+        result["api_latency_settling"] = {
+            label: {"requests": int(max(b.values())), "p50_s": round(histogram_quantile(sorted(b.items()), 0.5), 4),
+                    "p99_s": round(histogram_quantile(sorted(b.items()), 0.99), 4)}
+            for label, b in sorted(api_buckets.items())
+        }
         result["load_average_at_end"] = os.getloadavg()[0]
         result["reconcile_errors"] = {lbl.get("kind", ""): v for lbl, v in prometheus_samples(metrics_end, "specdec_reconcile_errors_total")}
 

@@ -172,3 +172,48 @@ def test_only_creating_the_stable_service_goes_beside_the_step() -> None:
     assert _creates_virtual_ip(stable, {}) and not _creates_virtual_ip(stable, {"llama": stable})  # an update waits in the step (a switch)
     assert not _creates_virtual_ip(headless, {})
     assert not _creates_virtual_ip({"kind": "Deployment", "metadata": {"name": "llama-base"}, "spec": {}}, {})
+
+
+def test_the_operators_api_requests_are_timed_by_verb_and_resource() -> None:
+    """Runtime._request against a real HTTP server: each request lands in specdec_api_request_duration_seconds."""
+    import http.server
+    import threading
+
+    from kubernetes import client as k8s
+    from prometheus_client import generate_latest
+
+    from specdec_operator.handlers import OperatorConfig, Runtime
+    from specdec_operator.metrics import OperatorMetrics
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_PATCH(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.command, self.path, self.headers.get("Content-Type")))
+            body = b'{"kind": "Status"}' if "status" in self.path else b'{"message": "no"}'
+            self.send_response(200 if "status" in self.path else 422)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        configuration = k8s.Configuration(host=f"http://127.0.0.1:{server.server_port}")
+        metrics = OperatorMetrics()
+        runtime = Runtime(OperatorConfig(), metrics, k8s.ApiClient(configuration))
+        runtime.patch_status("ns", "llama", {"phase": "Pending"})
+        with pytest.raises(Exception):  # 422: refused, still timed
+            runtime._request("PATCH", "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", {"namespace": "ns", "name": "llama-base"},
+                             content_type="application/apply-patch+yaml", body=b"{}")
+    finally:
+        server.shutdown()
+    assert [(method, kind) for method, _, kind in seen] == [("PATCH", "application/merge-patch+json"), ("PATCH", "application/apply-patch+yaml")]
+    text = generate_latest(metrics.registry).decode()
+    assert 'specdec_api_request_duration_seconds_count{resource="speculativeservers/status",verb="PATCH"} 1.0' in text
+    assert 'specdec_api_request_duration_seconds_count{resource="deployments",verb="APPLY"} 1.0' in text

@@ -247,8 +247,14 @@ class Runtime:
         method, url, headers, _, _ = self.api_client.param_serialize(
             method, path, path_params=path_params, query_params=query or [], header_params=headers, auth_settings=["BearerToken"]
         )
-        response = self.api_client.call_api(method, url, headers, body=body)
-        response.read()
+        started = time.monotonic()
+        try:
+            response = self.api_client.call_api(method, url, headers, body=body)
+            response.read()
+        finally:
+            verb = "APPLY" if content_type == "application/apply-patch+yaml" else method
+            resource = path.split("{namespace}/", 1)[-1].replace("{name}", "").replace("//", "/").strip("/")
+            self.metrics.api_request_seconds.labels(verb, resource).observe(time.monotonic() - started)
         return self.api_client.response_deserialize(response, {"2XX": "object"}).data  # raises ApiException otherwise
 
     # --- applying children

@@ -89,6 +89,14 @@ class OperatorMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=r,
         )
+        # Seen from the client: when steps are slow, this says whether the API server is the slow part.
+        self.api_request_seconds = Histogram(
+            "specdec_api_request_duration_seconds",
+            "Duration of the operator's own Kubernetes API requests (not Kopf's watches), by verb and resource.",
+            ["verb", "resource"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
         self.reconcile_queue_seconds = Histogram(
             "specdec_reconcile_queue_seconds",
             "How long a woken resource waited for a step slot (--max-concurrent-reconciles) before its step ran.",
