@@ -436,7 +436,7 @@ current-context: {context}
 # Commands of the components
 
 
-def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_manager_qps: int | None = None) -> dict[str, list[str]]:
+def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_manager_args: Sequence[str] = ()) -> dict[str, list[str]]:
     pki = directory / "pki"
     data = directory / "etcd-data"
     server = f"https://127.0.0.1:{ports['kube-apiserver']}"
@@ -497,10 +497,9 @@ def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_ma
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
             f"--cluster-signing-key-file={pki / 'ca.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # Client QPS: the default (20 per controller, burst 30) unless asked. At 20 the deployment controller's
-            # writes (ReplicaSets, status, Events: ~5 per Deployment) pace the 1,000-resource benchmark
-            # (docs/scale.md); real clusters of that size raise it, and so does benchmarks/scale.py.
-            *([f"--kube-api-qps={controller_manager_qps}", f"--kube-api-burst={int(controller_manager_qps * 1.5)}"] if controller_manager_qps else []),
+            # The defaults (client QPS 20 per controller, 5 deployment/replicaset workers) unless the caller adds
+            # flags: benchmarks/scale.py --tuned-control-plane does, for 2,000 Deployments (docs/scale.md).
+            *controller_manager_args,
             "--profiling=false",
             "--v=1",
         ],
@@ -624,11 +623,11 @@ def up(
     tie_to_parent: bool = False,
     timeout: float = 180.0,
     log: Callable[[str], None] | None = None,
-    controller_manager_qps: int | None = None,
+    controller_manager_args: Sequence[str] = (),
 ) -> Cluster:
     """Start the cluster ``name`` (or return it when it is already up and healthy).
 
-    ``controller_manager_qps``: the controller-manager's client QPS per controller (its default, 20, when None).
+    ``controller_manager_args``: extra kube-controller-manager flags (kept for ``restart``).
 
     ``tie_to_parent``: the components receive SIGTERM when the calling process dies (pytest sessions use it so
     that even a killed session leaves nothing behind). Raises ClusterError with a one-line reason.
@@ -670,7 +669,7 @@ def up(
         # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
         shutil.rmtree(directory / "etcd-data", ignore_errors=True)
 
-        commands = _commands(directory, ports, tools, controller_manager_qps)
+        commands = _commands(directory, ports, tools, controller_manager_args)
         pids: dict[str, int] = {}
         state = {
             "name": name,
@@ -679,7 +678,7 @@ def up(
             "tools": str(tools),
             "owner_pid": os.getpid() if tie_to_parent else None,
             "versions": versions(),
-            "controller_manager_qps": controller_manager_qps,
+            "controller_manager_args": list(controller_manager_args),
         }
         try:
             for component in COMPONENTS:
@@ -737,7 +736,7 @@ def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, 
         if not alive:
             raise ClusterError(f"cluster {name!r} is not running: `up` it first")
         ports = {k: int(v) for k, v in state["ports"].items()}
-        commands = _commands(directory, ports, Path(state["tools"]), state.get("controller_manager_qps"))
+        commands = _commands(directory, ports, Path(state["tools"]), state.get("controller_manager_args") or ())
         tie = state.get("owner_pid") == os.getpid()
         order = [c for c in COMPONENTS if c in components]
         for component in reversed(order):
