@@ -50,7 +50,10 @@ GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
 TERMINAL = {"Promoted", "RolledBack", "Invalid", "Failed"}
 # With its defaults the deployment controller syncs 5 Deployments at a time, each sync a few API round trips: on a
 # saturated API server that is ~3.5 new ReplicaSets a second (runs 12-13), whatever its client QPS (20 or 50).
+# Likewise kwok, standing in for 65 kubelets, plays pod stages 4 at a time (~11 pod status patches a second).
 TUNED_CONTROLLER_MANAGER = ["--concurrent-deployment-syncs=25", "--concurrent-replicaset-syncs=25", "--kube-api-qps=50", "--kube-api-burst=100"]
+# (A KwokConfiguration document replaces kwok's defaults, so the other parallelisms are spelled out at theirs.)
+TUNED_KWOK = {"podPlayStageParallelism": 32, "nodePlayStageParallelism": 4, "nodeLeaseParallelism": 4, "podsOnNodeSyncParallelism": 1}
 # Bigger simulated nodes than hack/kwok/nodes.yaml's 8-GPU ones: 2,000 one-GPU pods fit on 65 nodes instead of 252,
 # whose kwok heartbeats (Lease updates) would otherwise be a large share of the API server's load.
 GPUS_PER_NODE = 32
@@ -258,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="watch the settled system this long (default 60)")
     parser.add_argument("--cluster", default="scale", help="devcluster name (default scale)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
-    parser.add_argument("--tuned-control-plane", action="store_true", help="run the controller-manager with more workers and client QPS "
-                        f"for 2,000 Deployments ({' '.join(TUNED_CONTROLLER_MANAGER)}); default: its own defaults")
+    parser.add_argument("--tuned-control-plane", action="store_true", help="run the controller-manager and kwok with more workers "
+                        f"for 2,000 Deployments ({' '.join(TUNED_CONTROLLER_MANAGER)}; kwok {TUNED_KWOK}); default: their own defaults")
     parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--memory-report", metavar="FILE", help="run the operator through benchmarks/traced_operator.py and append a census "
@@ -274,11 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
     say(f"cluster {args.cluster!r}: starting")
-    cluster = devcluster.up(args.cluster, tie_to_parent=True, controller_manager_args=TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else ())
+    cluster = devcluster.up(args.cluster, tie_to_parent=True, controller_manager_args=TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else (),
+                            kwok_options=TUNED_KWOK if args.tuned_control_plane else None)
     workdir = Path(tempfile.mkdtemp(prefix="specdec-scale-"))
     children: list[subprocess.Popen] = []
     result: dict[str, Any] = {"objects": args.objects, "namespaces": args.namespaces, "time_scale": args.time_scale,
-                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "controller_manager_args": TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else [], "cpus": os.cpu_count(),
+                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "controller_manager_args": TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else [],
+                              "kwok_options": TUNED_KWOK if args.tuned_control_plane else {}, "cpus": os.cpu_count(),
                               "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"), "load_average_at_start": os.getloadavg()[0]}
     try:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"), check=True)

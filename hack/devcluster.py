@@ -47,6 +47,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 HACK_DIR = Path(__file__).resolve().parent
 REPO_DIR = HACK_DIR.parent
@@ -624,10 +625,12 @@ def up(
     timeout: float = 180.0,
     log: Callable[[str], None] | None = None,
     controller_manager_args: Sequence[str] = (),
+    kwok_options: dict[str, Any] | None = None,
 ) -> Cluster:
     """Start the cluster ``name`` (or return it when it is already up and healthy).
 
-    ``controller_manager_args``: extra kube-controller-manager flags (kept for ``restart``).
+    ``controller_manager_args``: extra kube-controller-manager flags (kept for ``restart``). ``kwok_options``:
+    KwokConfiguration options (e.g. ``podPlayStageParallelism``), added to kwok's configuration file.
 
     ``tie_to_parent``: the components receive SIGTERM when the calling process dies (pytest sessions use it so
     that even a killed session leaves nothing behind). Raises ClusterError with a one-line reason.
@@ -666,6 +669,9 @@ def up(
         os.chmod(kubeconfig, 0o600)
         # kwok reads its Stages from a copy, so editing hack/kwok/ while a cluster runs changes nothing.
         shutil.copyfile(STAGES_MANIFEST, directory / "kwok-stages.yaml")
+        if kwok_options:
+            with open(directory / "kwok-stages.yaml", "a", encoding="utf-8") as fh:
+                fh.write("\n---\n" + json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": kwok_options}) + "\n")
         # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
         shutil.rmtree(directory / "etcd-data", ignore_errors=True)
 
