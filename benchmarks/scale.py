@@ -235,6 +235,88 @@ class PhaseWatcher(threading.Thread):
                 time.sleep(1)
 
 
+def baseline_children(name: str, namespace: str, incompatible: bool) -> list[dict[str, Any]]:
+    """The five children the operator's first step creates for this resource (its own reconcile, as the operator renders them)."""
+    from datetime import datetime, timezone
+
+    from specdec_operator.api import parse_spec
+    from specdec_operator.reconcile import Observed, reconcile
+
+    spec = parse_spec(resource(name, namespace, incompatible)["spec"])
+    plan = reconcile(spec, Observed(name=name, namespace=namespace, uid="baseline", generation=1, deployments={}, services={}, pods=[]),
+                     {}, datetime.now(timezone.utc))
+    return plan.apply
+
+
+class ReadyWatcher(threading.Thread):
+    """Baseline mode: follows the benchmark's Deployments (readyReplicas) and validator exits through watches.
+
+    Raw JSON, no client models, and each watch resumed from its last resourceVersion every 30 s: with models and
+    5-minute watches the counts lagged the cluster by minutes under load (one run's counts jumped at each re-list).
+    """
+
+    def __init__(self, api_client: Any, selector: str) -> None:
+        super().__init__(daemon=True)
+        self.api_client, self.selector = api_client, selector
+        self.ready: set[str] = set()  # namespace/deployment with a ready replica
+        self.verdicts: set[str] = set()  # namespace/deployment whose validator init container exited non-zero
+        self.lock = threading.Lock()
+
+    def _follow(self, path: str, record: Any) -> None:
+        version = None
+        while True:
+            try:
+                query = [("labelSelector", self.selector)]
+                if version is None:  # (re)list
+                    listed = self._get(path, query)
+                    for obj in listed["items"]:
+                        record(obj)
+                    version = listed["metadata"]["resourceVersion"]
+                method, url, headers, _, _ = self.api_client.param_serialize(
+                    "GET", path, query_params=[*query, ("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "30"),
+                                               ("allowWatchBookmarks", "true")], header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+                response = self.api_client.call_api(method, url, headers, _request_timeout=60)
+                buffer = b""
+                for chunk in response.response.stream(65536, decode_content=True):
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":  # 410 Gone: list again
+                            version = None
+                            break
+                        version = event["object"]["metadata"].get("resourceVersion") or version
+                        if event["type"] in ("ADDED", "MODIFIED"):
+                            record(event["object"])
+            except Exception:  # a timeout under load: resume (or re-list when the version is gone)
+                time.sleep(1)
+
+    def _get(self, path: str, query: list[tuple[str, str]]) -> dict[str, Any]:
+        method, url, headers, _, _ = self.api_client.param_serialize("GET", path, query_params=query, header_params={"Accept": "application/json"},
+                                                                     auth_settings=["BearerToken"])
+        response = self.api_client.call_api(method, url, headers, _request_timeout=120)
+        return json.loads(response.read())
+
+    def run(self) -> None:
+        def deployment(obj: dict[str, Any]) -> None:
+            if ((obj.get("status") or {}).get("readyReplicas") or 0) >= 1:
+                with self.lock:
+                    self.ready.add(f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
+
+        def pod(obj: dict[str, Any]) -> None:
+            for init in (obj.get("status") or {}).get("initContainerStatuses") or []:
+                terminated = ((init.get("lastState") or {}).get("terminated")) or ((init.get("state") or {}).get("terminated"))
+                if terminated and terminated.get("exitCode"):
+                    owner = (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/instance")
+                    with self.lock:
+                        self.verdicts.add(f"{obj['metadata']['namespace']}/{owner}-spec")
+
+        threading.Thread(target=self._follow, args=("/apis/apps/v1/deployments", deployment), daemon=True).start()
+        self._follow("/api/v1/pods", pod)
+
+
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds (user + system) used so far by each named process; absent when it is gone."""
     used = {}
@@ -250,6 +332,73 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any], say: Any) -> int:
+    """The control plane alone: the operator's first-step children for every resource, applied as fast as possible."""
+    from kubernetes import client
+
+    from specdec_operator import manifests as m
+
+    core = client.CoreV1Api(api_client)
+    names = [(f"scale-{i % args.namespaces:02d}", f"sps-{i:04d}", args.incompatible_every > 0 and i % args.incompatible_every == 0) for i in range(args.objects)]
+    for ns in sorted({ns for ns, _, _ in names}):
+        if not _exists(core.read_namespace, ns):
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    children = [(ns, obj) for ns, name, bad in names for obj in baseline_children(name, ns, bad)]
+    expected = {f"{ns}/{name}-base" for ns, name, _ in names} | {f"{ns}/{name}-spec" for ns, name, bad in names if not bad}
+    invalid = {f"{ns}/{name}-spec" for ns, name, bad in names if bad}
+    watcher = ReadyWatcher(api_client, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
+    watcher.start()
+    processes = {c: int(p) for c, p in devcluster._read_state(args.cluster)["pids"].items()}
+    requests_before, cpu_before = apiserver_requests(api_client), cpu_seconds(processes)
+
+    def apply(item: tuple[str, dict[str, Any]]) -> None:
+        ns, obj = item
+        path = f"/apis/apps/v1/namespaces/{ns}/deployments/{obj['metadata']['name']}" if obj["kind"] == "Deployment" else f"/api/v1/namespaces/{ns}/services/{obj['metadata']['name']}"
+        method, url, headers, _, _ = api_client.param_serialize(
+            "PATCH", path, query_params=[("fieldManager", "scale-baseline"), ("force", "true")],
+            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"}, auth_settings=["BearerToken"])
+        response = api_client.call_api(method, url, headers, body=json.dumps(obj).encode())
+        response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"apply {path}: HTTP {response.status}: {response.data[:200]!r}")
+
+    say(f"baseline: applying {len(children)} children of {args.objects} resources (no operator)")
+    started = time.monotonic()
+    # As the operator does: the stable Services (serial ClusterIP allocation, ~4 a second) beside the rest, 4 at a time.
+    stable = [c for c in children if c[1]["kind"] == "Service" and c[1]["spec"].get("clusterIP") != "None"]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool, concurrent.futures.ThreadPoolExecutor(4) as beside:
+        services = beside.map(apply, stable)
+        list(pool.map(apply, [c for c in children if c not in stable]))
+        say(f"Deployments and headless Services applied after {time.monotonic() - started:.1f}s")
+        list(services)
+    say(f"all applied after {time.monotonic() - started:.1f}s; waiting until every base and compatible speculative server is ready")
+    done_at = None
+    last_said = 0.0
+    while time.monotonic() - started < args.timeout:
+        with watcher.lock:
+            ready, verdicts = len(expected & watcher.ready), len(invalid & watcher.verdicts)
+        if ready >= len(expected) and verdicts >= len(invalid):
+            done_at = time.monotonic()
+            break
+        if time.monotonic() - last_said >= 10:
+            last_said = time.monotonic()
+            say(f"  {time.monotonic() - started:5.0f}s  ready {ready}/{len(expected)}, validator verdicts {verdicts}/{len(invalid)}")
+        time.sleep(0.5)
+    elapsed = (done_at or time.monotonic()) - started
+    cpu_after, requests_after = cpu_seconds(processes), apiserver_requests(api_client)
+    delta = requests_after - requests_before
+    result.update({"baseline": True, "settled": done_at is not None, "steady_state_seconds": round(elapsed, 1),
+                   "cores_settling": {c: round((cpu_after[c] - cpu_before[c]) / elapsed, 2) for c in cpu_before if c in cpu_after},
+                   "cpu_seconds_settling": {c: round(cpu_after[c] - cpu_before[c], 1) for c in cpu_before if c in cpu_after},
+                   "api_requests_settling": {"all_clients_total": int(sum(delta.values())), "all_clients_per_object": round(sum(delta.values()) / args.objects, 1),
+                                             "top": [f"{int(v)} {verb} {res}{'/' + sub if sub else ''}" for (verb, res, sub), v in delta.most_common(8)]}})
+    say(f"baseline {'ready' if done_at else 'NOT ready'} after {elapsed:.1f}s; cores {result['cores_settling']}")
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if done_at else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", type=int, default=1000, help="SpeculativeServers (default 1000)")
@@ -261,8 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="watch the settled system this long (default 60)")
     parser.add_argument("--cluster", default="scale", help="devcluster name (default scale)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument("--baseline", action="store_true", help="no operator: apply the children its first step would create and time the "
+                        "control plane alone until every base server and every compatible speculative server is ready")
     parser.add_argument("--tuned-control-plane", action="store_true", help="run the controller-manager and kwok with more workers "
                         f"for 2,000 Deployments ({' '.join(TUNED_CONTROLLER_MANAGER)}; kwok {TUNED_KWOK}); default: their own defaults")
+    parser.add_argument("--operator-arg", action="append", default=[], metavar="ARG", help="one more `specdec run` flag, e.g. "
+                        "--operator-arg=--max-concurrent-reconciles=32 (repeatable)")
     parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--memory-report", metavar="FILE", help="run the operator through benchmarks/traced_operator.py and append a census "
@@ -282,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="specdec-scale-"))
     children: list[subprocess.Popen] = []
     result: dict[str, Any] = {"objects": args.objects, "namespaces": args.namespaces, "time_scale": args.time_scale,
-                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "controller_manager_args": TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else [],
+                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "operator_args": args.operator_arg, "controller_manager_args": TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else [],
                               "kwok_options": TUNED_KWOK if args.tuned_control_plane else {}, "cpus": os.cpu_count(),
                               "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"), "load_average_at_start": os.getloadavg()[0]}
     try:
@@ -299,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"adding {nodes} simulated {GPUS_PER_NODE}-GPU nodes")
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: core.create_node(bench_node(i)) if not _exists(core.read_node, f"scale-h200-{i}") else None, range(nodes)))
+
+        if args.baseline:
+            return run_baseline(args, cluster, api_client, result, say)
 
         # Shared simulators: one per profile, in their own processes (their CPU is not the operator's).
         urls: dict[str, str] = {}
@@ -323,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, *([str(REPO / "benchmarks" / "traced_operator.py"), args.memory_report] if args.memory_report else ["-m", "specdec_operator.cli"]),
              "run", "--all-namespaces", "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
              "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1", "--reconcile-interval", str(args.reconcile_interval),
-             *(["--api-workers", str(args.api_workers)] if args.api_workers else [])],
+             *(["--api-workers", str(args.api_workers)] if args.api_workers else []), *args.operator_arg],
             stdout=op_log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
         )
         children.append(operator)
