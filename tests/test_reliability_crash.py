@@ -242,8 +242,12 @@ def test_killed_right_after_a_decision_reads_it_back_and_probes_nothing(cluster:
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == decided["probe"]["revision"]
     assert st["probe"]["finishedAt"] == decided["probe"]["finishedAt"]
     assert base.sim.generate_count + spec.sim.generate_count == requests, "a decided revision was probed again"
+    # The decision lives in status; its Event is best-effort (Kopf posts Events from a queue after the status patch,
+    # and Kubernetes does not promise Event delivery). A SIGKILL within milliseconds of the patch - which is what this
+    # test does - can drop it (CI at d223958 saw that once), so the check is that no decision is announced twice.
+    assert st["reason"] == "SpeedupConfirmed", st
     reasons = event_reasons(cluster.core, cluster.namespace, name)
-    assert reasons.count("ProbeStarted") == 1 and reasons.count("SpeedupConfirmed") == 1, reasons
+    assert reasons.count("ProbeStarted") == 1 and reasons.count("SpeedupConfirmed") <= 1, reasons
     cluster.assert_no_duplicates(name)
     assert history.history == ["base", "speculative"]
 
