@@ -5,10 +5,10 @@ Starts its own local control plane (hack/devcluster.py, cluster name `scale`, re
 adds enough simulated one-GPU-per-pod capacity (kwok nodes), starts a few SGLang simulators shared by every
 object through the operator's --endpoints mapping, runs the real `specdec run` as a subprocess, creates the
 objects across namespaces and waits until every one has settled in a terminal phase (Promoted, RolledBack,
-Invalid). Then it watches the settled system for --idle-seconds more (the steady-state cost).
+Invalid) with its stable Service answering (condition Ready=True). Then it watches the settled system for --idle-seconds more (the steady-state cost).
 
 Measured:
-- time to steady state: from the first create to the moment every object is in a terminal phase;
+- time to steady state: from the first create to the moment every object is in a terminal phase and Ready;
 - operator RSS (peak and at the end) and CPU (seconds used, average cores, while settling and while idle);
 - reconcile step latency p50/p99 (the operator's own histogram specdec_reconcile_duration_seconds);
 - API requests per object: the delta of kube-apiserver's apiserver_request_total over the run, all clients
@@ -197,6 +197,7 @@ class PhaseWatcher(threading.Thread):
 
         self.custom = client.CustomObjectsApi(api_client)
         self.phases: dict[tuple[str, str], str] = {}
+        self.serving: set[tuple[str, str]] = set()  # Ready=True: the stable Service exists and its server is ready
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.relists = 0
@@ -205,10 +206,18 @@ class PhaseWatcher(threading.Thread):
         with self.lock:
             return Counter(self.phases.values())
 
-    def _record(self, obj: dict) -> None:
-        meta = obj["metadata"]
+    def steady(self) -> int:
+        """Resources in a terminal phase whose stable Service answers (status condition Ready=True)."""
         with self.lock:
-            self.phases[(meta["namespace"], meta["name"])] = (obj.get("status") or {}).get("phase") or "none"
+            return sum(1 for key, phase in self.phases.items() if phase in TERMINAL and key in self.serving)
+
+    def _record(self, obj: dict) -> None:
+        meta, status = obj["metadata"], obj.get("status") or {}
+        key = (meta["namespace"], meta["name"])
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        with self.lock:
+            self.phases[key] = status.get("phase") or "none"
+            (self.serving.add if ready else self.serving.discard)(key)
 
     def run(self) -> None:
         from kubernetes import watch
@@ -218,6 +227,7 @@ class PhaseWatcher(threading.Thread):
                 listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=120)
                 with self.lock:
                     self.phases.clear()
+                    self.serving.clear()
                 for obj in listed["items"]:
                     self._record(obj)
                 version = listed["metadata"]["resourceVersion"]
@@ -226,8 +236,10 @@ class PhaseWatcher(threading.Thread):
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self._record(event["object"])
                     elif event["type"] == "DELETED":
+                        key = (event["object"]["metadata"]["namespace"], event["object"]["metadata"]["name"])
                         with self.lock:
-                            self.phases.pop((event["object"]["metadata"]["namespace"], event["object"]["metadata"]["name"]), None)
+                            self.phases.pop(key, None)
+                            self.serving.discard(key)
                     if self.stop.is_set():
                         return
             except Exception:  # 410 Gone, a timeout under load: list again
@@ -337,6 +349,7 @@ def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any
     from kubernetes import client
 
     from specdec_operator import manifests as m
+    from specdec_operator.handlers import CREATIONS_AT_ONCE
 
     core = client.CoreV1Api(api_client)
     names = [(f"scale-{i % args.namespaces:02d}", f"sps-{i:04d}", args.incompatible_every > 0 and i % args.incompatible_every == 0) for i in range(args.objects)]
@@ -364,9 +377,9 @@ def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any
 
     say(f"baseline: applying {len(children)} children of {args.objects} resources (no operator)")
     started = time.monotonic()
-    # As the operator does: the stable Services (serial ClusterIP allocation, ~4 a second) beside the rest, 4 at a time.
+    # As the operator does: the stable Services (each allocates a ClusterIP) beside the rest, CREATIONS_AT_ONCE at a time.
     stable = [c for c in children if c[1]["kind"] == "Service" and c[1]["spec"].get("clusterIP") != "None"]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool, concurrent.futures.ThreadPoolExecutor(4) as beside:
+    with concurrent.futures.ThreadPoolExecutor(16) as pool, concurrent.futures.ThreadPoolExecutor(CREATIONS_AT_ONCE) as beside:
         services = beside.map(apply, stable)
         list(pool.map(apply, [c for c in children if c not in stable]))
         say(f"Deployments and headless Services applied after {time.monotonic() - started:.1f}s")
@@ -516,12 +529,13 @@ def main(argv: list[str] | None = None) -> int:
             phases = watcher.counts()
             if operator.poll() is not None:
                 raise RuntimeError(f"the operator exited with {operator.returncode}; see {workdir / 'operator.log'}")
-            if sum(phases[p] for p in TERMINAL) >= args.objects:
+            steady = watcher.steady()
+            if steady >= args.objects:  # decided, and traffic to every stable Service is answered
                 settled_at = time.monotonic()
                 break
             if time.monotonic() - last_said >= 10:
                 last_said = time.monotonic()
-                say(f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  rss {sampler.samples[-1][1] / 2**20:.0f} MB")
+                say(f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  steady {steady}  rss {sampler.samples[-1][1] / 2**20:.0f} MB")
             time.sleep(0.5)
         watcher.stop.set()
         result["watch_relists"] = watcher.relists

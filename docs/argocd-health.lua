@@ -5,7 +5,8 @@
 --   Healthy      Promoted (the speculative server serves; Ready not False), or
 --                RolledBack with Ready=True (the base server serves; the reason is in the message)
 --   Progressing  no status yet, a spec change not yet observed, Pending/Validating/Deploying/Probing,
---                or RolledBack while the base server is not Ready yet
+--                RolledBack while the base server is not Ready yet, or a decided resource whose stable
+--                Service is still being created (Ready=False, reason ServicePending)
 --   Degraded     Invalid (the drafter cannot serve with the target), Failed, a Promoted or RolledBack server
 --                whose Ready condition is False
 --   Unknown      a phase this script does not know (a newer operator)
@@ -60,6 +61,13 @@ end
 local phase = status.phase
 local ready = condition(status, "Ready")
 local readyStatus = ready ~= nil and ready.status or nil
+
+-- The operator creates the stable Service beside its steps; under load it can trail the decision by seconds.
+if (phase == "Promoted" or phase == "RolledBack") and readyStatus == "False" and ready.reason == "ServicePending" then
+  hs.status = "Progressing"
+  hs.message = phase .. ", waiting for the stable Service: " .. ((ready.message ~= nil and ready.message ~= "") and ready.message or "being created")
+  return hs
+end
 
 if phase == "Promoted" then
   if readyStatus == "False" then

@@ -49,7 +49,8 @@ def health(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def sps(phase: str | None = None, *, ready: str | None = None, generation: int = 3, observed: int | None = 3,
-        reason: str | None = None, message: str | None = None, ready_message: str = "", **status: Any) -> dict:
+        reason: str | None = None, message: str | None = None, ready_message: str = "", ready_reason: str | None = None,
+        **status: Any) -> dict:
     """A SpeculativeServer as the API server returns it."""
     obj: dict[str, Any] = {
         "apiVersion": "specdec.io/v1alpha1",
@@ -68,7 +69,7 @@ def sps(phase: str | None = None, *, ready: str | None = None, generation: int =
         st["message"] = message
     conditions = [{"type": "DrafterCompatible", "status": "True", "reason": "Compatible", "message": ""}]
     if ready is not None:
-        conditions.append({"type": "Ready", "status": ready, "reason": "Serving" if ready == "True" else "NotServing",
+        conditions.append({"type": "Ready", "status": ready, "reason": ready_reason or ("Serving" if ready == "True" else "NotServing"),
                            "message": ready_message})
     st["conditions"] = conditions
     obj["status"] = st
@@ -90,6 +91,14 @@ def test_promoted_but_not_ready_is_degraded():
     assert out == {"status": "Degraded", "message": "Promoted, but not Ready: speculative pods crash-looping"}
 
 
+@pytest.mark.parametrize("phase", ["Promoted", "RolledBack"])
+def test_decided_while_the_stable_service_is_being_created_is_progressing(phase):
+    out = health(sps(phase, ready="False", ready_reason="ServicePending",
+                     ready_message="stable Service llama31-8b is being created; it will select the base server"))
+    assert out["status"] == "Progressing"
+    assert out["message"].startswith(phase) and "being created" in out["message"]
+
+
 def test_rolled_back_and_ready_is_healthy_and_says_why():
     out = health(sps("RolledBack", ready="True", reason="SpeedupBelowThreshold",
                      message="speedup 0.36x [0.33, 0.40] at batch-128 < 1.10"))
@@ -104,9 +113,9 @@ def test_rolled_back_without_a_ready_base_is_not_healthy(ready, expected):
 
 @pytest.mark.parametrize("phase", ["Pending", "Validating", "Deploying", "Probing"])
 def test_work_in_progress_is_progressing(phase):
-    out = health(sps(phase, ready="Unknown", message="loading weights, 6m10s"))
+    out = health(sps(phase, ready="Unknown", message="loading weights since 2026-12-02T10:00:00Z"))
     assert out["status"] == "Progressing"
-    assert out["message"].startswith(phase) and "6m10s" in out["message"]
+    assert out["message"].startswith(phase) and "since 2026-12-02T10:00:00Z" in out["message"]
 
 
 @pytest.mark.parametrize("phase", ["Invalid", "Failed"])
@@ -219,10 +228,11 @@ SAMPLES = [
     sps("RolledBack", ready="True", reason="SpeedupBelowThreshold"), sps("RolledBack", ready="False"),
     sps("RolledBack", ready="Unknown"), sps("RolledBack"),
     sps("Invalid", ready="False", reason="HiddenSizeMismatch"), sps("Failed"),
+    sps("Promoted", ready="False", ready_reason="ServicePending"), sps("RolledBack", ready="False", ready_reason="ServicePending"),
 ]
 
 
 @pytest.mark.parametrize("obj", SAMPLES, ids=lambda o: f"{(o.get('status') or {}).get('phase')}-"
-                         f"{[c['status'] for c in (o.get('status') or {}).get('conditions', []) if c['type'] == 'Ready']}")
+                         f"{[(c['status'], c['reason']) for c in (o.get('status') or {}).get('conditions', []) if c['type'] == 'Ready']}")
 def test_flux_health_checks_agree_with_the_argocd_check(obj):
     assert flux_health(obj) == ARGO_TO_FLUX[health(obj)["status"]]

@@ -12,7 +12,7 @@ import yaml
 from specdec_operator import manifests as m
 from specdec_operator.api import parse_spec, speculative_revision
 from specdec_operator.monitor import Sample
-from specdec_operator.reconcile import Observed, Plan, elapsed_in_status, human_duration, merge_patch, parse_validator_report, reconcile
+from specdec_operator.reconcile import Observed, Plan, merge_patch, parse_validator_report, reconcile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=timezone.utc)
@@ -173,16 +173,15 @@ def test_compatible_with_warnings_shows_them_and_reports_loading_progress() -> N
     assert cond["status"] == "True" and "HiddenStateSourceMismatch" in cond["message"]
     assert any(e.reason == "DrafterCompatible" and "HiddenStateSourceMismatch" in e.message for e in plan.events)
     assert plan.status["phase"] == "Deploying"
-    assert "loading weights, 6m10s" in plan.status["message"]
-    assert conditions(plan.status)["SpeculativeReady"]["message"] == "loading weights, 40s"  # 45 s, in 10 s steps
+    assert "loading weights since 2026-12-02T09:53:50Z" in plan.status["message"]  # 6m10s before NOW
+    assert conditions(plan.status)["SpeculativeReady"]["message"] == "loading weights since 2026-12-02T09:59:15Z"
     assert conditions(plan.status)["BaseReady"]["reason"] == "Loading"
     assert not plan.start_probe
-    # Steps within the same 10 s write nothing: the status they compute is the one already there (a status
-    # patch wakes the next step, so a per-second text made every loading server write in a loop).
-    again = world.step(now=NOW + timedelta(seconds=4))
-    assert not merge_patch(plan.status, again.status) and again.apply == []
-    later = world.step(now=NOW + timedelta(seconds=6))
-    assert conditions(later.status)["SpeculativeReady"]["message"] == "loading weights, 50s"
+    # Later steps write nothing while nothing changes: the text names when loading started, not how long ago (a
+    # status patch wakes the next step, and a text that followed the clock made every loading server write).
+    for seconds in (4, 6, 60, 600):
+        again = world.step(now=NOW + timedelta(seconds=seconds))
+        assert not merge_patch(plan.status, again.status) and again.apply == [], seconds
 
 
 def test_both_ready_starts_the_probe_once_and_a_promotion_switches_the_stable_service() -> None:
@@ -195,7 +194,7 @@ def test_both_ready_starts_the_probe_once_and_a_promotion_switches_the_stable_se
     world.probe_running = plan.revision
     running = world.step(now=NOW + timedelta(seconds=30), probe_progress="round 2 of up to 6: chat 1.90x")
     assert not running.start_probe and running.status["phase"] == "Probing" and running.events == []
-    assert running.status["message"].endswith("30s; round 2 of up to 6: chat 1.90x")
+    assert running.status["message"].endswith("since 2026-12-02T10:00:00Z; round 2 of up to 6: chat 1.90x")
     assert running.status["probe"]["startedAt"] == "2026-12-02T10:00:00Z"
     # A result for another revision is ignored.
     stale = world.step(probe_result=promote_result("0000000000000000"))
@@ -365,8 +364,6 @@ def test_parse_validator_report_exit_codes() -> None:
 
 def test_revision_and_helpers() -> None:
     assert speculative_revision(parse_spec(llama_spec())) == speculative_revision(parse_spec(llama_spec(**{"monitor.window": 9})))
-    assert human_duration(370) == "6m10s" and human_duration(45) == "45s" and human_duration(3720) == "1h2m" and human_duration(120) == "2m"
-    assert elapsed_in_status(45) == "40s" and elapsed_in_status(599) == "9m50s" and elapsed_in_status(659) == "10m" and elapsed_in_status(3725) == "1h2m"
     assert merge_patch({"a": 1, "p": {"x": 1, "y": 2}, "kopf": {}}, {"a": 1, "p": {"x": 1}}) == {"p": {"y": None}}
     assert merge_patch({"a": 1}, {"a": 1}) is None
 
@@ -417,6 +414,19 @@ def test_settled_only_once_decided_with_every_running_server_ready() -> None:
     assert world.step().settled
     world.set_pods(speculative={"running_since": NOW, "init": (0, COMPATIBLE)})  # the winner's pod restarts
     assert not world.step().settled
+
+
+def test_ready_waits_for_the_stable_service_which_may_trail_the_servers() -> None:
+    world = World(llama_spec())
+    world.step()
+    del world.services["llama"]  # its creation (beside the steps) has not landed yet
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    plan = world.step()
+    ready = conditions(plan.status)["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "ServicePending" and "llama" in ready["message"]
+    assert any(o["kind"] == "Service" and o["metadata"]["name"] == "llama" for o in plan.apply)
+    assert plan.start_probe  # nothing in the lifecycle waits for that Service
+    assert conditions(world.step(probe_running=plan.revision).status)["Ready"]["status"] == "True"  # applied: served
 
 
 def test_invalid_is_settled_only_when_the_base_serves() -> None:

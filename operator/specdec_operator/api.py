@@ -604,7 +604,7 @@ class SpeculativeServerStatus(_Model):
     phase: Phase | None = Field(None, description="Pending, Validating, Deploying, Probing, Promoted, RolledBack, Invalid or Failed.")
     active_variant: Variant | None = Field(None, alias="activeVariant", description="Which server the stable Service selects: base or speculative.")
     reason: str | None = Field(None, description="Reason code of the current phase (e.g. the rollback reason).")
-    message: str | None = Field(None, description="What is happening now, for humans (e.g. 'loading weights, 6m10s').")
+    message: str | None = Field(None, description="What is happening now, for humans (e.g. 'base: loading weights since 2026-12-02T10:00:00Z').")
     speedup: float | None = Field(None, description="Measured speedup of the speculative server (from the last probe).")
     accept_length: float | None = Field(None, alias="acceptLength", description="Latest acceptance length (probe, then monitor).")
     observed_generation: int | None = Field(None, alias="observedGeneration", description="metadata.generation the status reflects.")

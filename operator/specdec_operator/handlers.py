@@ -45,8 +45,10 @@ FIELD_MANAGER = "specdec-operator"
 LOG = logging.getLogger("specdec.operator")
 MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
 ROLLBACK_REASONS = {"SpeedupBelowThreshold", "DrafterNotAccepting", "Inconclusive", "ProbeFailed", "AcceptanceDrift"}
-# Stable Services created at once beside the steps (ClusterIP allocation is serial in the API server).
-CREATIONS_AT_ONCE = 4
+# Stable Services created at once beside the steps. Not a limit of the API server (an idle local one creates
+# ~230 ClusterIP Services a second with 4 or 32 clients alike); under load each creation takes seconds, and 4 at
+# once left 500 of 1,000 stable Services uncreated when everything else had settled (docs/scale.md, run 17).
+CREATIONS_AT_ONCE = 16
 # How long a name found taken by a foreign object is remembered before it is looked up again.
 FOREIGN_TTL_S = 30.0
 
@@ -201,8 +203,7 @@ class Runtime:
         self.foreign: dict[tuple[str, str], dict[str, tuple[float, dict[str, Any]]]] = {}
         self.progress: dict[tuple[str, str], str] = {}
         # Creations of the stable Service in flight (see step): at most one per resource, and at most
-        # CREATIONS_AT_ONCE in all - the API server allocates ClusterIPs one after another (about 4 a second
-        # here), so more in flight would only hold API worker threads that the steps need.
+        # CREATIONS_AT_ONCE in all, so that they never hold all the API worker threads that the steps need.
         self.creating: dict[tuple[str, str], asyncio.Task] = {}
         self._creation_slots: asyncio.Semaphore | None = None
         # (uid, generation, parsed spec, rendered pod templates): parsed and rendered once per generation.
@@ -307,8 +308,9 @@ class Runtime:
 
         def on_round(partial: Any) -> None:
             speedups = ", ".join(f"{w.name} {w.speedup:.2f}x" for w in partial.workloads if getattr(w, "speedup", None))
+            # Shown by the next periodic step (--reconcile-interval) rather than by a step of its own: a status patch
+            # per round, for every probing resource at once, was a large share of the status writes at scale.
             self.progress[key] = f"round {partial.rounds} of up to {rollout.max_rounds}" + (f": {speedups}" if speedups else "")
-            self.wake(namespace, name)
 
         if self._probe_slots is None:
             self._probe_slots = asyncio.Semaphore(self.config.max_concurrent_probes)

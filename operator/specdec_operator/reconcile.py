@@ -87,7 +87,7 @@ class Plan:
     monitor_due: bool  # the speculative server should be scraped now (checked before the next step)
     next_scrape_in: float | None = None  # seconds until the next scrape is due (None: no monitoring)
     # Decided, and every server that should run is ready: nothing in the status changes with time alone, so only
-    # an event (or the slow resync) needs a step. Unsettled statuses carry elapsed times and are stepped often.
+    # an event (or the slow resync) needs a step. Unsettled resources are stepped often (deadlines, probe progress).
     settled: bool = False
     # Apply the Services before the Deployments: an existing Service is re-pointed while a Deployment changes
     # (traffic must leave a server before it is scaled to 0). Otherwise everything is applied at once.
@@ -110,30 +110,6 @@ def parse_time(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def human_duration(seconds: float) -> str:
-    """6m10s, 45s, 1h2m: how long something has been going on."""
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-    return f"{secs}s"
-
-
-def elapsed_in_status(seconds: float) -> str:
-    """human_duration floored to 10 s (1 min past 10 min), for status messages.
-
-    The message is written into the status; at one-second resolution every step found a new text, so every step
-    patched the status, whose watch event woke the next step at once: a write loop per loading server, bounded
-    only by API latency (found by benchmarks/scale.py: 14 status patches per resource, 10 a minute idle).
-    """
-    seconds = max(0, int(seconds))
-    step = 10 if seconds < 600 else 60
-    return human_duration(seconds - seconds % step)
 
 
 def _clip(text: Any, limit: int = MAX_TEXT) -> str:
@@ -179,7 +155,7 @@ class ServerState:
     ready: bool  # a pod of the current template is Ready
     any_ready: bool  # any pod of the variant is Ready (it can serve, even if it is an older template)
     reason: str  # CamelCase: Ready, Loading, Validating, Unschedulable, CrashLoop, Starting, NoPod, Replacing
-    message: str  # for humans: "loading weights, 6m10s"
+    message: str  # for humans: "loading weights since 2026-12-02T10:00:00Z"
     restarts: int = 0  # restarts of the server container of the current pod
 
 
@@ -247,8 +223,10 @@ def server_state(pods: list[dict[str, Any]], template_hash: str, now: datetime) 
         running = state.get("running")
         if running is not None:
             started = parse_time(running.get("startedAt")) or parse_time(status.get("startTime"))
-            elapsed = elapsed_in_status((now - started).total_seconds()) if started else "just started"
-            return ServerState(False, any_ready, "Loading", f"loading weights, {elapsed}", restarts)
+            # The start time, never the elapsed time: a text that changes with the clock makes every step of every
+            # loading server patch its status (benchmarks/scale.py found that twice; docs/scale.md). Clients
+            # (kubectl, dashboards) compute the elapsed time, as they do for a pod's age.
+            return ServerState(False, any_ready, "Loading", f"loading weights since {rfc3339(started)}" if started else "loading weights", restarts)
         if waiting:
             detail = waiting.get("reason") or "waiting"
             if waiting.get("message") and detail not in _WAITING_NORMAL:
@@ -543,9 +521,8 @@ def reconcile(
         message = f"base: {base_state.message}; speculative: {spec_state.message}"
     else:
         phase, reason, probing = Phase.PROBING.value, "Probing", True
-        started = prev_probe.get("startedAt") if prev_probe.get("revision") == rev and observed.probe_running == rev else now_s
-        since = parse_time(started)
-        message = f"measuring the speculative server against the base ({len(spec.rollout.workloads)} workloads), {elapsed_in_status((now - since).total_seconds()) if since else '0s'}"
+        started = (prev_probe.get("startedAt") if prev_probe.get("revision") == rev and observed.probe_running == rev else None) or now_s
+        message = f"measuring the speculative server against the base ({len(spec.rollout.workloads)} workloads) since {started}"
         if observed.probe_progress and observed.probe_running == rev:
             message += f"; {observed.probe_progress}"
 
@@ -600,13 +577,18 @@ def reconcile(
     else:
         cond(ConditionType.SPEEDUP_VERIFIED, "Unknown", "Probing" if probing else "WaitingForServers", message if probing else "the probe starts when both servers are ready")
 
-    serving = states[active].any_ready and name not in conflict_names
-    cond(
-        ConditionType.READY,
-        "True" if serving else "False",
-        "Serving" if serving else "NoReadyServer",
-        f"stable Service {name} selects the {active} server" + ("" if serving else f", which is not ready ({states[active].message})"),
-    )
+    # Ready means traffic sent to the stable Service is answered: the Service exists (it is created beside the
+    # steps, so it can trail the servers under load) and the server it selects is ready.
+    if name not in conflict_names and stable_observed is None:
+        cond(ConditionType.READY, "False", "ServicePending", f"stable Service {name} is being created; it will select the {active} server")
+    else:
+        serving = states[active].any_ready and name not in conflict_names
+        cond(
+            ConditionType.READY,
+            "True" if serving else "False",
+            "Serving" if serving else "NoReadyServer",
+            f"stable Service {name} selects the {active} server" + ("" if serving else f", which is not ready ({states[active].message})"),
+        )
 
     accept = (monitor_status or {}).get("acceptLength")
     if accept is None and decision:
