@@ -579,9 +579,12 @@ def main(argv: list[str] | None = None) -> int:
             idle_buckets = {le: end_buckets[le] - settling_buckets.get(le, 0.0) for le in end_buckets}
             for label, buckets in ((f"{prefix}_settling", settling_buckets), (f"{prefix}_idle", idle_buckets), (f"{prefix}_all", end_buckets)):
                 pairs = sorted(buckets.items())
+                if not pairs[-1][1]:  # e.g. idle with every resource settled: no step at all, no quantile
+                    result[label] = {"steps": 0, "p50_s": None, "p99_s": None, "share_over_1s": None}
+                    continue
                 # Above the largest finite bucket the quantile is reported as that bucket's bound.
                 result[label] = {"steps": int(pairs[-1][1]), "p50_s": round(histogram_quantile(pairs, 0.5), 4), "p99_s": round(histogram_quantile(pairs, 0.99), 4),
-                                 "share_over_1s": round(1 - buckets.get(1.0, 0.0) / max(pairs[-1][1], 1), 4)}
+                                 "share_over_1s": round(1 - buckets.get(1.0, 0.0) / pairs[-1][1], 4)}
         # The operator's own API requests seen from the client (all of them, and each verb/resource apart), settling.
         api_buckets: dict[str, dict[float, float]] = {}
         for lbl, value in prometheus_samples(metrics_settled, "specdec_api_request_duration_seconds_bucket"):
