@@ -178,8 +178,8 @@ def _pods_of(pods: list[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
     return _live([p for p in pods if _labels(p).get(m.LABEL_VARIANT) == variant])
 
 
-def server_state(pods: list[dict[str, Any]], template_hash: str, now: datetime) -> ServerState:
-    """Describe a variant's server from its pods: ready, loading (with elapsed time), crash-looping, ..."""
+def server_state(pods: list[dict[str, Any]], template_hash: str) -> ServerState:
+    """Describe a variant's server from its pods: ready, loading (since when), crash-looping, ..."""
     live = _live(pods)
     any_ready = any(_is_ready(p) for p in live)
     current = [p for p in live if _annotations(p).get(m.ANNOTATION_TEMPLATE_HASH) == template_hash]
@@ -363,8 +363,8 @@ def reconcile(
         n for n in (m.child_name(name, BASE), m.child_name(name, SPECULATIVE), name) if n in observed_children and not owned_by(observed_children[n], observed.uid)
     )
 
-    base_state = server_state(_pods_of(observed.pods, BASE), want_hash[BASE], now)
-    spec_state = server_state(_pods_of(observed.pods, SPECULATIVE), want_hash[SPECULATIVE], now)
+    base_state = server_state(_pods_of(observed.pods, BASE), want_hash[BASE])
+    spec_state = server_state(_pods_of(observed.pods, SPECULATIVE), want_hash[SPECULATIVE])
     states = {BASE: base_state, SPECULATIVE: spec_state}
 
     # --- validation of this revision: stored, or read from the speculative pod's init container now
@@ -530,8 +530,7 @@ def reconcile(
     if decision:
         probe_status: dict[str, Any] | None = decision
     elif probing:
-        resumed = prev_probe.get("revision") == rev and observed.probe_running == rev
-        probe_status = {"revision": rev, "startedAt": prev_probe.get("startedAt") if resumed else now_s}
+        probe_status = {"revision": rev, "startedAt": started}
     elif prev_probe.get("revision") == rev:
         probe_status = prev_probe
     else:
