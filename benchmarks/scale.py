@@ -147,14 +147,67 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return buckets[-1][0]
 
 
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived", "ResponseStarted"],
+                "rules": [{"level": "Metadata"}]}
+
+
+def audit_clients(log: Path, windows: dict[str, tuple[float, float]]) -> dict[str, list[str]]:
+    """From an API server audit log (one JSON event per request): the most frequent (client, verb, resource) per window.
+
+    The client is the authenticated user (the operator and this script share the admin certificate, so its user
+    agent tells them apart; the controller-manager runs each controller under a service account of its own).
+    """
+    from datetime import datetime
+
+    counts: dict[str, Counter] = {label: Counter() for label in windows}
+    with open(log, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                event = json.loads(line)
+                at = datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+            except (ValueError, KeyError):
+                continue
+            user = event.get("user", {}).get("username", "?")
+            if user == "specdec-admin":
+                user = "admin:" + (event.get("userAgent") or "?").split(" ")[0][:40]
+            ref = event.get("objectRef") or {}
+            what = ref.get("resource", event.get("requestURI", "?").split("?")[0]) + ("/" + ref["subresource"] if ref.get("subresource") else "")
+            for label, (start, end) in windows.items():
+                if start <= at < end:
+                    counts[label][f"{user} {event.get('verb', '?')} {what}"] += 1
+    return {label: [f"{n} {key}" for key, n in c.most_common(25)] for label, c in counts.items()}
+
+
 def apiserver_requests(api_client: Any) -> Counter:
-    """apiserver_request_total summed by (verb, resource, subresource)."""
+    """apiserver_request_total summed by (verb, resource, subresource), and the API server's own latency histogram
+    (apiserver_request_duration_seconds) summed by ("latency", kind, upper bound): kind "read" (GET, LIST) or
+    "write" (POST, PUT, PATCH, APPLY, DELETE); watches and other long-running requests are not in it."""
     # The client's connection pool carries the admin credentials (client certificate) of the kubeconfig.
     text = api_client.rest_client.pool_manager.request("GET", api_client.configuration.host + "/metrics").data.decode()
     counts: Counter = Counter()
     for labels, value in prometheus_samples(text, "apiserver_request_total"):
         counts[(labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))] += value
+    for labels, value in prometheus_samples(text, "apiserver_request_duration_seconds_bucket"):
+        kind = "read" if labels.get("verb") in ("GET", "LIST") else "write" if labels.get("verb") in ("POST", "PUT", "PATCH", "APPLY", "DELETE") else None
+        if kind:
+            counts[("latency", kind, labels["le"])] += value
     return counts
+
+
+def server_latency(before: Counter, after: Counter) -> dict[str, dict[str, Any]]:
+    """p50/p99 of the API server's own request latency (reads and writes apart) between two apiserver_requests()."""
+    out = {}
+    for kind in ("read", "write"):
+        buckets = sorted((float(le), after[key] - before.get(key, 0.0)) for key in after if key[:2] == ("latency", kind) for le in [key[2]])
+        if buckets and buckets[-1][1]:
+            out[kind] = {"requests": int(buckets[-1][1]), "p50_s": round(histogram_quantile(buckets, 0.5), 4), "p99_s": round(histogram_quantile(buckets, 0.99), 4),
+                         "share_over_1s": round(1 - dict(buckets).get(1.0, 0.0) / buckets[-1][1], 4)}
+    return out
+
+
+def request_counts(counts: Counter) -> Counter:
+    """Only the request counts of an apiserver_requests() sample (the latency buckets left out)."""
+    return Counter({key: value for key, value in counts.items() if key[0] != "latency"})
 
 
 class Sampler(threading.Thread):
@@ -399,7 +452,8 @@ def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any
         time.sleep(0.5)
     elapsed = (done_at or time.monotonic()) - started
     cpu_after, requests_after = cpu_seconds(processes), apiserver_requests(api_client)
-    delta = requests_after - requests_before
+    delta = request_counts(requests_after - requests_before)
+    result["server_latency_settling"] = server_latency(requests_before, requests_after)
     result.update({"baseline": True, "settled": done_at is not None, "steady_state_seconds": round(elapsed, 1),
                    "cores_settling": {c: round((cpu_after[c] - cpu_before[c]) / elapsed, 2) for c in cpu_before if c in cpu_after},
                    "cpu_seconds_settling": {c: round(cpu_after[c] - cpu_before[c], 1) for c in cpu_before if c in cpu_after},
@@ -431,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--operator-arg=--max-concurrent-reconciles=32 (repeatable)")
     parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--audit", action="store_true", help="write the API server's audit log (metadata of every request) and report "
+                        "which clients sent the most requests while settling and idle (costs the API server CPU: not for the figures)")
     parser.add_argument("--memory-report", metavar="FILE", help="run the operator through benchmarks/traced_operator.py and append a census "
                         "of its live objects to FILE when settled and at the end")
     parser.add_argument("--trace-allocations", action="store_true", help="with --memory-report: also trace allocation sites from the "
@@ -442,10 +498,15 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
+    workdir = Path(tempfile.mkdtemp(prefix="specdec-scale-"))
+    apiserver_args: list[str] = []
+    if args.audit:
+        (workdir / "audit-policy.yaml").write_text(json.dumps(AUDIT_POLICY))
+        apiserver_args = [f"--audit-policy-file={workdir / 'audit-policy.yaml'}", f"--audit-log-path={workdir / 'audit.log'}",
+                          "--audit-log-format=json", "--audit-log-maxsize=0", "--audit-log-mode=batch"]
     say(f"cluster {args.cluster!r}: starting")
     cluster = devcluster.up(args.cluster, tie_to_parent=True, controller_manager_args=TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else (),
-                            kwok_options=TUNED_KWOK if args.tuned_control_plane else None)
-    workdir = Path(tempfile.mkdtemp(prefix="specdec-scale-"))
+                            apiserver_args=apiserver_args, kwok_options=TUNED_KWOK if args.tuned_control_plane else None)
     children: list[subprocess.Popen] = []
     result: dict[str, Any] = {"objects": args.objects, "namespaces": args.namespaces, "time_scale": args.time_scale,
                               "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "operator_args": args.operator_arg, "controller_manager_args": TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else [],
@@ -512,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_report and args.trace_allocations:
             operator.send_signal(signal.SIGUSR2)  # start tracing: what the resources cost, not the start-up
         say(f"creating {args.objects} SpeculativeServers in {args.namespaces} namespaces")
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda item: custom.create_namespaced_custom_object(
                 GROUP, VERSION, item[1][0], PLURAL, resource(item[1][1], item[1][0], args.incompatible_every > 0 and item[0] % args.incompatible_every == 0)),
@@ -555,9 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics_settled = _get(f"http://127.0.0.1:{metrics_port}/metrics")
 
         say(f"watching the settled system for {args.idle_seconds:.0f}s")
-        idle_start = time.monotonic()
+        idle_start, idle_start_wall = time.monotonic(), time.time()
         time.sleep(args.idle_seconds)
-        idle_end = time.monotonic()
+        idle_end, idle_end_wall = time.monotonic(), time.time()
         requests_end = apiserver_requests(api_client)
         if args.memory_report:
             operator.send_signal(signal.SIGUSR1)
@@ -611,9 +672,14 @@ def main(argv: list[str] | None = None) -> int:
                     "operator_writes_per_object": round(ops / args.objects, 2), "events_all_clients_per_object": round(events / args.objects, 2),
                     "top": [f"{int(v)} {k}" for v, k in top]}
 
-        result["api_requests_settling"] = per_object(requests_settled - requests_before)
-        idle_delta = requests_end - requests_settled
+        result["api_requests_settling"] = per_object(request_counts(requests_settled - requests_before))
+        result["server_latency_settling"] = server_latency(requests_before, requests_settled)
+        result["server_latency_idle"] = server_latency(requests_settled, requests_end)
+        idle_delta = request_counts(requests_end - requests_settled)
         result["api_requests_idle"] = {**per_object(idle_delta), "per_second": round(sum(idle_delta.values()) / (idle_end - idle_start), 1)}
+        if args.audit:
+            time.sleep(2)  # the batch backend flushes about once a second
+            result["audit_top_clients"] = audit_clients(workdir / "audit.log", {"settling": (started_wall, idle_start_wall), "idle": (idle_start_wall, idle_end_wall)})
         print(json.dumps(result, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -437,7 +437,8 @@ current-context: {context}
 # Commands of the components
 
 
-def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_manager_args: Sequence[str] = ()) -> dict[str, list[str]]:
+def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_manager_args: Sequence[str] = (),
+              apiserver_args: Sequence[str] = ()) -> dict[str, list[str]]:
     pki = directory / "pki"
     data = directory / "etcd-data"
     server = f"https://127.0.0.1:{ports['kube-apiserver']}"
@@ -479,6 +480,8 @@ def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_ma
             # The 'kubernetes' Service cannot point at a loopback address; nothing in the cluster needs it.
             "--endpoint-reconciler-type=none",
             "--profiling=false",
+            # e.g. an audit log: benchmarks/scale.py --audit attributes the API server's requests to their clients.
+            *apiserver_args,
             "--v=1",
         ],
         "kube-controller-manager": [
@@ -625,11 +628,13 @@ def up(
     timeout: float = 180.0,
     log: Callable[[str], None] | None = None,
     controller_manager_args: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
     kwok_options: dict[str, Any] | None = None,
 ) -> Cluster:
     """Start the cluster ``name`` (or return it when it is already up and healthy).
 
-    ``controller_manager_args``: extra kube-controller-manager flags (kept for ``restart``). ``kwok_options``:
+    ``controller_manager_args``, ``apiserver_args``: extra kube-controller-manager and kube-apiserver flags (kept
+    for ``restart``). ``kwok_options``:
     KwokConfiguration options (e.g. ``podPlayStageParallelism``), added to kwok's configuration file.
 
     ``tie_to_parent``: the components receive SIGTERM when the calling process dies (pytest sessions use it so
@@ -675,7 +680,7 @@ def up(
         # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
         shutil.rmtree(directory / "etcd-data", ignore_errors=True)
 
-        commands = _commands(directory, ports, tools, controller_manager_args)
+        commands = _commands(directory, ports, tools, controller_manager_args, apiserver_args)
         pids: dict[str, int] = {}
         state = {
             "name": name,
@@ -685,6 +690,7 @@ def up(
             "owner_pid": os.getpid() if tie_to_parent else None,
             "versions": versions(),
             "controller_manager_args": list(controller_manager_args),
+            "apiserver_args": list(apiserver_args),
         }
         try:
             for component in COMPONENTS:
@@ -742,7 +748,8 @@ def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, 
         if not alive:
             raise ClusterError(f"cluster {name!r} is not running: `up` it first")
         ports = {k: int(v) for k, v in state["ports"].items()}
-        commands = _commands(directory, ports, Path(state["tools"]), state.get("controller_manager_args") or ())
+        commands = _commands(directory, ports, Path(state["tools"]), state.get("controller_manager_args") or (),
+                             state.get("apiserver_args") or ())
         tie = state.get("owner_pid") == os.getpid()
         order = [c for c in COMPONENTS if c in components]
         for component in reversed(order):
