@@ -14,7 +14,8 @@ Measured:
 - API requests per object: the delta of kube-apiserver's apiserver_request_total over the run, all clients
   (operator, controller-manager, scheduler, kwok, this script), and the operator's own share estimated from the
   requests only it makes (status patches of speculativeservers, server-side applies of Deployments and Services,
-  Events).
+  Events), and the API server's own latency for reads and writes (apiserver_request_duration_seconds);
+- with --audit: which clients sent the requests (the API server's audit log; it costs the API server CPU).
 
     .venv/bin/python benchmarks/scale.py                           # 1,000 objects in 50 namespaces
     .venv/bin/python benchmarks/scale.py --objects 100 --namespaces 10 --json /tmp/scale.json
