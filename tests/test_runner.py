@@ -164,6 +164,31 @@ def test_lean_diffbase_builds_the_same_essence_as_kopfs_without_copying_status()
     assert LeanDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"]) == kopf.AnnotationsDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"])
 
 
+def test_lean_progress_storage_clears_what_kopfs_clears_and_copies_only_when_it_must() -> None:
+    import copy
+
+    import kopf
+
+    from specdec_operator.handlers import LeanDiffBaseStorage, LeanProgressStorage
+
+    plain = LeanDiffBaseStorage().build(body=kopf.Body({"kind": "Pod", "metadata": {"name": "p", "labels": {"app": "x"}, "annotations": {"note": "kept"}},
+                                                         "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}))
+    marked = {"metadata": {"annotations": {"note": "kept", "kopf.zalando.org/reconcile": '{"started": "2026-12-03T00:00:00"}'}},
+              "spec": {"a": 1}, "status": {"kopf": {"progress": {"reconcile": {"retries": 1}}}, "phase": "x"}}
+    empties = {"metadata": {"labels": {}, "annotations": {}}, "spec": {"a": 1}, "status": {}}
+    for essence in (plain, marked, empties, {"spec": {}}, {"metadata": {}}):
+        original = copy.deepcopy(essence)
+        expected = kopf.SmartProgressStorage().clear(essence=copy.deepcopy(essence))
+        cleared = LeanProgressStorage().clear(essence=essence)
+        assert cleared == expected, essence
+        if cleared is not essence:  # a copy was made: the input is left as it was
+            assert essence == original
+    # Nothing to strip (the usual case: LeanDiffBaseStorage's essences have no status): no copy at all.
+    assert LeanProgressStorage().clear(essence=plain) is plain
+    assert LeanProgressStorage().clear(essence=marked) is not marked
+    assert "kopf.zalando.org/reconcile" not in LeanProgressStorage().clear(essence=marked)["metadata"]["annotations"]
+
+
 def test_only_creating_the_stable_service_goes_beside_the_step() -> None:
     from specdec_operator import manifests as m
     from specdec_operator.handlers import _creates_virtual_ip

@@ -600,6 +600,27 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return super().build(body=kopf.Body(lean))
 
 
+class LeanProgressStorage(kopf.SmartProgressStorage):
+    """Kopf's default progress storage, whose clear() does not copy an essence that holds no progress records.
+
+    Before diffing, Kopf strips its progress records (``status.kopf.progress``, ``kopf.zalando.org/*``
+    annotations) from the old and new essence of every event of every watched object, and each of the two
+    storages deep-copies the essence to do it: with LeanDiffBaseStorage's copy, three deep copies per event, about a
+    tenth of the operator's busy CPU while 1,000 resources settle (py-spy, docs/scale.md). The essences handed in are
+    fresh objects that nobody else holds; when there is nothing to strip and no empty stanza to drop, the result
+    would equal the input, so the input is returned as it is.
+    """
+
+    def clear(self, *, essence: Any) -> Any:
+        metadata = essence.get("metadata")
+        annotations = (metadata or {}).get("annotations")
+        prefixes = tuple(f"{storage.prefix}/" for storage in self.storages if getattr(storage, "prefix", None))
+        if ("status" in essence or metadata == {} or annotations == {} or (metadata or {}).get("labels") == {}
+                or any(key.startswith(prefixes) for key in annotations or ())):
+            return super().clear(essence=essence)
+        return essence
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Registration
 
@@ -614,6 +635,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
     settings.persistence.diffbase_storage = LeanDiffBaseStorage()
+    settings.persistence.progress_storage = LeanProgressStorage()
 
 
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
