@@ -634,8 +634,8 @@ def up(
     """Start the cluster ``name`` (or return it when it is already up and healthy).
 
     ``controller_manager_args``, ``apiserver_args``: extra kube-controller-manager and kube-apiserver flags (kept
-    for ``restart``). ``kwok_options``:
-    KwokConfiguration options (e.g. ``podPlayStageParallelism``), added to kwok's configuration file.
+    for ``restart``). ``kwok_options``: KwokConfiguration options (e.g. ``podPlayStageParallelism``), added to
+    kwok's configuration file.
 
     ``tie_to_parent``: the components receive SIGTERM when the calling process dies (pytest sessions use it so
     that even a killed session leaves nothing behind). Raises ClusterError with a one-line reason.

@@ -175,8 +175,9 @@ def test_lean_progress_storage_clears_what_kopfs_clears_and_copies_only_when_it_
                                                          "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}))
     marked = {"metadata": {"annotations": {"note": "kept", "kopf.zalando.org/reconcile": '{"started": "2026-12-03T00:00:00"}'}},
               "spec": {"a": 1}, "status": {"kopf": {"progress": {"reconcile": {"retries": 1}}}, "phase": "x"}}
+    annotated = {"metadata": {"annotations": {"note": "kept", "kopf.zalando.org/reconcile": "{}"}}, "spec": {"a": 1}}
     empties = {"metadata": {"labels": {}, "annotations": {}}, "spec": {"a": 1}, "status": {}}
-    for essence in (plain, marked, empties, {"spec": {}}, {"metadata": {}}):
+    for essence in (plain, marked, annotated, empties, {"spec": {}}, {"metadata": {}}):
         original = copy.deepcopy(essence)
         expected = kopf.SmartProgressStorage().clear(essence=copy.deepcopy(essence))
         cleared = LeanProgressStorage().clear(essence=essence)
@@ -187,6 +188,7 @@ def test_lean_progress_storage_clears_what_kopfs_clears_and_copies_only_when_it_
     assert LeanProgressStorage().clear(essence=plain) is plain
     assert LeanProgressStorage().clear(essence=marked) is not marked
     assert "kopf.zalando.org/reconcile" not in LeanProgressStorage().clear(essence=marked)["metadata"]["annotations"]
+    assert LeanProgressStorage().clear(essence=annotated)["metadata"]["annotations"] == {"note": "kept"}
 
 
 def test_only_creating_the_stable_service_goes_beside_the_step() -> None:
