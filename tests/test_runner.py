@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +109,7 @@ def test_forgetting_a_server_drops_its_counters_too() -> None:
 
 def test_probes_beyond_the_limit_wait_for_a_slot_and_all_finish() -> None:
     """--max-concurrent-probes: a probe past the limit says it waits, starts when a slot frees, and decides."""
+    import asyncio
 
     import yaml
 
@@ -244,43 +244,3 @@ def test_the_operators_api_requests_are_timed_by_verb_and_resource() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'specdec_api_request_duration_seconds_count{resource="speculativeservers/status",verb="PATCH"} 1.0' in text
     assert 'specdec_api_request_duration_seconds_count{resource="deployments",verb="APPLY"} 1.0' in text
-
-
-def test_step_slots_bound_the_steps_and_let_resources_without_servers_go_first() -> None:
-    from specdec_operator.handlers import StepSlots
-
-    async def scenario() -> None:
-        slots = StepSlots(2)
-        running, most, order = 0, 0, []
-        release = asyncio.Event()
-
-        async def step(name: str, urgent: bool, hold: bool = False) -> None:
-            nonlocal running, most
-            async with slots.slot(urgent):
-                running += 1
-                most = max(most, running)
-                order.append(name)
-                if hold:
-                    await release.wait()
-                await asyncio.sleep(0)
-                running -= 1
-
-        holders = [asyncio.create_task(step(f"busy{i}", False, hold=True)) for i in range(2)]
-        await asyncio.sleep(0)
-        waiting = [asyncio.create_task(step("old1", False)), asyncio.create_task(step("old2", False)),
-                   asyncio.create_task(step("new1", True)), asyncio.create_task(step("new2", True))]
-        cancelled = asyncio.create_task(step("gone", True))
-        await asyncio.sleep(0)
-        cancelled.cancel()  # a waiter that goes away (a deleted resource) must not hold a place or a slot
-        await asyncio.sleep(0)
-        release.set()
-        await asyncio.gather(*holders, *waiting)
-        assert most == 2
-        # Both slots were busy: the urgent ones (no servers yet) went first, then the others in arrival order.
-        assert order[2:] == ["new1", "new2", "old1", "old2"]
-        # All slots free again: a newcomer gets one at once, with nobody left in the queues.
-        assert slots.free == 2 and not any(slots.waiting.values())
-        async with slots.slot(False):
-            assert slots.free == 1
-
-    asyncio.run(scenario())

@@ -17,8 +17,6 @@ resource does not own are never modified and never probed (phase Failed, NameCon
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
 import json
 import logging
@@ -183,52 +181,6 @@ def slim_service(body: Any) -> dict[str, Any]:
     return {"kind": "Service", "metadata": _meta(body), "spec": {"selector": _plain(spec.get("selector") or {}), "ports": _plain(spec.get("ports") or [])}}
 
 
-class StepSlots:
-    """At most ``size`` reconcile steps at once; when a slot frees, a waiting resource with no servers yet goes first.
-
-    A resource's servers take the longest part of its way to a decision (Deployment, ReplicaSet, scheduling,
-    pulling, loading weights), and that part starts only with its first step, which creates them. With plain
-    first-come slots, 1,000 resources created together share the slots with the steps of those already under way
-    (woken by their pods' events), and the last of them got its servers minutes after it was created (tuned runs
-    21-23, docs/scale.md). Among the urgent and among the others the order stays first come, first served. The
-    urgent ones cannot starve the rest for long: a resource stops being urgent once its Deployments exist.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.free = size
-        self.waiting: dict[bool, collections.deque[asyncio.Future]] = {True: collections.deque(), False: collections.deque()}
-
-    @contextlib.asynccontextmanager
-    async def slot(self, urgent: bool) -> Any:
-        if self.free > 0 and not any(self.waiting.values()):
-            self.free -= 1
-        else:
-            turn = asyncio.get_running_loop().create_future()
-            self.waiting[urgent].append(turn)
-            try:
-                await turn
-            except asyncio.CancelledError:
-                if turn.done() and not turn.cancelled():  # handed the slot just as it was cancelled: pass it on
-                    self._release()
-                elif turn in self.waiting[urgent]:  # leave the queue: a stale entry would make arrivals wait behind nobody
-                    self.waiting[urgent].remove(turn)
-                raise
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        for urgent in (True, False):
-            queue = self.waiting[urgent]
-            while queue:
-                turn = queue.popleft()
-                if not turn.done():  # cancelled, and not yet out of the queue: skip it
-                    turn.set_result(None)
-                    return
-        self.free += 1
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The per-process runtime
 
@@ -258,7 +210,7 @@ class Runtime:
         self.rendered: dict[tuple[str, str], tuple[str, int, Any, dict[str, Any]]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._probe_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
-        self._step_slots: StepSlots | None = None
+        self._step_slots: asyncio.Semaphore | None = None  # likewise, on the first step
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -273,11 +225,10 @@ class Runtime:
         if self._session is not None:
             await self._session.close()
 
-    def step_slot(self, urgent: bool = False) -> Any:
-        """A step slot (see StepSlots); ``urgent`` for a resource whose servers do not exist yet."""
+    def step_slot(self) -> asyncio.Semaphore:
         if self._step_slots is None:
-            self._step_slots = StepSlots(self.config.max_concurrent_reconciles)
-        return self._step_slots.slot(urgent)
+            self._step_slots = asyncio.Semaphore(self.config.max_concurrent_reconciles)
+        return self._step_slots
 
     def wake(self, namespace: str | None, name: str | None) -> None:
         if namespace and name:
@@ -731,7 +682,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 plan = None
                 try:
                     scrape = await runtime.due_scrape(namespace, name)
-                    async with runtime.step_slot(urgent=not list(specdec_deployments.get(key, []))):
+                    async with runtime.step_slot():
                         wake.clear()  # after the wait: what happened while queued is seen by this step
                         started = time.monotonic()
                         runtime.metrics.reconcile_queue_seconds.observe(started - queued)
