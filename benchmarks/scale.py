@@ -199,7 +199,7 @@ def server_latency(before: Counter, after: Counter) -> dict[str, dict[str, Any]]
     """p50/p99 of the API server's own request latency (reads and writes apart) between two apiserver_requests()."""
     out = {}
     for kind in ("read", "write"):
-        buckets = sorted((float(le), after[key] - before.get(key, 0.0)) for key in after if key[:2] == ("latency", kind) for le in [key[2]])
+        buckets = sorted((float(key[2]), after[key] - before.get(key, 0.0)) for key in after if key[:2] == ("latency", kind))
         if buckets and buckets[-1][1]:
             out[kind] = {"requests": int(buckets[-1][1]), "p50_s": round(histogram_quantile(buckets, 0.5), 4), "p99_s": round(histogram_quantile(buckets, 0.99), 4),
                          "share_over_1s": round(1 - dict(buckets).get(1.0, 0.0) / buckets[-1][1], 4)}

@@ -611,12 +611,16 @@ class LeanProgressStorage(kopf.SmartProgressStorage):
     would equal the input, so the input is returned as it is.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The annotation prefixes its storages write under (kopf.zalando.org/), looked up once, not per event.
+        self.prefixes = tuple(f"{storage.prefix}/" for storage in self.storages if getattr(storage, "prefix", None))
+
     def clear(self, *, essence: Any) -> Any:
         metadata = essence.get("metadata")
         annotations = (metadata or {}).get("annotations")
-        prefixes = tuple(f"{storage.prefix}/" for storage in self.storages if getattr(storage, "prefix", None))
         if ("status" in essence or metadata == {} or annotations == {} or (metadata or {}).get("labels") == {}
-                or any(key.startswith(prefixes) for key in annotations or ())):
+                or any(key.startswith(self.prefixes) for key in annotations or ())):
             return super().clear(essence=essence)
         return essence
 
