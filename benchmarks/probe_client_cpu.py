@@ -24,7 +24,8 @@ import time
 
 import aiohttp
 
-from specdec_operator.probe.client import Workload, measure
+from specdec_operator.api import Workload
+from specdec_operator.probe.client import measure
 
 PROFILES = {
     # A fast fake GPU: the client, not the server, must be the limit.
@@ -50,7 +51,7 @@ def start_simulator(kind: str, tmp: str) -> tuple[subprocess.Popen, str]:
 async def run(url: str, workload: Workload) -> dict:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=workload.concurrency + 8)) as session:
         # Warm-up (connection pool, JIT-free but allocator and caches).
-        await measure(session, url, Workload("warm", 8, 16, 16, 16), rng=random.Random(0))
+        await measure(session, url, Workload(name="warm", concurrency=8, input_tokens=16, output_tokens=16, requests=16), rng=random.Random(0))
         cpu0, wall0 = time.process_time(), time.perf_counter()
         m = await measure(session, url, workload, rng=random.Random(1))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
@@ -73,7 +74,7 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--requests", type=int, default=256)
     args = parser.parse_args()
-    workload = Workload("cpu", args.concurrency, args.input_tokens, args.output_tokens, args.requests)
+    workload = Workload(name="cpu", concurrency=args.concurrency, input_tokens=args.input_tokens, output_tokens=args.output_tokens, requests=args.requests)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("base", "spec"):
             proc, url = start_simulator(kind, tmp)

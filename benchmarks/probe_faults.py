@@ -21,11 +21,12 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from specdec_operator.probe import ProbeResult, Workload, run_probe
+from specdec_operator.api import Workload
+from specdec_operator.probe import ProbeResult, run_probe
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
 FAULTS = ["http_500", "timeout", "truncated_stream", "malformed_json", "stall", "die_mid_round", "mixed"]
-WORKLOAD = Workload("faults", 2, 8, 16, 6)
+WORKLOAD = Workload(name="faults", concurrency=2, input_tokens=8, output_tokens=16, requests=6)
 REQUEST_TIMEOUT = 1.5  # seconds a request may take
 READ_TIMEOUT = 0.5  # seconds between two reads of a stream: a stall longer than this is past the deadline
 # A lenient decision rule (95 %, 4 rounds) makes promotion as easy as it gets, so "zero promotions under

@@ -26,7 +26,8 @@ import time
 
 import aiohttp
 
-from specdec_operator.probe import Workload, run_probe
+from specdec_operator.api import Workload
+from specdec_operator.probe import run_probe
 from specdec_operator.probe.client import measure
 from specdec_operator.simulator import load_profile
 
@@ -106,7 +107,7 @@ class SimProcess:
 
 async def probe_tok_s(url: str, workload: Workload) -> float:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=workload.concurrency + 8)) as s:
-        await measure(s, url, Workload("warm", 1, 8, 8, 1), rng=random.Random(0))
+        await measure(s, url, Workload(name="warm", concurrency=1, input_tokens=8, output_tokens=8, requests=1), rng=random.Random(0))
         m = await measure(s, url, workload, rng=random.Random(1))
     return m.tokens_per_second
 
@@ -127,7 +128,7 @@ def fidelity(quick: bool) -> list[dict]:
             input_len, output_len = 128, 256
             analytic = profile.analytic_throughput(concurrency, input_len, output_len) * scale
             with SimProcess(profile_name, scale) as url:
-                probe = asyncio.run(probe_tok_s(url, Workload("fid", concurrency, input_len, output_len, prompts)))
+                probe = asyncio.run(probe_tok_s(url, Workload(name="fid", concurrency=concurrency, input_tokens=input_len, output_tokens=output_len, requests=prompts)))
             with SimProcess(profile_name, scale) as url:
                 bench = run_sglang_bench(url, tokenizer, concurrency, input_len, output_len, prompts,
                                          os.path.join(tmp, f"bench-{concurrency}.jsonl"))
@@ -169,14 +170,14 @@ async def _decision(base: str, cand: str, workloads: list[Workload], scale: floa
 
 def decisions(quick: bool) -> list[dict]:
     rows = []
-    workloads = [Workload("single-stream", 1, 512, 256, 2), Workload("concurrent-128", 128, 512, 256, 128)]
+    workloads = [Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2), Workload(name="concurrent-128", concurrency=128, input_tokens=512, output_tokens=256, requests=128)]
     for cand, scale in (("kimi-k25-custom-eagle3", 10.0), ("kimi-k2-public-eagle3", 1.0),
                         ("sglang-base-kimi-k25", 1.0)):
         if quick and cand == "sglang-base-kimi-k25":
             continue
         rows.append(asyncio.run(_decision("sglang-base-kimi-k25", cand, workloads, scale)))
         print(json.dumps(rows[-1]), flush=True)
-    wl = [Workload("single-stream", 1, 512, 256, 2), Workload("concurrent-64", 64, 512, 256, 128)]
+    wl = [Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2), Workload(name="concurrent-64", concurrency=64, input_tokens=512, output_tokens=256, requests=128)]
     rows.append(asyncio.run(_decision("llama31-8b-base", "llama31-8b-eagle3", wl, 1.0)))
     print(json.dumps(rows[-1]), flush=True)
     return rows

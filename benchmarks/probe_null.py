@@ -16,7 +16,8 @@ import sys
 import time
 from contextlib import AsyncExitStack
 
-from specdec_operator.probe import Workload, run_probe
+from specdec_operator.api import Workload
+from specdec_operator.probe import run_probe
 from specdec_operator.probe.run import DEFAULT_CONFIDENCE
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
@@ -24,7 +25,7 @@ EQUAL = profile_from_dict({
     "name": "equal", "load_seconds": 0, "max_running_requests": 256, "prefill_tokens_per_s": 200000,
     "step_ms": [[1, 10.0], [8, 14.0]], "speculative": None, "jitter": 0.05, "errors": {}, "stream_interval": 8,
 })
-WORKLOADS = [Workload("small", 4, 16, 32, 8)]
+WORKLOADS = [Workload(name="small", concurrency=4, input_tokens=16, output_tokens=32, requests=8)]
 
 
 async def one(seed: int, confidence: float):

@@ -305,7 +305,7 @@ def baseline_children(name: str, namespace: str, incompatible: bool) -> list[dic
     """The five children the operator's first step creates for this resource (its own reconcile, as the operator renders them)."""
     from datetime import datetime, timezone
 
-    from specdec_operator.api import parse_spec
+    from specdec_operator.resource import parse_spec
     from specdec_operator.reconcile import Observed, reconcile
 
     spec = parse_spec(resource(name, namespace, incompatible)["spec"])

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import yaml
 
-from specdec_operator import api, crd
+from specdec_operator import api, crd, resource
 from specdec_operator.celrules import violations
 from specdec_operator.errors import InputError
 
@@ -29,7 +29,7 @@ def spec_schema() -> dict:
 
 def rule_errors(spec: dict) -> list[tuple[str, str]]:
     """Default the spec as the API server would, then evaluate every CEL rule of the generated schema."""
-    return list(violations(spec_schema(), api.dump(api.SpeculativeServerSpec.model_validate(spec)), "spec"))
+    return list(violations(spec_schema(), resource.dump(api.SpeculativeServerSpec.model_validate(spec)), "spec"))
 
 
 def with_(path: str, value, base: dict = MINIMAL) -> dict:
@@ -109,7 +109,7 @@ def test_schema_defaults_equal_pydantic_defaults():
     """The API server fills in defaults from the schema; the CLI from pydantic: they must agree."""
     schema = spec_schema()["properties"]
     assert schema["sglang"]["properties"]["maxRunningRequests"]["default"] == 128
-    assert schema["rollout"]["properties"]["workloads"]["default"] == api.dump(api.SpeculativeServerSpec.model_validate(MINIMAL).rollout)["workloads"]
+    assert schema["rollout"]["properties"]["workloads"]["default"] == resource.dump(api.SpeculativeServerSpec.model_validate(MINIMAL).rollout)["workloads"]
     for section in ("resources", "sglang", "rollout", "monitor", "podMetadata"):
         assert schema[section]["default"] == {}, f"{section} must default to {{}} so its fields get defaults"
     # drafter is required: {} would be an invalid drafter (EAGLE3 needs a path) and the API server refuses a
@@ -119,7 +119,7 @@ def test_schema_defaults_equal_pydantic_defaults():
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_are_valid(example):
-    doc, spec = api.load_custom_resource(str(example))
+    doc, spec = resource.load_custom_resource(str(example))
     assert doc["metadata"]["name"]
     assert rule_errors(doc["spec"]) == []
 
@@ -177,7 +177,7 @@ def test_cel_rules_accept_good_specs(spec):
 )
 def test_parse_spec_errors_are_one_line_naming_the_field(spec, where):
     with pytest.raises(InputError) as err:
-        api.parse_spec(spec, source="cr.yaml", check_rules=True)
+        resource.parse_spec(spec, source="cr.yaml", check_rules=True)
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"cr.yaml: {where}")
 
@@ -192,12 +192,12 @@ def test_load_custom_resource_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: SpeculativeServer\napiVersion: specdec.io/v1\nspec: {}\n")
     with pytest.raises(InputError, match="apiVersion must be specdec.io/v1alpha1"):
-        api.load_custom_resource(str(bad))
+        resource.load_custom_resource(str(bad))
     bad.write_text("a: [")
     with pytest.raises(InputError, match="not valid YAML"):
-        api.load_custom_resource(str(bad))
+        resource.load_custom_resource(str(bad))
     with pytest.raises(InputError, match="cannot read"):
-        api.load_custom_resource(str(tmp_path / "missing.yaml"))
+        resource.load_custom_resource(str(tmp_path / "missing.yaml"))
 
 
 def test_revision_ignores_unrelated_edits():
@@ -206,6 +206,6 @@ def test_revision_ignores_unrelated_edits():
     monitored = api.SpeculativeServerSpec.model_validate(with_("monitor", {"window": 9}))
     new_drafter = api.SpeculativeServerSpec.model_validate(with_("drafter", {"path": "eagle3/other"}))
     steps = api.SpeculativeServerSpec.model_validate(with_("drafter", {"path": "eagle3/llama", "numSteps": 5}))
-    rev = api.speculative_revision
+    rev = resource.speculative_revision
     assert rev(base) == rev(relabelled) == rev(monitored)
     assert len({rev(base), rev(new_drafter), rev(steps)}) == 3

@@ -157,7 +157,7 @@ def test_every_api_phase_has_a_decided_health():
 
 def test_status_written_by_the_models_round_trips():
     """A status built with the API models (what the operator writes) is read correctly by the script."""
-    from specdec_operator import api
+    from specdec_operator import api, resource
 
     status = api.SpeculativeServerStatus(
         phase=api.Phase.ROLLED_BACK, reason="DrafterNotAccepting", message="accept length 1.00",
@@ -165,7 +165,7 @@ def test_status_written_by_the_models_round_trips():
         conditions=[api.Condition(type="Ready", status="True", reason="BaseServing", message="")],
     )
     obj = sps(None, generation=2)
-    obj["status"] = api.dump(status)
+    obj["status"] = resource.dump(status)
     out = health(obj)
     assert out["status"] == "Healthy" and "DrafterNotAccepting" in out["message"]
 

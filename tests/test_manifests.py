@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from specdec_operator import manifests as m
-from specdec_operator.api import parse_spec
+from specdec_operator.resource import parse_spec
 from specdec_operator.sglang import render_argv
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -178,7 +178,7 @@ def test_a_drafter_change_leaves_the_base_template_alone() -> None:
     other = copy.deepcopy(spec)
     other["drafter"]["path"] = "eagle3/another"
     parsed, parsed_other = parse_spec(spec), parse_spec(other)
-    from specdec_operator.api import speculative_revision
+    from specdec_operator.resource import speculative_revision
 
     base = m.deployment("srv", "ns", parsed, "base", command=render_argv(parsed, "base"), replicas=1, revision=speculative_revision(parsed))
     base2 = m.deployment("srv", "ns", parsed_other, "base", command=render_argv(parsed_other, "base"), replicas=1, revision=speculative_revision(parsed_other))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_operator.api import MonitorStatus
 from specdec_operator.monitor import Sample, observe, sample_from_metrics
 
 
@@ -27,7 +28,7 @@ def run(values, *, floor=1.5, window=3, counters=True):
 def test_abrupt_drop_rolls_back_on_the_window_th_low_scrape() -> None:
     index, status = run([2.9, 2.8, 1.0, 1.0, 1.0, 1.0], floor=1.5, window=3)
     assert index == 4
-    assert status["belowFloorCount"] == 3 and status["acceptLength"] == 1.0
+    assert status.below_floor_count == 3 and status.accept_length == 1.0
 
 
 def test_gradual_decline_rolls_back_only_once_it_stays_below() -> None:
@@ -40,32 +41,32 @@ def test_noise_around_the_floor_never_rolls_back_while_a_good_scrape_interrupts(
     values = [1.4, 1.45, 1.6, 1.3, 1.2, 1.55, 1.4, 1.49, 1.5] * 5
     index, status = run(values, floor=1.5, window=3)
     assert index is None
-    assert status["belowFloorCount"] == 0  # the last scrape (1.5) is at the floor: not below
+    assert status.below_floor_count == 0  # the last scrape (1.5) is at the floor: not below
 
 
 def test_failed_scrapes_neither_count_nor_reset() -> None:
     index, _ = run([1.2, None, 1.2, None, None, 1.2], floor=1.5, window=3)
     assert index == 5
     index, status = run([None] * 20, floor=1.5, window=3)
-    assert index is None and status["belowFloorCount"] == 0
+    assert index is None and status.below_floor_count == 0
 
 
 def test_idle_server_stale_gauge_is_not_evidence() -> None:
     floor, window = 1.5, 2
     low = Sample(time="t0", accept_length=1.1, verify_calls=50.0, generated_tokens=60.0)
     v1 = observe(None, low, floor=floor, window=window)
-    assert v1.evidence and v1.status["belowFloorCount"] == 1
+    assert v1.evidence and v1.status.below_floor_count == 1
     same = Sample(time="t1", accept_length=1.1, verify_calls=50.0, generated_tokens=60.0)
     v2 = observe(v1.status, same, floor=floor, window=window, previous=low)
-    assert not v2.evidence and not v2.drifted and v2.status["belowFloorCount"] == 1
+    assert not v2.evidence and not v2.drifted and v2.status.below_floor_count == 1
     moved = Sample(time="t2", accept_length=1.1, verify_calls=70.0, generated_tokens=82.0)
     v3 = observe(v2.status, moved, floor=floor, window=window, previous=same)
     assert v3.drifted
 
 
 def test_impossible_values_below_one_are_not_evidence() -> None:
-    v = observe({"belowFloorCount": 2}, Sample(time="t", accept_length=0.0), floor=1.5, window=3)
-    assert not v.evidence and not v.drifted and v.status["belowFloorCount"] == 2
+    v = observe(MonitorStatus(belowFloorCount=2), Sample(time="t", accept_length=0.0), floor=1.5, window=3)
+    assert not v.evidence and not v.drifted and v.status.below_floor_count == 2
 
 
 def test_sample_from_metrics_reads_sglang_names() -> None:

@@ -16,7 +16,9 @@ import pytest
 
 from specdec_operator.cli import main as specdec_main
 from specdec_operator.errors import InputError
-from specdec_operator.probe import ProbeResult, Workload, parse_sglang_metrics, run_probe, scrape_metrics
+from specdec_operator.api import Workload
+from specdec_operator.probe import ProbeResult, parse_sglang_metrics, parse_workload, run_probe, scrape_metrics
+from specdec_operator.resource import dump
 from specdec_operator.probe.decide import Verdict, combine_all, judge, normalize_policy
 from specdec_operator.probe.stats import (
     log_ratio_interval,
@@ -83,16 +85,16 @@ def test_judge_is_strict_and_needs_three_rounds():
 
 
 def test_workload_parsing_and_coercion():
-    w = Workload.parse("chat:16:1024:256:64")
+    w = parse_workload("chat:16:1024:256:64")
     assert (w.name, w.concurrency, w.input_tokens, w.output_tokens, w.requests, w.weight) == (
         "chat", 16, 1024, 256, 64, 1.0)
-    assert Workload.parse("x:1:2:3:4:2.5").weight == 2.5
-    cr = Workload.coerce({"name": "c", "concurrency": 8, "inputTokens": 10, "outputTokens": 20, "requests": 9,
+    assert parse_workload("x:1:2:3:4:2.5").weight == 2.5
+    cr = Workload.model_validate({"name": "c", "concurrency": 8, "inputTokens": 10, "outputTokens": 20, "requests": 9,
                           "weight": 2})
     assert (cr.input_tokens, cr.output_tokens, cr.requests, cr.weight) == (10, 20, 9, 2.0)
     for bad in ("chat:16:1024:256", "chat:x:1:1:1", "chat:0:1:1:1"):
         with pytest.raises(InputError, match="workload"):
-            Workload.parse(bad)
+            parse_workload(bad)
 
 
 def test_metrics_parser_averages_over_tp_ranks():
@@ -144,8 +146,8 @@ WIN = prof("win", [[1, 12.0], [128, 120.0]], 2.5)  # 2.08x at c=1, 1.67x at c=12
 LOSS = prof("loss", [[1, 16.0], [128, 140.0]], 1.3)  # 0.81x at c=1, 0.74x at c=128
 MIXED = prof("mixed", [[1, 12.0], [128, 400.0]], 2.5)  # 2.08x at c=1, 0.5x at c=128
 
-SINGLE = Workload("single", 1, 32, 64, 2)
-WIDE = Workload("wide", 128, 32, 16, 128)
+SINGLE = parse_workload("single:1:32:64:2")
+WIDE = parse_workload("wide:128:32:16:128")
 
 
 async def probe_between(base, candidate, workloads, *, scale=2.0, seed=0, **kwargs) -> ProbeResult:
@@ -157,7 +159,7 @@ async def probe_between(base, candidate, workloads, *, scale=2.0, seed=0, **kwar
 
 
 def test_clear_win_promotes_with_intervals_above_one():
-    result = asyncio.run(probe_between(BASE, WIN, [SINGLE, Workload("mid", 16, 32, 64, 32)], scale=2))
+    result = asyncio.run(probe_between(BASE, WIN, [SINGLE, parse_workload("mid:16:32:64:32")], scale=2))
     assert (result.decision, result.reason) == ("promote", "SpeedupConfirmed"), result.message
     assert 3 <= result.rounds <= 6
     single = result.workloads[0]
@@ -178,7 +180,7 @@ def test_clear_loss_rolls_back_below_threshold():
 def test_seed_custom_drafter_is_rejected_in_seconds():
     base, custom = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k25-custom-eagle3")
     t = time.perf_counter()
-    result = asyncio.run(probe_between(base, custom, [Workload("chat", 4, 64, 128, 16)], scale=20))
+    result = asyncio.run(probe_between(base, custom, [parse_workload("chat:4:64:128:16")], scale=20))
     assert time.perf_counter() - t < 5
     assert (result.decision, result.reason) == ("rollback", "DrafterNotAccepting"), result.message
     assert result.rounds == 0 and result.accept_length <= 1.1
@@ -188,7 +190,7 @@ def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
     base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
     # Up to 10 rounds: one noisy in-process round at c=128 left the default 6 undecided once in CI
     # (0.48x [0.22, 1.04]); more rounds narrow the interval, they do not change the truth (0.44x).
-    result = asyncio.run(probe_between(base, public, [Workload("c128", 128, 8, 16, 144)], scale=2, max_rounds=10))
+    result = asyncio.run(probe_between(base, public, [parse_workload("c128:128:8:16:144")], scale=2, max_rounds=10))
     assert (result.decision, result.reason) == ("rollback", "SpeedupBelowThreshold"), result.message
     # The seed measured 849 / 2370 = 0.36x in steady state; this short run's waves model to ~0.44x.
     assert result.workloads[0].speedup < 0.6
@@ -198,7 +200,7 @@ def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
 
 def test_seed_public_drafter_single_stream_is_not_promoted():
     base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
-    result = asyncio.run(probe_between(base, public, [Workload("one", 1, 32, 64, 2)], scale=20, max_rounds=4))
+    result = asyncio.run(probe_between(base, public, [parse_workload("one:1:32:64:2")], scale=20, max_rounds=4))
     assert result.decision == "rollback" and result.reason in ("Inconclusive", "SpeedupBelowThreshold")
 
 
@@ -211,12 +213,12 @@ def test_win_at_one_loss_at_128_under_both_policies():
     by_name = {w.name: w for w in all_policy.workloads}
     assert by_name["single"].speedup_low > 1 and by_name["wide"].speedup_high < 1
 
-    mostly_single = [Workload("single", 1, 32, 64, 2, weight=9), Workload("wide", 128, 32, 16, 128, weight=1)]
+    mostly_single = [parse_workload("single:1:32:64:2:9"), parse_workload("wide:128:32:16:128:1")]
     weighted = asyncio.run(probe_between(BASE, MIXED, mostly_single, policy="weighted", **fast))
     assert (weighted.decision, weighted.reason) == ("promote", "SpeedupConfirmed"), weighted.message
     assert weighted.speedup == pytest.approx((9 * 2.08 + 0.5) / 10, rel=0.1)
 
-    mostly_wide = [Workload("single", 1, 32, 64, 2, weight=1), Workload("wide", 128, 32, 16, 128, weight=9)]
+    mostly_wide = [parse_workload("single:1:32:64:2:1"), parse_workload("wide:128:32:16:128:9")]
     weighted = asyncio.run(probe_between(BASE, MIXED, mostly_wide, policy="weighted", max_rounds=10, **fast))
     # Never a promotion; the weight of the loss shows in the estimate (the model's 0.66x; an unweighted mean
     # would be 1.3x). On a loaded host the in-process c=128 rounds are noisy enough that even ten rounds may
@@ -227,7 +229,7 @@ def test_win_at_one_loss_at_128_under_both_policies():
 
 def test_equal_servers_with_five_percent_jitter_never_promote():
     equal = prof("equal", [[1, 10.0], [8, 14.0]], jitter=0.05)
-    workloads = [Workload("small", 4, 16, 32, 8)]
+    workloads = [parse_workload("small:4:16:32:8")]
 
     async def batch(seeds):
         return await asyncio.gather(*(probe_between(equal, equal, workloads, scale=4, seed=s, max_rounds=5)
@@ -243,7 +245,7 @@ def test_equal_servers_with_five_percent_jitter_never_promote():
 
 def test_injected_http_errors_fail_the_probe():
     broken = prof("broken", [[1, 12.0], [128, 60.0]], 2.5, errors={"http_500_rate": 0.5})
-    result = asyncio.run(probe_between(BASE, broken, [Workload("w", 2, 16, 16, 8)], scale=4))
+    result = asyncio.run(probe_between(BASE, broken, [parse_workload("w:2:16:16:8")], scale=4))
     assert (result.decision, result.reason) == ("rollback", "ProbeFailed")
     assert "HTTP 500" in result.message
 
@@ -251,7 +253,7 @@ def test_injected_http_errors_fail_the_probe():
 def test_injected_timeouts_fail_the_probe():
     hanging = prof("hanging", [[1, 12.0], [128, 60.0]], 2.5, errors={"timeout_rate": 1.0})
     t = time.perf_counter()
-    result = asyncio.run(probe_between(BASE, hanging, [Workload("w", 2, 16, 16, 4)], scale=4,
+    result = asyncio.run(probe_between(BASE, hanging, [parse_workload("w:2:16:16:4")], scale=4,
                                        request_timeout=1.0, read_timeout=0.5))
     assert (result.decision, result.reason) == ("rollback", "ProbeFailed")
     assert "timed out" in result.message and time.perf_counter() - t < 5
@@ -259,14 +261,14 @@ def test_injected_timeouts_fail_the_probe():
 
 def test_spent_time_budget_is_inconclusive():
     slow = prof("slow", [[1, 200.0]], 2.5)
-    result = asyncio.run(probe_between(BASE, slow, [Workload("w", 1, 16, 64, 4)], scale=1, timeout=1.0))
+    result = asyncio.run(probe_between(BASE, slow, [parse_workload("w:1:16:64:4")], scale=1, timeout=1.0))
     assert (result.decision, result.reason) == ("rollback", "Inconclusive")
     assert "time budget" in result.message
 
 
 def test_status_document_is_camel_case_with_rfc3339_times():
     result = asyncio.run(probe_between(BASE, WIN, [SINGLE], scale=4))
-    status = result.to_status()
+    status = dump(result.to_status())
     assert set(status) == {"decision", "reason", "rounds", "startedAt", "finishedAt", "acceptLength", "speedup",
                            "message", "workloads"}
     assert status["startedAt"].endswith("Z") and "T" in status["startedAt"]
@@ -295,7 +297,7 @@ def test_scrape_metrics_reads_the_simulator():
     async def scenario():
         async with SimulatorServer(load_profile("kimi-k2-public-eagle3"), time_scale=20, seed=1,
                                    load_seconds=0) as url:
-            await run_probe(url, url, [Workload("w", 2, 8, 64, 4)], max_rounds=1)
+            await run_probe(url, url, [parse_workload("w:2:8:64:4")], max_rounds=1)
             return await scrape_metrics(None, url)
 
     metrics = asyncio.run(scenario())

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from specdec_operator import manifests as m
-from specdec_operator.api import parse_spec, speculative_revision
+from specdec_operator.resource import parse_spec, speculative_revision
 from specdec_operator.monitor import Sample
 from specdec_operator.reconcile import Observed, Plan, merge_patch, parse_validator_report, reconcile
 
@@ -350,16 +350,16 @@ def test_children_not_owned_by_the_resource_are_never_touched_or_probed() -> Non
 
 
 def test_parse_validator_report_exit_codes() -> None:
-    assert parse_validator_report(0, COMPATIBLE, "r")["compatible"] is True
+    assert parse_validator_report(0, COMPATIBLE, "r").compatible is True
     bad = parse_validator_report(1, INCOMPATIBLE, "r")
-    assert bad["compatible"] is False and [f["code"] for f in bad["findings"]] == ["HiddenSizeMismatch", "VocabSizeMismatch"]
+    assert bad.compatible is False and [f.code for f in bad.findings] == ["HiddenSizeMismatch", "VocabSizeMismatch"]
     unusable = parse_validator_report(2, "specdec validate: error: /models/x: no config.json", "r")
-    assert unusable["compatible"] is False and unusable["findings"][0]["code"] == "ValidatorInputError"
-    assert "no config.json" in unusable["findings"][0]["message"]
+    assert unusable.compatible is False and unusable.findings[0].code == "ValidatorInputError"
+    assert "no config.json" in unusable.findings[0].message
     killed = parse_validator_report(137, "", "r")
-    assert killed["findings"][0]["code"] == "ValidatorFailed"
+    assert killed.findings[0].code == "ValidatorFailed"
     garbage = parse_validator_report(1, "{not json", "r")
-    assert garbage["compatible"] is False and garbage["findings"][0]["code"] == "DrafterIncompatible"
+    assert garbage.compatible is False and garbage.findings[0].code == "DrafterIncompatible"
 
 
 def test_revision_and_helpers() -> None:

@@ -2,7 +2,7 @@
 
 Every object goes through the real admission path (structural schema, pruning, defaulting, CEL rules) as a
 server-side dry run, twice: with fieldValidation=Strict (unknown fields are refused) and with the server's
-default (unknown fields are pruned). The verdict is compared with our own: `api.parse_spec(spec,
+default (unknown fields are pruned). The verdict is compared with our own: `resource.parse_spec(spec,
 check_rules=True)`, which is what `specdec sglang-args -f` and the operator run. The two must agree object by
 object: a spec the CLI accepts is one the cluster admits, and the reverse. Refusals must name a field.
 
@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from specdec_operator import API_GROUP, API_VERSION, PLURAL, api
+from specdec_operator import API_GROUP, API_VERSION, PLURAL, api, resource
 from specdec_operator.celrules import violations
 from specdec_operator.crd import structural_schema
 from specdec_operator.errors import InputError
@@ -299,7 +299,7 @@ class Verdict(NamedTuple):
 def oracle(spec: dict[str, Any]) -> Verdict:
     """Our own verdict on a spec: what `specdec sglang-args -f` and the operator would say."""
     try:
-        api.parse_spec(spec, check_rules=True)
+        resource.parse_spec(spec, check_rules=True)
         return Verdict(True, [], "")
     except InputError as exc:
         message = str(exc)
@@ -309,7 +309,7 @@ def oracle(spec: dict[str, Any]) -> Verdict:
         errors = exc.errors()
         floats = all(e["type"] == "int_type" and isinstance(e["input"], float) and e["input"].is_integer() for e in errors)
         return Verdict(False, [_kube_path(e["loc"]) for e in errors], message, floats)
-    return Verdict(False, [where for where, _ in violations(SPEC_SCHEMA, api.dump(parsed), "spec")] or ["spec"], message)
+    return Verdict(False, [where for where, _ in violations(SPEC_SCHEMA, resource.dump(parsed), "spec")] or ["spec"], message)
 
 
 def pruned(value: Any, schema: dict[str, Any]) -> Any:
@@ -469,7 +469,7 @@ def test_api_server_and_our_validation_agree_on_1050_generated_objects(kube_api_
         for (_, spec, _, _, _), stored in zip(jobs, stored_specs):
             if stored is not None:
                 # What the server stores (pruned, defaulted) parses, and defaults to exactly what we default to.
-                if api.dump(api.parse_spec(stored["spec"], check_rules=True)) != api.dump(api.parse_spec(pruned(spec, SPEC_SCHEMA))):
+                if resource.dump(resource.parse_spec(stored["spec"], check_rules=True)) != resource.dump(resource.parse_spec(pruned(spec, SPEC_SCHEMA))):
                     disagreements.append(f"defaults differ: server stored {json.dumps(stored['spec'])[:400]}")
         assert not disagreements, f"{len(disagreements)} of {len(cases)} disagree; first:\n" + "\n".join(disagreements[:5])
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from specdec_operator.config import Endpoints
 from specdec_operator.errors import InputError
-from specdec_operator.handlers import Endpoints
 from specdec_operator.runner import build_parser, default_priority
 
 
@@ -113,8 +113,9 @@ def test_probes_beyond_the_limit_wait_for_a_slot_and_all_finish() -> None:
 
     import yaml
 
-    from specdec_operator.handlers import Endpoints, OperatorConfig, Runtime
-    from specdec_operator.metrics import OperatorMetrics
+    from specdec_operator.config import Endpoints, OperatorConfig
+    from specdec_operator.probescheduler import ProbeScheduler
+    from specdec_operator.resource import parse_spec
     from specdec_operator.simulator import SimulatorServer, load_profile
 
     spec = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "llama31-8b-eagle3.yaml").read_text())["spec"]
@@ -123,22 +124,25 @@ def test_probes_beyond_the_limit_wait_for_a_slot_and_all_finish() -> None:
 
     async def scenario() -> None:
         async with SimulatorServer(load_profile("llama31-8b-base"), time_scale=50, load_seconds=0) as base, \
-                SimulatorServer(load_profile("llama31-8b-eagle3"), time_scale=50, load_seconds=0) as candidate:
-            urls = {f"ns/{n}-{v}": url for n in ("a", "b") for v, url in (("base", str(base)), ("spec", str(candidate)))}
-            runtime = Runtime(OperatorConfig(endpoints=Endpoints(urls), max_concurrent_probes=1), OperatorMetrics())
-            first = asyncio.create_task(runtime._probe("ns", "a", spec, "rev-a"))
+                SimulatorServer(load_profile("llama31-8b-eagle3"), time_scale=50, load_seconds=0) as speculative:
+            urls = {f"ns/{n}-{v}": url for n in ("a", "b") for v, url in (("base", str(base)), ("spec", str(speculative)))}
+            probes = ProbeScheduler(OperatorConfig(endpoints=Endpoints(urls), max_concurrent_probes=1))
+            parsed = parse_spec(spec)
+            probes.start(("ns", "a"), parsed, "rev-a", on_done=lambda: None)
             await asyncio.sleep(0.01)  # the first takes the only slot
-            second = asyncio.create_task(runtime._probe("ns", "b", spec, "rev-b"))
+            probes.start(("ns", "b"), parsed, "rev-b", on_done=lambda: None)
             await asyncio.sleep(0.01)
-            assert "waiting for a probe slot" in runtime.progress[("ns", "b")]
-            assert not first.done()
-            a = await first
-            b = await second
-            assert ("ns", "b") not in runtime.progress or "waiting" not in runtime.progress[("ns", "b")]
-            assert a["revision"] == "rev-a" and b["revision"] == "rev-b"
-            assert a["decision"] in ("promote", "rollback") and b["decision"] in ("promote", "rollback")
-            assert a["reason"] != "ProbeFailed" and b["reason"] != "ProbeFailed", (a, b)
-            await runtime.close()
+            assert "waiting for a probe slot" in probes.progress(("ns", "b"))
+            assert probes.running(("ns", "a")) == "rev-a"
+            while probes.finished(("ns", "a")) is None or probes.finished(("ns", "b")) is None:
+                assert "waiting" not in (probes.progress(("ns", "b")) or "") or probes.running(("ns", "a"))
+                await asyncio.sleep(0.05)
+            a, b = probes.finished(("ns", "a")), probes.finished(("ns", "b"))
+            assert probes.progress(("ns", "b")) is None
+            assert a.revision == "rev-a" and b.revision == "rev-b"
+            assert a.decision in ("promote", "rollback") and b.decision in ("promote", "rollback")
+            assert a.reason != "ProbeFailed" and b.reason != "ProbeFailed", (a, b)
+            await probes.close()
 
     asyncio.run(scenario())
 
@@ -146,7 +150,7 @@ def test_probes_beyond_the_limit_wait_for_a_slot_and_all_finish() -> None:
 def test_lean_diffbase_builds_the_same_essence_as_kopfs_without_copying_status() -> None:
     import kopf
 
-    from specdec_operator.handlers import LeanDiffBaseStorage
+    from specdec_operator.kopf_tuning import LeanDiffBaseStorage
 
     managed = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {f"f:{i}": {} for i in range(50)}}}]
     pod = {"apiVersion": "v1", "kind": "Pod",
@@ -169,7 +173,7 @@ def test_lean_progress_storage_clears_what_kopfs_clears_and_copies_only_when_it_
 
     import kopf
 
-    from specdec_operator.handlers import LeanDiffBaseStorage, LeanProgressStorage
+    from specdec_operator.kopf_tuning import LeanDiffBaseStorage, LeanProgressStorage
 
     plain = LeanDiffBaseStorage().build(body=kopf.Body({"kind": "Pod", "metadata": {"name": "p", "labels": {"app": "x"}, "annotations": {"note": "kept"}},
                                                          "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}))
@@ -193,23 +197,24 @@ def test_lean_progress_storage_clears_what_kopfs_clears_and_copies_only_when_it_
 
 def test_only_creating_the_stable_service_goes_beside_the_step() -> None:
     from specdec_operator import manifests as m
-    from specdec_operator.handlers import _creates_virtual_ip
+    from specdec_operator.handlers import creates_virtual_ip
 
     stable, headless = m.service("llama", "ns", None), m.service("llama", "ns", "base")
-    assert _creates_virtual_ip(stable, {}) and not _creates_virtual_ip(stable, {"llama": stable})  # an update waits in the step (a switch)
-    assert not _creates_virtual_ip(headless, {})
-    assert not _creates_virtual_ip({"kind": "Deployment", "metadata": {"name": "llama-base"}, "spec": {}}, {})
+    assert creates_virtual_ip(stable, {}) and not creates_virtual_ip(stable, {"llama": stable})  # an update waits in the step (a switch)
+    assert not creates_virtual_ip(headless, {})
+    assert not creates_virtual_ip({"kind": "Deployment", "metadata": {"name": "llama-base"}, "spec": {}}, {})
 
 
 def test_the_operators_api_requests_are_timed_by_verb_and_resource() -> None:
-    """Runtime._request against a real HTTP server: each request lands in specdec_api_request_duration_seconds."""
+    """KubernetesWriter.request against a real HTTP server: each request lands in specdec_api_request_duration_seconds."""
+    import asyncio
     import http.server
     import threading
 
     from kubernetes import client as k8s
     from prometheus_client import generate_latest
 
-    from specdec_operator.handlers import OperatorConfig, Runtime
+    from specdec_operator.kubewriter import KubernetesWriter
     from specdec_operator.metrics import OperatorMetrics
 
     seen = []
@@ -233,10 +238,10 @@ def test_the_operators_api_requests_are_timed_by_verb_and_resource() -> None:
     try:
         configuration = k8s.Configuration(host=f"http://127.0.0.1:{server.server_port}")
         metrics = OperatorMetrics()
-        runtime = Runtime(OperatorConfig(), metrics, k8s.ApiClient(configuration))
-        runtime.patch_status("ns", "llama", {"phase": "Pending"})
+        writer = KubernetesWriter(metrics, k8s.ApiClient(configuration))
+        asyncio.run(writer.patch_status("ns", "llama", {"phase": "Pending"}))
         with pytest.raises(Exception):  # 422: refused, still timed
-            runtime._request("PATCH", "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", {"namespace": "ns", "name": "llama-base"},
+            writer.request("PATCH", "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", {"namespace": "ns", "name": "llama-base"},
                              content_type="application/apply-patch+yaml", body=b"{}")
     finally:
         server.shutdown()

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_operator import api, cli
+from specdec_operator import api, cli, resource
 from specdec_operator import sglang as sglang_args
 from specdec_operator.errors import InputError
 
@@ -62,7 +62,7 @@ def server_parser() -> argparse.ArgumentParser:
 
 
 def spec_of(data: dict) -> api.SpeculativeServerSpec:
-    return api.parse_spec(data, check_rules=True)
+    return resource.parse_spec(data, check_rules=True)
 
 
 # The first CEL evaluation builds celpy's environment, which raises the recursion limit; do it before
@@ -202,7 +202,7 @@ def test_generated_specs_render_command_lines_sglang_accepts(server_parser, data
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_render_command_lines_sglang_accepts(server_parser, path):
-    _, spec = api.load_custom_resource(str(path))
+    _, spec = resource.load_custom_resource(str(path))
     check_command_lines(server_parser, spec)
 
 
@@ -215,7 +215,7 @@ def test_examples_exist():
 
 
 def test_seed_kimi_command_line_is_exact():
-    _, spec = api.load_custom_resource(str(ROOT / "examples" / "kimi-k25-int4-eagle3.yaml"))
+    _, spec = resource.load_custom_resource(str(ROOT / "examples" / "kimi-k25-int4-eagle3.yaml"))
     assert sglang_args.render_argv(spec, "speculative") == [
         "sglang", "serve", "--model-type", "llm",
         "--model-path", "/models/kimi-k2.5-int4",
@@ -302,7 +302,7 @@ def test_abbreviations_of_managed_flags_in_extra_args_are_refused(server_parser,
     objects admitted before that rule existed)."""
     with pytest.raises(InputError, match="spec.sglang.extraArgs"):
         spec_of({**MINIMAL, "sglang": {"extraArgs": extra}})
-    spec = api.parse_spec({**MINIMAL, "sglang": {"extraArgs": extra}})  # pydantic only, no CEL: an old object
+    spec = resource.parse_spec({**MINIMAL, "sglang": {"extraArgs": extra}})  # pydantic only, no CEL: an old object
     # The danger is real: appended last, an abbreviation with a value overrides what the operator set.
     flags = server_flags(spec, sglang_args.render_argv(spec_of(MINIMAL), "speculative")) + extra
     action = server_parser._option_string_actions[managed]
@@ -356,7 +356,7 @@ def test_sglang_serve_dispatches_the_rendered_command_to_the_llm_server(server_p
     monkeypatch.setattr(sglang.cli.serve, "_run_diffusion", lambda request: pytest.fail("dispatched to diffusion"))
     monkeypatch.setattr(sglang.cli.serve, "kill_process_tree", lambda *a, **k: None)  # would kill pytest's children
     monkeypatch.setattr("sglang.srt.plugins.load_plugins", lambda: None)
-    _, spec = api.load_custom_resource(str(ROOT / "examples" / "llama31-8b-eagle3.yaml"))
+    _, spec = resource.load_custom_resource(str(ROOT / "examples" / "llama31-8b-eagle3.yaml"))
     argv = sglang_args.render_argv(spec, "speculative")
     assert argv[0] == "sglang"
     monkeypatch.setattr(sys, "argv", argv)

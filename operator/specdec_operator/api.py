@@ -1,8 +1,10 @@
-"""The SpeculativeServer API (specdec.io/v1alpha1): the single source of truth.
+"""The SpeculativeServer API (specdec.io/v1alpha1): types only, the single source of truth.
 
-These pydantic models define field names, types, defaults, bounds, enums and the cross-field rules.
-`crd.py` turns them into the CustomResourceDefinition (the API server enforces them), and the CLI and the
-operator parse custom resources with them (so defaults are identical on both sides).
+These pydantic models define field names, types, defaults, bounds, enums and the cross-field rules, and the
+vocabulary (phases, variants, condition types, reasons, decisions) everything else uses. Like a kubebuilder
+project's types.go this module imports nothing of the operator: `crd.py` turns the models into the
+CustomResourceDefinition (the API server enforces it), and `resource.py` parses custom resources with them for
+the CLI and the operator (so defaults are identical on both sides, and the CLI checks what admission checks).
 
 Cross-field rules are written once, in CEL, in `x-kubernetes-validations` (see `_cel`): the API server
 evaluates them, and the tests evaluate the same strings with cel-python.
@@ -10,16 +12,11 @@ evaluates them, and the tests evaluate the same strings with cel-python.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
-
-from . import API_GROUP, API_VERSION, KIND
-from .errors import InputError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 # --------------------------------------------------------------------------------------------------
 # Shared vocabulary: phases, variants, condition types and reasons are constants, never ad-hoc strings.
@@ -49,13 +46,61 @@ class ConditionType(str, Enum):
     READY = "Ready"
 
 
-class DecisionReason(str, Enum):
+# What a probe (or the drift monitor) decided for a speculative revision. (A comment, not a docstring: pydantic
+# would put a docstring into the CRD as the field's description.)
+class Decision(StrEnum):
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+
+
+class Reason(StrEnum):
+    """Every reason the operator writes: status.reason, condition reasons, status.probe.reason, Event reasons.
+
+    One set, like a kubebuilder project's reason constants, so a reason is never an ad-hoc string. Validator
+    finding codes (HiddenSizeMismatch, ...) are the validator's own vocabulary and are used as reasons as they are.
+    """
+
+    # Decisions (status.probe.reason, SpeedupVerified, phase Promoted/RolledBack)
     SPEEDUP_CONFIRMED = "SpeedupConfirmed"
     SPEEDUP_BELOW_THRESHOLD = "SpeedupBelowThreshold"
     DRAFTER_NOT_ACCEPTING = "DrafterNotAccepting"
     INCONCLUSIVE = "Inconclusive"
     PROBE_FAILED = "ProbeFailed"
     ACCEPTANCE_DRIFT = "AcceptanceDrift"
+    # Phases before a decision, and failures
+    CREATING = "Creating"
+    VALIDATING = "Validating"
+    LOADING = "Loading"
+    PROBING = "Probing"
+    NAME_CONFLICT = "NameConflict"
+    INVALID_SPEC = "InvalidSpec"
+    FORBIDDEN = "Forbidden"
+    APPLY_REJECTED = "ApplyRejected"
+    # DrafterCompatible (validator findings' own codes aside)
+    COMPATIBLE = "Compatible"
+    DRAFTER_COMPATIBLE = "DrafterCompatible"
+    DRAFTER_INCOMPATIBLE = "DrafterIncompatible"
+    VALIDATOR_INPUT_ERROR = "ValidatorInputError"
+    VALIDATOR_FAILED = "ValidatorFailed"
+    NO_SEPARATE_DRAFTER = "NoSeparateDrafter"
+    # BaseReady / SpeculativeReady: how a server is doing, read from its pods
+    READY = "Ready"
+    UNSCHEDULABLE = "Unschedulable"
+    CRASH_LOOP = "CrashLoop"
+    STARTING = "Starting"
+    NO_POD = "NoPod"
+    REPLACING = "Replacing"
+    SCALED_DOWN = "ScaledDown"
+    # SpeedupVerified before a decision
+    NOT_PROBED = "NotProbed"
+    WAITING_FOR_SERVERS = "WaitingForServers"
+    # Ready
+    SERVICE_PENDING = "ServicePending"
+    SERVING = "Serving"
+    NO_READY_SERVER = "NoReadyServer"
+    # Events of transitions that have no reason of their own
+    PROBE_STARTED = "ProbeStarted"
+    TRAFFIC_SWITCHED = "TrafficSwitched"
 
 
 Quantization = Literal["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"]
@@ -442,7 +487,7 @@ class Rollout(_SpecModel):
     accept_length_floor: float = Field(
         1.1,
         alias="acceptLengthFloor",
-        description="A candidate whose acceptance length is at or below this after the first round is rejected at once (DrafterNotAccepting).",
+        description="A speculative server whose acceptance length is at or below this after the first round is rejected at once (DrafterNotAccepting).",
         ge=1.0,
         le=64,
     )
@@ -582,7 +627,7 @@ class WorkloadResult(_Model):
 
 
 class ProbeStatus(_Model):
-    decision: Literal["promote", "rollback"] | None = Field(None, description="promote or rollback.")
+    decision: Decision | None = Field(None, description="promote or rollback.")
     reason: str | None = Field(None, description="SpeedupConfirmed, SpeedupBelowThreshold, DrafterNotAccepting, Inconclusive or ProbeFailed.")
     message: str | None = Field(None, description="Human-readable summary of the decision.")
     rounds: int | None = Field(None, description="Paired rounds run.")
@@ -591,7 +636,7 @@ class ProbeStatus(_Model):
     accept_length: float | None = Field(None, alias="acceptLength", description="Mean acceptance length of the speculative server during the probe.")
     speedup: float | None = Field(None, description="Overall speedup: the smallest workload speedup (AllWorkloads) or the weighted one (WeightedMix).")
     revision: str | None = Field(None, description="Speculative revision this decision is for; a decided revision is never probed again.")
-    workloads: list[WorkloadResult] = Field(default_factory=list, description="Per-workload results.")
+    workloads: list[WorkloadResult] | None = Field(None, description="Per-workload results.")
 
 
 class MonitorStatus(_Model):
@@ -616,71 +661,3 @@ class SpeculativeServerStatus(_Model):
     validation: ValidationStatus | None = Field(None, description="Result of the drafter/target validator.")
     probe: ProbeStatus | None = Field(None, description="Result of the speedup probe.")
     monitor: MonitorStatus | None = Field(None, description="Drift monitor state after promotion.")
-
-
-# --------------------------------------------------------------------------------------------------
-# Helpers used by the CLI and the operator
-
-
-def parse_spec(spec: dict[str, Any], *, source: str = "spec", check_rules: bool = False) -> SpeculativeServerSpec:
-    """Parse and default a spec, turning pydantic's errors into one line naming the field.
-
-    check_rules also evaluates the CRD's CEL rules (what the API server does on admission); the operator
-    skips it for objects the API server already admitted.
-    """
-    try:
-        parsed = SpeculativeServerSpec.model_validate(spec)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InputError(f"{source}: spec.{loc}: {err['msg']}{more}") from None
-    if check_rules:
-        from .celrules import violations
-        from .crd import structural_schema
-
-        broken = list(violations(structural_schema(SpeculativeServerSpec), dump(parsed), "spec"))
-        if broken:
-            where, message = broken[0]
-            more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
-            raise InputError(f"{source}: {where}: {message}{more}")
-    return parsed
-
-
-def load_custom_resource(path: str) -> tuple[dict[str, Any], SpeculativeServerSpec]:
-    """Read a SpeculativeServer YAML file (the first document of that kind) and parse its spec."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            docs = [d for d in yaml.safe_load_all(fh) if d]
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == KIND:
-            if doc.get("apiVersion") != f"{API_GROUP}/{API_VERSION}":
-                raise InputError(f"{path}: apiVersion must be {API_GROUP}/{API_VERSION}, got {doc.get('apiVersion')!r}")
-            if not isinstance(doc.get("spec"), dict):
-                raise InputError(f"{path}: a {KIND} needs a spec mapping")
-            return doc, parse_spec(doc["spec"], source=path, check_rules=True)
-    raise InputError(f"{path}: no {KIND} document found (kind: {KIND}, apiVersion: {API_GROUP}/{API_VERSION})")
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """camelCase JSON-ready dict without unset optionals: what goes into the API."""
-    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-# The spec fields whose change means a different speculative server: a new revision is validated and probed
-# again; edits elsewhere (labels, monitor settings, rollout thresholds of an already decided revision) are not.
-_REVISION_FIELDS = ("image", "sglangVersion", "model", "target", "drafter", "resources", "sglang")
-
-
-def speculative_revision(spec: SpeculativeServerSpec) -> str:
-    """Short stable hash of what defines the speculative server (and its base for comparison)."""
-    data = dump(spec)
-    relevant = {k: data.get(k) for k in _REVISION_FIELDS}
-    blob = json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]

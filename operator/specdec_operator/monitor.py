@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .api import MonitorStatus
+
 ACCEPT_LENGTH_METRIC = "sglang:spec_accept_length"
 THROUGHPUT_METRIC = "sglang:gen_throughput"
 VERIFY_CALLS_METRIC = "sglang:spec_verify_calls_total"
@@ -66,7 +68,7 @@ def sample_from_metrics(metrics: dict[str, Any], time: str) -> Sample:
 class Verdict:
     """What a scrape means: the new monitor status and whether to roll back now."""
 
-    status: dict[str, Any]  # status.monitor (camelCase)
+    status: MonitorStatus  # the new status.monitor
     evidence: bool  # whether the scrape counted (below or at/above the floor)
     drifted: bool  # the counter has reached the window: roll back
 
@@ -83,17 +85,13 @@ def _idle(previous: Sample | None, sample: Sample) -> bool:
     )
 
 
-def observe(monitor_status: dict[str, Any] | None, sample: Sample, *, floor: float, window: int, previous: Sample | None = None) -> Verdict:
+def observe(monitor: MonitorStatus | None, sample: Sample, *, floor: float, window: int, previous: Sample | None = None) -> Verdict:
     """Apply one scrape to the monitor status (see the module docstring for the rule)."""
-    count = int((monitor_status or {}).get("belowFloorCount") or 0)
-    status: dict[str, Any] = {"lastScrapeTime": sample.time, "belowFloorCount": count}
-    last_accept = (monitor_status or {}).get("acceptLength")
-    if last_accept is not None:
-        status["acceptLength"] = last_accept
+    count = monitor.below_floor_count if monitor is not None else 0
+    last_accept = monitor.accept_length if monitor is not None else None
     value = sample.accept_length
     if sample.error or value is None or value < 1.0 or _idle(previous, sample):
-        return Verdict(status=status, evidence=False, drifted=False)
-    status["acceptLength"] = round(value, 4)
+        return Verdict(MonitorStatus(lastScrapeTime=sample.time, belowFloorCount=count, acceptLength=last_accept), evidence=False, drifted=False)
     count = count + 1 if value < floor else 0
-    status["belowFloorCount"] = count
+    status = MonitorStatus(lastScrapeTime=sample.time, belowFloorCount=count, acceptLength=round(value, 4))
     return Verdict(status=status, evidence=True, drifted=count >= window)

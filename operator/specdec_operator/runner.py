@@ -80,7 +80,9 @@ def main(argv: list[str]) -> int:
     from kubernetes import config as k8s_config
 
     from . import manifests as m
-    from .handlers import Endpoints, OperatorConfig, Runtime, configure, register
+    from .config import Endpoints, OperatorConfig
+    from .handlers import Runtime, register
+    from .kopf_tuning import configure
     from .metrics import OperatorMetrics
     from .reconcile import Settings
 

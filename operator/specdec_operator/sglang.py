@@ -21,7 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant, load_custom_resource
+from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant
+from .resource import load_custom_resource
 from .errors import InputError
 
 # SGLang's own default port; the pods, Services and probes all use it.

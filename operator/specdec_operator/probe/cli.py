@@ -8,7 +8,7 @@ import json
 import sys
 
 from ..errors import InputError
-from .client import Workload
+from .client import parse_workload
 from .run import DEFAULT_CONFIDENCE, ProbeResult, run_probe
 
 DEFAULT_WORKLOADS = ["single-stream:1:1024:256:4", "concurrent-64:64:1024:256:128"]
@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         "2 for bad arguments, 3 when the base server cannot be reached.",
     )
     p.add_argument("--base", required=True, help="base SGLang server URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--candidate", required=True, help="speculative SGLang server URL")
+    p.add_argument("--speculative", "--candidate", dest="speculative", required=True,
+                   help="speculative SGLang server URL (--candidate: the same)")
     p.add_argument("--workload", action="append", default=None, metavar="NAME:C:IN:OUT:REQ[:WEIGHT]",
                    help="traffic shape (repeatable): name, concurrency, input tokens, output tokens, requests per "
                    f"round and server, optional weight. Default: {' '.join(DEFAULT_WORKLOADS)}")
@@ -70,7 +71,7 @@ def render_text(result: ProbeResult) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    workloads = [Workload.parse(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+    workloads = [parse_workload(w) for w in (args.workload or DEFAULT_WORKLOADS)]
 
     def progress(result: ProbeResult) -> None:
         if args.quiet:
@@ -79,7 +80,7 @@ def main(argv: list[str]) -> int:
         print(f"specdec probe: round {result.rounds}: {', '.join(parts)}", file=sys.stderr, flush=True)
 
     result = asyncio.run(run_probe(
-        args.base, args.candidate, workloads,
+        args.base, args.speculative, workloads,
         min_speedup=args.min_speedup, max_rounds=args.max_rounds, accept_length_floor=args.accept_length_floor,
         policy=args.policy, confidence=args.confidence, timeout=args.timeout,
         request_timeout=args.request_timeout, seed=args.seed, on_round=progress,

@@ -19,10 +19,12 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import aiohttp
+from pydantic import ValidationError
 
+from ..api import Workload
 from ..errors import InputError
 from .stats import percentile, weighted_percentile
 
@@ -42,70 +44,26 @@ class ProbeRequestError(Exception):
     """A request did not produce a complete, well-formed answer."""
 
 
-@dataclass(frozen=True)
-class Workload:
-    """A traffic shape: ``requests`` requests of ``input_tokens`` in, ``output_tokens`` out, at ``concurrency``."""
-
-    name: str
-    concurrency: int
-    input_tokens: int = 1024
-    output_tokens: int = 256
-    requests: int = 64
-    weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        for key in ("concurrency", "input_tokens", "output_tokens", "requests"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"workload {self.name!r}: {key} must be an integer >= 1, got {value!r}")
-        if not self.name:
-            raise InputError("workload: name must not be empty")
-        if not (isinstance(self.weight, (int, float)) and self.weight > 0):
-            raise InputError(f"workload {self.name!r}: weight must be > 0, got {self.weight!r}")
-
-    @classmethod
-    def coerce(cls, value: Any) -> "Workload":
-        """Accept a Workload, a CR-style mapping (camelCase or snake_case) or any object with those attributes."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, Mapping):
-            get = value.get
-        else:
-            def get(key: str, default: Any = None) -> Any:
-                return getattr(value, key, default)
-
-        def pick(snake: str, camel: str, default: Any = None) -> Any:
-            found = get(snake, None)
-            return found if found is not None else get(camel, default)
-
-        if get("name") is None or get("concurrency") is None:
-            raise InputError(f"workload {value!r}: needs at least name and concurrency")
-        return cls(
-            name=str(get("name")),
-            concurrency=pick("concurrency", "concurrency"),
-            input_tokens=pick("input_tokens", "inputTokens", 1024),
-            output_tokens=pick("output_tokens", "outputTokens", 256),
-            requests=pick("requests", "requests", 64),
-            weight=float(pick("weight", "weight", 1.0)),
+def parse_workload(text: str) -> Workload:
+    """The CLI form ``NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT]`` as the API's Workload."""
+    parts = text.split(":")
+    if len(parts) not in (5, 6):
+        raise InputError(
+            f"--workload {text!r}: expected NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT], "
+            "e.g. chat:16:1024:256:64"
         )
-
-    @classmethod
-    def parse(cls, text: str) -> "Workload":
-        """Parse the CLI form ``NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT]``."""
-        parts = text.split(":")
-        if len(parts) not in (5, 6):
-            raise InputError(
-                f"--workload {text!r}: expected NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT], "
-                "e.g. chat:16:1024:256:64"
-            )
-        name, *nums = parts
-        try:
-            ints = [int(x) for x in nums[:4]]
-            weight = float(nums[4]) if len(nums) == 5 else 1.0
-        except ValueError:
-            raise InputError(f"--workload {text!r}: CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS and REQUESTS must "
-                             "be integers (WEIGHT a number)") from None
-        return cls(name, ints[0], ints[1], ints[2], ints[3], weight)
+    name, *nums = parts
+    try:
+        ints = [int(x) for x in nums[:4]]
+        weight = float(nums[4]) if len(nums) == 5 else 1.0
+    except ValueError:
+        raise InputError(f"--workload {text!r}: CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS and REQUESTS must "
+                         "be integers (WEIGHT a number)") from None
+    try:
+        return Workload(name=name, concurrency=ints[0], input_tokens=ints[1], output_tokens=ints[2], requests=ints[3], weight=weight)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(f"--workload {text!r}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
 
 
 @dataclass

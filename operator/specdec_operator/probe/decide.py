@@ -6,20 +6,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from ..api import Decision, Reason
 from .stats import RatioInterval
-
-
-class Decision(str, Enum):
-    PROMOTE = "promote"
-    ROLLBACK = "rollback"
-
-
-class Reason(str, Enum):
-    SPEEDUP_CONFIRMED = "SpeedupConfirmed"
-    SPEEDUP_BELOW_THRESHOLD = "SpeedupBelowThreshold"
-    DRAFTER_NOT_ACCEPTING = "DrafterNotAccepting"
-    INCONCLUSIVE = "Inconclusive"
-    PROBE_FAILED = "ProbeFailed"
 
 
 class Verdict(str, Enum):
@@ -66,7 +54,7 @@ def judge(interval: RatioInterval | None, min_speedup: float, min_rounds: int = 
 
 
 def combine_all(verdicts: dict[str, Verdict]) -> Verdict:
-    """Policy all: one failing workload fails the candidate; all must pass to promote."""
+    """Policy all: one failing workload fails the speculative server; all must pass to promote."""
     if any(v is Verdict.FAIL for v in verdicts.values()):
         return Verdict.FAIL
     if verdicts and all(v is Verdict.PASS for v in verdicts.values()):
@@ -75,7 +63,7 @@ def combine_all(verdicts: dict[str, Verdict]) -> Verdict:
 
 
 def drafter_not_accepting(accept_length: float | None, floor: float) -> bool:
-    """True when the candidate's measured acceptance length is at or below the floor."""
+    """True when the speculative server's measured acceptance length is at or below the floor."""
     return accept_length is not None and math.isfinite(accept_length) and accept_length <= floor
 
 

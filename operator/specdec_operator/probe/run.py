@@ -1,4 +1,4 @@
-"""The probe: paired rounds of base and candidate, intervals after every round, a decision with a reason."""
+"""The probe: paired rounds of base and speculative server, intervals after every round, a decision with a reason."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import aiohttp
+from pydantic import ValidationError
 
+from ..api import ProbeStatus, Variant, Workload, WorkloadResult
 from ..errors import InputError
-from .client import Measurement, ProbeRequestError, Workload, get_json, measure
+from ..textutil import rfc3339
+from .client import Measurement, ProbeRequestError, get_json, measure
 from .decide import (
     MIN_ROUNDS,
     Decision,
@@ -29,7 +32,7 @@ from .decide import (
 from .metrics import scrape_metrics
 from .stats import RatioInterval, log_ratio_interval, per_look_level, weighted_round_ratios
 
-BASE, CANDIDATE = "base", "candidate"
+BASE, SPECULATIVE = Variant.BASE.value, Variant.SPECULATIVE.value
 
 # Family-wise over all looks of a probe. At the boundary (equal servers, min_speedup 1.0) the probe then
 # promotes in under 0.1 % of probes; a clear win still takes 3-4 rounds (docs/probe.md, measured by
@@ -38,7 +41,7 @@ DEFAULT_CONFIDENCE = 0.998
 
 
 def _rfc3339(ts: datetime | None) -> str | None:
-    return None if ts is None else ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if ts is None else rfc3339(ts)
 
 
 def _num(value: float | None, digits: int = 4) -> float | None:
@@ -48,14 +51,14 @@ def _num(value: float | None, digits: int = 4) -> float | None:
 
 
 @dataclass
-class WorkloadResult:
+class WorkloadOutcome:
     """Per-workload outcome: mean tok/s of each server over the rounds, the speedup and its interval."""
 
     name: str
     concurrency: int
     weight: float = 1.0
     base_tok_s: float | None = None
-    candidate_tok_s: float | None = None
+    speculative_tok_s: float | None = None
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
@@ -63,7 +66,7 @@ class WorkloadResult:
     verdict: str = Verdict.UNDECIDED.value
     ratios: list[float] = field(default_factory=list)
     base_latency: dict[str, float | None] = field(default_factory=dict)
-    candidate_latency: dict[str, float | None] = field(default_factory=dict)
+    speculative_latency: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,7 +74,9 @@ class WorkloadResult:
             "concurrency": self.concurrency,
             "weight": self.weight,
             "base_tok_s": _num(self.base_tok_s, 2),
-            "candidate_tok_s": _num(self.candidate_tok_s, 2),
+            # The `specdec probe --json` document keeps the names it was published with (docs/probe.md):
+            # "candidate" there is the speculative server.
+            "candidate_tok_s": _num(self.speculative_tok_s, 2),
             "speedup": _num(self.speedup),
             "speedup_low": _num(self.speedup_low),
             "speedup_high": _num(self.speedup_high),
@@ -79,44 +84,44 @@ class WorkloadResult:
             "verdict": self.verdict,
             "ratios": [_num(r) for r in self.ratios],
             "base_latency": self.base_latency,
-            "candidate_latency": self.candidate_latency,
+            "candidate_latency": self.speculative_latency,
         }
 
-    def to_status(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "concurrency": self.concurrency,
-            "baseTokensPerSecond": _num(self.base_tok_s, 2),
-            "speculativeTokensPerSecond": _num(self.candidate_tok_s, 2),
-            "speedup": _num(self.speedup),
-            "speedupLow": _num(self.speedup_low),
-            "speedupHigh": _num(self.speedup_high),
-        }
+    def to_status(self) -> WorkloadResult:
+        return WorkloadResult(
+            name=self.name,
+            concurrency=self.concurrency,
+            baseTokensPerSecond=_num(self.base_tok_s, 2),
+            speculativeTokensPerSecond=_num(self.speculative_tok_s, 2),
+            speedup=_num(self.speedup),
+            speedupLow=_num(self.speedup_low),
+            speedupHigh=_num(self.speedup_high),
+        )
 
 
 @dataclass
 class ProbeResult:
     """What the probe decided and why (``to_status()`` is the CR's ``status.probe``)."""
 
-    decision: str = Decision.ROLLBACK.value
-    reason: str = Reason.PROBE_FAILED.value
+    decision: Decision = Decision.ROLLBACK
+    reason: Reason = Reason.PROBE_FAILED
     message: str = ""
     rounds: int = 0
     policy: str = "all"
     min_speedup: float = 1.0
     confidence: float = DEFAULT_CONFIDENCE
-    accept_length: float | None = None  # client side: completion_tokens / spec_verify_ct over the candidate's rounds
+    accept_length: float | None = None  # client side: completion_tokens / spec_verify_ct over the speculative server's rounds
     server_accept_length: float | None = None  # sglang:spec_accept_length from /metrics after the last round
     speedup: float | None = None  # smallest workload speedup (all) or the weighted one (weighted)
     speedup_low: float | None = None
     speedup_high: float | None = None
-    workloads: list[WorkloadResult] = field(default_factory=list)
+    workloads: list[WorkloadOutcome] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     started_at: datetime | None = None
     finished_at: datetime | None = None
     base_reachable: bool = True
     base_max_running_requests: int | None = None
-    candidate_max_running_requests: int | None = None
+    speculative_max_running_requests: int | None = None
 
     @property
     def wall_seconds(self) -> float | None:
@@ -142,35 +147,36 @@ class ProbeResult:
             "workloads": [w.to_dict() for w in self.workloads],
             "warnings": list(self.warnings),
             "base_max_running_requests": self.base_max_running_requests,
-            "candidate_max_running_requests": self.candidate_max_running_requests,
+            "candidate_max_running_requests": self.speculative_max_running_requests,
             "started_at": _rfc3339(self.started_at),
             "finished_at": _rfc3339(self.finished_at),
             "wall_seconds": _num(self.wall_seconds, 3),
         }
 
-    def to_status(self) -> dict[str, Any]:
-        """The CR's ``status.probe`` (camelCase, RFC 3339 times)."""
-        return {
-            "decision": self.decision,
-            "reason": self.reason,
-            "rounds": self.rounds,
-            "startedAt": _rfc3339(self.started_at),
-            "finishedAt": _rfc3339(self.finished_at),
-            "acceptLength": _num(self.accept_length),
-            "speedup": _num(self.speedup),
-            "message": self.message,
-            "workloads": [w.to_status() for w in self.workloads],
-        }
+    def to_status(self, revision: str | None = None) -> ProbeStatus:
+        """The CR's ``status.probe`` for the speculative ``revision`` that was measured."""
+        return ProbeStatus(
+            decision=self.decision,
+            reason=self.reason,
+            rounds=self.rounds,
+            startedAt=_rfc3339(self.started_at),
+            finishedAt=_rfc3339(self.finished_at),
+            acceptLength=_num(self.accept_length),
+            speedup=_num(self.speedup),
+            message=self.message,
+            revision=revision,
+            workloads=[w.to_status() for w in self.workloads],
+        )
 
 
 OnRound = Callable[[ProbeResult], "Awaitable[None] | None"]
 
 
 def _check_arguments(
-    base_url: str, candidate_url: str, workloads: Sequence[Workload], min_speedup: float, max_rounds: int,
+    base_url: str, speculative_url: str, workloads: Sequence[Workload], min_speedup: float, max_rounds: int,
     accept_length_floor: float, confidence: float,
 ) -> None:
-    for flag, url in (("--base", base_url), ("--candidate", candidate_url)):
+    for flag, url in (("--base", base_url), ("--speculative", speculative_url)):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise InputError(f"{flag} {url!r}: must be an http:// or https:// URL of an SGLang server")
     if not workloads:
@@ -195,8 +201,8 @@ def _max_running(info: dict) -> int | None:
 
 async def run_probe(
     base_url: str,
-    candidate_url: str,
-    workloads: Iterable[Any],
+    speculative_url: str,
+    workloads: Iterable[Workload | dict[str, Any]],
     *,
     min_speedup: float = 1.0,
     max_rounds: int = 6,
@@ -210,31 +216,35 @@ async def run_probe(
     on_round: OnRound | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> ProbeResult:
-    """Measure ``candidate_url`` against ``base_url`` and decide promote or rollback.
+    """Measure ``speculative_url`` against ``base_url`` and decide promote or rollback.
 
-    Rounds alternate the order of the two servers (candidate first in odd rounds, base first in even
+    Rounds alternate the order of the two servers (speculative first in odd rounds, base first in even
     ones) so drift on the machine hits both. After each round every workload gets a Student-t interval on
     its log speedups (see :mod:`.stats`); the probe stops as soon as the policy's verdict is decided.
     ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
     each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
     Bad arguments raise InputError; everything else ends in a ProbeResult with a reason.
     """
-    wls = [Workload.coerce(w) for w in workloads]
+    try:
+        wls = [w if isinstance(w, Workload) else Workload.model_validate(w) for w in workloads]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(f"workloads: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
     try:
         policy_key = normalize_policy(policy)
     except ValueError as exc:
         raise InputError(f"--policy: {exc}") from None
-    _check_arguments(base_url, candidate_url, wls, min_speedup, max_rounds, accept_length_floor, confidence)
+    _check_arguments(base_url, speculative_url, wls, min_speedup, max_rounds, accept_length_floor, confidence)
     result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence,
                          started_at=datetime.now(timezone.utc))
-    result.workloads = [WorkloadResult(w.name, w.concurrency, w.weight) for w in wls]
+    result.workloads = [WorkloadOutcome(w.name, w.concurrency, w.weight) for w in wls]
     own_session = session is None
     connector_limit = max(w.concurrency for w in wls) + 8
     if own_session:
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connector_limit))
     assert session is not None
     try:
-        outcome = await _probe(session, base_url.rstrip("/"), candidate_url.rstrip("/"), wls, result,
+        outcome = await _probe(session, base_url.rstrip("/"), speculative_url.rstrip("/"), wls, result,
                                min_speedup=float(min_speedup), max_rounds=max_rounds,
                                floor=float(accept_length_floor), policy=policy_key, confidence=confidence,
                                timeout=timeout, request_timeout=request_timeout, read_timeout=read_timeout,
@@ -248,12 +258,12 @@ async def run_probe(
     finally:
         if own_session:
             await session.close()
-    result.decision, result.reason, result.message = outcome.decision.value, outcome.reason.value, outcome.message
+    result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
     result.finished_at = datetime.now(timezone.utc)
     return result
 
 
-def _detail(results: list[WorkloadResult], min_speedup: float, combined: RatioInterval | None) -> str:
+def _detail(results: list[WorkloadOutcome], min_speedup: float, combined: RatioInterval | None) -> str:
     parts = []
     if combined is not None:
         parts.append(f"weighted speedup {combined.estimate:.3f}x [{combined.low:.3f}, {combined.high:.3f}]")
@@ -269,7 +279,7 @@ def _detail(results: list[WorkloadResult], min_speedup: float, combined: RatioIn
 async def _probe(
     session: aiohttp.ClientSession,
     base_url: str,
-    candidate_url: str,
+    speculative_url: str,
     wls: list[Workload],
     result: ProbeResult,
     *,
@@ -295,12 +305,12 @@ async def _probe(
         result.base_reachable = False
         return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"base server unreachable: {exc}")
     try:
-        cand_info = await get_json(session, candidate_url + "/server_info", timeout=min(30.0, timeout))
+        speculative_info = await get_json(session, speculative_url + "/server_info", timeout=min(30.0, timeout))
     except ProbeRequestError as exc:
-        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"candidate server unreachable: {exc}")
+        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"speculative server unreachable: {exc}")
     result.base_max_running_requests = _max_running(base_info)
-    result.candidate_max_running_requests = _max_running(cand_info)
-    for label, cap in (("candidate", result.candidate_max_running_requests),
+    result.speculative_max_running_requests = _max_running(speculative_info)
+    for label, cap in (("speculative", result.speculative_max_running_requests),
                        ("base", result.base_max_running_requests)):
         if cap is None:
             continue
@@ -311,11 +321,11 @@ async def _probe(
                     f"SGLang queues the rest (speculative SGLang defaults to 48 unless --max-running-requests "
                     f"is passed)"
                 )
-    if cand_info.get("speculative_algorithm") in (None, "", "None"):
-        result.warnings.append("candidate /server_info reports no speculative_algorithm: is it speculating?")
+    if speculative_info.get("speculative_algorithm") in (None, "", "None"):
+        result.warnings.append("speculative /server_info reports no speculative_algorithm: is it speculating?")
 
     by_name = {w.name: r for w, r in zip(wls, result.workloads)}
-    tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], CANDIDATE: []} for w in wls}
+    tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
     last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
     spec_tokens = spec_verify = 0
     looks = max(1, max_rounds - MIN_ROUNDS + 1)
@@ -324,7 +334,7 @@ async def _probe(
     combined: RatioInterval | None = None
 
     def drafter_check(w: Workload) -> Callable[[Measurement], bool]:
-        # Early stop inside the first candidate measurement: a few finished requests are enough to see a
+        # Early stop inside the first speculative measurement: a few finished requests are enough to see a
         # drafter that accepts nothing, so the seed's broken drafter costs seconds, not a benchmark.
         return lambda m: m.requests >= min(4, w.requests) and drafter_not_accepting(m.accept_length, floor)
 
@@ -339,21 +349,21 @@ async def _probe(
         )
 
     for rnd in range(1, max_rounds + 1):
-        order = [CANDIDATE, BASE] if rnd % 2 == 1 else [BASE, CANDIDATE]
+        order = [SPECULATIVE, BASE] if rnd % 2 == 1 else [BASE, SPECULATIVE]
         try:
             for w in active:
                 for variant in order:
-                    url = candidate_url if variant == CANDIDATE else base_url
-                    first_candidate = rnd == 1 and variant == CANDIDATE
-                    m = await run_one(w, url, first_candidate)
-                    if variant == CANDIDATE:
+                    url = speculative_url if variant == SPECULATIVE else base_url
+                    first_speculative = rnd == 1 and variant == SPECULATIVE
+                    m = await run_one(w, url, first_speculative)
+                    if variant == SPECULATIVE:
                         spec_tokens += m.spec_tokens
                         spec_verify += m.spec_verify_ct
                         result.accept_length = spec_tokens / spec_verify if spec_verify else None
-                        if first_candidate:
+                        if first_speculative:
                             accept = m.accept_length
                             if accept is None:
-                                accept = await _server_accept_length(session, candidate_url, result)
+                                accept = await _server_accept_length(session, speculative_url, result)
                             if drafter_not_accepting(accept, floor):
                                 result.accept_length = accept
                                 result.rounds = 0
@@ -375,7 +385,7 @@ async def _probe(
                 + _detail(result.workloads, min_speedup, combined),
             )
         result.rounds = rnd
-        server_accept = await _server_accept_length(session, candidate_url, result)
+        server_accept = await _server_accept_length(session, speculative_url, result)
         if server_accept is not None:
             result.server_accept_length = server_accept
         intervals = _summarize(wls, result, tok_s, last, level)
@@ -416,20 +426,20 @@ def _summarize(wls, result: ProbeResult, tok_s, last, level: float) -> dict[str,
     """Fill the per-workload results from the measurements; return each workload's interval."""
     intervals: dict[str, RatioInterval] = {}
     for w, r in zip(wls, result.workloads):
-        base, cand = tok_s[w.name][BASE], tok_s[w.name][CANDIDATE]
-        n = min(len(base), len(cand))
+        base, speculative = tok_s[w.name][BASE], tok_s[w.name][SPECULATIVE]
+        n = min(len(base), len(speculative))
         r.rounds = n
         r.base_tok_s = sum(base) / len(base) if base else None
-        r.candidate_tok_s = sum(cand) / len(cand) if cand else None
-        r.ratios = [cand[i] / base[i] if base[i] > 0 else math.inf for i in range(n)]
+        r.speculative_tok_s = sum(speculative) / len(speculative) if speculative else None
+        r.ratios = [speculative[i] / base[i] if base[i] > 0 else math.inf for i in range(n)]
         if n:
             iv = intervals[w.name] = log_ratio_interval(r.ratios, level)
             r.speedup, r.speedup_low = iv.estimate, iv.low
             r.speedup_high = iv.high if math.isfinite(iv.high) else None
         if BASE in last[w.name]:
             r.base_latency = last[w.name][BASE].latency_summary()
-        if CANDIDATE in last[w.name]:
-            r.candidate_latency = last[w.name][CANDIDATE].latency_summary()
+        if SPECULATIVE in last[w.name]:
+            r.speculative_latency = last[w.name][SPECULATIVE].latency_summary()
     return intervals
 
 
@@ -437,11 +447,11 @@ ACCEPT_LENGTH_ONLY = frozenset({"sglang:spec_accept_length"})
 
 
 async def _server_accept_length(session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
-    """sglang:spec_accept_length from the candidate's /metrics; None (and one warning) when unavailable."""
+    """sglang:spec_accept_length from the speculative server's /metrics; None (and one warning) when unavailable."""
     try:
         metrics = await scrape_metrics(session, url, only=ACCEPT_LENGTH_ONLY)
     except ProbeRequestError as exc:
-        note = f"candidate /metrics unavailable ({exc}); acceptance comes from responses only"
+        note = f"speculative /metrics unavailable ({exc}); acceptance comes from responses only"
         if note not in result.warnings:
             result.warnings.append(note)
         return None

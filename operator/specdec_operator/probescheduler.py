@@ -1,0 +1,146 @@
+"""The probe scheduler: the only code of the operator that talks to SGLang.
+
+It runs each resource's probe as an asyncio task beside the reconcile loop (at most ``max_concurrent_probes``
+measuring at once, since the client must not set the pace of what it measures), keeps the finished result until
+a step has recorded it, and scrapes a promoted speculative server's /metrics for the drift monitor. Every URL is
+derived from the resource's own name and namespace and the operator's endpoints configuration; nothing in a spec
+names a host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+import aiohttp
+
+from . import manifests as m
+from .api import Decision, ProbeStatus, Reason, SpeculativeServerSpec, Variant
+from .config import OperatorConfig
+from .monitor import Sample, sample_from_metrics
+from .probe import ProbeRequestError, run_probe, scrape_metrics
+from .textutil import rfc3339
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class _Probe:
+    revision: str
+    task: asyncio.Task[ProbeStatus]
+
+
+def probe_failed(revision: str, message: str) -> ProbeStatus:
+    """The decision of a probe that could not measure: never a promotion."""
+    return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, message=message, rounds=0, revision=revision)
+
+
+class ProbeScheduler:
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self._probes: dict[Key, _Probe] = {}
+        self._progress: dict[Key, str] = {}
+        self._slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
+        self._session: aiohttp.ClientSession | None = None
+
+    def url(self, key: Key, variant: Variant) -> str:
+        namespace, name = key
+        return self.config.endpoints.url(namespace, m.child_name(name, variant.value))
+
+    # --- probes
+    def running(self, key: Key) -> str | None:
+        """The revision being probed for this resource, if a probe is still running."""
+        probe = self._probes.get(key)
+        return probe.revision if probe is not None and not probe.task.done() else None
+
+    def finished(self, key: Key) -> ProbeStatus | None:
+        """The result of this resource's finished probe, kept until ``settle`` (a step recorded it)."""
+        probe = self._probes.get(key)
+        if probe is None or not probe.task.done():
+            return None
+        if probe.task.cancelled():
+            self._probes.pop(key, None)
+            return None
+        exc = probe.task.exception()
+        if exc is not None:  # run() catches everything; belt and braces
+            return probe_failed(probe.revision, f"probe failed: {exc}")
+        return probe.task.result()
+
+    def settle(self, key: Key) -> None:
+        """Forget a finished probe whose result a step has recorded."""
+        probe = self._probes.get(key)
+        if probe is not None and probe.task.done():
+            self._probes.pop(key, None)
+
+    def progress(self, key: Key) -> str | None:
+        return self._progress.get(key) if self.running(key) else None
+
+    def start(self, key: Key, spec: SpeculativeServerSpec, revision: str, on_done: Callable[[], None]) -> None:
+        namespace, name = key
+        task = asyncio.create_task(self._run(key, spec, revision, on_done), name=f"probe {namespace}/{name}")
+        task.add_done_callback(lambda _t: on_done())
+        self._probes[key] = _Probe(revision, task)
+
+    def cancel(self, key: Key) -> None:
+        probe = self._probes.pop(key, None)
+        if probe is not None and not probe.task.done():
+            probe.task.cancel()
+        self._progress.pop(key, None)
+
+    async def _run(self, key: Key, spec: SpeculativeServerSpec, revision: str, wake: Callable[[], None]) -> ProbeStatus:
+        rollout = spec.rollout
+
+        def on_round(partial: object) -> None:
+            speedups = ", ".join(f"{w.name} {w.speedup:.2f}x" for w in getattr(partial, "workloads", []) if w.speedup)
+            # Shown by the next periodic step (--reconcile-interval) rather than by a step of its own: a status patch
+            # per round, for every probing resource at once, was a large share of the status writes at scale.
+            self._progress[key] = f"round {getattr(partial, 'rounds', 0)} of up to {rollout.max_rounds}" + (f": {speedups}" if speedups else "")
+
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.config.max_concurrent_probes)
+        if self._slots.locked():
+            self._progress[key] = f"waiting for a probe slot ({self.config.max_concurrent_probes} probes running, the most at once)"
+            wake()
+        async with self._slots:
+            self._progress.pop(key, None)
+            try:
+                result = await run_probe(
+                    self.url(key, Variant.BASE),
+                    self.url(key, Variant.SPECULATIVE),
+                    rollout.workloads,
+                    min_speedup=rollout.min_speedup,
+                    max_rounds=rollout.max_rounds,
+                    accept_length_floor=rollout.accept_length_floor,
+                    policy=rollout.policy,
+                    timeout=self.config.probe_timeout,
+                    request_timeout=self.config.probe_request_timeout,
+                    on_round=on_round,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # an unusable argument or a bug still ends in a reason, never a promotion
+                return probe_failed(revision, f"probe failed: {exc}")
+            return result.to_status(revision)
+
+    # --- the drift monitor's scrapes
+    async def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def scrape(self, key: Key) -> Sample:
+        """One scrape of the speculative server's /metrics, reduced to what the drift rule reads."""
+        now = rfc3339(datetime.now(timezone.utc))
+        try:
+            metrics = await scrape_metrics(await self.session(), self.url(key, Variant.SPECULATIVE), timeout=self.config.scrape_timeout)
+        except ProbeRequestError as exc:
+            return Sample(time=now, error=str(exc))
+        return sample_from_metrics(metrics, now)
+
+    async def close(self) -> None:
+        for key in list(self._probes):
+            self.cancel(key)
+        if self._session is not None:
+            await self._session.close()

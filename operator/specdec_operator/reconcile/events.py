@@ -1,0 +1,62 @@
+"""Events, derived in one place from the stored and the new status.
+
+An Event announces a transition: something in the new status that the stored status did not say yet. Because
+the stored status is what a restarted operator reads back, a restart repeats no Event (a decision already
+stored is not announced again), and a step that changes nothing announces nothing.
+"""
+
+from __future__ import annotations
+
+from ..api import Decision, Phase, ProbeStatus, Reason, SpeculativeServerStatus, ValidationStatus
+from .model import Event
+from .pods import finding_summary
+
+
+def transition_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus, *, name: str, workloads: list[str]) -> list[Event]:
+    """The Events for the step from ``prev`` (stored) to ``new``; ``name`` and ``workloads`` only word them."""
+    events: list[Event] = []
+    if new.validation is not None and not _validated(prev.validation, new.validation.revision):
+        events.append(_validation_event(new.validation))
+    if new.probe is not None and new.probe.decision and _is_new_decision(prev.probe, new.probe):
+        events.append(_decision_event(new.probe))
+    if new.phase == Phase.PROBING and new.probe is not None and _is_new_probe(prev, new.probe):
+        events.append(Event("Normal", Reason.PROBE_STARTED,
+                            f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})"))
+    if prev.active_variant and new.active_variant and prev.active_variant != new.active_variant and new.reason != Reason.NAME_CONFLICT:
+        events.append(Event("Normal", Reason.TRAFFIC_SWITCHED, f"stable Service {name} now selects the {new.active_variant} server"))
+    if new.phase == Phase.FAILED and (prev.phase, prev.reason, prev.message) != (new.phase, new.reason, new.message):
+        events.append(Event("Warning", new.reason or Phase.FAILED, new.message or ""))
+    return events
+
+
+def _validated(validation: ValidationStatus | None, revision: str | None) -> bool:
+    return validation is not None and validation.revision == revision and validation.compatible is not None
+
+
+def _validation_event(validation: ValidationStatus) -> Event:
+    if validation.compatible:
+        warnings = finding_summary(validation, ("warning",))
+        return Event("Warning" if warnings else "Normal", Reason.DRAFTER_COMPATIBLE,
+                     f"drafter is compatible with the target{'; warnings: ' + warnings if warnings else ''}")
+    return Event("Warning", Reason.DRAFTER_INCOMPATIBLE,
+                 f"{finding_summary(validation, ('error',))}; speculative server scaled to 0, the base server keeps serving")
+
+
+def _is_new_decision(prev: ProbeStatus | None, new: ProbeStatus) -> bool:
+    return prev is None or (prev.revision, prev.decision, prev.reason) != (new.revision, new.decision, new.reason)
+
+
+def _decision_event(decision: ProbeStatus) -> Event:
+    detail = decision.message or ""
+    if decision.decision == Decision.PROMOTE:
+        return Event("Normal", decision.reason or Reason.SPEEDUP_CONFIRMED, f"promoted: {detail}" if detail else "promoted")
+    if decision.reason == Reason.ACCEPTANCE_DRIFT:  # its message says what happens next
+        return Event("Warning", Reason.ACCEPTANCE_DRIFT, f"rolled back: {detail}", rollback=True)
+    text = f"rolled back: {detail}; the base server keeps serving" if detail else "rolled back: the base server keeps serving"
+    return Event("Warning", decision.reason or Reason.INCONCLUSIVE, text, rollback=True)
+
+
+def _is_new_probe(prev: SpeculativeServerStatus, probe: ProbeStatus) -> bool:
+    """A probe starts: none was running for this revision, or a new one (after a restart) has a new start time."""
+    stored = prev.probe
+    return stored is None or (stored.revision, stored.started_at) != (probe.revision, probe.started_at)

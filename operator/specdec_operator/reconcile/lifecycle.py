@@ -1,0 +1,334 @@
+"""The lifecycle as a pipeline of pure steps over what one step knows (``Facts``).
+
+Each step answers one question and returns a typed answer; ``reconcile`` (``__init__.py``) runs them in order:
+
+    gather_facts       what exists: desired pod templates, each server's state, names taken by others
+    settle_validation  is the drafter compatible with the target? (stored, read from the validator, or unknown)
+    settle_decision    what was decided for this revision? (stored, just measured, or forced by a crash loop)
+    apply_drift        does the drift monitor undo a promotion? (only while promoted)
+    plan_replicas      how many replicas each server gets
+    choose_active      which server the stable Service selects
+    settle_phase       the phase, its reason and message, whether a probe should run
+    build_status       conditions and the complete new status
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable
+
+from .. import manifests as m
+from ..api import (
+    ConditionType,
+    Decision,
+    Finding,
+    MonitorStatus,
+    Phase,
+    ProbeStatus,
+    Reason,
+    SpeculativeServerSpec,
+    SpeculativeServerStatus,
+    ValidationStatus,
+    Variant,
+)
+from ..monitor import observe
+from ..textutil import clip, rfc3339
+from .conditions import Conditions
+from .diff import owned_by
+from .model import Observed, Settings
+from .pods import VALIDATING_MESSAGE, ServerState, error_codes, finding_summary, pods_of, server_state, validation_from_pods
+
+BASE, SPECULATIVE = Variant.BASE, Variant.SPECULATIVE
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one step knows before it decides anything."""
+
+    spec: SpeculativeServerSpec
+    observed: Observed
+    prev: SpeculativeServerStatus  # the stored status
+    now: datetime
+    revision: str  # resource.speculative_revision(spec)
+    settings: Settings
+    templates: dict[Variant, dict[str, Any]]  # the pod template of each server, rendered for this generation
+    servers: dict[Variant, ServerState]
+    conflicts: list[str]  # names of children that objects not owned by this resource already use
+
+    @property
+    def now_s(self) -> str:
+        return rfc3339(self.now)
+
+    @property
+    def name(self) -> str:
+        return self.observed.name
+
+    def prev_probe_for_revision(self) -> ProbeStatus | None:
+        probe = self.prev.probe
+        return probe if probe is not None and probe.revision == self.revision else None
+
+
+@dataclass(frozen=True)
+class PhaseOutcome:
+    phase: Phase
+    reason: str
+    message: str
+    probing: bool = False  # both servers ready, nothing decided: a probe should be running
+    probe_started_at: str | None = None
+
+
+def gather_facts(
+    spec: SpeculativeServerSpec,
+    observed: Observed,
+    prev: SpeculativeServerStatus,
+    now: datetime,
+    revision: str,
+    settings: Settings,
+    render_argv: Callable[[SpeculativeServerSpec, str], list[str]],
+    rendered: dict[str, Any],
+) -> Facts:
+    templates = {}
+    for variant in (BASE, SPECULATIVE):
+        if variant.value not in rendered:
+            rendered[variant.value] = m.pod_template(observed.name, spec, variant.value, render_argv(spec, variant.value), revision, settings.manifests)
+        templates[variant] = rendered[variant.value]
+    servers = {
+        variant: server_state(pods_of(observed.pods, variant), templates[variant]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH])
+        for variant in (BASE, SPECULATIVE)
+    }
+    children = {**observed.deployments, **observed.services}
+    own_names = (m.child_name(observed.name, BASE.value), m.child_name(observed.name, SPECULATIVE.value), observed.name)
+    conflicts = sorted(n for n in own_names if n in children and not owned_by(children[n], observed.uid))
+    return Facts(spec, observed, prev, now, revision, settings, templates, servers, conflicts)
+
+
+def settle_validation(facts: Facts) -> ValidationStatus | None:
+    """The validator's verdict for this revision: stored, read from the speculative pod's init container, or None."""
+    stored = facts.prev.validation
+    if stored is not None and stored.revision == facts.revision and stored.compatible is not None:
+        return stored
+    drafter = facts.spec.drafter
+    if not drafter.path:
+        return ValidationStatus(
+            compatible=True, revision=facts.revision,
+            findings=[Finding(severity="info", code=Reason.NO_SEPARATE_DRAFTER, message=f"{drafter.algorithm} drafts with the target's own layers")],
+        )
+    return validation_from_pods(facts.observed.pods, facts.revision)
+
+
+def is_invalid(validation: ValidationStatus | None) -> bool:
+    return validation is not None and validation.compatible is False
+
+
+def settle_decision(facts: Facts, validation: ValidationStatus | None) -> ProbeStatus | None:
+    """The decision for this revision: stored, just measured by the probe, or forced by a crash-looping server."""
+    stored = facts.prev_probe_for_revision()
+    if stored is not None and stored.decision:
+        return stored
+    if is_invalid(validation) or facts.conflicts:
+        return None
+    result = facts.observed.probe_result
+    if result is not None and result.revision == facts.revision and result.decision:
+        return result.model_copy(update={
+            "finished_at": result.finished_at or facts.now_s,
+            "started_at": result.started_at or (stored.started_at if stored is not None else None),
+        })
+    speculative = facts.servers[SPECULATIVE]
+    if (validation is not None and validation.compatible and speculative.reason == Reason.CRASH_LOOP
+            and speculative.restarts >= facts.settings.crash_restart_limit):
+        return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, rounds=0, revision=facts.revision, finishedAt=facts.now_s,
+                           message=f"speculative server never became ready: {speculative.message}")
+    return None
+
+
+def is_promoted(decision: ProbeStatus | None) -> bool:
+    return decision is not None and decision.decision == Decision.PROMOTE
+
+
+def is_rolled_back(decision: ProbeStatus | None) -> bool:
+    return decision is not None and decision.decision == Decision.ROLLBACK
+
+
+def apply_drift(facts: Facts, decision: ProbeStatus | None) -> tuple[ProbeStatus | None, MonitorStatus | None]:
+    """While promoted, feed a fresh scrape to the drift rule (monitor.py); a drift turns the decision into a rollback."""
+    monitor_spec = facts.spec.monitor
+    if is_promoted(decision) and monitor_spec.enabled:
+        assert decision is not None
+        stored = facts.prev.monitor if facts.prev.phase == Phase.PROMOTED else None
+        monitor = stored if stored is not None else MonitorStatus(belowFloorCount=0)
+        if facts.observed.scrape is None:
+            return decision, monitor
+        verdict = observe(monitor, facts.observed.scrape, floor=monitor_spec.accept_length_floor, window=monitor_spec.window,
+                          previous=facts.observed.previous_scrape)
+        if not verdict.drifted:
+            return decision, verdict.status
+        message = (
+            f"acceptance length {verdict.status.accept_length} stayed below monitor.acceptLengthFloor {monitor_spec.accept_length_floor} "
+            f"for {verdict.status.below_floor_count} consecutive scrapes (promoted at speedup {decision.speedup}); "
+            "not promoted again for this revision"
+        )
+        rollback = decision.model_copy(update={"decision": Decision.ROLLBACK.value, "reason": Reason.ACCEPTANCE_DRIFT.value,
+                                               "message": message, "finished_at": facts.now_s})
+        return rollback, verdict.status
+    if decision is not None and decision.reason == Reason.ACCEPTANCE_DRIFT:
+        return decision, facts.prev.monitor  # the evidence of the drift rollback stays visible
+    return decision, None
+
+
+def never_started(decision: ProbeStatus | None) -> bool:
+    """A ProbeFailed rollback before a single round: the speculative server cannot serve at all."""
+    return is_rolled_back(decision) and decision is not None and decision.reason == Reason.PROBE_FAILED and not decision.rounds
+
+
+def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None) -> dict[Variant, int]:
+    replicas = {BASE: 1, SPECULATIVE: 1}
+    if is_invalid(validation) or never_started(decision):
+        replicas[SPECULATIVE] = 0  # an incompatible or broken speculative server does not hold GPUs
+    if decision is not None and not facts.spec.rollout.keep_base_warm:
+        # The loser is scaled to 0 only once the winner serves, so traffic never lands on nothing.
+        if is_promoted(decision) and facts.servers[SPECULATIVE].any_ready:
+            replicas[BASE] = 0
+        if is_rolled_back(decision) and facts.servers[BASE].any_ready:
+            replicas[SPECULATIVE] = 0
+    return replicas
+
+
+def choose_active(facts: Facts, decision: ProbeStatus | None) -> Variant:
+    """The server the stable Service selects: the decided one, unless it cannot answer and the other can."""
+    desired = SPECULATIVE if is_promoted(decision) else BASE
+    if facts.servers[desired].any_ready:
+        return desired
+    stable = facts.observed.services.get(facts.name)
+    current = m.service_variant(stable) if stable else None
+    # Never route to nothing while the other server can answer (both give the same answers):
+    if desired == SPECULATIVE and facts.servers[BASE].any_ready:
+        return BASE  # the promoted server is restarting: the base answers meanwhile
+    if current == SPECULATIVE.value and facts.servers[SPECULATIVE].any_ready:
+        return SPECULATIVE  # a rollback to a cold base waits until the base serves
+    return desired
+
+
+def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None) -> PhaseOutcome:
+    base, speculative = facts.servers[BASE], facts.servers[SPECULATIVE]
+    observed = facts.observed
+    if facts.conflicts:
+        return PhaseOutcome(Phase.FAILED, Reason.NAME_CONFLICT,
+                            f"objects not owned by this SpeculativeServer already use its names: {', '.join(facts.conflicts)}; delete or rename them")
+    if validation is not None and is_invalid(validation):
+        codes = error_codes(validation)
+        return PhaseOutcome(Phase.INVALID, codes[0] if codes else Reason.DRAFTER_INCOMPATIBLE,
+                            f"drafter incompatible ({', '.join(codes)}); the base server keeps serving")
+    if decision is not None:
+        promoted = is_promoted(decision)
+        reason = decision.reason or (Reason.SPEEDUP_CONFIRMED if promoted else Reason.INCONCLUSIVE)
+        return PhaseOutcome(Phase.PROMOTED if promoted else Phase.ROLLED_BACK, reason, decision.message or reason)
+    if not observed.deployments and not observed.pods:
+        return PhaseOutcome(Phase.PENDING, Reason.CREATING, "creating the base and speculative servers")
+    if validation is None:
+        if speculative.reason in (Reason.LOADING, Reason.READY) or speculative.message == VALIDATING_MESSAGE:
+            message = f"{VALIDATING_MESSAGE}; base: {base.message}"
+        elif speculative.reason == Reason.VALIDATING:  # the validator cannot start or failed without a verdict yet
+            message = f"{speculative.message}; base: {base.message}"
+        else:  # the validator has not started: say why (no node with free GPUs, image pull, ...)
+            message = f"validating the drafter: speculative pod {speculative.message}; base: {base.message}"
+        return PhaseOutcome(Phase.VALIDATING, Reason.VALIDATING, message)
+    if not (base.ready and speculative.ready):
+        return PhaseOutcome(Phase.DEPLOYING, Reason.LOADING, f"base: {base.message}; speculative: {speculative.message}")
+    # A probe running in this process keeps its start time; a new one (first, or after a restart) starts now.
+    stored = facts.prev_probe_for_revision()
+    running = observed.probe_running == facts.revision
+    started = (stored.started_at if stored is not None and running else None) or facts.now_s
+    message = f"measuring the speculative server against the base ({len(facts.spec.rollout.workloads)} workloads) since {started}"
+    if observed.probe_progress and running:
+        message += f"; {observed.probe_progress}"
+    return PhaseOutcome(Phase.PROBING, Reason.PROBING, message, probing=True, probe_started_at=started)
+
+
+def probe_status(facts: Facts, decision: ProbeStatus | None, outcome: PhaseOutcome) -> ProbeStatus | None:
+    if decision is not None:
+        return decision
+    if outcome.probing:
+        return ProbeStatus(revision=facts.revision, startedAt=outcome.probe_started_at)
+    return facts.prev_probe_for_revision()
+
+
+def build_conditions(
+    facts: Facts,
+    validation: ValidationStatus | None,
+    decision: ProbeStatus | None,
+    replicas: dict[Variant, int],
+    active: Variant,
+    outcome: PhaseOutcome,
+) -> Conditions:
+    conditions = Conditions(facts.prev.conditions, facts.observed.generation, facts.now_s)
+    invalid = is_invalid(validation)
+    if validation is None:
+        conditions.set(ConditionType.DRAFTER_COMPATIBLE, "Unknown", Reason.VALIDATING, "the validator runs as the speculative pod's init container")
+    elif validation.compatible:
+        warnings = finding_summary(validation, ("warning",))
+        conditions.set(ConditionType.DRAFTER_COMPATIBLE, "True", Reason.COMPATIBLE, f"compatible; warnings: {warnings}" if warnings else "compatible")
+    else:
+        codes = error_codes(validation)
+        conditions.set(ConditionType.DRAFTER_COMPATIBLE, "False", codes[0] if codes else Reason.DRAFTER_INCOMPATIBLE,
+                       finding_summary(validation, ("error", "warning")))
+
+    for ctype, variant in ((ConditionType.BASE_READY, BASE), (ConditionType.SPECULATIVE_READY, SPECULATIVE)):
+        server = facts.servers[variant]
+        if replicas[variant] == 0 and not server.ready:
+            why = "drafter incompatible" if variant == SPECULATIVE and invalid else "it lost the comparison and rollout.keepBaseWarm is false"
+            if variant == SPECULATIVE and not invalid and never_started(decision):
+                why = "it never became ready"
+            conditions.set(ctype, "False", Reason.SCALED_DOWN, f"scaled to 0: {why}")
+        else:
+            conditions.set(ctype, "True" if server.ready else "False", server.reason, server.message)
+
+    if decision is not None:
+        promoted = is_promoted(decision)
+        conditions.set(ConditionType.SPEEDUP_VERIFIED, "True" if promoted else "False",
+                       decision.reason or (Reason.SPEEDUP_CONFIRMED if promoted else Reason.INCONCLUSIVE), decision.message or "")
+    elif invalid:
+        conditions.set(ConditionType.SPEEDUP_VERIFIED, "False", Reason.NOT_PROBED, "the drafter is incompatible; nothing to measure")
+    elif outcome.probing:
+        conditions.set(ConditionType.SPEEDUP_VERIFIED, "Unknown", Reason.PROBING, outcome.message)
+    else:
+        conditions.set(ConditionType.SPEEDUP_VERIFIED, "Unknown", Reason.WAITING_FOR_SERVERS, "the probe starts when both servers are ready")
+
+    # Ready means traffic sent to the stable Service is answered: the Service exists (it is created beside the
+    # steps, so it can trail the servers under load) and the server it selects is ready.
+    name = facts.name
+    if name not in facts.conflicts and name not in facts.observed.services:
+        conditions.set(ConditionType.READY, "False", Reason.SERVICE_PENDING, f"stable Service {name} is being created; it will select the {active.value} server")
+    else:
+        serving = facts.servers[active].any_ready and name not in facts.conflicts
+        detail = "" if serving else f", which is not ready ({facts.servers[active].message})"
+        conditions.set(ConditionType.READY, "True" if serving else "False", Reason.SERVING if serving else Reason.NO_READY_SERVER,
+                       f"stable Service {name} selects the {active.value} server{detail}")
+    return conditions
+
+
+def build_status(
+    facts: Facts,
+    validation: ValidationStatus | None,
+    decision: ProbeStatus | None,
+    monitor: MonitorStatus | None,
+    active: Variant,
+    outcome: PhaseOutcome,
+    conditions: Conditions,
+) -> SpeculativeServerStatus:
+    accept = monitor.accept_length if monitor is not None else None
+    if accept is None and decision is not None:
+        accept = decision.accept_length
+    return SpeculativeServerStatus(
+        phase=outcome.phase,
+        activeVariant=active,
+        reason=outcome.reason,
+        message=clip(outcome.message),
+        speedup=decision.speedup if decision is not None else None,
+        acceptLength=accept,
+        observedGeneration=facts.observed.generation,
+        conditions=conditions.items(),
+        validation=validation,
+        probe=probe_status(facts, decision, outcome),
+        monitor=monitor,
+    )

@@ -1,0 +1,85 @@
+"""What one reconcile step takes and gives: the operator's settings, what was observed, the plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping
+
+from .. import manifests as m
+from ..api import ProbeStatus, SpeculativeServerStatus
+from ..monitor import Sample
+from ..resource import dump
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator settings the decisions depend on."""
+
+    manifests: m.ManifestSettings = m.ManifestSettings()
+    # A speculative server whose main container restarted this often (CrashLoopBackOff) is given up on:
+    # the decision for its revision is ProbeFailed and it is scaled to 0 instead of holding its GPUs.
+    crash_restart_limit: int = 3
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the handlers saw in the cluster (and in their own process) for one SpeculativeServer."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
+    pods: list[dict[str, Any]] = field(default_factory=list)  # pods labelled with this instance
+    probe_running: str | None = None  # revision of the probe task running in this process, if any
+    probe_result: ProbeStatus | None = None  # a probe that just finished (its revision set)
+    probe_progress: str | None = None  # what the running probe has done so far ("round 2 of up to 6")
+    scrape: Sample | None = None  # a metrics scrape of the speculative server taken for this step
+    previous_scrape: Sample | None = None  # the scrape before it (tells an idle server from a working one)
+
+    def __post_init__(self) -> None:
+        # A result written by hand (tests, tools) may come as status.probe's camelCase mapping.
+        if isinstance(self.probe_result, Mapping):
+            object.__setattr__(self, "probe_result", ProbeStatus.model_validate(self.probe_result))
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+    rollback: bool = False  # the Event announces a rollback decision (counted in specdec_rollbacks_total)
+
+
+@dataclass
+class Plan:
+    """What to do now."""
+
+    revision: str
+    apply: list[dict[str, Any]]  # children to create or update (server-side apply; owner reference added by the caller)
+    new_status: SpeculativeServerStatus  # the complete new status
+    events: list[Event]  # derived from the stored and the new status (events.transition_events)
+    start_probe: bool  # start a probe of `revision` (none is running in this process)
+    cancel_probe: bool  # the running probe is for another revision or must not go on
+    monitor_due: bool  # the speculative server should be scraped now (checked before the next step)
+    next_scrape_in: float | None = None  # seconds until the next scrape is due (None: no monitoring)
+    # Decided, and every server that should run is ready: nothing in the status changes with time alone, so only
+    # an event (or the slow resync) needs a step. Unsettled resources are stepped often (deadlines, probe progress).
+    settled: bool = False
+    # Apply the Services before the Deployments: an existing Service is re-pointed while a Deployment changes
+    # (traffic must leave a server before it is scaled to 0). Otherwise everything is applied at once.
+    switch_first: bool = False
+    desired: list[dict[str, Any]] = field(default_factory=list)  # all children this object should have
+
+    @cached_property
+    def status(self) -> dict[str, Any]:
+        """The new status as the API server stores it (camelCase); every top-level field present, None if unset."""
+        return status_document(self.new_status)
+
+
+def status_document(status: SpeculativeServerStatus) -> dict[str, Any]:
+    """``dump(status)`` with every top-level field present (None when unset): a merge patch from it removes them."""
+    fields = {info.alias or name: None for name, info in SpeculativeServerStatus.model_fields.items()}
+    return {**fields, **dump(status)}

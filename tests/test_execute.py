@@ -1,0 +1,247 @@
+"""Runtime.step / execute(plan) against a fake writer and a fake probe scheduler: what is written, in which
+order, which Events are posted, and that a restarted process repeats none of them."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import generate_latest
+
+from specdec_operator import manifests as m
+from specdec_operator.api import ProbeStatus
+from specdec_operator.config import OperatorConfig
+from specdec_operator.handlers import Runtime
+from specdec_operator.metrics import OperatorMetrics
+from specdec_operator.reconcile import Event
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama31-8b-eagle3.yaml"
+COMPATIBLE = json.dumps({"compatible": True, "findings": []})
+LOG = logging.getLogger("test")
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Apply a JSON merge patch (RFC 7386), as the API server does."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merge(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+class FakeWriter:
+    """Records every write; plays a cluster that accepts them (a name can be held by someone else)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.children: dict[tuple[str, str], dict[str, Any]] = {}  # by (kind, name)
+        self.status: dict[str, Any] = {}
+        self.events: list[Event] = []
+        self.taken: dict[str, dict[str, Any]] = {}  # names held by objects someone else owns
+        self.beside_the_step: list[str] = []  # children applied by the stable Service's creation task
+
+    async def apply(self, obj: dict[str, Any], owner: Any, uid: str, *, known: bool) -> dict[str, Any] | None:
+        name = obj["metadata"]["name"]
+        if name in self.taken:
+            self.calls.append(("refused", name))
+            return self.taken[name]
+        await asyncio.sleep(0)
+        self.calls.append((obj["kind"], name))
+        task = asyncio.current_task()
+        self.beside_the_step += [name] if task is not None and task.get_name().startswith("create ") else []
+        applied = copy.deepcopy(obj)
+        applied["metadata"]["ownerReferences"] = [{"uid": uid}]
+        self.children[(obj["kind"], name)] = applied
+        return None
+
+    async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.calls.append(("status", sorted(patch)))
+        self.status = merge(self.status, patch)
+
+    async def post_event(self, owner: Any, event: Event) -> None:
+        self.calls.append(("event", event.reason))
+        self.events.append(event)
+
+
+class FakeProbes:
+    """The probe scheduler's interface, with results the test hands in."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.cancelled = 0
+        self.settled = 0
+        self.result: ProbeStatus | None = None
+        self.revision: str | None = None
+
+    def running(self, key):
+        return self.revision if self.result is None else None
+
+    def finished(self, key):
+        return self.result
+
+    def progress(self, key):
+        return None
+
+    def settle(self, key):
+        self.settled += 1
+        self.result = self.revision = None
+
+    def start(self, key, spec, revision, on_done):
+        self.started.append(revision)
+        self.revision = revision
+
+    def cancel(self, key):
+        self.cancelled += 1
+
+    async def scrape(self, key):
+        raise AssertionError("no scrape expected")
+
+    async def close(self):
+        pass
+
+
+class Cluster:
+    """One SpeculativeServer and its children as the indexes would show them to a step."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.writer, self.probes, self.metrics = FakeWriter(), FakeProbes(), OperatorMetrics()
+        self.runtime = self.new_process()
+        self.body = {"metadata": {"name": "llama", "namespace": "ns", "uid": "uid-1", "generation": 1}, "spec": spec}
+        self.pods: list[dict[str, Any]] = []
+
+    def new_process(self) -> Runtime:
+        self.probes = FakeProbes()
+        return Runtime(OperatorConfig(), self.metrics, writer=self.writer, probes=self.probes)  # type: ignore[arg-type]
+
+    def step(self):
+        async def run():
+            body = {**self.body, "status": copy.deepcopy(self.writer.status)}
+            deployments = [c for c in self.writer.children.values() if c["kind"] == "Deployment"]
+            services = [c for c in self.writer.children.values() if c["kind"] == "Service"]
+            plan = await self.runtime.step(body, copy.deepcopy(self.pods), copy.deepcopy(deployments), copy.deepcopy(services), LOG)
+            state = self.runtime.resources[("ns", "llama")]
+            if state.creating is not None:
+                await state.creating  # the stable Service's creation beside the step
+            return plan
+
+        return asyncio.run(run())
+
+    def ready_pods(self, *variants: str) -> None:
+        self.pods = []
+        for variant in variants:
+            template = self.writer.children[("Deployment", m.child_name("llama", variant))]["spec"]["template"]
+            status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True"}]}
+            if variant == "speculative":
+                status["initContainerStatuses"] = [{"name": m.VALIDATOR_CONTAINER, "state": {"terminated": {"exitCode": 0, "message": COMPATIBLE}}}]
+            self.pods.append({"metadata": {"name": f"llama-{variant}-0", "labels": dict(template["metadata"]["labels"]),
+                                           "annotations": dict(template["metadata"]["annotations"]), "creationTimestamp": "2026-12-02T09:00:00Z"},
+                              "status": status})
+
+
+def llama_spec(**rollout: Any) -> dict[str, Any]:
+    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    spec["rollout"].update(rollout)
+    return spec
+
+
+def decision(revision: str, verdict: str, reason: str) -> ProbeStatus:
+    return ProbeStatus(decision=verdict, reason=reason, message="measured", rounds=3, speedup=1.8 if verdict == "promote" else 0.9,
+                       revision=revision, startedAt="2026-12-02T09:59:00Z", finishedAt="2026-12-02T10:00:00Z")
+
+
+def test_the_first_step_creates_the_servers_with_the_status_and_the_stable_service_beside_it() -> None:
+    cluster = Cluster(llama_spec())
+    cluster.step()
+    calls = cluster.writer.calls
+    assert sorted(c for c in calls if c[0] != "status") == [("Deployment", "llama-base"), ("Deployment", "llama-spec"),
+                                                            ("Service", "llama"), ("Service", "llama-base"), ("Service", "llama-spec")]
+    assert cluster.writer.beside_the_step == ["llama"]
+    assert [c for c in calls if c[0] == "status"] == [("status", ["activeVariant", "conditions", "message", "observedGeneration", "phase", "reason"])]
+    assert cluster.writer.status["phase"] == "Pending" and cluster.writer.events == []
+
+
+def test_a_promotion_posts_its_events_counts_the_probe_and_a_restart_repeats_nothing() -> None:
+    cluster = Cluster(llama_spec())
+    cluster.step()
+    cluster.ready_pods("base", "speculative")
+    plan = cluster.step()
+    assert cluster.probes.started == [plan.revision]
+    assert [e.reason for e in cluster.writer.events] == ["DrafterCompatible", "ProbeStarted"]
+    cluster.probes.result = decision(plan.revision, "promote", "SpeedupConfirmed")
+    cluster.writer.calls.clear()
+    cluster.step()
+    assert cluster.writer.status["phase"] == "Promoted" and cluster.probes.settled == 1
+    assert [c for c in cluster.writer.calls if c[0] == "event"] == [("event", "SpeedupConfirmed"), ("event", "TrafficSwitched")]
+    # The status is written before the Events are posted: an Event never announces what status does not say.
+    assert cluster.writer.calls.index(("Service", "llama")) < cluster.writer.calls.index(("event", "SpeedupConfirmed"))
+    text = generate_latest(cluster.metrics.registry).decode()
+    assert 'specdec_probes_total{decision="promote",name="llama",namespace="ns",reason="SpeedupConfirmed"} 1.0' in text
+
+    cluster.runtime = cluster.new_process()  # a restarted operator: only the stored status is left
+    cluster.writer.calls.clear()
+    cluster.step()
+    assert cluster.writer.calls == [] and cluster.probes.started == []
+
+
+def test_a_switch_that_scales_the_loser_applies_services_first_and_the_status_with_the_deployments() -> None:
+    cluster = Cluster(llama_spec(keepBaseWarm=False))
+    cluster.step()
+    cluster.ready_pods("base", "speculative")
+    plan = cluster.step()
+    cluster.probes.result = decision(plan.revision, "promote", "SpeedupConfirmed")
+    cluster.writer.calls.clear()
+    cluster.step()
+    writes = [c for c in cluster.writer.calls if c[0] != "event"]
+    # Two waves: the stable Service leaves the base first; the base's scale-down and the status patch go together.
+    assert writes[0] == ("Service", "llama")
+    assert sorted(w[0] for w in writes[1:]) == ["Deployment", "status"] and ("Deployment", "llama-base") in writes[1:]
+    assert cluster.writer.children[("Deployment", "llama-base")]["spec"]["replicas"] == 0
+
+
+def test_a_rollback_counts_in_the_rollback_metric_once() -> None:
+    cluster = Cluster(llama_spec())
+    cluster.step()
+    cluster.ready_pods("base", "speculative")
+    plan = cluster.step()
+    cluster.probes.result = decision(plan.revision, "rollback", "SpeedupBelowThreshold")
+    cluster.step()
+    cluster.step()
+    assert cluster.writer.status["phase"] == "RolledBack"
+    rollbacks = [e for e in cluster.writer.events if e.rollback]
+    assert [e.reason for e in rollbacks] == ["SpeedupBelowThreshold"] and "the base server keeps serving" in rollbacks[0].message
+    text = generate_latest(cluster.metrics.registry).decode()
+    assert 'specdec_rollbacks_total{name="llama",namespace="ns",reason="SpeedupBelowThreshold"} 1.0' in text
+
+
+def test_a_name_held_by_someone_else_is_left_alone_and_reported_once() -> None:
+    cluster = Cluster(llama_spec())
+    foreign = m.service("llama", "ns", "base")
+    foreign["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    cluster.writer.taken["llama"] = foreign
+    cluster.step()
+    assert ("refused", "llama") in cluster.writer.calls and ("Service", "llama") not in cluster.writer.children
+    cluster.step()  # the refusal is remembered: this step sees the conflict
+    cluster.step()
+    assert cluster.writer.status["phase"] == "Failed" and cluster.writer.status["reason"] == "NameConflict"
+    assert [e.reason for e in cluster.writer.events] == ["NameConflict"]
+
+
+def test_a_spec_the_operator_cannot_serve_fails_once_with_its_reason() -> None:
+    spec = llama_spec()
+    spec["sglangVersion"] = "0.1.0"  # admitted by the schema, unknown to the command-line renderer
+    cluster = Cluster(spec)
+    assert cluster.step() is None
+    assert cluster.step() is None
+    assert cluster.writer.status["phase"] == "Failed" and cluster.writer.status["reason"] == "InvalidSpec"
+    assert "0.1.0" in cluster.writer.status["message"]
+    assert [e.reason for e in cluster.writer.events] == ["InvalidSpec"]
+    assert not any(c[0] in ("Deployment", "Service") for c in cluster.writer.calls)
