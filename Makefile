@@ -10,11 +10,12 @@ SGLANG_VERSION ?= 0.5.23
 # Image names, tags and pinned bases (one place, shared with the chart): OPERATOR_IMAGE, OPERATOR_TAG, ...
 include images/images.env
 
-.PHONY: help venv tools cluster-up cluster-down test test-unit crd demo manifests images clean
+.PHONY: help venv tools cluster-up cluster-down lint test test-unit crd demo manifests images clean
 
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
-	@echo "make test         install everything into $(VENV), build the control-plane tools, run the whole suite"
+	@echo "make test         install everything into $(VENV), build the control-plane tools, lint, run the whole suite"
+	@echo "make lint         ruff (lint and format check) and mypy over the tree (configured in pyproject.toml)"
 	@echo "make tools        build kube-apiserver/controller-manager/scheduler, etcd, kwok, helm into $(SPECDEC_TOOLS_DIR)"
 	@echo "make cluster-up   start the local control plane with simulated GPU nodes (cluster-down stops it)"
 	@echo "make crd          regenerate crds/, the chart's copy and docs/api.md from the pydantic API"
@@ -44,9 +45,14 @@ cluster-down:
 crd: venv
 	$(VENV)/bin/specdec crd > crds/specdec.io_speculativeservers.yaml
 	$(VENV)/bin/specdec crd --reference > docs/api.md
-	@if [ -d charts/specdec-operator/crds ]; then cp crds/specdec.io_speculativeservers.yaml charts/specdec-operator/crds/; fi
+	cp crds/specdec.io_speculativeservers.yaml charts/specdec-operator/crds/
 
-test: venv tools
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: venv lint tools
 	$(VENV)/bin/pytest
 
 test-unit: venv

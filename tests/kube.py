@@ -38,9 +38,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from hack import devcluster
+
 REPO_DIR = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_DIR / "hack"))
-import devcluster  # noqa: E402  (hack/ is not a package)
 
 T = TypeVar("T")
 

@@ -50,10 +50,10 @@ def test_committed_api_reference_matches_the_models():
     assert (ROOT / "docs" / "api.md").read_text() == crd.render_reference(), "docs/api.md drifted: run `make crd`"
 
 
-def test_chart_copy_of_crd_is_identical_when_chart_exists():
+def test_chart_copy_of_crd_is_identical():
     chart_copy = ROOT / "charts" / "specdec-operator" / "crds" / CRD_FILE.name
-    if chart_copy.exists():
-        assert chart_copy.read_text() == CRD_FILE.read_text(), "the chart's CRD differs: run `make crd`"
+    assert chart_copy.is_file(), f"{chart_copy} is missing: run `make crd`"
+    assert chart_copy.read_text() == CRD_FILE.read_text(), "the chart's CRD differs: run `make crd`"
 
 
 def _walk(node: dict, path: str = "spec"):

@@ -240,7 +240,6 @@ def stable_variant(core_v1: Any, namespace: str, name: str) -> str:
 
 def validator_verdict(tmp_path: Path) -> tuple[int, str]:
     """What the real `specdec validate` writes for a Kimi-K2 drafter put on a Llama-3.1-8B target."""
-    sys.path.insert(0, str(Path(__file__).parent))
     import model_dirs as md
 
     target = md.make_target(tmp_path / "models" / "llama", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER)

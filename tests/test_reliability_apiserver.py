@@ -24,8 +24,7 @@ import pytest
 from test_operator_e2e import GROUP, PLURAL, VERSION, compatible_annotations, event_reasons, example, status, wait_phase
 from test_reliability_crash import DECIDED, Cluster, cluster  # noqa: F401  (the fixture)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack"))
-import devcluster  # noqa: E402
+from hack import devcluster
 
 pytestmark = pytest.mark.cluster
 

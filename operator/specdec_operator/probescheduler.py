@@ -28,8 +28,10 @@ Key = tuple[str, str]  # (namespace, name)
 
 @dataclass
 class _Probe:
+    key: Key
     revision: str
-    task: asyncio.Task[ProbeStatus]
+    task: asyncio.Task[ProbeStatus] | None = None
+    progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
 
 
 def probe_failed(revision: str, message: str) -> ProbeStatus:
@@ -41,7 +43,6 @@ class ProbeScheduler:
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
         self._probes: dict[Key, _Probe] = {}
-        self._progress: dict[Key, str] = {}
         self._slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
         self._session: aiohttp.ClientSession | None = None
 
@@ -50,15 +51,19 @@ class ProbeScheduler:
         return self.config.endpoints.url(namespace, m.child_name(name, variant.value))
 
     # --- probes
+    def _running(self, key: Key) -> _Probe | None:
+        probe = self._probes.get(key)
+        return probe if probe is not None and probe.task is not None and not probe.task.done() else None
+
     def running(self, key: Key) -> str | None:
         """The revision being probed for this resource, if a probe is still running."""
-        probe = self._probes.get(key)
-        return probe.revision if probe is not None and not probe.task.done() else None
+        probe = self._running(key)
+        return probe.revision if probe is not None else None
 
     def finished(self, key: Key) -> ProbeStatus | None:
         """The result of this resource's finished probe, kept until ``settle`` (a step recorded it)."""
         probe = self._probes.get(key)
-        if probe is None or not probe.task.done():
+        if probe is None or probe.task is None or not probe.task.done():
             return None
         if probe.task.cancelled():
             self._probes.pop(key, None)
@@ -70,41 +75,40 @@ class ProbeScheduler:
 
     def settle(self, key: Key) -> None:
         """Forget a finished probe whose result a step has recorded."""
-        probe = self._probes.get(key)
-        if probe is not None and probe.task.done():
+        if self.finished(key) is not None:
             self._probes.pop(key, None)
 
     def progress(self, key: Key) -> str | None:
-        return self._progress.get(key) if self.running(key) else None
+        probe = self._running(key)
+        return probe.progress if probe is not None else None
 
     def start(self, key: Key, spec: SpeculativeServerSpec, revision: str, on_done: Callable[[], None]) -> None:
-        namespace, name = key
-        task = asyncio.create_task(self._run(key, spec, revision, on_done), name=f"probe {namespace}/{name}")
-        task.add_done_callback(lambda _t: on_done())
-        self._probes[key] = _Probe(revision, task)
+        """Probe ``revision`` of this resource; ``on_done`` is called when it finishes (and when it waits for a slot)."""
+        probe = self._probes[key] = _Probe(key, revision)
+        probe.task = asyncio.create_task(self._run(probe, spec, on_done), name=f"probe {key[0]}/{key[1]}")
+        probe.task.add_done_callback(lambda _t: on_done())
 
     def cancel(self, key: Key) -> None:
         probe = self._probes.pop(key, None)
-        if probe is not None and not probe.task.done():
+        if probe is not None and probe.task is not None and not probe.task.done():
             probe.task.cancel()
-        self._progress.pop(key, None)
 
-    async def _run(self, key: Key, spec: SpeculativeServerSpec, revision: str, wake: Callable[[], None]) -> ProbeStatus:
-        rollout = spec.rollout
+    async def _run(self, probe: _Probe, spec: SpeculativeServerSpec, wake: Callable[[], None]) -> ProbeStatus:
+        rollout, key, revision = spec.rollout, probe.key, probe.revision
 
         def on_round(partial: object) -> None:
             speedups = ", ".join(f"{w.name} {w.speedup:.2f}x" for w in getattr(partial, "workloads", []) if w.speedup)
             # Shown by the next periodic step (--reconcile-interval) rather than by a step of its own: a status patch
             # per round, for every probing resource at once, was a large share of the status writes at scale.
-            self._progress[key] = f"round {getattr(partial, 'rounds', 0)} of up to {rollout.max_rounds}" + (f": {speedups}" if speedups else "")
+            probe.progress = f"round {getattr(partial, 'rounds', 0)} of up to {rollout.max_rounds}" + (f": {speedups}" if speedups else "")
 
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.config.max_concurrent_probes)
         if self._slots.locked():
-            self._progress[key] = f"waiting for a probe slot ({self.config.max_concurrent_probes} probes running, the most at once)"
+            probe.progress = f"waiting for a probe slot ({self.config.max_concurrent_probes} probes running, the most at once)"
             wake()
         async with self._slots:
-            self._progress.pop(key, None)
+            probe.progress = None
             try:
                 result = await run_probe(
                     self.url(key, Variant.BASE),
