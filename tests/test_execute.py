@@ -155,7 +155,7 @@ def llama_spec(**rollout: Any) -> dict[str, Any]:
 
 def decision(revision: str, verdict: str, reason: str) -> ProbeStatus:
     return ProbeStatus(decision=verdict, reason=reason, message="measured", rounds=3, speedup=1.8 if verdict == "promote" else 0.9,
-                       revision=revision, startedAt="2026-12-02T09:59:00Z", finishedAt="2026-12-02T10:00:00Z")
+                       revision=revision, started_at="2026-12-02T09:59:00Z", finished_at="2026-12-02T10:00:00Z")
 
 
 def test_the_first_step_creates_the_servers_with_the_status_and_the_stable_service_beside_it() -> None:

@@ -65,7 +65,7 @@ def test_idle_server_stale_gauge_is_not_evidence() -> None:
 
 
 def test_impossible_values_below_one_are_not_evidence() -> None:
-    v = observe(MonitorStatus(belowFloorCount=2), Sample(time="t", accept_length=0.0), floor=1.5, window=3)
+    v = observe(MonitorStatus(below_floor_count=2), Sample(time="t", accept_length=0.0), floor=1.5, window=3)
     assert not v.evidence and not v.drifted and v.status.below_floor_count == 2
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum, StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -466,7 +466,7 @@ class Rollout(_SpecModel):
         min_length=1,
         max_length=16,
         json_schema_extra={
-            "default": DEFAULT_WORKLOADS,
+            "default": cast(Any, DEFAULT_WORKLOADS),
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["name"],
         },

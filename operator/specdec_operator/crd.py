@@ -13,6 +13,8 @@ import copy
 import sys
 from typing import Any
 
+from pydantic import BaseModel
+
 from . import API_GROUP, API_VERSION, KIND, PLURAL
 from .api import SpeculativeServerSpec, SpeculativeServerStatus
 
@@ -111,7 +113,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], default_objects: bool) 
     return out
 
 
-def structural_schema(model: type, *, default_objects: bool = True) -> dict[str, Any]:
+def structural_schema(model: type[BaseModel], *, default_objects: bool = True) -> dict[str, Any]:
     """OpenAPI v3 structural schema of a pydantic model, with descriptions, defaults, bounds and CEL rules.
 
     default_objects: give optional all-defaulted sub-objects `default: {}` so the API server fills in their

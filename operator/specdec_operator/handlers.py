@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
 import kopf
 from kubernetes import client as k8s
@@ -53,6 +54,7 @@ CREATIONS_AT_ONCE = 16
 FOREIGN_TTL_S = 30.0
 
 Key = tuple[str, str]  # (namespace, name)
+Logger = logging.Logger | logging.LoggerAdapter[Any]  # Kopf hands handlers either
 
 
 @dataclasses.dataclass
@@ -140,7 +142,7 @@ class Runtime:
         self.metrics.forget(namespace, name)
 
     # --- one step: gather observed -> reconcile -> execute(plan)
-    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: logging.Logger,
+    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: Logger,
                    scrape: Sample | None = None) -> Plan | None:
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
         state = self.resource(key, body["metadata"]["uid"])
@@ -195,7 +197,7 @@ class Runtime:
         )
 
     async def execute(self, key: Key, state: ResourceState, body: Any, spec: SpeculativeServerSpec, plan: Plan,
-                      observed: Observed, logger: logging.Logger) -> None:
+                      observed: Observed, logger: Logger) -> None:
         """Carry out a plan: apply children and the status patch, post its Events, start or stop its probe."""
         namespace, name = key
         # Creating a Service with a virtual IP (the stable one) is the slowest write there is: the API server
@@ -244,12 +246,12 @@ class Runtime:
         state.monitor_due = plan.monitor_due
         self.metrics.observe_status(namespace, name, written)
 
-    def _found_foreign(self, key: Key, state: ResourceState, obj: dict[str, Any], taken_by: dict[str, Any], logger: logging.Logger) -> None:
+    def _found_foreign(self, key: Key, state: ResourceState, obj: dict[str, Any], taken_by: dict[str, Any], logger: Logger) -> None:
         state.foreign[obj["metadata"]["name"]] = (time.monotonic(), taken_by)
         logger.warning(f"{obj['kind']} {key[0]}/{obj['metadata']['name']} exists and is not owned by this SpeculativeServer: left alone")
         self.wake(*key)
 
-    async def _create_beside(self, key: Key, state: ResourceState, obj: dict[str, Any], body: Any, logger: logging.Logger) -> None:
+    async def _create_beside(self, key: Key, state: ResourceState, obj: dict[str, Any], body: Any, logger: Logger) -> None:
         if self._creation_slots is None:
             self._creation_slots = asyncio.Semaphore(CREATIONS_AT_ONCE)
         try:
@@ -268,7 +270,7 @@ class Runtime:
             self.wake(*key)
 
     # --- failures that end in status
-    async def api_failure(self, body: Any, exc: ApiException, logger: logging.Logger) -> None:
+    async def api_failure(self, body: Any, exc: ApiException, logger: Logger) -> None:
         """Log a refused API call; put the ones retrying cannot fix into status (phase Failed)."""
         detail = exc.body[:300] if isinstance(exc.body, str) else ""
         logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason} {detail}".rstrip())
@@ -319,11 +321,10 @@ class Runtime:
 
 
 def _api_message(exc: ApiException) -> str:
-    import json
-
+    """The message of the API server's Status answer, or the HTTP reason."""
     try:
-        return json.loads(exc.body).get("message") or str(exc.reason)
-    except Exception:
+        return json.loads(exc.body or "").get("message") or str(exc.reason)
+    except (ValueError, AttributeError):
         return str(exc.reason)
 
 
@@ -367,31 +368,34 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     instance = m.LABEL_INSTANCE
 
     @kopf.index("pods", id="specdec_pods", labels=MANAGED, registry=registry)
-    def specdec_pods(namespace: str, labels: dict, body: Any, **_: Any) -> dict | None:
+    def specdec_pods(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_pod(body)} if labels.get(instance) else None
 
     @kopf.index("apps", "v1", "deployments", id="specdec_deployments", labels=MANAGED, registry=registry)
-    def specdec_deployments(namespace: str, labels: dict, body: Any, **_: Any) -> dict | None:
+    def specdec_deployments(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_deployment(body)} if labels.get(instance) else None
 
     @kopf.index("v1", "services", id="specdec_services", labels=MANAGED, registry=registry)
-    def specdec_services(namespace: str, labels: dict, body: Any, **_: Any) -> dict | None:
+    def specdec_services(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_service(body)} if labels.get(instance) else None
 
     @kopf.on.event("pods", id="pod_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("apps", "v1", "deployments", id="deployment_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("v1", "services", id="service_changed", labels=MANAGED, registry=registry)
-    def child_changed(namespace: str, labels: dict, **_: Any) -> None:
+    def child_changed(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         runtime.wake(namespace, labels.get(instance))
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, id="resource_changed", registry=registry)
-    def resource_changed(namespace: str, name: str, **_: Any) -> None:
+    def resource_changed(*, namespace: str | None, name: str, **_: Any) -> None:
         runtime.wake(namespace, name)
 
     # On deletion or shutdown the loop is asked to stop (it exits within a step) and cancelled only after 5 s.
     @kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_backoff=5.0, cancellation_timeout=10.0, registry=registry)
-    async def serve(body: Any, namespace: str, name: str, stopped: Any, logger: logging.Logger, specdec_pods: Any, specdec_deployments: Any, specdec_services: Any, **_: Any) -> None:
-        key: Key = (namespace, name)
+    async def serve(*, body: kopf.Body, namespace: str | None, name: str, stopped: kopf.DaemonStopped, logger: Logger, **indexes: Any) -> None:
+        key: Key = (namespace or "", name)
+        pods_index: kopf.Index = indexes["specdec_pods"]
+        deployments_index: kopf.Index = indexes["specdec_deployments"]
+        services_index: kopf.Index = indexes["specdec_services"]
         wake = runtime.resource(key, body["metadata"]["uid"]).wake
         failures = 0
         last_step = -math.inf
@@ -411,8 +415,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                         started = time.monotonic()
                         runtime.metrics.reconcile_queue_seconds.observe(started - queued)
                         try:
-                            plan = await runtime.step(body, list(specdec_pods.get(key, [])), list(specdec_deployments.get(key, [])),
-                                                      list(specdec_services.get(key, [])), logger, scrape)
+                            plan = await runtime.step(body, list(pods_index.get(key, [])), list(deployments_index.get(key, [])),
+                                                      list(services_index.get(key, [])), logger, scrape)
                         finally:
                             last_step = time.monotonic()
                             runtime.metrics.reconcile_seconds.observe(last_step - started)
@@ -438,7 +442,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 await _sleep(wake, stopped, delay)
         finally:
             if stopped.reason is not None and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason:
-                runtime.forget(namespace, name)
+                runtime.forget(*key)
             else:
                 runtime.probes.cancel(key)
 

@@ -7,7 +7,7 @@ Nothing here decides anything; each piece removes work Kopf would do on every ev
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -76,7 +76,7 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         meta = body.get("metadata") or {}
         lean = {k: v for k, v in body.items() if k not in ("metadata", "status")}
         lean["metadata"] = {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
-        return super().build(body=kopf.Body(lean))
+        return super().build(body=kopf.Body(cast(kopf.RawBody, lean)))
 
 
 class LeanProgressStorage(kopf.SmartProgressStorage):
@@ -93,7 +93,8 @@ class LeanProgressStorage(kopf.SmartProgressStorage):
     def __init__(self) -> None:
         super().__init__()
         # The annotation prefixes its storages write under (kopf.zalando.org/), looked up once, not per event.
-        self.prefixes = tuple(f"{storage.prefix}/" for storage in self.storages if getattr(storage, "prefix", None))
+        prefixes = (getattr(storage, "prefix", None) for storage in self.storages)
+        self.prefixes = tuple(f"{prefix}/" for prefix in prefixes if prefix)
 
     def clear(self, *, essence: Any) -> Any:
         metadata = essence.get("metadata")

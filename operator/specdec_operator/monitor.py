@@ -91,7 +91,7 @@ def observe(monitor: MonitorStatus | None, sample: Sample, *, floor: float, wind
     last_accept = monitor.accept_length if monitor is not None else None
     value = sample.accept_length
     if sample.error or value is None or value < 1.0 or _idle(previous, sample):
-        return Verdict(MonitorStatus(lastScrapeTime=sample.time, belowFloorCount=count, acceptLength=last_accept), evidence=False, drifted=False)
+        return Verdict(MonitorStatus(last_scrape_time=sample.time, below_floor_count=count, accept_length=last_accept), evidence=False, drifted=False)
     count = count + 1 if value < floor else 0
-    status = MonitorStatus(lastScrapeTime=sample.time, belowFloorCount=count, acceptLength=round(value, 4))
+    status = MonitorStatus(last_scrape_time=sample.time, below_floor_count=count, accept_length=round(value, 4))
     return Verdict(status=status, evidence=True, drifted=count >= window)

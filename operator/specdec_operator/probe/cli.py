@@ -61,7 +61,7 @@ def render_text(result: ProbeResult) -> str:
         hi = "inf" if w.speedup_high is None else f"{w.speedup_high:.3f}"
         lines.append(
             f"  {w.name} (c={w.concurrency}): base {w.base_tok_s or 0:.1f} tok/s, speculative "
-            f"{w.candidate_tok_s or 0:.1f} tok/s, speedup {w.speedup:.3f}x [{w.speedup_low or 0:.3f}, {hi}]"
+            f"{w.speculative_tok_s or 0:.1f} tok/s, speedup {w.speedup:.3f}x [{w.speedup_low or 0:.3f}, {hi}]"
         )
     for warning in result.warnings:
         lines.append(f"warning: {warning}")

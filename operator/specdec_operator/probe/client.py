@@ -28,16 +28,19 @@ from ..api import Workload
 from ..errors import InputError
 from .stats import percentile, weighted_percentile
 
+def _json_dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+# orjson where it is installed: the stream parser's JSON decoding is most of the probe client's CPU (docs/probe.md).
+_loads: Callable[[bytes], Any] = json.loads
+_dumps: Callable[[Any], bytes] = _json_dumps
 try:
     import orjson
 
-    _loads = orjson.loads
-    _dumps = orjson.dumps
+    _loads, _dumps = orjson.loads, orjson.dumps
 except ImportError:  # pragma: no cover - orjson is optional
-    _loads = json.loads
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
+    pass
 
 
 class ProbeRequestError(Exception):
@@ -228,7 +231,7 @@ async def measure(
     tasks = [asyncio.create_task(client()) for _ in range(min(workload.concurrency, workload.requests))]
     try:
         stopper = asyncio.create_task(stop.wait())
-        pending = set(tasks)
+        pending: set[asyncio.Task[Any]] = set(tasks)
         while pending:
             finished, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
             pending.discard(stopper)

@@ -91,11 +91,11 @@ class WorkloadOutcome:
         return WorkloadResult(
             name=self.name,
             concurrency=self.concurrency,
-            baseTokensPerSecond=_num(self.base_tok_s, 2),
-            speculativeTokensPerSecond=_num(self.speculative_tok_s, 2),
+            base_tokens_per_second=_num(self.base_tok_s, 2),
+            speculative_tokens_per_second=_num(self.speculative_tok_s, 2),
             speedup=_num(self.speedup),
-            speedupLow=_num(self.speedup_low),
-            speedupHigh=_num(self.speedup_high),
+            speedup_low=_num(self.speedup_low),
+            speedup_high=_num(self.speedup_high),
         )
 
 
@@ -159,9 +159,9 @@ class ProbeResult:
             decision=self.decision,
             reason=self.reason,
             rounds=self.rounds,
-            startedAt=_rfc3339(self.started_at),
-            finishedAt=_rfc3339(self.finished_at),
-            acceptLength=_num(self.accept_length),
+            started_at=_rfc3339(self.started_at),
+            finished_at=_rfc3339(self.finished_at),
+            accept_length=_num(self.accept_length),
             speedup=_num(self.speedup),
             message=self.message,
             revision=revision,

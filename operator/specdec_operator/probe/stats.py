@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -136,7 +136,7 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 709.0 else math.inf
 
 
-def weighted_round_ratios(per_workload: dict[str, Sequence[float]], weights: dict[str, float]) -> list[float]:
+def weighted_round_ratios(per_workload: Mapping[str, Sequence[float]], weights: Mapping[str, float]) -> list[float]:
     """Per round, the weight-averaged speedup over workloads (arithmetic, as a traffic mix adds up).
 
     Only rounds in which every workload was measured count.

@@ -27,10 +27,10 @@ class Conditions:
             if cond.type == ctype.value:
                 transition = self._now if cond.status != status else cond.last_transition_time
                 self._items[i] = Condition(type=ctype.value, status=status, reason=reason, message=message,
-                                           observedGeneration=self._generation, lastTransitionTime=transition)
+                                           observed_generation=self._generation, last_transition_time=transition)
                 return
         self._items.append(Condition(type=ctype.value, status=status, reason=reason, message=message,
-                                     observedGeneration=self._generation, lastTransitionTime=self._now))
+                                     observed_generation=self._generation, last_transition_time=self._now))
 
     def get(self, ctype: ConditionType) -> Condition | None:
         return next((c for c in self._items if c.type == ctype.value), None)

@@ -137,7 +137,7 @@ def settle_decision(facts: Facts, validation: ValidationStatus | None) -> ProbeS
     speculative = facts.servers[SPECULATIVE]
     if (validation is not None and validation.compatible and speculative.reason == Reason.CRASH_LOOP
             and speculative.restarts >= facts.settings.crash_restart_limit):
-        return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, rounds=0, revision=facts.revision, finishedAt=facts.now_s,
+        return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, rounds=0, revision=facts.revision, finished_at=facts.now_s,
                            message=f"speculative server never became ready: {speculative.message}")
     return None
 
@@ -156,7 +156,7 @@ def apply_drift(facts: Facts, decision: ProbeStatus | None) -> tuple[ProbeStatus
     if is_promoted(decision) and monitor_spec.enabled:
         assert decision is not None
         stored = facts.prev.monitor if facts.prev.phase == Phase.PROMOTED else None
-        monitor = stored if stored is not None else MonitorStatus(belowFloorCount=0)
+        monitor = stored if stored is not None else MonitorStatus(below_floor_count=0)
         if facts.observed.scrape is None:
             return decision, monitor
         verdict = observe(monitor, facts.observed.scrape, floor=monitor_spec.accept_length_floor, window=monitor_spec.window,
@@ -249,7 +249,7 @@ def probe_status(facts: Facts, decision: ProbeStatus | None, outcome: PhaseOutco
     if decision is not None:
         return decision
     if outcome.probing:
-        return ProbeStatus(revision=facts.revision, startedAt=outcome.probe_started_at)
+        return ProbeStatus(revision=facts.revision, started_at=outcome.probe_started_at)
     return facts.prev_probe_for_revision()
 
 
@@ -321,12 +321,12 @@ def build_status(
         accept = decision.accept_length
     return SpeculativeServerStatus(
         phase=outcome.phase,
-        activeVariant=active,
+        active_variant=active,
         reason=outcome.reason,
         message=clip(outcome.message),
         speedup=decision.speedup if decision is not None else None,
-        acceptLength=accept,
-        observedGeneration=facts.observed.generation,
+        accept_length=accept,
+        observed_generation=facts.observed.generation,
         conditions=conditions.items(),
         validation=validation,
         probe=probe_status(facts, decision, outcome),
