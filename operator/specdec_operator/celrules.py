@@ -36,7 +36,11 @@ def _typed(schema: dict[str, Any], value: Any) -> Any:
 def violations(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[tuple[str, str]]:
     """Yield (field path, message) for every CEL rule of `schema` that `value` breaks, depth first."""
     for rule in schema.get("x-kubernetes-validations", []):
-        activation = {"self": celpy.json_to_cel(_typed(schema, value))}
+        try:
+            activation = {"self": celpy.json_to_cel(_typed(schema, value))}
+        except ValueError:  # celpy refuses integers outside int64 (CEL's int); the API server cannot hold them either
+            yield path + rule.get("fieldPath", ""), f"{rule.get('message', rule['rule'])} (a number is outside the 64-bit integer range)"
+            continue
         try:
             ok = bool(_program(rule["rule"]).evaluate(activation))
         except celpy.CELEvalError as exc:  # a rule that cannot evaluate is a failed rule, as in the API server
