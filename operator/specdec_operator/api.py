@@ -18,7 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
-from . import API_GROUP, API_VERSION, KIND
+from . import API_GROUP, API_VERSION, KIND, SGLANG_VERSION
+from .choices import Algorithm, Quantization
 from .errors import InputError
 
 # --------------------------------------------------------------------------------------------------
@@ -58,8 +59,6 @@ class DecisionReason(str, Enum):
     ACCEPTANCE_DRIFT = "AcceptanceDrift"
 
 
-Quantization = Literal["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"]
-Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN"]
 GpuFamily = Literal["blackwell", "hopper", "any"]
 RolloutPolicy = Literal["AllWorkloads", "WeightedMix"]
 
@@ -511,7 +510,7 @@ class SpeculativeServerSpec(_SpecModel):
     )
     image: str = Field(description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23-cu130.", min_length=1, max_length=512)
     sglang_version: str = Field(
-        "0.5.23",
+        SGLANG_VERSION,
         alias="sglangVersion",
         description="The SGLang release inside image: flags differ between releases and the command line is rendered for this one.",
         pattern=VERSION_PATTERN,
