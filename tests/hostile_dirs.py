@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import model_dirs as md
-from specdec_operator.modelmeta import MAX_SAFETENSORS_HEADER_BYTES
+from specdec_operator.validator.modelmeta import MAX_SAFETENSORS_HEADER_BYTES
 
 MiB = 1024 * 1024
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from drafter_training.target import quantization_of
-from specdec_operator.compat import normalize_quantization
+from specdec_operator.validator import normalize_quantization
 
 COMPRESSED_TENSORS_INT4 = {
     "quant_method": "compressed-tensors",

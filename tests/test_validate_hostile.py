@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 import model_dirs as md
 from hostile_dirs import CASES, good_drafter
-from specdec_operator import compat
-from specdec_operator.compat import validate
+from specdec_operator import validator
+from specdec_operator.validator import validate
 from specdec_operator.errors import InputError
-from specdec_operator.modelmeta import MetaReader, read_model_dir
+from specdec_operator.validator.modelmeta import MetaReader, read_model_dir
 
 MiB = 1024 * 1024
 PEAK_MEMORY_LIMIT = 8 * MiB  # Python allocations while reading one hostile pair
@@ -50,7 +50,7 @@ def read_pair_bounded(target: Path, drafter: Path) -> tuple[Exception | None, in
     tracemalloc.start()
     error: Exception | None = None
     try:
-        compat.run(compat.build_parser().parse_args(["--target", str(target), "--drafter", str(drafter)]))
+        validator.run(validator.build_parser().parse_args(["--target", str(target), "--drafter", str(drafter)]))
     except InputError as exc:
         error = exc
     finally:
