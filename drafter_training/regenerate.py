@@ -21,7 +21,7 @@ import json
 import logging
 import random
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specdec_operator.errors import InputError
 
@@ -313,10 +313,3 @@ async def _regenerate_all(
             await asyncio.gather(*(one(c) for c in todo))
     bar.close()
     return counts
-
-
-def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)
