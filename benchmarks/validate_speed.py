@@ -12,7 +12,7 @@ It also times the NEXTN path on a DeepSeek-V3 target, the one case that must rea
 (multi-MiB) index to find the MTP layers.
 
 Usage: python benchmarks/validate_speed.py [--runs 50] [--cli-runs 10]
-Goal (issue 2): under 200 ms and under 1 MB read per pair.
+Goal: under 200 ms and under 1 MB read per pair.
 """
 
 from __future__ import annotations

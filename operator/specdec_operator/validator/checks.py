@@ -293,8 +293,10 @@ def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None
         c.add(INFO, "AuxLayers", f"SGLang captures the inputs of target layers {captured}", where)
 
 
-def _normalize_llama_name(name: str) -> str:
-    # llama_eagle3.load_weights: midlayer -> layers.0, a missing "model." prefix is added.
+def _draft_weight_name(name: str) -> str:
+    """A draft checkpoint's tensor name in one spelling, without "model." and with layers.0 for midlayer:
+    llama_eagle3.load_weights maps midlayer -> layers.0 and adds a missing "model." prefix; kimi_k25_eagle3
+    maps layers.0 -> midlayer and keeps lm_head at the top level, so both accept either spelling."""
     if name.startswith("model."):
         name = name[len("model."):]
     return name.replace("midlayer.", "layers.0.")
@@ -306,11 +308,7 @@ def _check_draft_weights(
 ) -> None:
     d = c.d
     assert d.tensors is not None
-    if layout == "llama":
-        tensors = {_normalize_llama_name(n): info for n, info in d.tensors.items()}
-    else:  # mla: kimi_k25_eagle3 maps layers.0.X -> midlayer.X and keeps lm_head at top level
-        tensors = {(n[len("model."):] if n.startswith("model.") else n).replace("midlayer.", "layers.0."): info
-                   for n, info in d.tensors.items()}
+    tensors = {_draft_weight_name(n): info for n, info in d.tensors.items()}
     tie = bool(d.config.get("tie_word_embeddings", False))
     lm_head_from_target = not tie and draft_vocab is None
     head_rows = draft_vocab if draft_vocab is not None else d_vocab
@@ -413,7 +411,7 @@ def _check_eagle(c: _Checks, t_hidden: int, t_vocab: int) -> None:
         if d.weight_format != "bin":
             c.add(ERROR, "MissingDrafterWeights", f"{d.path} has no model.safetensors or index", "drafter.weights")
         return
-    names = {_normalize_llama_name(n): info for n, info in d.tensors.items()}
+    names = {_draft_weight_name(n): info for n, info in d.tensors.items()}
     fc = names.get("fc.weight")
     if fc is None:
         c.add(ERROR, "MissingDrafterWeights", "drafter checkpoint lacks fc.weight; SGLang would load it and accept nothing", "drafter.weights")
