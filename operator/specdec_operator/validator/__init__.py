@@ -5,7 +5,7 @@
 - tables.py: what the SGLang release supports, read from its source.
 - quantization.py: the precision a checkpoint is stored in; the words provenance uses for it.
 - checks.py: validate(target, drafter, ...) -> ValidationReport, a pure function of the two ModelMetas.
-- report.py: findings, the report and its JSON forms.
+- report.py: findings and the report, as text and as JSON.
 - cli.py: the command line; `specdec validate` runs as the speculative pod's init container.
 
 Standard library only, so that the init container starts in milliseconds.
@@ -13,9 +13,9 @@ Standard library only, so that the init container starts in milliseconds.
 
 from .. import SGLANG_VERSION
 from .checks import derived_context_length, validate
-from .cli import build_parser, format_text, main, run
+from .cli import build_parser, main, run
 from .quantization import checkpoint_quantization, normalize_quantization
-from .report import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding, ValidationReport, unusable_message
+from .report import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding, ValidationReport, format_text, unusable_message
 
 __all__ = [
     "ERROR", "INFO", "SEVERITY_ORDER", "SGLANG_VERSION", "WARNING", "Finding", "ValidationReport", "build_parser",

@@ -545,4 +545,3 @@ def _check_context(c: _Checks, context_length: int | None) -> None:
               f"(max_position_embeddings): SGLang {SGLANG_VERSION} refuses to start unless "
               "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, and acceptance degrades on long prompts",
               "drafter.config.max_position_embeddings")
-

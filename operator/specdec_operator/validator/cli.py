@@ -8,13 +8,12 @@ import json
 import os
 import sys
 
-from .. import SGLANG_VERSION
 from ..choices import ALGORITHMS, QUANTIZATIONS
 from ..cliparse import ArgumentParser
 from ..errors import InputError
 from .checks import validate
 from .modelmeta import MetaReader, display_path, read_model_dir, read_weights
-from .report import ERROR, WARNING, ValidationReport, unusable_message
+from .report import ValidationReport, format_text, unusable_message
 from .tables import EAGLE3_DRAFT_ARCHITECTURES, EAGLE_DRAFT_ARCHITECTURES
 
 # The draft classes whose weights the checks inspect (Eagle3LlamaForCausalLM is vLLM's name for
@@ -25,7 +24,6 @@ DRAFT_CLASSES_WITH_CHECKED_WEIGHTS = frozenset(EAGLE3_DRAFT_ARCHITECTURES) | EAG
 
 def _one_line(text: str) -> str:
     return " ".join(text.split("\n")).replace("\r", " ")
-
 
 
 def _positive_int(text: str) -> int:
@@ -57,7 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--termination-log", metavar="PATH",
                    help="also write a compact JSON summary (<= 4096 bytes) here, e.g. /dev/termination-log")
     return p
-
 
 
 def _write_termination_log(path: str | None, text: str) -> None:
@@ -95,23 +92,6 @@ def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[Val
     report = validate(target, drafter, quantization=args.quantization, context_length=args.context_length,
                       algorithm=args.algorithm)
     return report, reader
-
-
-def format_text(report: ValidationReport) -> str:
-    """The human-readable report."""
-    n_err, n_warn = len(report.codes(ERROR)), len(report.codes(WARNING))
-    verdict = "compatible" if report.compatible else "INCOMPATIBLE"
-    lines = [f"{verdict}: {n_err} error(s), {n_warn} warning(s) ({report.algorithm}, serving "
-             f"{report.serving_quantization or 'unknown'} on SGLang {SGLANG_VERSION})"]
-    for f in report.findings:
-        lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
-    t, d = report.target, report.drafter
-    arch = lambda facts: (facts.get("architectures") or ["?"])[0]  # noqa: E731
-    lines.append(f"target:  {arch(t)} hidden {t.get('hidden_size')}, vocab {t.get('vocab_size')}, "
-                 f"{t.get('num_hidden_layers')} layers, {t.get('quantization') or 'unknown'} ({t.get('path')})")
-    lines.append(f"drafter: {arch(d)} hidden {d.get('hidden_size')}, vocab {d.get('vocab_size')}, draft vocab "
-                 f"{d.get('draft_vocab_size', '-')}, {d.get('tensors', '?')} tensors ({d.get('path')})")
-    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:

@@ -102,4 +102,3 @@ def normalize_quantization(text: Any) -> str | None:
         if pattern.search(low):
             return label
     return None
-

@@ -1,5 +1,5 @@
-"""What the validator says: findings, the report, and its two JSON forms (`--json`, and the compact
-termination message the operator reads into status.validation)."""
+"""What the validator says: findings and the report, as text, as JSON (`--json`), and as the compact
+termination message the operator reads into status.validation."""
 
 from __future__ import annotations
 
@@ -97,3 +97,19 @@ def unusable_message(line: str, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
             return text
         clipped = clip(clipped, len(clipped) * 3 // 4)
 
+
+def format_text(report: ValidationReport) -> str:
+    """The human-readable report."""
+    n_err, n_warn = len(report.codes(ERROR)), len(report.codes(WARNING))
+    verdict = "compatible" if report.compatible else "INCOMPATIBLE"
+    lines = [f"{verdict}: {n_err} error(s), {n_warn} warning(s) ({report.algorithm}, serving "
+             f"{report.serving_quantization or 'unknown'} on SGLang {SGLANG_VERSION})"]
+    for f in report.findings:
+        lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
+    t, d = report.target, report.drafter
+    arch = lambda facts: (facts.get("architectures") or ["?"])[0]  # noqa: E731
+    lines.append(f"target:  {arch(t)} hidden {t.get('hidden_size')}, vocab {t.get('vocab_size')}, "
+                 f"{t.get('num_hidden_layers')} layers, {t.get('quantization') or 'unknown'} ({t.get('path')})")
+    lines.append(f"drafter: {arch(d)} hidden {d.get('hidden_size')}, vocab {d.get('vocab_size')}, draft vocab "
+                 f"{d.get('draft_vocab_size', '-')}, {d.get('tensors', '?')} tensors ({d.get('path')})")
+    return "\n".join(lines)
