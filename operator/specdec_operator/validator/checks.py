@@ -18,7 +18,7 @@ from typing import Any
 from .. import SGLANG_VERSION
 from ..choices import ALGORITHMS, QUANTIZATIONS
 from ..errors import InputError
-from .modelmeta import ModelMeta
+from .modelmeta import ModelMeta, TensorInfo
 from .quantization import checkpoint_quantization, normalize_quantization
 from .report import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding, ValidationReport
 from .tables import (
@@ -302,94 +302,121 @@ def _draft_weight_name(name: str) -> str:
     return name.replace("midlayer.", "layers.0.")
 
 
+class _DraftWeights:
+    """A draft checkpoint's tensors, named as _draft_weight_name spells them, and what the checks found
+    missing or misshapen (in the order they looked)."""
+
+    def __init__(self, tensors: dict[str, TensorInfo]) -> None:
+        self.tensors = {_draft_weight_name(n): info for n, info in tensors.items()}
+        self.missing: list[str] = []
+        self.bad_shapes: list[str] = []
+
+    def expect(self, name: str, shape: tuple[int, ...] | None, why: str = "") -> None:
+        info = self.tensors.get(name)
+        if info is None:
+            self.missing.append(name + (f" ({why})" if why else ""))
+        elif shape is not None and info.shape != shape:
+            self.bad_shapes.append(f"{name} is {list(info.shape)}, expected {list(shape)}{f' ({why})' if why else ''}")
+
+
 def _check_draft_weights(
     c: _Checks, layout: str, *, d_hidden: int, fed_width: int, num_aux: int, d_vocab: int, t_vocab: int,
     draft_vocab: int | None, use_aux: bool,
 ) -> None:
     d = c.d
     assert d.tensors is not None
-    tensors = {_draft_weight_name(n): info for n, info in d.tensors.items()}
+    w = _DraftWeights(d.tensors)
     tie = bool(d.config.get("tie_word_embeddings", False))
     lm_head_from_target = not tie and draft_vocab is None
     head_rows = draft_vocab if draft_vocab is not None else d_vocab
 
-    missing: list[str] = []
-    bad_shapes: list[str] = []
-
-    def expect(name: str, shape: tuple[int, ...] | None, why: str = "") -> None:
-        info = tensors.get(name)
-        if info is None:
-            missing.append(name + (f" ({why})" if why else ""))
-        elif shape is not None and info.shape != shape:
-            bad_shapes.append(f"{name} is {list(info.shape)}, expected {list(shape)}{f' ({why})' if why else ''}")
-
     if use_aux:
-        expect("fc.weight", (d_hidden, fed_width * num_aux), f"hidden x {num_aux} x target hidden")
+        w.expect("fc.weight", (d_hidden, fed_width * num_aux), f"hidden x {num_aux} x target hidden")
     if not tie and not lm_head_from_target:
-        expect("lm_head.weight", (head_rows, d_hidden), "draft_vocab x hidden")
+        w.expect("lm_head.weight", (head_rows, d_hidden), "draft_vocab x hidden")
     if d.top_int("target_hidden_size") not in (None, d_hidden):
         # set_embed skips sharing when target_hidden_size != hidden_size: the draft needs its own.
-        expect("embed_tokens.weight", (d_vocab, d_hidden), "not shared with the target when target_hidden_size != hidden_size")
+        w.expect("embed_tokens.weight", (d_vocab, d_hidden), "not shared with the target when target_hidden_size != hidden_size")
     if draft_vocab is not None and draft_vocab != d_vocab and not lm_head_from_target:
-        expect("d2t", (draft_vocab,), "draft -> target token map")
-    expect("norm.weight", (d_hidden,))
-    expect("layers.0.hidden_norm.weight", (d_hidden,))
-    expect("layers.0.input_layernorm.weight", (d_hidden,))
+        w.expect("d2t", (draft_vocab,), "draft -> target token map")
+    w.expect("norm.weight", (d_hidden,))
+    w.expect("layers.0.hidden_norm.weight", (d_hidden,))
+    w.expect("layers.0.input_layernorm.weight", (d_hidden,))
     if layout == "llama":
-        heads = d.top_int("num_attention_heads", minimum=1)
-        kv_heads = d.top_int("num_key_value_heads", minimum=1) or heads
-        head_dim = d.top_int("head_dim", minimum=1) or (d_hidden // heads if heads else None)
-        q_rows = heads * head_dim if heads and head_dim else None
-        kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
-        for proj, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
-            name = f"layers.0.self_attn.{proj}.weight"
-            info = tensors.get(name)
-            if info is None:
-                missing.append(name)
-            elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden or (rows is not None and info.shape[0] != rows):
-                bad_shapes.append(f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] "
-                                  "(input is 2 x hidden: embedding and fc output)")
-        # transformers' LlamaConfig defaults intermediate_size to 11008 when absent; SGLang's weight
-        # loader then asserts on the first MLP tensor, after the target has loaded.
-        inter = d.top_int("intermediate_size", minimum=1) or 11008
-        expect("layers.0.self_attn.o_proj.weight", (d_hidden, q_rows) if q_rows else None)
-        expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
-        expect("layers.0.mlp.up_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
-        expect("layers.0.mlp.down_proj.weight", (d_hidden, inter), "hidden x intermediate_size")
+        _expect_llama_layer(w, d, d_hidden)
     else:
-        for proj in ("q_a_proj", "kv_a_proj_with_mqa"):
-            name = f"layers.0.self_attn.{proj}.weight"
-            info = tensors.get(name)
-            if info is None:
-                missing.append(name)
-            elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden:
-                bad_shapes.append(f"{name} is {list(info.shape)}, expected input width {2 * d_hidden} (2 x hidden)")
-        for name in ("layers.0.self_attn.kv_b_proj.weight", "layers.0.self_attn.o_proj.weight"):
-            expect(name, None)
+        _expect_mla_layer(w, d_hidden)
 
-    if missing:
+    if w.missing:
         c.add(ERROR, "MissingDrafterWeights",
-              f"drafter checkpoint lacks {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}; SGLang skips "
+              f"drafter checkpoint lacks {', '.join(w.missing[:6])}{' ...' if len(w.missing) > 6 else ''}; SGLang skips "
               "missing names silently, so it would load and then accept nothing", "drafter.weights")
+    _check_token_maps(w, draft_vocab, t_vocab)
+    if w.bad_shapes:
+        c.add(ERROR, "DrafterWeightShapeMismatch",
+              "; ".join(w.bad_shapes[:4]) + (" ..." if len(w.bad_shapes) > 4 else ""), "drafter.weights")
+    _check_unused_weights(c, w.tensors)
 
-    d2t = tensors.get("d2t")
-    t2d = tensors.get("t2d")
+
+def _expect_llama_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int) -> None:
+    """llama_eagle3's decoder layer: attention over [embedding, fc output] (2 x hidden wide), then the MLP."""
+    heads = d.top_int("num_attention_heads", minimum=1)
+    kv_heads = d.top_int("num_key_value_heads", minimum=1) or heads
+    head_dim = d.top_int("head_dim", minimum=1) or (d_hidden // heads if heads else None)
+    q_rows = heads * head_dim if heads and head_dim else None
+    kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
+    for proj, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+        name = f"layers.0.self_attn.{proj}.weight"
+        info = w.tensors.get(name)
+        if info is None:
+            w.missing.append(name)
+        elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden or (rows is not None and info.shape[0] != rows):
+            w.bad_shapes.append(f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] "
+                                "(input is 2 x hidden: embedding and fc output)")
+    # transformers' LlamaConfig defaults intermediate_size to 11008 when absent; SGLang's weight
+    # loader then asserts on the first MLP tensor, after the target has loaded.
+    inter = d.top_int("intermediate_size", minimum=1) or 11008
+    w.expect("layers.0.self_attn.o_proj.weight", (d_hidden, q_rows) if q_rows else None)
+    w.expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
+    w.expect("layers.0.mlp.up_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
+    w.expect("layers.0.mlp.down_proj.weight", (d_hidden, inter), "hidden x intermediate_size")
+
+
+def _expect_mla_layer(w: _DraftWeights, d_hidden: int) -> None:
+    """kimi_k25_eagle3's MLA decoder layer: its input projections read [embedding, fc output], 2 x hidden."""
+    for proj in ("q_a_proj", "kv_a_proj_with_mqa"):
+        name = f"layers.0.self_attn.{proj}.weight"
+        info = w.tensors.get(name)
+        if info is None:
+            w.missing.append(name)
+        elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden:
+            w.bad_shapes.append(f"{name} is {list(info.shape)}, expected input width {2 * d_hidden} (2 x hidden)")
+    for name in ("layers.0.self_attn.kv_b_proj.weight", "layers.0.self_attn.o_proj.weight"):
+        w.expect(name, None)
+
+
+def _check_token_maps(w: _DraftWeights, draft_vocab: int | None, t_vocab: int) -> None:
+    """d2t (draft token -> offset to the target token) and t2d (target token -> in the draft vocabulary)."""
+    d2t = w.tensors.get("d2t")
+    t2d = w.tensors.get("t2d")
     if d2t is not None:
         if draft_vocab is not None and d2t.shape != (draft_vocab,):
-            bad_shapes.append(f"d2t is {list(d2t.shape)}, expected [{draft_vocab}] (one offset per draft token)")
+            w.bad_shapes.append(f"d2t is {list(d2t.shape)}, expected [{draft_vocab}] (one offset per draft token)")
         if d2t.dtype not in ("I64", "I32"):
-            bad_shapes.append(f"d2t has dtype {d2t.dtype}; it holds token-id offsets and must be an integer type (I64)")
+            w.bad_shapes.append(f"d2t has dtype {d2t.dtype}; it holds token-id offsets and must be an integer type (I64)")
     if t2d is not None and t2d.shape != (t_vocab,):
-        bad_shapes.append(f"t2d is {list(t2d.shape)}, expected [{t_vocab}] (one flag per target token)")
-    if bad_shapes:
-        c.add(ERROR, "DrafterWeightShapeMismatch", "; ".join(bad_shapes[:4]) + (" ..." if len(bad_shapes) > 4 else ""),
-              "drafter.weights")
+        w.bad_shapes.append(f"t2d is {list(t2d.shape)}, expected [{t_vocab}] (one flag per target token)")
 
-    known = re.compile(
-        r"^(fc\.(weight|bias)|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|input_norm\.weight|"
-        r"fc_norm\.\d+\.weight|aux_norm_(low|mid|high)\.weight|layers\.\d+\..+)$"
-    )
-    unused = sorted(n for n in tensors if not known.match(n))
+
+# The names a draft class has parameters for; SGLang skips any other tensor without a word.
+_KNOWN_DRAFT_WEIGHT = re.compile(
+    r"^(fc\.(weight|bias)|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|input_norm\.weight|"
+    r"fc_norm\.\d+\.weight|aux_norm_(low|mid|high)\.weight|layers\.\d+\..+)$"
+)
+
+
+def _check_unused_weights(c: _Checks, tensors: dict[str, TensorInfo]) -> None:
+    unused = sorted(n for n in tensors if not _KNOWN_DRAFT_WEIGHT.match(n))
     if unused:
         c.add(WARNING, "UnusedDrafterWeights",
               f"SGLang ignores {len(unused)} tensor(s) it has no parameter for: {', '.join(unused[:4])}"
