@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
+from ..textutil import clip
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -474,8 +475,8 @@ class ModelMeta:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A config value as messages quote it: JSON (a string in quotes), at most 60 characters."""
+    return clip(json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, str) else repr(value), 60)
 
 
 def language_model_config(config: dict[str, Any], config_file: str) -> tuple[dict[str, Any], str | None]:
