@@ -12,7 +12,7 @@ It also times the NEXTN path on a DeepSeek-V3 target, the one case that must rea
 (multi-MiB) index to find the MTP layers.
 
 Usage: python benchmarks/validate_speed.py [--runs 50] [--cli-runs 10]
-Goal (issue 2): under 200 ms and under 1 MB read per pair.
+Goal: under 200 ms and under 1 MB read per pair.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "operator"))
 
 import model_dirs as md  # noqa: E402
-from specdec_operator import compat  # noqa: E402
-from specdec_operator.modelmeta import MetaReader  # noqa: E402
+from specdec_operator import validator  # noqa: E402
+from specdec_operator.validator.modelmeta import MetaReader  # noqa: E402
 
 
-def time_in_process(args: argparse.Namespace, runs: int) -> tuple[list[float], int, compat.ValidationReport]:
+def time_in_process(args: argparse.Namespace, runs: int) -> tuple[list[float], int, validator.ValidationReport]:
     samples: list[float] = []
     bytes_read = 0
     report = None
     for _ in range(runs):
         reader = MetaReader()
         start = time.perf_counter()
-        report, reader = compat.run(args, reader)
+        report, reader = validator.run(args, reader)
         samples.append(time.perf_counter() - start)
         bytes_read = reader.bytes_read
     assert report is not None
@@ -116,7 +116,7 @@ def main() -> int:
             ("EAGLE3: Kimi-K2.5 INT4 target + Kimi-sized drafter", str(target), str(drafter), "EAGLE3"),
             ("NEXTN: DeepSeek-V3 target (reads its index for MTP layers)", str(deepseek), str(deepseek), "NEXTN"),
         ]
-        print(f"sglang tables: {compat.SGLANG_VERSION}; python {sys.version.split()[0]}; built fixtures in {build_s:.1f} s")
+        print(f"sglang tables: {validator.SGLANG_VERSION}; python {sys.version.split()[0]}; built fixtures in {build_s:.1f} s")
         print(f"target index: {index_bytes / 2**20:.1f} MiB, 64 shards; DeepSeek-V3 index: {ds_index_bytes / 2**20:.1f} MiB, "
               f"163 shards; drafter: {d_apparent / 2**30:.2f} GiB declared, {d_alloc / 2**10:.0f} KiB on disk")
         print()
@@ -125,10 +125,10 @@ def main() -> int:
         for name, t, d, algo in cases:
             argv = ["--target", t, "--drafter", d, "--algorithm", algo]
             cli_samples, max_rss = time_cli(argv, opts.cli_runs)  # before in-process runs grow this process
-            args = compat.build_parser().parse_args(argv)
+            args = validator.build_parser().parse_args(argv)
             samples, nbytes, report = time_in_process(args, opts.runs)
             reader = MetaReader()
-            compat.run(args, reader)
+            validator.run(args, reader)
             verdict = "compatible" if report.compatible else "incompatible"
             print(f"| {name} | {ms(samples, 0.5):.2f} ms | {ms(samples, 0.95):.2f} ms | "
                   f"{ms(cli_samples, 0.5):.0f} ms | {ms(cli_samples, 0.95):.0f} ms | {max_rss / 1024:.1f} MiB | {nbytes:,} B | "

@@ -56,15 +56,20 @@ def normalize_conversation(record: Any, where: str) -> list[dict[str, str]]:
     return out
 
 
+def _jsonl_lines(path: Path, if_missing: str) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSONL file with their line numbers; InputError saying `if_missing` when absent."""
+    if not path.is_file():
+        raise InputError(f"{path}: not found; {if_missing}")
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            yield n, line
+
+
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
     """Read prompt conversations; each gets an id (its own, or its line number)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: not found; pass a JSONL file of conversations")
     convs = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, line in _jsonl_lines(path, "pass a JSONL file of conversations"):
         where = f"{path}:{n}"
         try:
             record = json.loads(line)
@@ -79,12 +84,8 @@ def read_conversations(path: str | Path) -> list[dict[str, Any]]:
 def read_samples(path: str | Path) -> list[dict[str, Any]]:
     """Read regenerated samples (this stage's output): id, input_ids, loss_mask."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: not found; run `specdec-train regenerate` first")
     samples = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, line in _jsonl_lines(path, "run `specdec-train regenerate` first"):
         try:
             rec = json.loads(line)
             ids, mask = rec["input_ids"], rec["loss_mask"]
@@ -313,10 +314,3 @@ async def _regenerate_all(
             await asyncio.gather(*(one(c) for c in todo))
     bar.close()
     return counts
-
-
-def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)

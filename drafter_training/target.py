@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from specdec_operator.errors import InputError
+from specdec_operator.validator import checkpoint_quantization
+from specdec_operator.validator.modelmeta import ModelMeta, language_model_config
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -33,7 +35,8 @@ TOKENIZER_FILES = (
 
 
 def read_config(model_dir: str | Path) -> dict[str, Any]:
-    """config.json of a model directory; text fields of vision-language wrappers are lifted up."""
+    """config.json of a model directory, with a vision-language wrapper's language-model fields lifted to the
+    top level (from the sub-config `specdec validate` reads them from)."""
     path = Path(model_dir) / "config.json"
     try:
         cfg = json.loads(path.read_text())
@@ -41,9 +44,10 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
         raise InputError(f"{path}: not found; pass a Hugging Face model directory") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); fix the file") from None
-    if "text_config" in cfg and "num_hidden_layers" not in cfg:
-        cfg = {**cfg, **cfg["text_config"]}
-    return cfg
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: must be a JSON object, found {type(cfg).__name__}")
+    text, key = language_model_config(cfg, str(path))
+    return cfg if key is None else {**cfg, **text}
 
 
 def tokenizer_sha256(model_dir: str | Path) -> str:
@@ -95,13 +99,11 @@ def quantization_of(config: dict[str, Any]) -> str:
     config (compressed-tensors keeps its bit width in config_groups, not in a top-level `bits`), or a drafter
     trained on the right hidden states would be flagged HiddenStateSourceMismatch/ProvenanceMissing.
     """
-    from specdec_operator.compat import checkpoint_quantization
-    from specdec_operator.modelmeta import ModelMeta
-
-    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    text, _ = language_model_config(config, "config.json")
+    q = config.get("quantization_config") or text.get("quantization_config")
     if not q:
         return "none"
-    label, detail = checkpoint_quantization(ModelMeta(path="config.json", config=config, text=config.get("text_config") or config))
+    label, detail = checkpoint_quantization(ModelMeta(path="config.json", config=config, text=text))
     if label:
         return f"{label} ({detail})"
     name = str(q.get("quant_method", "unknown"))
@@ -229,12 +231,3 @@ def capture_forward(
         handle.remove()
     aux = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
     return aux, captured["final"], out.logits
-
-
-def output_head(model: nn.Module) -> torch.Tensor:
-    """The target's lm_head weight [vocab, hidden] (tied embeddings included)."""
-    return model.get_output_embeddings().weight
-
-
-def input_embeddings(model: nn.Module) -> torch.Tensor:
-    return model.get_input_embeddings().weight

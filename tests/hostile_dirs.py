@@ -1,23 +1,40 @@
 """Hostile model directories for `specdec validate` (tests/test_validate_hostile.py and
 benchmarks/validate_hostile.py): each case breaks one thing in an otherwise good drafter directory,
-and names what the one-line error must say."""
+and names what the one-line error must say; the builders they are made of are shared with the tests."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import model_dirs as md
-from specdec_operator.modelmeta import MAX_SAFETENSORS_HEADER_BYTES
-
-MiB = 1024 * 1024
+from specdec_operator.validator.modelmeta import MAX_SAFETENSORS_HEADER_BYTES, MiB
 
 
 def good_drafter(path: Path) -> Path:
     """A Kimi-sized EAGLE-3 drafter that validates cleanly against the Kimi-K2.5 target."""
     return md.make_drafter(path, md.kimi_drafter_config(), provenance=md.provenance())
+
+
+def write_raw_safetensors(path: Path, header: dict[str, Any], data_bytes: int) -> None:
+    """A safetensors file with `header` written as given (nothing checked, no padding), then `data_bytes` zeros."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * data_bytes)
+
+
+def spread_over_shards(d: Path, shards: int = 3, tensors_per_shard: int = 8_000) -> None:
+    """Replace the drafter's weights by an index and `shards` shards of one-byte tensors: 24,000 tensors by
+    default, over the validator's 20,000-tensor limit, each shard's header within its own cap."""
+    (d / "model.safetensors").unlink()
+    weight_map: dict[str, str] = {}
+    for shard in range(shards):
+        name = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = {f"s{shard}.t{i}": ("U8", [1]) for i in range(tensors_per_shard)}
+        md.write_safetensors(d / name, tensors)
+        weight_map.update({n: name for n in tensors})
+    md.write_json(d / "model.safetensors.index.json", {"weight_map": weight_map})
 
 
 def _truncated_header(d: Path) -> None:
@@ -91,13 +108,12 @@ def _hidden_size_is_string(d: Path) -> None:
 
 
 def _header_bad_offsets(d: Path) -> None:
-    raw = json.dumps({"fc.weight": {"dtype": "BF16", "shape": [7168, 21504], "data_offsets": [0, 10]}}).encode()
-    (d / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 16)
+    write_raw_safetensors(d / "model.safetensors",
+                          {"fc.weight": {"dtype": "BF16", "shape": [7168, 21504], "data_offsets": [0, 10]}}, 16)
 
 
 def _header_unknown_dtype(d: Path) -> None:
-    raw = json.dumps({"fc.weight": {"dtype": "Q3_K", "shape": [2], "data_offsets": [0, 2]}}).encode()
-    (d / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 2)
+    write_raw_safetensors(d / "model.safetensors", {"fc.weight": {"dtype": "Q3_K", "shape": [2], "data_offsets": [0, 2]}}, 2)
 
 
 def _index_escapes_directory(d: Path) -> None:

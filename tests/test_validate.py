@@ -12,25 +12,25 @@ from typing import Any
 import pytest
 
 import model_dirs as md
-from specdec_operator import compat
-from specdec_operator.compat import ValidationReport, validate
+from specdec_operator import validator
+from specdec_operator.validator import ValidationReport, validate
 from specdec_operator.errors import InputError
-from specdec_operator.modelmeta import read_model_dir
+from specdec_operator.validator.modelmeta import read_model_dir
 
 
 def check(target: Path, drafter: Path, *, quantization: str | None = None, context_length: int | None = None,
           algorithm: str = "EAGLE3") -> ValidationReport:
-    """Validate a pair exactly as the CLI does (compat.run), without a subprocess."""
+    """Validate a pair exactly as the CLI does (validator.run), without a subprocess."""
     argv = ["--target", str(target), "--drafter", str(drafter), "--algorithm", algorithm]
     if quantization:
         argv += ["--quantization", quantization]
     if context_length:
         argv += ["--context-length", str(context_length)]
-    report, _ = compat.run(compat.build_parser().parse_args(argv))
+    report, _ = validator.run(validator.build_parser().parse_args(argv))
     return report
 
 
-def finding(report: ValidationReport, code: str) -> compat.Finding:
+def finding(report: ValidationReport, code: str) -> validator.Finding:
     matches = [f for f in report.findings if f.code == code]
     assert matches, f"{code} not in {report.codes()}"
     return matches[0]
@@ -411,7 +411,7 @@ def test_context_length_beyond_target(dirs: dict[str, Path]) -> None:
 def test_serving_quantization_from_quantization_config(tmp_path: Path, qc: dict[str, Any] | None, label: str) -> None:
     target = md.make_target(tmp_path / "t", md.with_quantization(md.LLAMA_31_8B, qc))
     meta = read_model_dir(str(target), role="target", weights="none")
-    assert compat.checkpoint_quantization(meta)[0] == label
+    assert validator.checkpoint_quantization(meta)[0] == label
 
 
 def test_modelopt_hf_quant_config_file(tmp_path: Path) -> None:
@@ -419,7 +419,7 @@ def test_modelopt_hf_quant_config_file(tmp_path: Path) -> None:
     target = md.make_target(tmp_path / "t", md.LLAMA_31_8B)
     md.write_json(target / "hf_quant_config.json", {"producer": {"name": "modelopt", "version": "0.29.0"},
                                                     "quantization": {"quant_algo": "NVFP4", "group_size": 16}})
-    assert compat.checkpoint_quantization(read_model_dir(str(target), role="target", weights="none"))[0] == "fp4"
+    assert validator.checkpoint_quantization(read_model_dir(str(target), role="target", weights="none"))[0] == "fp4"
 
 
 def test_unknown_quantization_is_a_warning_and_override_wins(tmp_path: Path, dirs: dict[str, Path]) -> None:
@@ -486,9 +486,9 @@ def test_cli_termination_log(dirs: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_termination_message_always_fits() -> None:
-    many = [compat.Finding("warning" if i % 2 else "error", f"Code{i}", "x\u00e9" * 900, "f") for i in range(200)]
+    many = [validator.Finding("warning" if i % 2 else "error", f"Code{i}", "x\u00e9" * 900, "f") for i in range(200)]
     report = ValidationReport(algorithm="EAGLE3", serving_quantization="int4", checkpoint_quantization="int4",
-                              findings=sorted(many, key=lambda f: compat.SEVERITY_ORDER[f.severity]))
+                              findings=sorted(many, key=lambda f: validator.SEVERITY_ORDER[f.severity]))
     text = report.termination_message()
     assert len(text.encode()) <= 4096
     doc = json.loads(text)
@@ -498,7 +498,7 @@ def test_termination_message_always_fits() -> None:
 
 def test_unusable_message_always_fits() -> None:
     for line in ("x" * 10_000, "\u6a21\u578b" * 5_000, "ok"):
-        text = compat.unusable_message(line)
+        text = validator.unusable_message(line)
         doc = json.loads(text)
         assert len(text.encode()) <= 4096 and doc["findings"][0]["code"] == "ValidatorInputError"
         assert line.startswith(doc["unusable"].rstrip("."))
@@ -511,7 +511,7 @@ def test_validate_rejects_unknown_algorithm(dirs: dict[str, Path]) -> None:
 
 
 def test_validate_import_stays_light() -> None:
-    code = ("import sys; import specdec_operator.cli, specdec_operator.compat; "
+    code = ("import sys; import specdec_operator.cli, specdec_operator.validator; "
             "heavy = [m for m in ('kopf', 'kubernetes', 'torch', 'pydantic', 'aiohttp', 'numpy') if m in sys.modules]; "
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ))

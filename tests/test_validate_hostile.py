@@ -16,13 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import model_dirs as md
-from hostile_dirs import CASES, good_drafter
-from specdec_operator import compat
-from specdec_operator.compat import validate
+from hostile_dirs import CASES, good_drafter, spread_over_shards, write_raw_safetensors
+from specdec_operator import validator
+from specdec_operator.validator import validate
 from specdec_operator.errors import InputError
-from specdec_operator.modelmeta import MetaReader, read_model_dir
+from specdec_operator.validator.modelmeta import MetaReader, MiB, read_model_dir
 
-MiB = 1024 * 1024
 PEAK_MEMORY_LIMIT = 8 * MiB  # Python allocations while reading one hostile pair
 
 
@@ -50,7 +49,7 @@ def read_pair_bounded(target: Path, drafter: Path) -> tuple[Exception | None, in
     tracemalloc.start()
     error: Exception | None = None
     try:
-        compat.run(compat.build_parser().parse_args(["--target", str(target), "--drafter", str(drafter)]))
+        validator.run(validator.build_parser().parse_args(["--target", str(target), "--drafter", str(drafter)]))
     except InputError as exc:
         error = exc
     finally:
@@ -114,14 +113,7 @@ def test_hostile_shard_name_in_index(tmp_path: Path, target: Path) -> None:
 
 def test_tensor_count_is_bounded_across_shards(tmp_path: Path, target: Path) -> None:
     drafter = good_drafter(tmp_path / "d")
-    (drafter / "model.safetensors").unlink()
-    weight_map = {}
-    for shard in range(3):
-        name = f"model-{shard + 1:05d}-of-00003.safetensors"
-        tensors = {f"s{shard}.t{i}": ("U8", [1]) for i in range(8_000)}
-        md.write_safetensors(drafter / name, tensors)
-        weight_map.update({n: name for n in tensors})
-    md.write_json(drafter / "model.safetensors.index.json", {"weight_map": weight_map})
+    spread_over_shards(drafter)
     assert_clean_failure(run_cli(target, drafter), "model-00003-of-00003.safetensors", "20,000 tensors")
     error, peak = read_pair_bounded(target, drafter)
     assert isinstance(error, InputError) and peak < 128 * MiB
@@ -160,9 +152,8 @@ def test_random_safetensors_bytes(tmp_path: Path, blob: bytes) -> None:
         "data_offsets": st.lists(st.integers(min_value=-1, max_value=1 << 62), max_size=3),
     })), max_size=4))
 def test_random_safetensors_headers(tmp_path: Path, header: dict[str, Any]) -> None:
-    raw = json.dumps(header).encode()
     path = tmp_path / "model.safetensors"
-    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 64)
+    write_raw_safetensors(path, header, 64)
     try:
         tensors, _ = MetaReader().read_safetensors_header(str(path))
     except InputError:

@@ -1,8 +1,9 @@
 """The validator's SGLang tables, re-derived from the installed SGLang package's source.
 
-compat.py hard-codes what SGLang 0.5.23 supports (so the init container needs no SGLang); these
-tests read the wheel's source with `ast` (importing its model files needs a GPU stack) and fail
-when the tables and the release disagree, e.g. after an SGLang upgrade.
+operator/specdec_operator/validator/tables.py hard-codes what the SGLang release SGLANG_VERSION supports
+(so the init container needs no SGLang); these tests read the wheel's source with `ast` (importing its
+model files needs a GPU stack) and fail when the tables and the release disagree, e.g. after an SGLang
+upgrade.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_operator import compat
+from specdec_operator import SGLANG_VERSION
+from specdec_operator.validator import tables
 
 spec = importlib.util.find_spec("sglang")
 if spec is None or spec.origin is None:
@@ -24,7 +26,7 @@ MODELS = SGLANG / "srt" / "models"
 
 
 def test_installed_release_is_the_one_the_tables_describe() -> None:
-    assert importlib.metadata.version("sglang") == compat.SGLANG_VERSION
+    assert importlib.metadata.version("sglang") == SGLANG_VERSION
 
 
 class _Classes:
@@ -77,9 +79,9 @@ def test_eagle3_target_architectures_match_set_eagle3_layers_to_capture(classes:
         name for name in classes.entry_classes()
         if classes.defining_file(name, "set_eagle3_layers_to_capture") and not _is_draft_or_auxiliary(name)
     }
-    assert derived == compat.EAGLE3_TARGET_ARCHITECTURES, (
-        f"missing from compat: {sorted(derived - compat.EAGLE3_TARGET_ARCHITECTURES)}; "
-        f"no longer in SGLang: {sorted(compat.EAGLE3_TARGET_ARCHITECTURES - derived)}"
+    assert derived == tables.EAGLE3_TARGET_ARCHITECTURES, (
+        f"missing from the table: {sorted(derived - tables.EAGLE3_TARGET_ARCHITECTURES)}; "
+        f"no longer in SGLang: {sorted(tables.EAGLE3_TARGET_ARCHITECTURES - derived)}"
     )
     # The seed's target and the common ones, stated plainly.
     for arch in ("KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM"):
@@ -97,14 +99,14 @@ def test_deepseek_capture_convention(classes: _Classes) -> None:
             heuristic_files.add(path.name)
     assert heuristic_files, "the first-id-is-1 rule vanished from SGLang: revisit AuxLayerOutOfRange"
     derived = {
-        name for name in compat.EAGLE3_TARGET_ARCHITECTURES
+        name for name in tables.EAGLE3_TARGET_ARCHITECTURES
         if classes.defining_file(name, "set_eagle3_layers_to_capture") in heuristic_files
     }
     # Kimi-K2.5 delegates to its language model, a DeepseekV3ForCausalLM.
     kimi = (MODELS / "kimi_k25.py").read_text()
     assert "self.language_model = DeepseekV3ForCausalLM(" in kimi
     derived.add("KimiK25ForConditionalGeneration")
-    assert derived == compat.DEEPSEEK_CAPTURE_CONVENTION
+    assert derived == tables.DEEPSEEK_CAPTURE_CONVENTION
 
 
 def test_other_targets_add_one_to_layer_ids() -> None:
@@ -117,9 +119,9 @@ def test_other_targets_add_one_to_layer_ids() -> None:
 
 def test_draft_architectures_are_registered(classes: _Classes) -> None:
     entries = classes.entry_classes()
-    assert set(compat.EAGLE3_DRAFT_ARCHITECTURES) == set(classes.entry["llama_eagle3.py"]) | set(
+    assert set(tables.EAGLE3_DRAFT_ARCHITECTURES) == set(classes.entry["llama_eagle3.py"]) | set(
         classes.entry["kimi_k25_eagle3.py"])
-    assert compat.EAGLE_DRAFT_ARCHITECTURES <= entries
+    assert tables.EAGLE_DRAFT_ARCHITECTURES <= entries
     # The names SGLang cannot load are really absent.
     assert "Eagle3LlamaForCausalLM" not in entries and "Eagle3Speculator" not in entries
 
@@ -154,8 +156,8 @@ def test_nextn_targets_match_the_draft_rewrite_table() -> None:
     # Rewrites that are not NextN/MTP heads of a target checkpoint.
     not_nextn = {"DSparkMiniMaxDraftModel", "NemotronH_Omni_Reasoning_V3", "InternS2PreviewForConditionalGeneration",
                  "InternS2MobiusForConditionalGeneration", "Cosmos3ForConditionalGeneration"}
-    assert compat.NEXTN_TARGET_ARCHITECTURES <= derived, sorted(compat.NEXTN_TARGET_ARCHITECTURES - derived)
-    unexplained = derived - compat.NEXTN_TARGET_ARCHITECTURES - not_nextn
+    assert tables.NEXTN_TARGET_ARCHITECTURES <= derived, sorted(tables.NEXTN_TARGET_ARCHITECTURES - derived)
+    unexplained = derived - tables.NEXTN_TARGET_ARCHITECTURES - not_nextn
     assert not unexplained, f"SGLang rewrites these to NextN/MTP drafts too: {sorted(unexplained)}"
 
 
@@ -163,6 +165,6 @@ def test_context_length_keys_match() -> None:
     source = (SGLANG / "srt" / "utils" / "hf_transformers" / "common.py").read_text()
     start = source.index("CONTEXT_LENGTH_KEYS = [")
     keys = ast.literal_eval(source[start + len("CONTEXT_LENGTH_KEYS = "):source.index("]", start) + 1])
-    assert tuple(keys) == compat._CONTEXT_LENGTH_KEYS
+    assert tuple(keys) == tables.CONTEXT_LENGTH_KEYS
     model_config = (SGLANG / "srt" / "configs" / "model_config.py").read_text()
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in model_config  # the start-up refusal the warning cites

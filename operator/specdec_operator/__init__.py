@@ -10,3 +10,8 @@ API_GROUP = "specdec.io"
 API_VERSION = "v1alpha1"
 KIND = "SpeculativeServer"
 PLURAL = "speculativeservers"
+
+# The SGLang release this package is written against: the validator's tables (validator/tables.py) are read
+# from it, it is the default spec.sglangVersion, and `make test` installs its wheel (the Makefile's copy is
+# kept equal by tests/test_sglang_version.py).
+SGLANG_VERSION = "0.5.23"

@@ -18,6 +18,9 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from . import SGLANG_VERSION
+from .choices import Algorithm, Quantization
+
 # --------------------------------------------------------------------------------------------------
 # Shared vocabulary: phases, variants, condition types and reasons are constants, never ad-hoc strings.
 
@@ -103,8 +106,6 @@ class Reason(StrEnum):
     TRAFFIC_SWITCHED = "TrafficSwitched"
 
 
-Quantization = Literal["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"]
-Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN"]
 GpuFamily = Literal["blackwell", "hopper", "any"]
 RolloutPolicy = Literal["AllWorkloads", "WeightedMix"]
 
@@ -556,7 +557,7 @@ class SpeculativeServerSpec(_SpecModel):
     )
     image: str = Field(description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23-cu130.", min_length=1, max_length=512)
     sglang_version: str = Field(
-        "0.5.23",
+        SGLANG_VERSION,
         alias="sglangVersion",
         description="The SGLang release inside image: flags differ between releases and the command line is rendered for this one.",
         pattern=VERSION_PATTERN,

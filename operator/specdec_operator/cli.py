@@ -15,7 +15,7 @@ from .errors import InputError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("specdec_operator.runner", "run the operator (wraps kopf's runner)"),
-    "validate": ("specdec_operator.compat", "check a drafter against its target from metadata only"),
+    "validate": ("specdec_operator.validator.cli", "check a drafter against its target from metadata only"),
     "sglang-args": ("specdec_operator.sglang", "print the SGLang command line of a SpeculativeServer variant"),
     "crd": ("specdec_operator.crd", "print the CustomResourceDefinition generated from the API models"),
     "probe": ("specdec_operator.probe.cli", "measure a speculative server against its base and decide"),

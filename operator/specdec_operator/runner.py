@@ -15,12 +15,8 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from .cliparse import ArgumentParser
 from .errors import InputError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, like every other bad input
-        raise InputError(message)
 
 
 def _positive(kind: type):
@@ -39,7 +35,7 @@ def _positive(kind: type):
 def build_parser() -> argparse.ArgumentParser:
     from .manifests import DEFAULT_VALIDATOR_IMAGE, STARTUP_ALLOWANCE_S
 
-    p = _Parser(prog="specdec run", description="Run the SpeculativeServer operator.")
+    p = ArgumentParser(prog="specdec run", description="Run the SpeculativeServer operator.")
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS", help="serve SpeculativeServers in this namespace (repeatable; glob patterns as in kopf)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace (the default when no --namespace is given)")

@@ -13,7 +13,6 @@ This module never imports SGLang: the operator renders command lines for images 
 
 from __future__ import annotations
 
-import argparse
 import json
 import posixpath
 import shlex
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant
+from .cliparse import ArgumentParser
 from .resource import load_custom_resource
 from .errors import InputError
 
@@ -210,13 +210,8 @@ def render_argv(spec: SpeculativeServerSpec, variant: Variant | str) -> list[str
 # `specdec sglang-args`
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, like every other bad input
-        raise InputError(message)
-
-
 def main(argv: list[str]) -> int:
-    parser = _Parser(
+    parser = ArgumentParser(
         prog="specdec sglang-args",
         description="Print the SGLang command line of one server of a SpeculativeServer, as a JSON array.",
     )

@@ -7,20 +7,15 @@ import asyncio
 import json
 import sys
 
-from ..errors import InputError
+from ..cliparse import ArgumentParser
 from .client import parse_workload
 from .run import DEFAULT_CONFIDENCE, ProbeResult, run_probe
 
 DEFAULT_WORKLOADS = ["single-stream:1:1024:256:4", "concurrent-64:64:1024:256:128"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as every specdec command
-        raise InputError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog="specdec probe",
         description="Alternate paired rounds of load against a base and a speculative SGLang server, put a "
         "confidence interval on the speedup, and decide promote or rollback. Exit 0 whatever the decision; "

@@ -7,18 +7,14 @@ import asyncio
 import signal
 import sys
 
+from ..cliparse import ArgumentParser
 from ..errors import InputError
 from .model import load_profile, shipped_profiles
 from .server import SimulatorServer, exit_process_on_death
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as every specdec command
-        raise InputError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ArgumentParser(
         prog="specdec simulate",
         description="Serve SGLang 0.5.23's HTTP API (/generate, /v1/*, /metrics, /server_info, /health) over a "
         "continuous-batching performance model. Not a GPU server: a simulator for tests and demos.",

@@ -1,89 +1,36 @@
-"""`specdec validate`: can SGLang serve this drafter with this target, and will it accept anything?
+"""validate(target, drafter, ...): can SGLang serve this drafter with this target, and will it accept anything?
 
-`validate()` is a pure function of what modelmeta read from the two directories; `main()` is the
-command line (run by users and, as an init container, by the operator before a 10-minute model load).
-
-Every rule below mirrors what SGLang 0.5.23 does when it loads the pair (read from the released
-package, see docs/validator.md): which target classes implement `set_eagle3_layers_to_capture`,
-how llama_eagle3.py / kimi_k25_eagle3.py name and size the draft's weights, how model_config.py
-reads quantization_config and derives context lengths. SGLang skips unknown weight names silently,
-so a broken drafter loads and then accepts nothing; catching that here costs milliseconds instead
+A pure function of what modelmeta read from the two directories. Every rule mirrors what SGLang does when
+it loads the pair (tables.py, read from the release's source): which target classes implement
+`set_eagle3_layers_to_capture`, how llama_eagle3.py / kimi_k25_eagle3.py name and size the draft's weights,
+how model_config.py reads quantization_config and derives context lengths. SGLang skips unknown weight names
+silently, so a broken drafter loads and then accepts nothing; catching that here costs milliseconds instead
 of a GPU node for ten minutes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import re
-import sys
-from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError
-from .modelmeta import MetaReader, ModelMeta, display_path, read_model_dir, read_weights
+from .. import SGLANG_VERSION
+from ..choices import ALGORITHMS, QUANTIZATIONS
+from ..errors import InputError
+from .modelmeta import ModelMeta, TensorInfo
+from .quantization import checkpoint_quantization, normalize_quantization
+from .report import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding, ValidationReport
+from .tables import (
+    CONTEXT_LENGTH_KEYS,
+    DEEPSEEK_CAPTURE_CONVENTION,
+    EAGLE3_DRAFT_ARCHITECTURES,
+    EAGLE3_TARGET_ARCHITECTURES,
+    EAGLE_DRAFT_ARCHITECTURES,
+    NEXTN_TARGET_ARCHITECTURES,
+)
 
-SGLANG_VERSION = "0.5.23"
-ERROR, WARNING, INFO = "error", "warning", "info"
-SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
-ALGORITHMS = ("EAGLE3", "EAGLE", "NEXTN")
-QUANTIZATIONS = ("auto", "none", "bf16", "fp8", "int8", "int4", "fp4")
 MIN_TRAINING_SAMPLES = 100_000
-TERMINATION_MESSAGE_LIMIT = 4096  # bytes Kubernetes keeps of /dev/termination-log
-
-# Target classes whose SGLang 0.5.23 implementation has set_eagle3_layers_to_capture (directly or
-# inherited): EAGLE-3 cannot run on any other target, start-up raises ValueError. Derived from the
-# package's source (tests/test_validate_sglang.py re-derives it from the installed wheel).
-EAGLE3_TARGET_ARCHITECTURES = frozenset({
-    "ApertusForCausalLM", "BailingMoEForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM",
-    "Cosmos3ForConditionalGeneration", "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM",
-    "DeepseekV3ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM", "Gemma3ForCausalLM",
-    "Gemma3ForConditionalGeneration", "Gemma4AssistantForCausalLM", "Gemma4ForCausalLM",
-    "Gemma4ForConditionalGeneration", "Gemma4UnifiedAssistantForCausalLM",
-    "Gemma4UnifiedForConditionalGeneration", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
-    "Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM", "GptOssForCausalLM",
-    "IQuestCoderForCausalLM", "InternLM3ForCausalLM", "InternS1ProForConditionalGeneration",
-    "InternS2MobiusForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
-    "KimiK25ForConditionalGeneration", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
-    "LlamaForCausalLM", "LongcatFlashForCausalLM", "MellumForCausalLM", "MindSporeForCausalLM",
-    "MiniMaxM2ForCausalLM", "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
-    "Ministral3ForCausalLM", "MistralForCausalLM", "MistralLarge3ForCausalLM", "Phi3ForCausalLM",
-    "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen2_5_VLForConditionalGeneration", "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3VLForConditionalGeneration",
-    "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration",
-    "SarvamMoEForCausalLM", "TeleFLMForCausalLM",
-})
-# Of those, the DeepSeek-V2 family (and Kimi-K2.5, whose language model is DeepseekV3ForCausalLM)
-# add 1 to the configured layer ids only when the first id is 1; every other class always adds 1.
-# SGLang captures the INPUT of layer (id [+1]); an index >= num_hidden_layers is never captured.
-DEEPSEEK_CAPTURE_CONVENTION = frozenset({
-    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
-    "Glm4MoeLiteForCausalLM", "MistralLarge3ForCausalLM", "KimiK25ForConditionalGeneration",
-})
-# EAGLE-3 draft classes SGLang 0.5.23 registers, and the weight layout each loads.
-EAGLE3_DRAFT_ARCHITECTURES = {"LlamaForCausalLMEagle3": "llama", "Eagle3DeepseekV2ForCausalLM": "mla"}
-# EAGLE (v1/v2) draft classes: fc = Linear(2 x hidden, hidden) over [embedding, last hidden state].
-EAGLE_DRAFT_ARCHITECTURES = frozenset({
-    "LlamaForCausalLMEagle", "MistralForCausalLMEagle", "Qwen2ForCausalLMEagle", "MistralLarge3ForCausalLMEagle",
-})
-# Targets whose checkpoint SGLang rewrites into a NextN/MTP draft (model_config._config_draft_model).
-NEXTN_TARGET_ARCHITECTURES = frozenset({
-    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "GlmMoeDsaForCausalLM",
-    "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "Glm5NextForConditionalGeneration",
-    "GlmOcrForConditionalGeneration", "LongcatFlashForCausalLM", "MiMoForCausalLM", "Step3p5ForCausalLM",
-    "InklingForConditionalGeneration", "GigaChat35ForCausalLM", "Step3p7ForConditionalGeneration",
-    "BailingMoeV2ForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM",
-    "Ernie4_5_MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen4ExpForConditionalGeneration",
-    "Qwen3MoeForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM",
-    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "HYV3ForCausalLM", "HYV4ForCausalLM",
-})
-
-DRAFT_CLASSES_WITH_CHECKED_WEIGHTS = frozenset(EAGLE3_DRAFT_ARCHITECTURES) | EAGLE_DRAFT_ARCHITECTURES | {
-    "Eagle3LlamaForCausalLM"}
 
 CONVERT_EAGLE3_LLAMA = (
     "vLLM's name for the same layout: set architectures to [\"LlamaForCausalLMEagle3\"] in config.json "
@@ -97,187 +44,6 @@ CONVERT_SPECULATORS = (
 )
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One result of a check. `field` says where the fact came from, e.g. 'drafter.config.hidden_size'."""
-
-    severity: str
-    code: str
-    message: str
-    field: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"severity": self.severity, "code": self.code, "message": self.message, "field": self.field}
-
-
-@dataclass
-class ValidationReport:
-    """Findings plus the facts they were derived from."""
-
-    algorithm: str
-    serving_quantization: str | None
-    checkpoint_quantization: str | None
-    findings: list[Finding] = field(default_factory=list)
-    target: dict[str, Any] = field(default_factory=dict)
-    drafter: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def compatible(self) -> bool:
-        return not any(f.severity == ERROR for f in self.findings)
-
-    def codes(self, severity: str | None = None) -> list[str]:
-        return [f.code for f in self.findings if severity is None or f.severity == severity]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "compatible": self.compatible,
-            "algorithm": self.algorithm,
-            "sglang_version": SGLANG_VERSION,
-            "serving_quantization": self.serving_quantization,
-            "checkpoint_quantization": self.checkpoint_quantization,
-            "findings": [f.as_dict() for f in self.findings],
-            "target": self.target,
-            "drafter": self.drafter,
-        }
-
-    def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
-        """Compact JSON that always fits Kubernetes' termination-message limit (ASCII, so chars == bytes)."""
-        base: dict[str, Any] = {
-            "compatible": self.compatible,
-            "serving_quantization": self.serving_quantization,
-            "findings": [],
-        }
-        items = [{"severity": f.severity, "code": f.code, "message": _clip(f.message, 400)} for f in self.findings]
-        return _fit_json(base, "findings", items, limit)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split("\n")).replace("\r", " ")
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def _fit_json(base: dict[str, Any], key: str, items: list[Any], limit: int) -> str:
-    """Put as many of `items` under `key` as fit in `limit` bytes, with "truncated": n for the rest."""
-    def dump(doc: dict[str, Any]) -> str:
-        return json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
-
-    kept = list(items)
-    while True:
-        doc = dict(base, **{key: kept})
-        if len(kept) < len(items):
-            doc["truncated"] = len(items) - len(kept)
-        text = dump(doc)
-        if len(text) <= limit or not kept:
-            return text[:limit]
-        kept.pop()  # findings are sorted errors first, so infos and warnings go first
-
-
-# -- quantization ------------------------------------------------------------------------------
-
-
-def _bits_label(bits: Any, kind: str) -> str | None:
-    if not isinstance(bits, int) or isinstance(bits, bool):
-        return None
-    if kind == "float":
-        return {8: "fp8", 4: "fp4"}.get(bits)
-    return {8: "int8", 4: "int4"}.get(bits)
-
-
-_LABEL_BITS = {"fp4": 4, "int4": 4, "fp8": 8, "int8": 8, "bf16": 16}
-
-
-def checkpoint_quantization(meta: ModelMeta) -> tuple[str | None, str]:
-    """The precision the target checkpoint's weights are stored in: (label, how it was derived).
-
-    label is bf16 | fp8 | int8 | int4 | fp4, or None when quantization_config names a method this
-    validator does not know (the caller reports that rather than guessing).
-    """
-    qc = meta.quantization_config
-    if qc is None and meta.hf_quant_config is not None:
-        qc = meta.hf_quant_config.get("quantization", meta.hf_quant_config)
-        if not isinstance(qc, dict):
-            return None, "hf_quant_config.json has no quantization object"
-        qc = dict(qc, quant_method=qc.get("quant_method", "modelopt"))
-    if qc is None:
-        return "bf16", "no quantization_config"
-    method = str(qc.get("quant_method", "modelopt")).lower().replace("_", "-")
-    if method == "compressed-tensors":
-        fmt = str(qc.get("format", "")).lower()
-        if "nvfp4" in fmt or "mxfp4" in fmt:
-            return "fp4", f"compressed-tensors format {fmt}"
-        labels = []
-        groups = qc.get("config_groups") or {}
-        if isinstance(groups, dict):
-            for group in groups.values():
-                weights = group.get("weights") if isinstance(group, dict) else None
-                if isinstance(weights, dict):
-                    label = _bits_label(weights.get("num_bits"), str(weights.get("type", "int")).lower())
-                    if label:
-                        labels.append(label)
-        if labels:
-            label = min(labels, key=lambda lbl: _LABEL_BITS[lbl])
-            return label, f"compressed-tensors {label} weights"
-        if "float-quantized" in fmt:
-            return "fp8", "compressed-tensors float-quantized"
-        return None, "compressed-tensors without recognizable config_groups weights"
-    if method in ("awq", "awq-marlin", "gptq", "gptq-marlin", "moe-wna16", "auto-round", "autoround", "quark-int4"):
-        bits = qc.get("bits", qc.get("w_bit", qc.get("weight_bits")))
-        label = _bits_label(bits, "int")
-        return (label, f"{method} bits={bits}") if label else (None, f"{method} with bits={bits}")
-    if method in ("fp8", "fbgemm-fp8", "modelopt-fp8", "w8a8-fp8", "mxfp8", "ptpc-fp8"):
-        return "fp8", method
-    if method in ("mxfp4", "modelopt-fp4", "modelopt-mixed"):
-        return "fp4", method
-    if method in ("w8a8-int8", "w8a8", "qoq"):
-        return "int8", method
-    if method == "w4afp8":
-        return "int4", method
-    if method == "bitsandbytes":
-        if qc.get("load_in_4bit"):
-            return "int4", "bitsandbytes 4-bit"
-        if qc.get("load_in_8bit"):
-            return "int8", "bitsandbytes 8-bit"
-        return None, "bitsandbytes without load_in_4bit/8bit"
-    if method == "modelopt":
-        algo = str(qc.get("quant_algo", "")).upper()
-        if "FP4" in algo:
-            return "fp4", f"modelopt {algo}"
-        if algo in ("FP8", "MXFP8", "FP8_PER_CHANNEL_PER_TOKEN"):
-            return "fp8", f"modelopt {algo}"
-        if algo.startswith("W4A8") or algo == "MIXED_PRECISION":
-            return "int4", f"modelopt {algo}"
-        return None, f"modelopt quant_algo {algo or 'missing'}"
-    return None, f"quant_method {method}"
-
-
-_QUANT_WORDS = (
-    ("fp4", re.compile(r"nvfp4|mxfp4|\bfp4|w4a4")),
-    ("int4", re.compile(r"int4|w4a16|w4a8|awq|gptq|4[-_ ]?bit")),
-    ("fp8", re.compile(r"fp8|float8|e4m3|w8a8[-_]?fp8")),
-    ("int8", re.compile(r"int8|w8a8|8[-_ ]?bit")),
-    ("bf16", re.compile(r"bf16|bfloat16|fp16|float16|\bnone\b|unquantized|full[- ]precision")),
-)
-
-
-def normalize_quantization(text: Any) -> str | None:
-    """Map a free-form provenance value ('INT4 (compressed-tensors)', 'bfloat16', 'sglang-fp8') to a label."""
-    if not isinstance(text, str):
-        return None
-    low = text.lower()
-    for label, pattern in _QUANT_WORDS:
-        if pattern.search(low):
-            return label
-    return None
-
-
-# -- context length ------------------------------------------------------------------------------
-
-_CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
-
-
 def derived_context_length(cfg: dict[str, Any]) -> int | None:
     """The context length SGLang derives from a (text) config, as utils.get_context_length does."""
     factor: float = 1
@@ -287,15 +53,12 @@ def derived_context_length(cfg: dict[str, Any]) -> int | None:
         factor = f if isinstance(f, (int, float)) and not isinstance(f, bool) else 1
         if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
             factor = 1
-    for key in _CONTEXT_LENGTH_KEYS:
+    for key in CONTEXT_LENGTH_KEYS:
         value = cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             length = factor * value
             return int(length) if math.isfinite(length) else None
     return None
-
-
-# -- the checks ----------------------------------------------------------------------------------
 
 
 class _Checks:
@@ -530,11 +293,30 @@ def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None
         c.add(INFO, "AuxLayers", f"SGLang captures the inputs of target layers {captured}", where)
 
 
-def _normalize_llama_name(name: str) -> str:
-    # llama_eagle3.load_weights: midlayer -> layers.0, a missing "model." prefix is added.
+def _draft_weight_name(name: str) -> str:
+    """A draft checkpoint's tensor name in one spelling, without "model." and with layers.0 for midlayer:
+    llama_eagle3.load_weights maps midlayer -> layers.0 and adds a missing "model." prefix; kimi_k25_eagle3
+    maps layers.0 -> midlayer and keeps lm_head at the top level, so both accept either spelling."""
     if name.startswith("model."):
         name = name[len("model."):]
     return name.replace("midlayer.", "layers.0.")
+
+
+class _DraftWeights:
+    """A draft checkpoint's tensors, named as _draft_weight_name spells them, and what the checks found
+    missing or misshapen (in the order they looked)."""
+
+    def __init__(self, tensors: dict[str, TensorInfo]) -> None:
+        self.tensors = {_draft_weight_name(n): info for n, info in tensors.items()}
+        self.missing: list[str] = []
+        self.bad_shapes: list[str] = []
+
+    def expect(self, name: str, shape: tuple[int, ...] | None, why: str = "") -> None:
+        info = self.tensors.get(name)
+        if info is None:
+            self.missing.append(name + (f" ({why})" if why else ""))
+        elif shape is not None and info.shape != shape:
+            self.bad_shapes.append(f"{name} is {list(info.shape)}, expected {list(shape)}{f' ({why})' if why else ''}")
 
 
 def _check_draft_weights(
@@ -543,92 +325,98 @@ def _check_draft_weights(
 ) -> None:
     d = c.d
     assert d.tensors is not None
-    if layout == "llama":
-        tensors = {_normalize_llama_name(n): info for n, info in d.tensors.items()}
-    else:  # mla: kimi_k25_eagle3 maps layers.0.X -> midlayer.X and keeps lm_head at top level
-        tensors = {(n[len("model."):] if n.startswith("model.") else n).replace("midlayer.", "layers.0."): info
-                   for n, info in d.tensors.items()}
+    w = _DraftWeights(d.tensors)
     tie = bool(d.config.get("tie_word_embeddings", False))
     lm_head_from_target = not tie and draft_vocab is None
     head_rows = draft_vocab if draft_vocab is not None else d_vocab
 
-    missing: list[str] = []
-    bad_shapes: list[str] = []
-
-    def expect(name: str, shape: tuple[int, ...] | None, why: str = "") -> None:
-        info = tensors.get(name)
-        if info is None:
-            missing.append(name + (f" ({why})" if why else ""))
-        elif shape is not None and info.shape != shape:
-            bad_shapes.append(f"{name} is {list(info.shape)}, expected {list(shape)}{f' ({why})' if why else ''}")
-
     if use_aux:
-        expect("fc.weight", (d_hidden, fed_width * num_aux), f"hidden x {num_aux} x target hidden")
+        w.expect("fc.weight", (d_hidden, fed_width * num_aux), f"hidden x {num_aux} x target hidden")
     if not tie and not lm_head_from_target:
-        expect("lm_head.weight", (head_rows, d_hidden), "draft_vocab x hidden")
+        w.expect("lm_head.weight", (head_rows, d_hidden), "draft_vocab x hidden")
     if d.top_int("target_hidden_size") not in (None, d_hidden):
         # set_embed skips sharing when target_hidden_size != hidden_size: the draft needs its own.
-        expect("embed_tokens.weight", (d_vocab, d_hidden), "not shared with the target when target_hidden_size != hidden_size")
+        w.expect("embed_tokens.weight", (d_vocab, d_hidden), "not shared with the target when target_hidden_size != hidden_size")
     if draft_vocab is not None and draft_vocab != d_vocab and not lm_head_from_target:
-        expect("d2t", (draft_vocab,), "draft -> target token map")
-    expect("norm.weight", (d_hidden,))
-    expect("layers.0.hidden_norm.weight", (d_hidden,))
-    expect("layers.0.input_layernorm.weight", (d_hidden,))
+        w.expect("d2t", (draft_vocab,), "draft -> target token map")
+    w.expect("norm.weight", (d_hidden,))
+    w.expect("layers.0.hidden_norm.weight", (d_hidden,))
+    w.expect("layers.0.input_layernorm.weight", (d_hidden,))
     if layout == "llama":
-        heads = d.top_int("num_attention_heads", minimum=1)
-        kv_heads = d.top_int("num_key_value_heads", minimum=1) or heads
-        head_dim = d.top_int("head_dim", minimum=1) or (d_hidden // heads if heads else None)
-        q_rows = heads * head_dim if heads and head_dim else None
-        kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
-        for proj, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
-            name = f"layers.0.self_attn.{proj}.weight"
-            info = tensors.get(name)
-            if info is None:
-                missing.append(name)
-            elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden or (rows is not None and info.shape[0] != rows):
-                bad_shapes.append(f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] "
-                                  "(input is 2 x hidden: embedding and fc output)")
-        # transformers' LlamaConfig defaults intermediate_size to 11008 when absent; SGLang's weight
-        # loader then asserts on the first MLP tensor, after the target has loaded.
-        inter = d.top_int("intermediate_size", minimum=1) or 11008
-        expect("layers.0.self_attn.o_proj.weight", (d_hidden, q_rows) if q_rows else None)
-        expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
-        expect("layers.0.mlp.up_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
-        expect("layers.0.mlp.down_proj.weight", (d_hidden, inter), "hidden x intermediate_size")
+        _expect_llama_layer(w, d, d_hidden)
     else:
-        for proj in ("q_a_proj", "kv_a_proj_with_mqa"):
-            name = f"layers.0.self_attn.{proj}.weight"
-            info = tensors.get(name)
-            if info is None:
-                missing.append(name)
-            elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden:
-                bad_shapes.append(f"{name} is {list(info.shape)}, expected input width {2 * d_hidden} (2 x hidden)")
-        for name in ("layers.0.self_attn.kv_b_proj.weight", "layers.0.self_attn.o_proj.weight"):
-            expect(name, None)
+        _expect_mla_layer(w, d_hidden)
 
-    if missing:
+    if w.missing:
         c.add(ERROR, "MissingDrafterWeights",
-              f"drafter checkpoint lacks {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}; SGLang skips "
+              f"drafter checkpoint lacks {', '.join(w.missing[:6])}{' ...' if len(w.missing) > 6 else ''}; SGLang skips "
               "missing names silently, so it would load and then accept nothing", "drafter.weights")
+    _check_token_maps(w, draft_vocab, t_vocab)
+    if w.bad_shapes:
+        c.add(ERROR, "DrafterWeightShapeMismatch",
+              "; ".join(w.bad_shapes[:4]) + (" ..." if len(w.bad_shapes) > 4 else ""), "drafter.weights")
+    _check_unused_weights(c, w.tensors)
 
-    d2t = tensors.get("d2t")
-    t2d = tensors.get("t2d")
+
+def _expect_llama_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int) -> None:
+    """llama_eagle3's decoder layer: attention over [embedding, fc output] (2 x hidden wide), then the MLP."""
+    heads = d.top_int("num_attention_heads", minimum=1)
+    kv_heads = d.top_int("num_key_value_heads", minimum=1) or heads
+    head_dim = d.top_int("head_dim", minimum=1) or (d_hidden // heads if heads else None)
+    q_rows = heads * head_dim if heads and head_dim else None
+    kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
+    for proj, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+        name = f"layers.0.self_attn.{proj}.weight"
+        info = w.tensors.get(name)
+        if info is None:
+            w.missing.append(name)
+        elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden or (rows is not None and info.shape[0] != rows):
+            w.bad_shapes.append(f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] "
+                                "(input is 2 x hidden: embedding and fc output)")
+    # transformers' LlamaConfig defaults intermediate_size to 11008 when absent; SGLang's weight
+    # loader then asserts on the first MLP tensor, after the target has loaded.
+    inter = d.top_int("intermediate_size", minimum=1) or 11008
+    w.expect("layers.0.self_attn.o_proj.weight", (d_hidden, q_rows) if q_rows else None)
+    w.expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
+    w.expect("layers.0.mlp.up_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
+    w.expect("layers.0.mlp.down_proj.weight", (d_hidden, inter), "hidden x intermediate_size")
+
+
+def _expect_mla_layer(w: _DraftWeights, d_hidden: int) -> None:
+    """kimi_k25_eagle3's MLA decoder layer: its input projections read [embedding, fc output], 2 x hidden."""
+    for proj in ("q_a_proj", "kv_a_proj_with_mqa"):
+        name = f"layers.0.self_attn.{proj}.weight"
+        info = w.tensors.get(name)
+        if info is None:
+            w.missing.append(name)
+        elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden:
+            w.bad_shapes.append(f"{name} is {list(info.shape)}, expected input width {2 * d_hidden} (2 x hidden)")
+    for name in ("layers.0.self_attn.kv_b_proj.weight", "layers.0.self_attn.o_proj.weight"):
+        w.expect(name, None)
+
+
+def _check_token_maps(w: _DraftWeights, draft_vocab: int | None, t_vocab: int) -> None:
+    """d2t (draft token -> offset to the target token) and t2d (target token -> in the draft vocabulary)."""
+    d2t = w.tensors.get("d2t")
+    t2d = w.tensors.get("t2d")
     if d2t is not None:
         if draft_vocab is not None and d2t.shape != (draft_vocab,):
-            bad_shapes.append(f"d2t is {list(d2t.shape)}, expected [{draft_vocab}] (one offset per draft token)")
+            w.bad_shapes.append(f"d2t is {list(d2t.shape)}, expected [{draft_vocab}] (one offset per draft token)")
         if d2t.dtype not in ("I64", "I32"):
-            bad_shapes.append(f"d2t has dtype {d2t.dtype}; it holds token-id offsets and must be an integer type (I64)")
+            w.bad_shapes.append(f"d2t has dtype {d2t.dtype}; it holds token-id offsets and must be an integer type (I64)")
     if t2d is not None and t2d.shape != (t_vocab,):
-        bad_shapes.append(f"t2d is {list(t2d.shape)}, expected [{t_vocab}] (one flag per target token)")
-    if bad_shapes:
-        c.add(ERROR, "DrafterWeightShapeMismatch", "; ".join(bad_shapes[:4]) + (" ..." if len(bad_shapes) > 4 else ""),
-              "drafter.weights")
+        w.bad_shapes.append(f"t2d is {list(t2d.shape)}, expected [{t_vocab}] (one flag per target token)")
 
-    known = re.compile(
-        r"^(fc\.(weight|bias)|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|input_norm\.weight|"
-        r"fc_norm\.\d+\.weight|aux_norm_(low|mid|high)\.weight|layers\.\d+\..+)$"
-    )
-    unused = sorted(n for n in tensors if not known.match(n))
+
+# The names a draft class has parameters for; SGLang skips any other tensor without a word.
+_KNOWN_DRAFT_WEIGHT = re.compile(
+    r"^(fc\.(weight|bias)|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|input_norm\.weight|"
+    r"fc_norm\.\d+\.weight|aux_norm_(low|mid|high)\.weight|layers\.\d+\..+)$"
+)
+
+
+def _check_unused_weights(c: _Checks, tensors: dict[str, TensorInfo]) -> None:
+    unused = sorted(n for n in tensors if not _KNOWN_DRAFT_WEIGHT.match(n))
     if unused:
         c.add(WARNING, "UnusedDrafterWeights",
               f"SGLang ignores {len(unused)} tensor(s) it has no parameter for: {', '.join(unused[:4])}"
@@ -650,7 +438,7 @@ def _check_eagle(c: _Checks, t_hidden: int, t_vocab: int) -> None:
         if d.weight_format != "bin":
             c.add(ERROR, "MissingDrafterWeights", f"{d.path} has no model.safetensors or index", "drafter.weights")
         return
-    names = {_normalize_llama_name(n): info for n, info in d.tensors.items()}
+    names = {_draft_weight_name(n): info for n, info in d.tensors.items()}
     fc = names.get("fc.weight")
     if fc is None:
         c.add(ERROR, "MissingDrafterWeights", "drafter checkpoint lacks fc.weight; SGLang would load it and accept nothing", "drafter.weights")
@@ -784,125 +572,3 @@ def _check_context(c: _Checks, context_length: int | None) -> None:
               f"(max_position_embeddings): SGLang {SGLANG_VERSION} refuses to start unless "
               "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, and acceptance degrades on long prompts",
               "drafter.config.max_position_embeddings")
-
-
-# -- command line --------------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line, exit 2 via InputError (never a usage dump)
-        raise InputError(f"{message} (see `specdec validate --help`)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--context-length {text!r}: must be a positive integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--context-length {value}: must be a positive integer")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="specdec validate",
-        description="Check a drafter against its target from metadata only (config.json, tokenizer_config.json, "
-        "safetensors headers, training_provenance.json). Exit 0 compatible, 1 incompatible, 2 unusable input.",
-    )
-    p.add_argument("--target", required=True, metavar="DIR", help="the target model directory")
-    p.add_argument("--drafter", required=True, metavar="DIR",
-                   help="the draft model directory (for NEXTN: the target directory itself, or a separate MTP checkpoint)")
-    p.add_argument("--quantization", default="auto", type=str.lower, choices=QUANTIZATIONS,
-                   help="serving precision; auto (default) reads the target's quantization_config")
-    p.add_argument("--context-length", type=_positive_int, metavar="N", help="the server's --context-length, if set")
-    p.add_argument("--algorithm", default="EAGLE3", type=lambda s: "NEXTN" if s.upper() == "MTP" else s.upper(),
-                   choices=ALGORITHMS, help="speculative algorithm (default EAGLE3; MTP is an alias of NEXTN)")
-    p.add_argument("--json", action="store_true", help="print the full report as JSON")
-    p.add_argument("--termination-log", metavar="PATH",
-                   help="also write a compact JSON summary (<= 4096 bytes) here, e.g. /dev/termination-log")
-    return p
-
-
-def unusable_message(line: str, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
-    """The termination message for unusable input: the one line, also as an error finding so that a
-    reader of `findings` (the operator's status.validation) shows it."""
-    clipped = _clip(line, 1800)
-    while True:  # non-ASCII text grows sixfold as \uXXXX escapes
-        doc = {"compatible": False, "unusable": clipped,
-               "findings": [{"severity": ERROR, "code": "ValidatorInputError", "message": clipped}]}
-        text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
-        if len(text) <= limit:
-            return text
-        clipped = _clip(clipped, len(clipped) * 3 // 4)
-
-
-def _write_termination_log(path: str | None, text: str) -> None:
-    if not path:
-        return
-    try:
-        with open(path, "w", encoding="ascii") as fh:
-            fh.write(text)
-    except OSError as exc:
-        print(f"specdec validate: warning: cannot write termination log {display_path(path)}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[ValidationReport, MetaReader]:
-    """Read both directories and validate; the reader counts the bytes read."""
-    reader = reader or MetaReader()
-    if args.algorithm == "NEXTN":
-        target = read_model_dir(args.target, role="target", weights="names", reader=reader)
-        drafter = target if _same_file(args.target, args.drafter) else read_model_dir(
-            args.drafter, role="drafter", weights="none", reader=reader)
-    else:
-        target = read_model_dir(args.target, role="target", weights="none", reader=reader)
-        drafter = read_model_dir(args.drafter, role="drafter", weights="none", reader=reader)
-        # Only a draft class has weights worth checking; a full model passed as drafter is refused
-        # from its config without parsing hundreds of shard headers.
-        if drafter.config.get("architectures") and drafter.architecture in DRAFT_CLASSES_WITH_CHECKED_WEIGHTS:
-            read_weights(drafter, "headers", reader)
-    report = validate(target, drafter, quantization=args.quantization, context_length=args.context_length,
-                      algorithm=args.algorithm)
-    return report, reader
-
-
-def format_text(report: ValidationReport) -> str:
-    """The human-readable report."""
-    n_err, n_warn = len(report.codes(ERROR)), len(report.codes(WARNING))
-    verdict = "compatible" if report.compatible else "INCOMPATIBLE"
-    lines = [f"{verdict}: {n_err} error(s), {n_warn} warning(s) ({report.algorithm}, serving "
-             f"{report.serving_quantization or 'unknown'} on SGLang {SGLANG_VERSION})"]
-    for f in report.findings:
-        lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
-    t, d = report.target, report.drafter
-    arch = lambda facts: (facts.get("architectures") or ["?"])[0]  # noqa: E731
-    lines.append(f"target:  {arch(t)} hidden {t.get('hidden_size')}, vocab {t.get('vocab_size')}, "
-                 f"{t.get('num_hidden_layers')} layers, {t.get('quantization') or 'unknown'} ({t.get('path')})")
-    lines.append(f"drafter: {arch(d)} hidden {d.get('hidden_size')}, vocab {d.get('vocab_size')}, draft vocab "
-                 f"{d.get('draft_vocab_size', '-')}, {d.get('tensors', '?')} tensors ({d.get('path')})")
-    return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    """`specdec validate`: 0 compatible, 1 incompatible; unusable input raises InputError (exit 2)."""
-    args = build_parser().parse_args(argv)
-    try:
-        report, _ = run(args)
-    except InputError as exc:
-        line = _one_line(str(exc))
-        _write_termination_log(args.termination_log, unusable_message(line))
-        raise InputError(line) from None
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=True))
-    else:
-        print(format_text(report))
-    _write_termination_log(args.termination_log, report.termination_message())
-    return 0 if report.compatible else 1

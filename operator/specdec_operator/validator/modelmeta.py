@@ -25,7 +25,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
+from ..textutil import clip
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -433,16 +434,6 @@ class ModelMeta:
             raise InputError(f"{self.config_file}: {shown} must be a list of layer numbers, got {_short(ids)}")
         return ids
 
-    def weight_shape(self, *names: str) -> tuple[str, tuple[int, ...]] | None:
-        """The first of `names` present in the headers, with its shape."""
-        if not self.tensors:
-            return None
-        for name in names:
-            info = self.tensors.get(name)
-            if info is not None:
-                return name, info.shape
-        return None
-
     def has_tensor_prefix(self, prefix: str) -> bool | None:
         """Whether any tensor name starts with `prefix` (also under a wrapper, e.g. 'language_model.');
         None when the weight names were not read."""
@@ -484,8 +475,25 @@ class ModelMeta:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A config value as messages quote it: JSON (a string in quotes), at most 60 characters."""
+    return clip(json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, str) else repr(value), 60)
+
+
+def language_model_config(config: dict[str, Any], config_file: str) -> tuple[dict[str, Any], str | None]:
+    """The language model's part of a config.json, and the key it sits under (None: the config itself).
+
+    Vision-language wrappers keep hidden_size, vocab_size and num_hidden_layers under one of
+    TEXT_CONFIG_KEYS. The validator and the training pipeline (drafter_training/target.py) both read
+    models through this function, so they cannot disagree on a target's sizes.
+    """
+    for key in TEXT_CONFIG_KEYS:
+        sub = config.get(key)
+        if sub is None:
+            continue
+        if not isinstance(sub, dict):
+            raise InputError(f"{config_file}: {key} must be an object, got {_short(sub)}")
+        return sub, key
+    return config, None
 
 
 def _check_dir(path: str, flag: str) -> str:
@@ -532,15 +540,7 @@ def read_model_dir(
     join = os.path.join
 
     config = reader.read_json(join(path, CONFIG), MAX_CONFIG_BYTES, "config.json")
-    text, text_key = config, None
-    for key in TEXT_CONFIG_KEYS:
-        sub = config.get(key)
-        if sub is None:
-            continue
-        if not isinstance(sub, dict):
-            raise InputError(f"{shown}/{CONFIG}: {key} must be an object, got {_short(sub)}")
-        text, text_key = sub, key
-        break
+    text, text_key = language_model_config(config, f"{shown}/{CONFIG}")
     meta = ModelMeta(path=shown, config=config, text=text, text_config_key=text_key, fs_path=os.fspath(path))
 
     if _exists(join(path, TOKENIZER_CONFIG)):
