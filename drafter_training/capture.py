@@ -403,7 +403,7 @@ async def _capture_sglang(
             chunk = todo[start : start + shard_samples]
             results = await asyncio.gather(*(one(s) for s in chunk))
             tensors: dict[str, torch.Tensor] = {}
-            metas = []
+            metas: list[dict[str, Any]] = []
             for s, parsed in zip(chunk, results):
                 key = f"r{len(index.samples) + len(metas)}"
                 enc = encode_hidden(parsed["aux"], storage, len(layers))

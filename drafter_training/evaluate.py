@@ -25,7 +25,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -207,7 +207,7 @@ def simulated_on_sequence(
     batch = {"input_ids": ids, "loss_mask": loss_mask, "aux": aux.to(device, next(draft.parameters()).dtype),
              "final": final.to(device)}
     d2t_to_target, target_to_draft = draft_ids_of_targets(draft.d2t.cpu(), draft.cfg.vocab_size)
-    head = target.get_output_embeddings().weight.to(device)
+    head = cast(Any, target).get_output_embeddings().weight.to(device)  # a transformers model, typed as its nn.Module
     p, am, iv = target_distribution(batch, head[d2t_to_target.to(device)], head, draft.t2d, target_to_draft.to(device))
     _, _, counts = ttt_loss(draft, batch, p, am, iv, steps, 0.8)
     return counts

@@ -80,6 +80,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
+    inv_freq: torch.Tensor  # a registered buffer
     """Default (unscaled) rotary embedding in the Llama/NeoX rotate-half layout SGLang's Llama uses."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
@@ -141,6 +142,8 @@ class StepCache:
 
 
 class Eagle3Draft(nn.Module):
+    d2t: torch.Tensor  # registered buffers: the vocabulary mapping
+    t2d: torch.Tensor
     """EAGLE-3 draft. Parameter names are SGLang's checkpoint names; `embed_tokens` is the target's (frozen)."""
 
     def __init__(self, cfg: DraftConfig) -> None:
@@ -205,6 +208,7 @@ class Eagle3Draft(nn.Module):
         else:
             cache.diag_k.append(k)
             cache.diag_v.append(v)
+            assert cache.k0 is not None and cache.v0 is not None  # set by the first call
             k0 = cache.k0.repeat_interleave(rep, dim=1)
             v0 = cache.v0.repeat_interleave(rep, dim=1)
             total = k0.shape[2]

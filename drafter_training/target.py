@@ -206,7 +206,7 @@ def load_target(
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: transformers cannot load it ({str(exc).splitlines()[0]})") from None
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() through a decorator mypy misreads
     if kind.endswith("-rtn"):
         bits = int(kind[3])
         apply_rtn_int4_(model, group, bits=bits)

@@ -592,7 +592,7 @@ def _check_provenance(prov: dict[str, Any], shown: str) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, types):
             kind = " or ".join("an integer" if t is int else "a number" if t is float else "a string" for t in types)
             raise InputError(f"{shown}: {key} must be {kind}, got {_short(value)}")
-        if key == "num_samples" and value < 0:
+        if key == "num_samples" and isinstance(value, int) and value < 0:
             raise InputError(f"{shown}: num_samples must be >= 0, got {value}")
     return prov
 
@@ -603,9 +603,8 @@ def _read_weights(meta: ModelMeta, path: str, weights: str, reader: MetaReader) 
     if _exists(single):
         meta.weight_format, meta.weight_files = "safetensors", [SAFETENSORS]
         if weights in ("headers", "names"):
-            tensors, _ = reader.read_safetensors_header(single)
-            meta.tensors = tensors
-            meta.weight_names = frozenset(tensors)
+            meta.tensors, _ = reader.read_safetensors_header(single)
+            meta.weight_names = frozenset(meta.tensors)
         return
     if _exists(index):
         meta.weight_format = "sharded"
