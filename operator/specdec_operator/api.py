@@ -627,6 +627,13 @@ class WorkloadResult(_Model):
     speedup_high: float | None = Field(None, alias="speedupHigh", description="Upper end of the speedup's confidence interval.")
 
 
+class BreakEvenStatus(_Model):
+    concurrency: float | None = Field(None, description="Concurrency where the speedup curve crosses 1.0 (interpolated between measured workloads); unset when it does not cross in the measured range.")
+    low: float | None = Field(None, description="Lower end of its interval; unset when open (below the smallest measured concurrency).")
+    high: float | None = Field(None, description="Upper end of its interval; unset when open (above the largest measured concurrency).")
+    summary: str = Field("", description="For humans: '24 [16, 40]' or 'none in 1-128 (faster at every measured concurrency)'.")
+
+
 class ProbeStatus(_Model):
     decision: Decision | None = Field(None, description="promote or rollback.")
     reason: str | None = Field(None, description="SpeedupConfirmed, SpeedupBelowThreshold, DrafterNotAccepting, Inconclusive or ProbeFailed.")
@@ -638,6 +645,9 @@ class ProbeStatus(_Model):
     speedup: float | None = Field(None, description="Overall speedup: the smallest workload speedup (AllWorkloads) or the weighted one (WeightedMix).")
     revision: str | None = Field(None, description="Speculative revision this decision is for; a decided revision is never probed again.")
     workloads: list[WorkloadResult] | None = Field(None, description="Per-workload results.")
+    break_even: BreakEvenStatus | None = Field(
+        None, alias="breakEven", description="Where speculation stops paying: the concurrency at which the speedup curve over the workloads crosses 1.0."
+    )
 
 
 class MonitorStatus(_Model):

@@ -58,6 +58,9 @@ def render_text(result: ProbeResult) -> str:
             f"  {w.name} (c={w.concurrency}): base {w.base_tok_s or 0:.1f} tok/s, speculative "
             f"{w.speculative_tok_s or 0:.1f} tok/s, speedup {w.speedup:.3f}x [{w.speedup_low or 0:.3f}, {hi}]"
         )
+    found = result.break_even()
+    if found is not None:
+        lines.append(f"break-even concurrency: {found.summary}")
     for warning in result.warnings:
         lines.append(f"warning: {warning}")
     lines.append(result.message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import math
 import random
@@ -13,10 +14,11 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 import aiohttp
 from pydantic import ValidationError
 
-from ..api import ProbeStatus, Variant, Workload, WorkloadResult
+from ..api import BreakEvenStatus, ProbeStatus, Variant, Workload, WorkloadResult
 from ..errors import InputError
 from ..textutil import rfc3339
 from .client import Measurement, ProbeRequestError, get_json, measure
+from .curve import BreakEven, CurvePoint, break_even
 from .decide import (
     MIN_ROUNDS,
     Decision,
@@ -151,6 +153,7 @@ class ProbeResult:
             "started_at": _rfc3339(self.started_at),
             "finished_at": _rfc3339(self.finished_at),
             "wall_seconds": _num(self.wall_seconds, 3),
+            "break_even": dataclasses.asdict(found) if (found := self.break_even()) is not None else None,
         }
 
     def to_status(self, revision: str | None = None) -> ProbeStatus:
@@ -166,7 +169,19 @@ class ProbeResult:
             message=self.message,
             revision=revision,
             workloads=[w.to_status() for w in self.workloads],
+            break_even=self.break_even_status(),
         )
+
+    def break_even(self) -> BreakEven | None:
+        """Where the speedup curve over the workloads' concurrencies crosses 1.0 (probe/curve.py)."""
+        points = [CurvePoint(w.concurrency, w.speedup, w.speedup_low, w.speedup_high) for w in self.workloads if w.speedup is not None]
+        return break_even(points)
+
+    def break_even_status(self) -> BreakEvenStatus | None:
+        found = self.break_even()
+        if found is None:
+            return None
+        return BreakEvenStatus(concurrency=_num(found.concurrency, 2), low=_num(found.low, 2), high=_num(found.high, 2), summary=found.summary)
 
 
 OnRound = Callable[[ProbeResult], "Awaitable[None] | None"]

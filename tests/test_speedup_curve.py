@@ -1,0 +1,80 @@
+"""The speedup curve over concurrency and its break-even point: the pure rule, and a probe against simulators
+whose crossover is known analytically."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+
+import pytest
+
+from specdec_operator import crd
+from specdec_operator.probe import parse_workload, run_probe
+from specdec_operator.probe.curve import CurvePoint, break_even
+from specdec_operator.resource import dump
+from specdec_operator.simulator import SimulatorServer
+from specdec_operator.simulator.model import profile_from_dict
+
+
+def test_a_falling_curve_crosses_where_log_speedup_reaches_zero_between_its_points() -> None:
+    # log-log interpolation: between (16, 2.0) and (64, 0.5) the log speedup falls linearly in log concurrency
+    # and is 0 halfway, at sqrt(16 * 64) = 32.
+    found = break_even([CurvePoint(1, 2.5, 2.2, 2.8), CurvePoint(16, 2.0, 1.5, 2.6), CurvePoint(64, 0.5, 0.4, 0.6)])
+    assert found is not None and found.concurrency == pytest.approx(32.0)
+    # The pessimistic curve (low ends) crosses first, the optimistic one (high ends) last.
+    assert found.low is not None and found.high is not None and found.low < 32.0 < found.high
+    assert found.low == pytest.approx(math.exp(math.log(16) + math.log(1.5) / (math.log(1.5) - math.log(0.4)) * math.log(4)))
+    assert found.summary.startswith("32 [")
+
+
+def test_open_ends_and_no_crossing_are_said_in_words() -> None:
+    # The low end is below 1 everywhere and the high end above 1 everywhere: both ends open.
+    wide = break_even([CurvePoint(1, 1.2, 0.5, 3.0), CurvePoint(128, 0.8, 0.3, 2.0)])
+    assert wide is not None and wide.concurrency is not None and (wide.low, wide.high) == (None, None)
+    assert wide.summary.endswith("[<1, >128]")
+    faster = break_even([CurvePoint(1, 2.0), CurvePoint(64, 1.4), CurvePoint(128, 1.1)])
+    assert faster is not None and faster.concurrency is None and faster.summary == "none in 1-128 (faster at every measured concurrency)"
+    slower = break_even([CurvePoint(4, 0.9), CurvePoint(8, 0.7)])
+    assert slower is not None and slower.summary == "none in 4-8 (slower at every measured concurrency)"
+    rising = break_even([CurvePoint(1, 0.5, 0.4, 0.6), CurvePoint(64, 2.0, 1.8, 2.2)])
+    assert rising is not None and rising.concurrency == pytest.approx(8.0) and rising.low < 8.0 < rising.high
+    assert break_even([CurvePoint(8, 1.5)]) is None  # one concurrency is not a curve
+    assert break_even([CurvePoint(8, 1.5), CurvePoint(8, 0.5)]) is None
+
+
+def test_kubectl_get_wide_shows_the_break_even_from_the_probe_status() -> None:
+    column = next(c for c in crd.PRINTER_COLUMNS if c["name"] == "Break-even")
+    assert column["jsonPath"] == ".status.probe.breakEven.summary" and column["priority"] == 1
+    status = crd.custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert "summary" in status["properties"]["probe"]["properties"]["breakEven"]["properties"]
+
+
+def profile(name: str, step_ms: list[list[float]]):
+    return profile_from_dict({"name": name, "load_seconds": 0, "max_running_requests": 512, "prefill_tokens_per_s": 400000,
+                              "step_ms": step_ms, "speculative": None, "jitter": 0.01, "errors": {}, "stream_interval": 8})
+
+
+def test_a_probe_finds_the_analytic_crossover_of_a_server_that_wins_light_and_loses_heavy() -> None:
+    """Base: a 40 ms decode step at every batch size. The measured server: 20 ms at batch 1, growing linearly to
+    80 ms at 128, one token per step (no drafting, so no acceptance noise: the curve is the step-time ratio).
+    Throughput ratio = 40 / step(c), which is 1 where step(c) = 40 ms: c = 1 + 127 / 3 = 43.3. Prefill costs both
+    servers the same time, so it moves no crossing."""
+    base = profile("flat", [[1, 40.0], [128, 40.0]])
+    steep = profile("steep", [[1, 20.0], [128, 80.0]])
+    workloads = [parse_workload(f"c{c}:{c}:16:64:{max(2, c)}") for c in (1, 16, 32, 64, 128)]
+
+    async def scenario():
+        async with contextlib.AsyncExitStack() as stack:
+            b = await stack.enter_async_context(SimulatorServer(base, time_scale=4, seed=1, load_seconds=0))
+            s = await stack.enter_async_context(SimulatorServer(steep, time_scale=4, seed=2, load_seconds=0))
+            return await run_probe(b, s, workloads, seed=3, max_rounds=4)
+
+    result = asyncio.run(scenario())
+    assert (result.decision, result.reason) == ("rollback", "SpeedupBelowThreshold"), result.message
+    found = result.break_even()
+    assert found is not None and found.concurrency == pytest.approx(1 + 127 / 3, rel=0.15), found
+    assert (found.low or 0) <= 43.3 <= (found.high or math.inf), found
+    status = dump(result.to_status("rev"))
+    assert status["breakEven"]["summary"] == found.summary and status["breakEven"]["concurrency"] == round(found.concurrency, 2)
+    assert result.to_dict()["break_even"]["concurrency"] == found.concurrency
