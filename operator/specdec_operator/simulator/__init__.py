@@ -4,7 +4,8 @@ For tests, the demo and anyone without GPUs. ``SimulatorServer`` runs one in-pro
 runs one as a process. Profiles describe the simulated server (see docs/probe.md).
 """
 
-from .model import Engine, ErrorConfig, Profile, SpeculativeConfig, load_profile, profile_from_dict, shipped_profiles
+from .faults import ErrorConfig
+from .model import Engine, Profile, SpeculativeConfig, load_profile, profile_from_dict, shipped_profiles
 from .server import Simulator, SimulatorServer
 
 __all__ = [

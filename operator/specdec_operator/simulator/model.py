@@ -33,26 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import InputError
+from .faults import ErrorConfig, error_config_from_dict
 
-PROFILE_KEYS = {
-    "name",
-    "load_seconds",
-    "max_running_requests",
-    "prefill_tokens_per_s",
-    "step_ms",
-    "speculative",
-    "jitter",
-    "errors",
-}
-ERROR_KEYS = {
-    "http_500_rate",
-    "timeout_rate",
-    "truncated_stream_rate",
-    "malformed_json_rate",
-    "stall_rate",
-    "stall_seconds",
-    "die_after_requests",
-}
 
 
 @dataclass(frozen=True)
@@ -82,19 +64,6 @@ class SpeculativeConfig:
             mean = sum(mid**i for i in range(depth))
             lo, hi = (mid, hi) if mean < target else (lo, mid)
         return (lo + hi) / 2
-
-
-@dataclass(frozen=True)
-class ErrorConfig:
-    """Fault injection, each rate a per-request probability (drawn from the simulator's seeded RNG)."""
-
-    http_500_rate: float = 0.0
-    timeout_rate: float = 0.0  # accept the request and never answer
-    truncated_stream_rate: float = 0.0  # close the stream half-way, without a finish or [DONE]
-    malformed_json_rate: float = 0.0  # one chunk of the stream is not JSON
-    stall_rate: float = 0.0  # stop streaming half-way for stall_seconds (wall), then finish: too late
-    stall_seconds: float = 30.0
-    die_after_requests: int | None = None  # the server dies (connections reset) after this many /generate
 
 
 @dataclass(frozen=True)
@@ -210,21 +179,7 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         if spec.accept_length_mean > spec.num_draft_tokens:
             raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
     jitter = float(_field(data, "jitter", source, num, minimum=0))
-    raw_errors = data.get("errors", {}) or {}
-    if not isinstance(raw_errors, dict):
-        raise InputError(f"{source}: 'errors' must be an object")
-    unknown = set(raw_errors) - ERROR_KEYS
-    if unknown:
-        raise InputError(f"{source}: unknown errors key(s) {sorted(unknown)}; known: {sorted(ERROR_KEYS)}")
-    for key, value in raw_errors.items():
-        if key == "die_after_requests":
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise InputError(f"{source}: errors.die_after_requests must be null or an integer >= 0")
-        elif isinstance(value, bool) or not isinstance(value, num) or value < 0 or (
-            key.endswith("_rate") and value > 1
-        ):
-            raise InputError(f"{source}: errors.{key} must be a number (rates within 0..1), got {value!r}")
-    errors = ErrorConfig(**raw_errors)
+    errors = error_config_from_dict(data.get("errors", {}) or {}, source)
     optional: dict[str, Any] = {}
     for key, kind in (
         ("model_path", str),
