@@ -197,6 +197,19 @@ def test_stream_interval_batches_tokens_per_event_and_base_has_no_spec_meta():
     assert plain["meta_info"]["finish_reason"]["type"] == "length"
 
 
+def test_max_new_tokens_zero_generates_one_token_even_as_a_fresh_servers_first_request():
+    """The engine generates at least one token, so the output tape must hold one before any request has run."""
+    async def scenario():
+        async with SimulatorServer(profile(), time_scale=20) as url:
+            async with aiohttp.ClientSession() as s:
+                body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}}
+                async with s.post(url + "/generate", json=body) as r:
+                    return r.status, await r.json()
+
+    status, body = asyncio.run(scenario())
+    assert status == 200 and body["meta_info"]["completion_tokens"] == 1 and body["output_ids"] == [1000]
+
+
 def test_openai_endpoints_stream_with_usage():
     async def scenario():
         async with SimulatorServer(profile(), time_scale=20) as url:

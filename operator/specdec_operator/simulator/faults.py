@@ -44,7 +44,7 @@ class ErrorConfig:
     http_500_rate: float = 0.0
     timeout_rate: float = 0.0  # accept the request and never answer
     truncated_stream_rate: float = 0.0  # close the stream half-way, without a finish or [DONE]
-    malformed_json_rate: float = 0.0  # one chunk of the stream is not JSON
+    malformed_json_rate: float = 0.0  # stream events from half-way are not JSON
     stall_rate: float = 0.0  # stop streaming half-way for stall_seconds (wall), then finish: too late
     stall_seconds: float = 30.0
     die_after_requests: int | None = None  # the server dies (connections reset) after this many /generate

@@ -9,6 +9,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 if TYPE_CHECKING:
     from .server import Simulator
 
+TOKENIZER_LABELS = ["model_name", "engine_type"]
+
 
 class SGLangMetrics:
     """A Prometheus collector of one simulated server's scheduler and tokenizer metrics."""
@@ -20,17 +22,19 @@ class SGLangMetrics:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        sim, engine = self.sim, self.sim.engine
-        profile = sim.profile
-        sched_labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
-        tok_labels = ["model_name", "engine_type"]
-        model = sim.served_model_name
+        yield from self._scheduler_gauges()
+        yield from self._tokenizer_counters()
+        yield from self._latency_histograms()
+
+    def _scheduler_gauges(self) -> Iterator[Metric]:
+        sim, engine, profile = self.sim, self.sim.engine, self.sim.profile
+        labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            fam = GaugeMetricFamily(f"sglang:{name}", doc, labels=sched_labels)
+            fam = GaugeMetricFamily(f"sglang:{name}", doc, labels=labels)
             # Every TP rank's scheduler reports; readers average over the label sets.
             for rank in range(profile.tp_size):
-                fam.add_metric([model, "unified", str(rank), "0", "0"], value)
+                fam.add_metric([sim.served_model_name, "unified", str(rank), "0", "0"], value)
             return fam
 
         running = len(engine.running)
@@ -47,23 +51,28 @@ class SGLangMetrics:
             yield gauge("spec_num_steps", "The number of speculative steps.", profile.speculative.num_steps)
             yield gauge("spec_num_draft_tokens", "The number of speculative draft tokens.",
                         profile.speculative.num_draft_tokens)
-        labels = [model, "unified"]
+
+    def _tokenizer_counters(self) -> Iterator[Metric]:
+        engine = self.sim.engine
         for name, doc, value in (
             ("prompt_tokens", "Number of prefill tokens processed.", engine.prompt_tokens_total),
             ("generation_tokens", "Number of generation tokens processed.", engine.generation_tokens_total),
             ("num_requests", "The number of requests.", engine.requests_total),
             ("spec_verify_calls", "Number of speculative verify calls.", engine.verify_calls_total),
         ):
-            fam = CounterMetricFamily(f"sglang:{name}", doc, labels=tok_labels)
-            fam.add_metric(labels, value)
+            fam = CounterMetricFamily(f"sglang:{name}", doc, labels=TOKENIZER_LABELS)
+            fam.add_metric([self.sim.served_model_name, "unified"], value)
             yield fam
+
+    def _latency_histograms(self) -> Iterator[Metric]:
+        engine = self.sim.engine
         for name, doc, hist in (
             ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", engine.ttft_seconds),
             ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", engine.itl_seconds),
             ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
              engine.e2e_seconds),
         ):
-            fam = HistogramMetricFamily(f"sglang:{name}", doc, labels=tok_labels)
+            fam = HistogramMetricFamily(f"sglang:{name}", doc, labels=TOKENIZER_LABELS)
             buckets = [(b if b == "+Inf" else repr(float(b)), c) for b, c in hist.cumulative()]
-            fam.add_metric(labels, buckets, hist.sum)
+            fam.add_metric([self.sim.served_model_name, "unified"], buckets, hist.sum)
             yield fam

@@ -141,43 +141,8 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
     prefill = float(_field(data, "prefill_tokens_per_s", source, num))
     if prefill <= 0:
         raise InputError(f"{source}: 'prefill_tokens_per_s' must be > 0")
-    raw_steps = _field(data, "step_ms", source, list)
-    steps: list[tuple[int, float]] = []
-    for point in raw_steps:
-        ok = (
-            isinstance(point, list)
-            and len(point) == 2
-            and isinstance(point[0], int)
-            and not isinstance(point[0], bool)
-            and isinstance(point[1], num)
-            and point[0] >= 1
-            and point[1] > 0
-        )
-        if not ok:
-            raise InputError(f"{source}: 'step_ms' entries must be [batch >= 1, ms > 0], got {point!r}")
-        steps.append((point[0], float(point[1])))
-    if not steps:
-        raise InputError(f"{source}: 'step_ms' needs at least one [batch, ms] point")
-    steps.sort()
-    if len({b for b, _ in steps}) != len(steps):
-        raise InputError(f"{source}: 'step_ms' has two points for the same batch size")
-    spec = None
-    raw_spec = data.get("speculative", None)
-    if "speculative" not in data:
-        raise InputError(f"{source}: missing key 'speculative' (null for a base server)")
-    if raw_spec is not None:
-        where = f"{source}: speculative"
-        if not isinstance(raw_spec, dict):
-            raise InputError(f"{where} must be null or an object")
-        spec = SpeculativeConfig(
-            algorithm=str(_field(raw_spec, "algorithm", where, str)).upper(),
-            num_steps=_field(raw_spec, "num_steps", where, int, minimum=1),
-            eagle_topk=_field(raw_spec, "eagle_topk", where, int, minimum=1),
-            num_draft_tokens=_field(raw_spec, "num_draft_tokens", where, int, minimum=2),
-            accept_length_mean=float(_field(raw_spec, "accept_length_mean", where, num, minimum=1.0)),
-        )
-        if spec.accept_length_mean > spec.num_draft_tokens:
-            raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
+    steps = _step_points(data, source)
+    spec = _speculative_config(data, source)
     jitter = float(_field(data, "jitter", source, num, minimum=0))
     errors = error_config_from_dict(data.get("errors", {}) or {}, source)
     optional: dict[str, Any] = {}
@@ -198,12 +163,58 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         load_seconds=load_seconds,
         max_running_requests=max_running,
         prefill_tokens_per_s=prefill,
-        step_ms=tuple(steps),
+        step_ms=steps,
         speculative=spec,
         jitter=jitter,
         errors=errors,
         **optional,
     )
+
+
+def _step_points(data: dict, source: str) -> tuple[tuple[int, float], ...]:
+    """The profile's ``step_ms``: [batch, ms] points, sorted by batch, one per batch size."""
+    steps: list[tuple[int, float]] = []
+    for point in _field(data, "step_ms", source, list):
+        ok = (
+            isinstance(point, list)
+            and len(point) == 2
+            and isinstance(point[0], int)
+            and not isinstance(point[0], bool)
+            and isinstance(point[1], (int, float))
+            and point[0] >= 1
+            and point[1] > 0
+        )
+        if not ok:
+            raise InputError(f"{source}: 'step_ms' entries must be [batch >= 1, ms > 0], got {point!r}")
+        steps.append((point[0], float(point[1])))
+    if not steps:
+        raise InputError(f"{source}: 'step_ms' needs at least one [batch, ms] point")
+    steps.sort()
+    if len({b for b, _ in steps}) != len(steps):
+        raise InputError(f"{source}: 'step_ms' has two points for the same batch size")
+    return tuple(steps)
+
+
+def _speculative_config(data: dict, source: str) -> SpeculativeConfig | None:
+    """The profile's ``speculative`` block: null for a base server."""
+    if "speculative" not in data:
+        raise InputError(f"{source}: missing key 'speculative' (null for a base server)")
+    raw = data["speculative"]
+    if raw is None:
+        return None
+    where = f"{source}: speculative"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where} must be null or an object")
+    spec = SpeculativeConfig(
+        algorithm=str(_field(raw, "algorithm", where, str)).upper(),
+        num_steps=_field(raw, "num_steps", where, int, minimum=1),
+        eagle_topk=_field(raw, "eagle_topk", where, int, minimum=1),
+        num_draft_tokens=_field(raw, "num_draft_tokens", where, int, minimum=2),
+        accept_length_mean=float(_field(raw, "accept_length_mean", where, (int, float), minimum=1.0)),
+    )
+    if spec.accept_length_mean > spec.num_draft_tokens:
+        raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
+    return spec
 
 
 def shipped_profiles() -> list[str]:
