@@ -5,8 +5,8 @@ they differ in their bodies (formats.py) and in how a streamed fault looks on th
 
 - /generate streams one event per emission (a speculative step's k tokens arrive in one event at SGLang's
   ``stream_interval`` 1) and ends with ``data: [DONE]``. The stream is written from the engine's step itself
-  (:func:`_stream_generate_from_engine`), which is what lets one core stream a probe's tokens; only a stall, which
-  must pause the stream, goes through the request's queue.
+  (:func:`_stream_generate_from_engine`: one task switch fewer per event than through a queue); only a stall,
+  which must pause the stream, goes through the request's queue.
   From half-way: truncated closes the connection; malformed replaces every event but the last with a cut one.
 - The OpenAI endpoints stream delta chunks through the queue. Half-way, once: truncated closes the connection,
   malformed sends one cut chunk before the event, a stall waits and then finishes unless the client has left.
@@ -55,7 +55,7 @@ class Generation:
     def __init__(self, engine: Engine, tape: OutputTape, ask: GenerationInput) -> None:
         self.ask = ask
         self.req = engine.submit(ask.prompt_tokens, ask.max_new_tokens, ask.stream_interval)
-        tape.ensure(self.req.max_new_tokens)
+        tape.ensure(self.req.max_new_tokens)  # what the engine generates: at least one token, whatever was asked
 
     async def emissions(self) -> AsyncIterator[Emission]:
         """What the engine emits for the request, in order, up to the finishing emission."""
