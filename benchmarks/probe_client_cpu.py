@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import aiohttp
 
 from specdec_operator.api import Workload
 from specdec_operator.probe.client import measure
+from specdec_operator.simulator import SimulatorProcess
 
 PROFILES = {
     # A fast fake GPU: the client, not the server, must be the limit.
@@ -36,16 +36,13 @@ PROFILES = {
 }
 
 
-def start_simulator(kind: str, tmp: str) -> tuple[subprocess.Popen, str]:
+def simulator_process(kind: str, tmp: str) -> SimulatorProcess:
     profile = {"name": f"cpu-{kind}", "load_seconds": 0, "max_running_requests": 1024,
                "prefill_tokens_per_s": 1e7, "jitter": 0.0, "errors": {}, **PROFILES[kind]}
     path = os.path.join(tmp, f"{kind}.json")
     with open(path, "w") as f:
         json.dump(profile, f)
-    proc = subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", path,
-                             "--port", "0", "--seed", "1"], stdout=subprocess.PIPE, text=True)
-    url = proc.stdout.readline().split(" at ")[1].split()[0]
-    return proc, url
+    return SimulatorProcess(path, "--seed", "1")
 
 
 async def run(url: str, workload: Workload) -> dict:
@@ -77,12 +74,8 @@ def main() -> int:
     workload = Workload(name="cpu", concurrency=args.concurrency, input_tokens=args.input_tokens, output_tokens=args.output_tokens, requests=args.requests)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("base", "spec"):
-            proc, url = start_simulator(kind, tmp)
-            try:
+            with simulator_process(kind, tmp) as url:
                 result = asyncio.run(run(url, workload))
-            finally:
-                proc.terminate()
-                proc.wait()
             print(json.dumps({"stream": kind, "concurrency": args.concurrency,
                               "output_tokens": args.output_tokens, **result}))
     return 0

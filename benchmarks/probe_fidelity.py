@@ -29,7 +29,7 @@ import aiohttp
 from specdec_operator.api import Workload
 from specdec_operator.probe import run_probe
 from specdec_operator.probe.client import measure
-from specdec_operator.simulator import load_profile
+from specdec_operator.simulator import SimulatorProcess, load_profile
 
 HERE = os.path.abspath(__file__)
 
@@ -91,18 +91,8 @@ def run_sglang_bench(url: str, tokenizer: str, concurrency: int, input_len: int,
 # --- simulator process ---------------------------------------------------------------------------------
 
 
-class SimProcess:
-    def __init__(self, profile: str, scale: float, seed: int = 1) -> None:
-        self.args = [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", profile, "--port", "0",
-                     "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed)]
-
-    def __enter__(self) -> str:
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
-        return self.proc.stdout.readline().split(" at ")[1].split()[0]
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait()
+def simulator_process(profile: str, scale: float, seed: int = 1) -> SimulatorProcess:
+    return SimulatorProcess(profile, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed))
 
 
 async def probe_tok_s(url: str, workload: Workload) -> float:
@@ -127,9 +117,9 @@ def fidelity(quick: bool) -> list[dict]:
         for concurrency, prompts, scale in cases:
             input_len, output_len = 128, 256
             analytic = profile.analytic_throughput(concurrency, input_len, output_len) * scale
-            with SimProcess(profile_name, scale) as url:
+            with simulator_process(profile_name, scale) as url:
                 probe = asyncio.run(probe_tok_s(url, Workload(name="fid", concurrency=concurrency, input_tokens=input_len, output_tokens=output_len, requests=prompts)))
-            with SimProcess(profile_name, scale) as url:
+            with simulator_process(profile_name, scale) as url:
                 bench = run_sglang_bench(url, tokenizer, concurrency, input_len, output_len, prompts,
                                          os.path.join(tmp, f"bench-{concurrency}.jsonl"))
             rows.append({
@@ -148,15 +138,10 @@ def fidelity(quick: bool) -> list[dict]:
 
 
 async def _decision(base: str, cand: str, workloads: list[Workload], scale: float) -> dict:
-    procs = [SimProcess(base, scale, 1), SimProcess(cand, scale, 2)]
-    urls = [p.__enter__() for p in procs]
-    try:
+    with simulator_process(base, scale, 1) as base_url, simulator_process(cand, scale, 2) as cand_url:
         t = time.perf_counter()
-        result = await run_probe(urls[0], urls[1], workloads, seed=1)
+        result = await run_probe(base_url, cand_url, workloads, seed=1)
         wall = time.perf_counter() - t
-    finally:
-        for p in procs:
-            p.__exit__()
     return {
         "candidate": cand, "decision": result.decision, "reason": result.reason, "rounds": result.rounds,
         "accept_length": result.to_dict()["accept_length"],

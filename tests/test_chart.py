@@ -1127,25 +1127,13 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
     takes the Llama example through validation, deployment, a probe against SGLang simulators, promotion, and
     deletion. Every API request goes through a recording proxy: none may be refused (the RBAC suffices), and
     every permission the chart grants must have been used (the RBAC is minimal)."""
-    import asyncio
-    import threading
     import urllib.request
 
-    from specdec_operator.simulator import SimulatorServer, load_profile
+    from simulators import Simulators
 
     # Two simulators stand in for the base and speculative SGLang servers (no GPU here).
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name="simulators", daemon=True).start()
-
-    def on_loop(coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
-
-    async def simulator(profile: str) -> Any:
-        server = SimulatorServer(load_profile(profile), port=0, time_scale=20.0, seed=11, load_seconds=0)
-        await server.start()
-        return server
-
-    sims = [on_loop(simulator("llama31-8b-base")), on_loop(simulator("llama31-8b-eagle3"))]
+    simulators = Simulators()
+    sims = [simulators.start("llama31-8b-base", seed=11), simulators.start("llama31-8b-eagle3", seed=11)]
     namespace = _make_namespace(core_v1, "sa-e2e")
     name = "llama31-8b"
     (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump({
@@ -1188,9 +1176,7 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
     finally:
         if operator is not None:
             operator.stop()
-        for server in sims:
-            on_loop(server.stop())
-        loop.call_soon_threadsafe(loop.stop)
+        simulators.close()
         core_v1.delete_namespace(namespace, propagation_policy="Background")
 
     # Sufficient: the API server refused nothing the operator asked for.

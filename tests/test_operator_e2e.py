@@ -11,14 +11,12 @@ Times measured here (apply -> Invalid, apply -> decision) are printed at the end
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,14 +25,13 @@ import pytest
 import yaml
 
 from kube import wait_until
-from specdec_operator.simulator import SimulatorServer, load_profile
+from simulators import TIME_SCALE, Simulators, generate_traffic
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
-TIME_SCALE = 20.0
 # The Kimi profiles at concurrency 128 emit ~2,400 tok/s of simulated time: at 5x that is what a Python simulator
 # sharing two cores with the operator can stream without becoming the bottleneck itself.
 KIMI_TIME_SCALE = 5.0
@@ -42,39 +39,7 @@ TIMINGS: dict[str, float] = {}
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Simulators on a background event loop
-
-
-class Simulators:
-    """In-process SGLang simulators on one background asyncio loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="simulators", daemon=True)
-        self.thread.start()
-        self.servers: list[SimulatorServer] = []
-
-    def run(self, coro: Any, timeout: float = 30.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def start(self, profile: str, time_scale: float = TIME_SCALE, seed: int = 7) -> SimulatorServer:
-        async def go() -> SimulatorServer:
-            server = SimulatorServer(load_profile(profile), port=0, time_scale=time_scale, seed=seed, load_seconds=0)
-            await server.start()
-            return server
-
-        server = self.run(go())
-        self.servers.append(server)
-        return server
-
-    def close(self) -> None:
-        for server in self.servers:
-            try:
-                self.run(server.stop(), timeout=10)
-            except Exception:
-                pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+# Simulators on a background event loop (tests/simulators.py)
 
 
 @pytest.fixture
@@ -391,27 +356,10 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     # Acceptance drifts: the drafter stops being accepted while production traffic keeps flowing.
     healthy_accept_length = spec_sim.sim.profile.speculative.accept_length_mean
     spec_sim.sim.engine.set_accept_length_mean(1.0)  # nothing accepted any more
-    stop = threading.Event()
-
-    def traffic() -> None:
-        import urllib.request
-
-        body = json.dumps({"text": "hello " * 32, "sampling_params": {"max_new_tokens": 32, "ignore_eos": True}}).encode()
-        while not stop.is_set():
-            try:
-                urllib.request.urlopen(urllib.request.Request(spec_sim.url + "/generate", data=body, headers={"Content-Type": "application/json"}), timeout=10).read()
-            except Exception:
-                time.sleep(0.2)
-
-    worker = threading.Thread(target=traffic, daemon=True)
-    worker.start()
-    try:
+    with generate_traffic(spec_sim.url, tokens=32):
         drift_started = time.monotonic()
         st = wait_phase(custom_objects, namespace, name, {"RolledBack"}, timeout=60)
         TIMINGS["promoted -> drift rollback (interval 5s, window 2)"] = time.monotonic() - drift_started
-    finally:
-        stop.set()
-        worker.join(5)
     assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
     assert st["monitor"]["belowFloorCount"] >= 2 and st["monitor"]["acceptLength"] < 1.5
     assert stable_variant(core_v1, namespace, name) == "base"

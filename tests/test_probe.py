@@ -28,7 +28,7 @@ from specdec_operator.probe.stats import (
     weighted_percentile,
     weighted_round_ratios,
 )
-from specdec_operator.simulator import SimulatorServer, load_profile, profile_from_dict
+from specdec_operator.simulator import SimulatorProcess, SimulatorServer, load_profile, profile_from_dict
 
 # --- statistics ----------------------------------------------------------------------------------------
 
@@ -335,19 +335,10 @@ def test_cli_unreachable_base_exits_3_and_bad_workload_exits_2(capsys):
 
 
 def test_cli_json_against_simulator_processes():
-    procs = []
-    try:
-        urls = []
-        for name in ("llama31-8b-base", "llama31-8b-eagle3"):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", name, "--port", "0",
-                 "--time-scale", "4", "--load-seconds", "0", "--seed", "3"],
-                stdout=subprocess.PIPE, text=True,
-            )
-            procs.append(proc)
-            urls.append(proc.stdout.readline().split(" at ")[1].split()[0])
+    flags = ("--time-scale", "4", "--load-seconds", "0", "--seed", "3")
+    with SimulatorProcess("llama31-8b-base", *flags) as base, SimulatorProcess("llama31-8b-eagle3", *flags) as candidate:
         run = subprocess.run(
-            [sys.executable, "-m", "specdec_operator.cli", "probe", "--base", urls[0], "--candidate", urls[1],
+            [sys.executable, "-m", "specdec_operator.cli", "probe", "--base", base, "--candidate", candidate,
              "--workload", "one:1:32:64:2", "--workload", "eight:8:32:64:16", "--json", "--seed", "1"],
             capture_output=True, text=True, timeout=120,
         )
@@ -358,7 +349,3 @@ def test_cli_json_against_simulator_processes():
         assert set(doc["workloads"][0]) >= {"name", "concurrency", "base_tok_s", "candidate_tok_s", "speedup",
                                             "speedup_low", "speedup_high"}
         assert "round 3" in run.stderr  # progress lines
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)

@@ -16,7 +16,6 @@ servers are in-process SGLang simulators reached through the operator's --endpoi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,11 +29,11 @@ import pytest
 import yaml
 
 from kube import wait_until
+from simulators import Simulators, generate_traffic
 from test_operator_e2e import (
     GROUP,
     PLURAL,
     VERSION,
-    Simulators,
     compatible_annotations,
     event_reasons,
     example,
@@ -266,21 +265,7 @@ def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster:
     # Acceptance collapses under production traffic; kill the operator once the drift window has started.
     healthy_accept_length = spec.sim.profile.speculative.accept_length_mean
     spec.sim.engine.set_accept_length_mean(1.0)  # nothing accepted any more
-    stop = threading.Event()
-
-    def traffic() -> None:
-        import urllib.request
-
-        body = json.dumps({"text": "hello " * 16, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}).encode()
-        while not stop.is_set():
-            try:
-                urllib.request.urlopen(urllib.request.Request(spec.url + "/generate", data=body, headers={"Content-Type": "application/json"}), timeout=10).read()
-            except Exception:
-                time.sleep(0.2)
-
-    worker = threading.Thread(target=traffic, daemon=True)
-    worker.start()
-    try:
+    with generate_traffic(spec.url, tokens=16):
         wait_until(lambda: ((status(cluster.custom, cluster.namespace, name).get("monitor") or {}).get("belowFloorCount") or 0) >= 1,
                    timeout=60, interval=0.1, message="the first scrape below the floor")
         op.kill()
@@ -288,9 +273,6 @@ def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster:
         assert mid["phase"] == "Promoted" and 1 <= mid["monitor"]["belowFloorCount"] < 3
         op.start()
         st = wait_phase(cluster.custom, cluster.namespace, name, {"RolledBack"}, timeout=90)
-    finally:
-        stop.set()
-        worker.join(5)
     assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
     # Acceptance recovers: the rolled-back revision stays rolled back (no flapping), nothing is probed again.
     spec.sim.engine.set_accept_length_mean(healthy_accept_length)

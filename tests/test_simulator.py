@@ -17,7 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdec_operator.cli import main as specdec_main
 from specdec_operator.errors import InputError
-from specdec_operator.simulator import Engine, SimulatorServer, load_profile, profile_from_dict, shipped_profiles
+from specdec_operator.simulator import (
+    Engine,
+    SimulatorProcess,
+    SimulatorServer,
+    load_profile,
+    profile_from_dict,
+    shipped_profiles,
+)
 
 SEED_PROFILES = ["sglang-base-kimi-k25", "kimi-k2-public-eagle3", "kimi-k25-custom-eagle3"]
 
@@ -188,6 +195,19 @@ def test_stream_interval_batches_tokens_per_event_and_base_has_no_spec_meta():
     assert "spec_verify_ct" not in json.loads(events[-2])["meta_info"]
     assert plain["meta_info"]["completion_tokens"] == 5 and len(plain["output_ids"]) == 5
     assert plain["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_max_new_tokens_zero_generates_one_token_even_as_a_fresh_servers_first_request():
+    """The engine generates at least one token, so the output tape must hold one before any request has run."""
+    async def scenario():
+        async with SimulatorServer(profile(), time_scale=20) as url:
+            async with aiohttp.ClientSession() as s:
+                body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}}
+                async with s.post(url + "/generate", json=body) as r:
+                    return r.status, await r.json()
+
+    status, body = asyncio.run(scenario())
+    assert status == 200 and body["meta_info"]["completion_tokens"] == 1 and body["output_ids"] == [1000]
 
 
 def test_openai_endpoints_stream_with_usage():
@@ -363,12 +383,8 @@ def test_subprocess_dies_after_the_configured_requests(tmp_path):
     data["load_seconds"] = 0
     path = tmp_path / "dying.json"
     path.write_text(json.dumps(data))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", str(path), "--port", "0",
-         "--time-scale", "10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        url = proc.stdout.readline().split(" at ")[1].split()[0]
+    sim = SimulatorProcess(str(path), "--time-scale", "10", stderr=subprocess.PIPE)
+    with sim as url:
 
         async def hammer():
             statuses = []
@@ -382,10 +398,7 @@ def test_subprocess_dies_after_the_configured_requests(tmp_path):
             return statuses
 
         assert asyncio.run(hammer()) == [200, 200, "reset"]
-        assert proc.wait(timeout=10) == 1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        assert sim.proc.wait(timeout=10) == 1
 
 
 @pytest.mark.slow
@@ -400,16 +413,8 @@ def test_sglang_benchmark_client_reads_the_simulator(tmp_path):
     sys.modules[spec.name] = bench
     spec.loader.exec_module(bench)
     tokenizer = bench.build_tokenizer(str(tmp_path))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", "llama31-8b-eagle3", "--port", "0",
-         "--time-scale", "4", "--load-seconds", "0", "--seed", "1"], stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        url = proc.stdout.readline().split(" at ")[1].split()[0]
+    with SimulatorProcess("llama31-8b-eagle3", "--time-scale", "4", "--load-seconds", "0", "--seed", "1") as url:
         result = bench.run_sglang_bench(url, tokenizer, 4, 32, 48, 8, str(tmp_path / "out.jsonl"))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     assert result["completed"] == 8
     assert result["total_output_tokens"] == 8 * 48
     assert result["output_throughput"] > 0 and result["median_ttft_ms"] > 0

@@ -1,10 +1,13 @@
 """An SGLang-compatible simulator: a continuous-batching performance model behind SGLang 0.5.23's HTTP API.
 
 For tests, the demo and anyone without GPUs. ``SimulatorServer`` runs one in-process; ``specdec simulate``
-runs one as a process. Profiles describe the simulated server (see docs/probe.md).
+runs one as a process, and ``SimulatorProcess`` runs that as a child. Profiles describe the simulated server
+(see docs/probe.md).
 """
 
-from .model import Engine, ErrorConfig, Profile, SpeculativeConfig, load_profile, profile_from_dict, shipped_profiles
+from .faults import ErrorConfig
+from .model import Engine, Profile, SpeculativeConfig, load_profile, profile_from_dict, shipped_profiles
+from .process import SimulatorProcess
 from .server import Simulator, SimulatorServer
 
 __all__ = [
@@ -12,6 +15,7 @@ __all__ = [
     "ErrorConfig",
     "Profile",
     "Simulator",
+    "SimulatorProcess",
     "SimulatorServer",
     "SpeculativeConfig",
     "load_profile",

@@ -39,6 +39,7 @@ async def _serve(args: argparse.Namespace) -> None:
         url = await server.start()
     except OSError as exc:
         raise InputError(f"--host/--port: cannot bind {args.host}:{args.port} ({exc.strerror or exc})") from None
+    # process.SimulatorProcess reads the URL from this line.
     print(f"specdec simulate: profile {profile.name} serving SGLang API at {url} "
           f"(time scale {args.time_scale:g})", flush=True)
     stop = asyncio.Event()

@@ -33,26 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import InputError
+from .faults import ErrorConfig, error_config_from_dict
 
-PROFILE_KEYS = {
-    "name",
-    "load_seconds",
-    "max_running_requests",
-    "prefill_tokens_per_s",
-    "step_ms",
-    "speculative",
-    "jitter",
-    "errors",
-}
-ERROR_KEYS = {
-    "http_500_rate",
-    "timeout_rate",
-    "truncated_stream_rate",
-    "malformed_json_rate",
-    "stall_rate",
-    "stall_seconds",
-    "die_after_requests",
-}
 
 
 @dataclass(frozen=True)
@@ -82,19 +64,6 @@ class SpeculativeConfig:
             mean = sum(mid**i for i in range(depth))
             lo, hi = (mid, hi) if mean < target else (lo, mid)
         return (lo + hi) / 2
-
-
-@dataclass(frozen=True)
-class ErrorConfig:
-    """Fault injection, each rate a per-request probability (drawn from the simulator's seeded RNG)."""
-
-    http_500_rate: float = 0.0
-    timeout_rate: float = 0.0  # accept the request and never answer
-    truncated_stream_rate: float = 0.0  # close the stream half-way, without a finish or [DONE]
-    malformed_json_rate: float = 0.0  # one chunk of the stream is not JSON
-    stall_rate: float = 0.0  # stop streaming half-way for stall_seconds (wall), then finish: too late
-    stall_seconds: float = 30.0
-    die_after_requests: int | None = None  # the server dies (connections reset) after this many /generate
 
 
 @dataclass(frozen=True)
@@ -172,59 +141,10 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
     prefill = float(_field(data, "prefill_tokens_per_s", source, num))
     if prefill <= 0:
         raise InputError(f"{source}: 'prefill_tokens_per_s' must be > 0")
-    raw_steps = _field(data, "step_ms", source, list)
-    steps: list[tuple[int, float]] = []
-    for point in raw_steps:
-        ok = (
-            isinstance(point, list)
-            and len(point) == 2
-            and isinstance(point[0], int)
-            and not isinstance(point[0], bool)
-            and isinstance(point[1], num)
-            and point[0] >= 1
-            and point[1] > 0
-        )
-        if not ok:
-            raise InputError(f"{source}: 'step_ms' entries must be [batch >= 1, ms > 0], got {point!r}")
-        steps.append((point[0], float(point[1])))
-    if not steps:
-        raise InputError(f"{source}: 'step_ms' needs at least one [batch, ms] point")
-    steps.sort()
-    if len({b for b, _ in steps}) != len(steps):
-        raise InputError(f"{source}: 'step_ms' has two points for the same batch size")
-    spec = None
-    raw_spec = data.get("speculative", None)
-    if "speculative" not in data:
-        raise InputError(f"{source}: missing key 'speculative' (null for a base server)")
-    if raw_spec is not None:
-        where = f"{source}: speculative"
-        if not isinstance(raw_spec, dict):
-            raise InputError(f"{where} must be null or an object")
-        spec = SpeculativeConfig(
-            algorithm=str(_field(raw_spec, "algorithm", where, str)).upper(),
-            num_steps=_field(raw_spec, "num_steps", where, int, minimum=1),
-            eagle_topk=_field(raw_spec, "eagle_topk", where, int, minimum=1),
-            num_draft_tokens=_field(raw_spec, "num_draft_tokens", where, int, minimum=2),
-            accept_length_mean=float(_field(raw_spec, "accept_length_mean", where, num, minimum=1.0)),
-        )
-        if spec.accept_length_mean > spec.num_draft_tokens:
-            raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
+    steps = _step_points(data, source)
+    spec = _speculative_config(data, source)
     jitter = float(_field(data, "jitter", source, num, minimum=0))
-    raw_errors = data.get("errors", {}) or {}
-    if not isinstance(raw_errors, dict):
-        raise InputError(f"{source}: 'errors' must be an object")
-    unknown = set(raw_errors) - ERROR_KEYS
-    if unknown:
-        raise InputError(f"{source}: unknown errors key(s) {sorted(unknown)}; known: {sorted(ERROR_KEYS)}")
-    for key, value in raw_errors.items():
-        if key == "die_after_requests":
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise InputError(f"{source}: errors.die_after_requests must be null or an integer >= 0")
-        elif isinstance(value, bool) or not isinstance(value, num) or value < 0 or (
-            key.endswith("_rate") and value > 1
-        ):
-            raise InputError(f"{source}: errors.{key} must be a number (rates within 0..1), got {value!r}")
-    errors = ErrorConfig(**raw_errors)
+    errors = error_config_from_dict(data.get("errors", {}) or {}, source)
     optional: dict[str, Any] = {}
     for key, kind in (
         ("model_path", str),
@@ -243,12 +163,58 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         load_seconds=load_seconds,
         max_running_requests=max_running,
         prefill_tokens_per_s=prefill,
-        step_ms=tuple(steps),
+        step_ms=steps,
         speculative=spec,
         jitter=jitter,
         errors=errors,
         **optional,
     )
+
+
+def _step_points(data: dict, source: str) -> tuple[tuple[int, float], ...]:
+    """The profile's ``step_ms``: [batch, ms] points, sorted by batch, one per batch size."""
+    steps: list[tuple[int, float]] = []
+    for point in _field(data, "step_ms", source, list):
+        ok = (
+            isinstance(point, list)
+            and len(point) == 2
+            and isinstance(point[0], int)
+            and not isinstance(point[0], bool)
+            and isinstance(point[1], (int, float))
+            and point[0] >= 1
+            and point[1] > 0
+        )
+        if not ok:
+            raise InputError(f"{source}: 'step_ms' entries must be [batch >= 1, ms > 0], got {point!r}")
+        steps.append((point[0], float(point[1])))
+    if not steps:
+        raise InputError(f"{source}: 'step_ms' needs at least one [batch, ms] point")
+    steps.sort()
+    if len({b for b, _ in steps}) != len(steps):
+        raise InputError(f"{source}: 'step_ms' has two points for the same batch size")
+    return tuple(steps)
+
+
+def _speculative_config(data: dict, source: str) -> SpeculativeConfig | None:
+    """The profile's ``speculative`` block: null for a base server."""
+    if "speculative" not in data:
+        raise InputError(f"{source}: missing key 'speculative' (null for a base server)")
+    raw = data["speculative"]
+    if raw is None:
+        return None
+    where = f"{source}: speculative"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where} must be null or an object")
+    spec = SpeculativeConfig(
+        algorithm=str(_field(raw, "algorithm", where, str)).upper(),
+        num_steps=_field(raw, "num_steps", where, int, minimum=1),
+        eagle_topk=_field(raw, "eagle_topk", where, int, minimum=1),
+        num_draft_tokens=_field(raw, "num_draft_tokens", where, int, minimum=2),
+        accept_length_mean=float(_field(raw, "accept_length_mean", where, (int, float), minimum=1.0)),
+    )
+    if spec.accept_length_mean > spec.num_draft_tokens:
+        raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
+    return spec
 
 
 def shipped_profiles() -> list[str]:

@@ -1,0 +1,79 @@
+"""In-process SGLang simulators for tests that run the operator as a process, and production traffic against them.
+
+The operator under test (a subprocess) reaches the simulators over loopback; they run on one background asyncio
+loop so that the test itself can stay synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import urllib.request
+from typing import Any, Iterator
+
+from specdec_operator.simulator import SimulatorServer, load_profile
+
+TIME_SCALE = 20.0  # simulated seconds per wall second, unless a test asks for another
+
+
+class Simulators:
+    """In-process SGLang simulators on one background asyncio loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="simulators", daemon=True)
+        self.thread.start()
+        self.servers: list[SimulatorServer] = []
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self, profile: str, time_scale: float = TIME_SCALE, seed: int = 7) -> SimulatorServer:
+        async def go() -> SimulatorServer:
+            server = SimulatorServer(load_profile(profile), port=0, time_scale=time_scale, seed=seed, load_seconds=0)
+            await server.start()
+            return server
+
+        server = self.run(go())
+        self.servers.append(server)
+        return server
+
+    def close(self) -> None:
+        for server in self.servers:
+            try:
+                self.run(server.stop(), timeout=10)
+            except Exception:
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def generate_traffic(url: str, tokens: int) -> Iterator[None]:
+    """Production traffic while the block runs: one client sending /generate to ``url`` back to back.
+
+    Each request has a prompt of ``tokens`` words and asks for ``tokens`` new tokens; a failed request is retried
+    after 0.2 s (the server may be dying or restarting: that is what the tests look at).
+    """
+    stop = threading.Event()
+    body = json.dumps({"text": "hello " * tokens,
+                       "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}).encode()
+    request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+
+    def send() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(request, timeout=10).read()
+            except Exception:
+                time.sleep(0.2)
+
+    worker = threading.Thread(target=send, name="traffic", daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.join(5)
