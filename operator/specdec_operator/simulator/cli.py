@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 
+from .. import SGLANG_VERSION
 from ..cliparse import ArgumentParser
 from ..errors import InputError
 from .model import load_profile, shipped_profiles
@@ -16,7 +17,7 @@ from .server import SimulatorServer, exit_process_on_death
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="specdec simulate",
-        description="Serve SGLang 0.5.23's HTTP API (/generate, /v1/*, /metrics, /server_info, /health) over a "
+        description=f"Serve SGLang {SGLANG_VERSION}'s HTTP API (/generate, /v1/*, /metrics, /server_info, /health) over a "
         "continuous-batching performance model. Not a GPU server: a simulator for tests and demos.",
     )
     parser.add_argument("--profile", required=True,

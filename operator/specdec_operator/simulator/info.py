@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import SGLANG_VERSION
+
 if TYPE_CHECKING:
     from .server import Simulator
-
-SGLANG_VERSION = "0.5.23"
 
 
 def server_args(sim: Simulator) -> dict[str, Any]:
