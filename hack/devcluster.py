@@ -715,7 +715,7 @@ def load_images(cluster: Cluster, archives: Sequence[Path | str]) -> list[str]:
     for archive in archives:
         if not Path(archive).is_file():
             raise ClusterError(f"image archive {archive} not found: build it first (make images-local)")
-        proc = node_ctr(cluster, "images", "import", "--no-unpack=false", str(archive))
+        proc = node_ctr(cluster, "images", "import", str(archive))
         if proc.returncode != 0:
             raise ClusterError(f"ctr images import {archive} failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
         names += re.findall(r"^unpacking (\S+)", proc.stdout, flags=re.M)

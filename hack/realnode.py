@@ -519,7 +519,7 @@ def leftovers(name: str, cluster_directory: Path) -> list[str]:
         out.append(f"cgroups {[str(g) for g in groups[:3]]}")
     marker = f"{cluster_directory}/"
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
             with contextlib.suppress(OSError):
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 if marker + "node" in cmdline:
