@@ -57,7 +57,10 @@ crd: venv
 	$(VENV)/bin/specdec crd --reference > docs/api.md
 	@if [ -d charts/specdec-operator/crds ]; then cp crds/specdec.io_speculativeservers.yaml charts/specdec-operator/crds/; fi
 
-test: venv tools
+# CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/test_realnode_e2e.py) needs the
+# node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself.
+test: TOOL_GROUPS := kube etcd helm node
+test: venv tools node-deps
 	$(VENV)/bin/pytest
 
 test-unit: venv
