@@ -65,6 +65,8 @@ stamp_of() {
       node) echo "$NODE_KUBERNETES_VERSION $COREDNS_VERSION" ;;
     esac
     cat "$HACK_DIR/go/$group/go.mod" "$HACK_DIR/go/$group/go.sum"
+    # The node module has main packages of its own (coredns' plugin set, pause).
+    [[ "$group" == node ]] && cat "$HACK_DIR"/go/node/*/*.go
   } | sha256sum | cut -c1-16
 }
 

@@ -1,10 +1,11 @@
-// Command coredns is CoreDNS v1.14 with only the plugins the real node's cluster DNS uses: kubernetes (Services
+// Command coredns is CoreDNS v1.14 with only the plugins the real node's cluster DNS uses: bind, kubernetes (Services
 // and pods of cluster.local), errors, log, health, ready, cache, loadbalance. Importing coremain without
 // core/plugin keeps the dozens of cloud plugins (and their SDKs) out of the build; this is CoreDNS' documented
 // way of embedding it with a chosen plugin set, and it reads the same Corefile syntax.
 package main
 
 import (
+	_ "github.com/coredns/coredns/plugin/bind"
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/health"
