@@ -131,7 +131,7 @@ def api(node_cluster: Any) -> Any:
 
     api_client = config.new_client_from_config(config_file=str(node_cluster.kubeconfig))
     yield {"core": client.CoreV1Api(api_client), "apps": client.AppsV1Api(api_client),
-           "custom": client.CustomObjectsApi(api_client)}
+           "custom": client.CustomObjectsApi(api_client), "discovery": client.DiscoveryV1Api(api_client)}
     api_client.close()
 
 
@@ -358,16 +358,13 @@ def test_a_compatible_drafter_is_probed_over_cluster_dns_and_promoted(node_clust
     url = f"http://llama.{NS}.svc:30000"
     info, gen = run_client(api, "client-promoted", [
         {"url": f"{url}/server_info", "keep": 5000},
-        {"url": f"{url}/generate", "body": {"text": "hello", "sampling_params": {"max_new_tokens": 8}}},
+        {"url": f"{url}/generate", "body": {"text": "hello", "sampling_params": {"max_new_tokens": 8}}, "keep": 2000},
     ])
     assert info.get("status") == 200 and json.loads(info["body"]).get("speculative_algorithm") == "EAGLE3", info
     assert gen.get("status") == 200 and "text" in json.loads(gen["body"]), gen
     assert info["address"] == api["core"].read_namespaced_service("llama", NS).spec.cluster_ip
-    slices = [e for s in api["core"].api_client.call_api(
-        f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices", "GET",
-        query_params=[("labelSelector", "kubernetes.io/service-name=llama")], response_type=object,
-        auth_settings=["BearerToken"], _return_http_data_only=True)["items"] for e in s.get("endpoints") or []]
-    assert {a for e in slices for a in e["addresses"]} == {spec_pod.status.pod_ip}
+    slices = api["discovery"].list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=llama")
+    assert {a for s in slices.items for e in s.endpoints or [] for a in e.addresses} == {spec_pod.status.pod_ip}
     STATE["decided"] = status(api, "llama")
 
 
