@@ -213,6 +213,19 @@ def container_spec(cluster: Any, container_id: str) -> dict[str, Any]:
     return json.loads(proc.stdout)["Spec"]
 
 
+def validator_spec(cluster: Any, api: Any, pod_name: str) -> dict[str, Any]:
+    """container_spec of the pod's validator, which the kubelet keeps restarting (its dead container is removed)."""
+    for _ in range(40):
+        pod = api["core"].read_namespaced_pod(pod_name, NS)
+        container_id = pod.status.init_container_statuses[0].container_id
+        if container_id:
+            proc = devcluster.node_ctr(cluster, "containers", "info", container_id.split("://", 1)[-1])
+            if proc.returncode == 0:
+                return json.loads(proc.stdout)["Spec"]
+        time.sleep(0.5)
+    pytest.fail(f"no validator container of {pod_name} found in containerd", pytrace=False)
+
+
 def server(name: str, drafter: str, *, target: str = "llama", env: dict[str, str] | None = None) -> dict[str, Any]:
     sim_env = {"SIMULATOR_TIME_SCALE": "20", "SIMULATOR_LOAD_SECONDS": "4", **(env or {})}
     return {
@@ -316,7 +329,7 @@ def test_an_incompatible_drafter_is_invalid_from_the_real_validator(node_cluster
     term = (init.state.terminated or init.last_state.terminated)
     assert term.exit_code == 1
     assert json.loads(term.message)["compatible"] is False
-    spec = container_spec(node_cluster, init.container_id)
+    spec = validator_spec(node_cluster, api, pod.metadata.name)
     assert spec["process"]["user"]["uid"] == 65532 and spec["root"]["readonly"] is True
     assert spec["process"]["args"][:2] == ["specdec", "validate"]
     assert not (pod.status.container_statuses or [None])[0] or not pod.status.container_statuses[0].ready
