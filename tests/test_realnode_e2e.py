@@ -115,6 +115,12 @@ def node_cluster() -> Any:
     md.make_target(models / "llama", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER)
     md.make_drafter(models / "llama-eagle3", md.llama31_8b_drafter_config())
     md.make_drafter(models / "kimi-eagle3", md.kimi_drafter_config())
+    # A compatible drafter whose config.json is 3.9 MB (under the validator's 4 MiB cap): parsing it takes ~25 MB
+    # more than the validator's usual ~12 MB, so a 24Mi limit kills it and the usual drafter fits.
+    bloated = md.make_drafter(models / "llama-eagle3-bloated", md.llama31_8b_drafter_config())
+    config = json.loads((bloated / "config.json").read_text())
+    config["specdec_test_padding"] = [0] * 1_950_000
+    (bloated / "config.json").write_text(json.dumps(config, separators=(",", ":")))
     STATE["models"] = models
     try:
         yield cluster
@@ -423,9 +429,9 @@ def test_a_drafter_that_stops_paying_is_rolled_back_and_traffic_returns_to_base(
 
 def test_a_validator_over_its_memory_limit_is_oom_killed_and_reported(node_cluster: Any, api: Any) -> None:
     helm(node_cluster, "upgrade", RELEASE, str(REPO / "charts" / "specdec-operator"), "--namespace", OPERATOR_NS,
-         "--values", helm_values(["--validator-memory-limit=12Mi"]), "--wait", "--timeout", "5m")
+         "--values", helm_values(["--validator-memory-limit=24Mi"]), "--wait", "--timeout", "5m")
     wait(lambda: (p := operator_pod(api)) and p.status.container_statuses[0].ready and p, 120, "upgraded operator")
-    api["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, server("oom", "llama-eagle3"))
+    api["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, server("oom", "llama-eagle3-bloated"))
     st = wait_phase(api, "oom", {"Invalid", "Promoted", "RolledBack", "Failed"}, timeout=240)
     assert st["phase"] == "Invalid", st
     (finding,) = [f for f in st["validation"]["findings"] if f["code"] == "ValidatorOOMKilled"]
@@ -434,7 +440,7 @@ def test_a_validator_over_its_memory_limit_is_oom_killed_and_reported(node_clust
     init = pod.status.init_container_statuses[0]
     term = init.state.terminated or init.last_state.terminated
     assert term.reason == "OOMKilled" and term.exit_code == 137
-    assert pod.spec.init_containers[0].resources.limits["memory"] == "12Mi"
+    assert pod.spec.init_containers[0].resources.limits["memory"] == "24Mi"
     api["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "oom")
 
 
