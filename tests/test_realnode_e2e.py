@@ -35,7 +35,8 @@ import devcluster  # noqa: E402
 import model_dirs as md  # noqa: E402
 import realnode  # noqa: E402
 
-pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
+# The first test also pays for the images (a cold `make images-local` takes about 6 minutes on 2 loaded cores).
+pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.timeout(1800)]
 
 GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
 RELEASE, OPERATOR_NS, NS = "specdec", "specdec-system", "realnode-e2e"
