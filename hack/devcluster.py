@@ -1211,6 +1211,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster = up(args.name, log=say, real_node=args.real_node)
             if args.real_node and args.load_images is not None:
                 archives = args.load_images or _built_image_archives()
+                if not archives:
+                    say("real node: no image archives to import yet (make images-local builds them)")
                 for image in load_images(cluster, archives):
                     say(f"real node: image {image} imported")
             nodes = cluster.kubectl("get", "nodes", "-L", "nvidia.com/gpu.product,nvidia.com/gpu.family").stdout
