@@ -311,6 +311,8 @@ def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any
     spec = container_spec(node_cluster, pod.status.container_statuses[0].container_id)
     assert spec["process"]["user"]["uid"] == 65532 and spec["root"]["readonly"] is True
     assert spec["process"]["args"][:2] == ["specdec", "run"]
+    # In the cluster, nothing maps Services to URLs: the operator reaches the servers by cluster DNS.
+    assert not any(arg.startswith("--endpoints") for arg in spec["process"]["args"])
     # The liveness endpoint and the metrics, as the kubelet's probe and Prometheus see them: the pod's address,
     # and the metrics Service by its cluster DNS name.
     health, = run_client(api, "client-healthz", [{"url": f"http://{pod.status.pod_ip}:8080/healthz"}])
@@ -353,6 +355,22 @@ def test_a_missing_model_directory_is_a_validator_input_error_naming_the_path(no
     init = pod.status.init_container_statuses[0]
     assert (init.state.terminated or init.last_state.terminated).exit_code == 2
     api["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "missing")
+
+    # The whole model volume missing: a hostPath without a type is created empty by the runtime, and the validator
+    # names the target directory it cannot find. (With `type: Directory` the kubelet refuses to mount it instead:
+    # FailedMount events, and the server stays Validating; see docs/development.md.)
+    absent = STATE["models"].parent / f"specdec-realnode-absent-{os.getpid()}"
+    cr = server("novolume", "llama-eagle3")
+    cr["spec"]["model"]["volume"] = {"hostPath": {"path": str(absent)}}
+    try:
+        api["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, cr)
+        st = wait_phase(api, "novolume", {"Invalid", "Promoted", "RolledBack", "Failed"}, timeout=180)
+        assert st["phase"] == "Invalid", st
+        (finding,) = [f for f in st["validation"]["findings"] if f["code"] == "ValidatorInputError"]
+        assert "llama" in finding["message"] and "no such directory" in finding["message"], finding
+        api["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "novolume")
+    finally:
+        shutil.rmtree(absent, ignore_errors=True)
 
 
 def test_a_compatible_drafter_is_probed_over_cluster_dns_and_promoted(node_cluster: Any, api: Any) -> None:
