@@ -10,7 +10,7 @@ SGLANG_VERSION ?= 0.5.23
 # Image names, tags and pinned bases (one place, shared with the chart): OPERATOR_IMAGE, OPERATOR_TAG, ...
 include images/images.env
 
-.PHONY: help venv tools cluster-up cluster-down lint test test-unit crd demo manifests images clean
+.PHONY: help venv tools node-deps cluster-up cluster-down lint test test-unit crd demo manifests images images-local clean
 
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
@@ -18,9 +18,11 @@ help:
 	@echo "make lint         ruff (lint and format check) and mypy over the tree (configured in pyproject.toml)"
 	@echo "make tools        build kube-apiserver/controller-manager/scheduler, etcd, kwok, helm into $(SPECDEC_TOOLS_DIR)"
 	@echo "make cluster-up   start the local control plane with simulated GPU nodes (cluster-down stops it)"
+	@echo "                  REAL_NODE=1: plus one real node running real containers (images: make images-local)"
 	@echo "make crd          regenerate crds/, the chart's copy and docs/api.md from the pydantic API"
 	@echo "make manifests    render dist/install.yaml for users without Helm"
-	@echo "make images       build the operator and drafter-training images (names and tags: images/images.env)"
+	@echo "make images       build the operator, drafter-training and sglang-simulator images (docker or buildah; images/images.env)"
+	@echo "make images-local the same without a registry: a Debian base from mmdebstrap, then operator + simulator"
 
 # The virtualenv is rebuilt when pyproject.toml changes. SGLang is installed without its dependencies:
 # the tests only need its argument parser and its benchmark client, not its GPU runtime.
@@ -33,11 +35,20 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-tools:
-	hack/tools.sh
+# REAL_NODE=1: also the real node's kubelet, kube-proxy, CoreDNS and pause (hack/tools.sh group `node`), and with
+# cluster-up one real node beside the kwok nodes (containerd, runc and the CNI plugins come from the machine:
+# `make node-deps` installs them with apt-get).
+REAL_NODE ?=
+TOOL_GROUPS := kube etcd helm $(if $(REAL_NODE),node)
 
-cluster-up: tools venv
-	$(PY) hack/devcluster.py up
+tools:
+	hack/tools.sh $(TOOL_GROUPS)
+
+node-deps:
+	hack/node-deps.sh
+
+cluster-up: tools venv $(if $(REAL_NODE),node-deps)
+	$(PY) hack/devcluster.py up $(if $(REAL_NODE),--real-node --load-images)
 
 cluster-down:
 	$(PY) hack/devcluster.py down
@@ -52,7 +63,10 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: venv lint tools
+# CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/test_realnode_e2e.py) needs the
+# node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself.
+test: TOOL_GROUPS := kube etcd helm node
+test: venv lint tools node-deps
 	$(VENV)/bin/pytest
 
 test-unit: venv
@@ -64,13 +78,31 @@ demo: venv tools
 manifests: venv tools
 	hack/manifests.sh
 
-# Needs a Docker/BuildKit engine (not available on the CI machine; the Dockerfiles are linted by tests/test_images.py).
+# `make images`: the operator, drafter-training and SGLang-simulator images from images/*/Dockerfile, with Docker/
+# BuildKit where an engine answers and with buildah otherwise (hack/build-image.sh; same Dockerfiles, arguments and
+# tags either way). With buildah each image is also written as an OCI archive under ~/.cache/specdec-operator/images
+# for `ctr images import` (the real node of hack/devcluster.py loads them).
+# IMAGES: which images (default all three). The training base carries torch 2.14.1 + CUDA 13 (several GB).
+IMAGES ?= operator training simulator
+BUILD_IMAGE := hack/build-image.sh
+
 images:
-	docker build -f images/operator/Dockerfile --build-arg BASE_IMAGE=$(OPERATOR_BASE_IMAGE) \
-	  --build-arg VERSION=$(OPERATOR_TAG) -t $(OPERATOR_IMAGE):$(OPERATOR_TAG) .
-	docker build -f images/drafter-training/Dockerfile --build-arg BASE_IMAGE=$(TRAINING_BASE_IMAGE) \
+	@for image in $(IMAGES); do case $$image in operator|training|simulator) ;; \
+	  *) echo "make images: unknown image '$$image' (IMAGES: operator training simulator)" >&2; exit 2 ;; esac; done
+	$(if $(filter operator,$(IMAGES)),$(BUILD_IMAGE) -f images/operator/Dockerfile --build-arg BASE_IMAGE=$(OPERATOR_BASE_IMAGE) \
+	  --build-arg VERSION=$(OPERATOR_TAG) -t $(OPERATOR_IMAGE):$(OPERATOR_TAG) .)
+	$(if $(filter training,$(IMAGES)),$(BUILD_IMAGE) -f images/drafter-training/Dockerfile --build-arg BASE_IMAGE=$(TRAINING_BASE_IMAGE) \
 	  --build-arg VERSION=$(TRAINING_TAG) --build-arg TORCH_VERSION=$(TRAINING_TORCH_VERSION) \
-	  -t $(TRAINING_IMAGE):$(TRAINING_TAG) .
+	  -t $(TRAINING_IMAGE):$(TRAINING_TAG) .)
+	$(if $(filter simulator,$(IMAGES)),$(BUILD_IMAGE) -f images/simulator/Dockerfile --build-arg BASE_IMAGE=$(OPERATOR_BASE_IMAGE) \
+	  --build-arg VERSION=$(SIMULATOR_TAG) -t $(SIMULATOR_IMAGE):$(SIMULATOR_TAG) .)
+
+# `make images-local`: no registry needed. A Debian base made here by mmdebstrap (LOCAL_BASE_IMAGE), then the
+# operator and simulator images FROM it. The training image needs torch 2.14.1 + CUDA in its base: it is left
+# out here (IMAGES=training with a TRAINING_BASE_IMAGE that carries that torch builds it).
+images-local:
+	$(BUILD_IMAGE) --local-base
+	$(MAKE) images IMAGES="$(filter-out training,$(IMAGES))" OPERATOR_BASE_IMAGE=$(LOCAL_BASE_IMAGE)
 
 clean:
 	rm -rf $(VENV) dist build

@@ -36,6 +36,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,7 +50,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+if __package__:  # imported as hack.devcluster (the tests)
+    from . import realnode  # the optional real node
+else:  # run as a script (python3 hack/devcluster.py): its directory is on sys.path
+    import realnode
+
 HACK_DIR = Path(__file__).resolve().parent
+
 REPO_DIR = HACK_DIR.parent
 NODES_MANIFEST = HACK_DIR / "kwok" / "nodes.yaml"
 STAGES_MANIFEST = HACK_DIR / "kwok" / "stages.yaml"
@@ -404,6 +411,29 @@ def _ensure_pki(pki: Path) -> None:
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
+# The real node's identities, made only for clusters started with a real node (signed by the same CA).
+_NODE_CERTS = (
+    ("kubelet", f"/O=system:nodes/CN=system:node:{realnode.NODE_NAME}", "client"),
+    ("kube-proxy", "/CN=system:kube-proxy", "client"),
+    ("coredns", "/CN=specdec:coredns", "client"),
+    # The API server's client certificate towards the kubelet (logs, exec, port-forward).
+    ("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", "client"),
+)
+
+
+def _ensure_node_pki(pki: Path) -> None:
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    for stem, subject, profile in _NODE_CERTS:
+        if (pki / f"{stem}.crt").exists():
+            continue
+        _openssl("req", "-new", *ec, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", subject,
+                 "-config", "openssl.cnf", cwd=pki)
+        _openssl("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "3650",
+                 "-out", f"{stem}.crt", "-extfile", "openssl.cnf", "-extensions", profile, cwd=pki)
+        (pki / f"{stem}.csr").unlink()
+
+
 def _kubeconfig(server: str, pki: Path, user: str, context: str, embed: bool) -> str:
     """A kubeconfig for one identity; ``embed`` inlines the certificates so the file can be copied alone."""
 
@@ -438,13 +468,30 @@ current-context: {context}
 
 
 def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_manager_args: Sequence[str] = (),
-              apiserver_args: Sequence[str] = ()) -> dict[str, list[str]]:
+              apiserver_args: Sequence[str] = (), node_ip: str | None = None) -> dict[str, list[str]]:
     pki = directory / "pki"
     data = directory / "etcd-data"
     server = f"https://127.0.0.1:{ports['kube-apiserver']}"
     etcd_url = f"http://127.0.0.1:{ports['etcd']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
     component_kubeconfig = {c: directory / f"{c}.kubeconfig" for c in ("controller-manager", "scheduler", "kwok")}
+    if node_ip:
+        # A real node: pods reach the API server through the `kubernetes` Service, whose endpoint is this
+        # address (a loopback address cannot be one), and the API server reaches the kubelet.
+        apiserver_network = [
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={node_ip}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
+    else:
+        apiserver_network = [
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            # The 'kubernetes' Service cannot point at a loopback address; nothing in the cluster needs it.
+            "--endpoint-reconciler-type=none",
+        ]
     return {
         "etcd": [
             str(tools / "etcd"),
@@ -464,8 +511,7 @@ def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_ma
         "kube-apiserver": [
             str(tools / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *apiserver_network,
             f"--secure-port={ports['kube-apiserver']}",
             f"--cert-dir={directory / 'apiserver-certs'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -477,8 +523,6 @@ def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_ma
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--allow-privileged=true",
-            # The 'kubernetes' Service cannot point at a loopback address; nothing in the cluster needs it.
-            "--endpoint-reconciler-type=none",
             "--profiling=false",
             # e.g. an audit log: benchmarks/scale.py --audit attributes the API server's requests to their clients.
             *apiserver_args,
@@ -618,6 +662,210 @@ def _cluster_from_state(name: str, state: dict) -> Cluster:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# The real node (hack/realnode.py holds its configuration and the machine clean-up)
+
+
+def _node_alive(directory: Path, state: dict, any_component: bool = False) -> bool:
+    pids = (state.get("real_node") or {}).get("pids") or {}
+    if not pids:
+        return False
+    alive = [_is_ours(int(pids.get(c, 0)), directory) for c in realnode.COMPONENTS]
+    return any(alive) if any_component else all(alive)
+
+
+def _node_health_checks(directory: Path, ports: dict[str, int]) -> dict[str, Callable[[], bool]]:
+    nd = realnode.node_dir(directory)
+
+    def containerd() -> bool:
+        return (nd / "containerd" / "containerd.sock").exists() and subprocess.run(
+            ["ctr", "--address", str(nd / "containerd" / "containerd.sock"), "version"], capture_output=True,
+            timeout=10).returncode == 0
+
+    return {
+        "containerd": containerd,
+        "kube-proxy": lambda: _get_ok(f"http://127.0.0.1:{ports['kube-proxy-healthz']}/livez"),
+        "coredns": lambda: _get_ok(f"http://127.0.0.1:{ports['coredns-ready']}/ready"),
+        "kubelet": lambda: _get_ok(f"http://127.0.0.1:{ports['kubelet-healthz']}/healthz"),
+    }
+
+
+def _choose_node_ports(name: str, previous: dict[str, int] | None) -> dict[str, int]:
+    names = realnode.PORT_NAMES
+    if previous and set(previous) == set(names) and all(_port_free(p) for p in previous.values()):
+        return dict(previous)
+    blocks = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK
+    start = int(hashlib.sha256(f"{name}/real-node".encode()).hexdigest(), 16) % blocks
+    for step in range(blocks):
+        base = PORT_RANGE[0] + ((start + step) % blocks) * PORT_BLOCK
+        ports = {port_name: base + offset for offset, port_name in enumerate(names)}
+        if all(_port_free(p) for p in ports.values()):
+            return ports
+    raise ClusterError(f"no free block of {len(names)} ports for the real node")
+
+
+def node_ctr(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run `ctr` against the real node's containerd, in the CRI's namespace (k8s.io)."""
+    sock = realnode.node_dir(cluster.directory) / "containerd" / "containerd.sock"
+    return subprocess.run(["ctr", "--address", str(sock), "--namespace", "k8s.io", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def load_images(cluster: Cluster, archives: Sequence[Path | str]) -> list[str]:
+    """Import OCI/Docker image archives into the real node's containerd; returns the image names imported."""
+    if not (realnode.node_dir(cluster.directory) / "containerd" / "containerd.sock").exists():
+        raise ClusterError(f"cluster {cluster.name!r} has no real node: `up --real-node` first")
+    names = []
+    for archive in archives:
+        if not Path(archive).is_file():
+            raise ClusterError(f"image archive {archive} not found: build it first (make images-local)")
+        proc = node_ctr(cluster, "images", "import", str(archive))
+        if proc.returncode != 0:
+            raise ClusterError(f"ctr images import {archive} failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+        names += re.findall(r"^unpacking (\S+)", proc.stdout, flags=re.M)
+    return names
+
+
+def _node_wait(what: str, check: Callable[[], Any], deadline: float, pid_of: Callable[[], list[tuple[str, int]]],
+               directory: Path) -> Any:
+    while True:
+        result = check()
+        if result:
+            return result
+        for component, pid in pid_of():
+            if not _alive(pid, directory):
+                log = directory / "logs" / f"node-{component}.log"
+                raise ClusterError(f"real node: {component} {_exit_reason(pid)} while waiting for {what}; "
+                                   f"last lines of {log}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"real node: timed out waiting for {what} (logs in {directory / 'logs'}/node-*.log)")
+        time.sleep(0.25)
+
+
+def _start_node(cluster: Cluster, state: dict, tie_to_parent: bool, deadline: float,
+                say: Callable[[str], None]) -> None:
+    name, directory, tools = cluster.name, cluster.directory, cluster.tools
+    started = time.monotonic()
+    realnode.claim_machine(directory, lambda other: _node_alive(other, _read_state(other.name), any_component=True))
+    nd = realnode.node_dir(directory)
+    ip = state["node_ip"]
+    previous = state.get("real_node") or {}
+    node: dict[str, Any] = {
+        "ip": ip,
+        "ports": _choose_node_ports(name, previous.get("ports")),
+        "pids": {},
+        # Kept from an earlier run that did not finish its `down`: those are the machine's own values.
+        "sysctls": previous.get("sysctls") or realnode.read_sysctls(),
+        "bridge": realnode.bridge_name(name),
+        "subnet": realnode.pod_subnet(name),
+    }
+    state["real_node"] = node
+    _write_state(name, state)
+    shutil.rmtree(nd, ignore_errors=True)
+    for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "runc"):
+        (nd / sub).mkdir(parents=True, exist_ok=True)
+    pki = directory / "pki"
+    ports = node["ports"]
+    (nd / "containerd.toml").write_text(realnode._containerd_config(nd))
+    (nd / "cni" / "net.d" / "10-specdec.conflist").write_text(realnode._cni_config(name, nd))
+    (nd / "kubelet.json").write_text(realnode._kubelet_config(nd, pki, ports, ip))
+    (nd / "kube-proxy.json").write_text(realnode._kube_proxy_config(name, nd, ports))
+    (nd / "Corefile").write_text(realnode._corefile(nd, ports, ip))
+    for user in ("kubelet", "kube-proxy", "coredns"):
+        (nd / f"{user}.kubeconfig").write_text(_kubeconfig(cluster.server, pki, user, f"specdec-{name}", embed=False))
+    labels = ",".join(f"{k}={v}" for k, v in realnode.NODE_LABELS.items())
+    commands = {
+        "containerd": ["containerd", "--config", str(nd / "containerd.toml"), "--log-level", "warn"],
+        "kube-proxy": [str(tools / "kube-proxy"), f"--config={nd / 'kube-proxy.json'}", "--v=1"],
+        "coredns": [str(tools / "coredns"), "-conf", str(nd / "Corefile")],
+        "kubelet": [str(tools / "kubelet"), f"--config={nd / 'kubelet.json'}",
+                    f"--kubeconfig={nd / 'kubelet.kubeconfig'}", f"--root-dir={nd / 'kubelet'}",
+                    f"--cert-dir={nd / 'kubelet' / 'pki'}", f"--hostname-override={realnode.NODE_NAME}",
+                    f"--node-ip={ip}", f"--node-labels={labels}"],
+    }
+    checks = _node_health_checks(directory, ports)
+
+    def pids() -> list[tuple[str, int]]:
+        return [(c, int(p)) for c, p in node["pids"].items()]
+
+    def spawn(component: str) -> None:
+        node["pids"][component] = _spawn(commands[component], directory / "logs" / f"node-{component}.log",
+                                         directory, tie_to_parent)
+        _write_state(name, state)
+
+    spawn("containerd")
+    _node_wait("containerd", checks["containerd"], deadline, pids, directory)
+    archive = realnode.pause_archive(tools, nd / "pause.oci.tar")
+    load_images(cluster, [archive])
+    say(f"real node: containerd ready, pause image imported after {time.monotonic() - started:.1f}s")
+    cluster.kubectl("apply", "-f", "-", input=realnode._dns_objects(ip, ports["coredns"]))
+    for component in ("kube-proxy", "coredns", "kubelet"):
+        spawn(component)
+
+    def node_ready() -> bool:
+        got = _api_get(cluster, f"/api/v1/nodes/{realnode.NODE_NAME}") or {}
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (got.get("status") or {}).get("conditions") or [])
+
+    _node_wait(f"node {realnode.NODE_NAME} Ready", node_ready, deadline, pids, directory)
+    # Simulated GPUs: an extended resource advertised in the node's status (the kubelet keeps it in allocatable).
+    cluster.kubectl("patch", "node", realnode.NODE_NAME, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"capacity": {"nvidia.com/gpu": realnode.GPU_COUNT}}}))
+
+    def gpus_allocatable() -> bool:
+        got = _api_get(cluster, f"/api/v1/nodes/{realnode.NODE_NAME}") or {}
+        return ((got.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu") == realnode.GPU_COUNT
+
+    _node_wait("nvidia.com/gpu allocatable", gpus_allocatable, deadline, pids, directory)
+    for component in ("kube-proxy", "coredns"):
+        _node_wait(component, checks[component], deadline, pids, directory)
+    node["started_seconds"] = round(time.monotonic() - started, 2)
+    _write_state(name, state)
+    say(f"real node {realnode.NODE_NAME} ({ip}, pods {node['subnet']}) Ready with {realnode.GPU_COUNT} simulated "
+        f"GPUs after {node['started_seconds']:.1f}s")
+
+
+def _stop_node(name: str, state: dict) -> None:
+    """Stop the real node and remove all it made on the machine (safe to call when there is none)."""
+    node = state.get("real_node")
+    if not node or not node.get("pids"):
+        return  # this cluster runs no real node: the machine's kubepods, bridges and chains may be another's
+    directory = cluster_dir(name)
+    nd = realnode.node_dir(directory)
+    pids = node.get("pids") or {}
+    for component in ("kubelet", "coredns", "kube-proxy"):
+        if component in pids:
+            _stop_pid(int(pids[component]), directory, grace=5.0)
+    # Container processes and their shims: everything in the kubepods cgroups, then the shims of our containerd.
+    realnode.kill_cgroup_processes()
+    sock = str(nd / "containerd" / "containerd.sock")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            cmdline = _proc_cmdline(int(entry.name))
+            if cmdline and "containerd-shim" in cmdline[0] and sock in cmdline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+    if "containerd" in pids:
+        _stop_pid(int(pids["containerd"]), directory, grace=5.0)
+    realnode.kill_cgroup_processes()
+    realnode.unmount_all(nd)
+    realnode.remove_cgroups()
+    if realnode.link_exists(node.get("bridge") or realnode.bridge_name(name)):
+        subprocess.run(["ip", "link", "delete", node.get("bridge") or realnode.bridge_name(name)], capture_output=True)
+    kube_proxy = Path(state.get("tools") or tools_dir()) / "kube-proxy"
+    if kube_proxy.exists():
+        subprocess.run([str(kube_proxy), "--cleanup"], capture_output=True, timeout=60)
+    realnode.remove_iptables_leftovers()
+    realnode.remove_dead_shim_sockets()
+    realnode.restore_sysctls(node.get("sysctls") or {})
+    realnode.release_machine(directory)
+    if not realnode.unmount_all(nd):
+        shutil.rmtree(nd, ignore_errors=True)
+    state["real_node"] = {"ports": node.get("ports")}
+    if _state_path(name).exists():
+        _write_state(name, state)
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Public API
 
 
@@ -630,8 +878,12 @@ def up(
     controller_manager_args: Sequence[str] = (),
     apiserver_args: Sequence[str] = (),
     kwok_options: dict[str, Any] | None = None,
+    real_node: bool = False,
 ) -> Cluster:
     """Start the cluster ``name`` (or return it when it is already up and healthy).
+
+    ``real_node``: also start one real node (containerd, kubelet, kube-proxy, CoreDNS: hack/realnode.py) beside
+    the kwok nodes; needs root, containerd/runc/CNI plugins from the machine and ``hack/tools.sh node``.
 
     ``controller_manager_args``, ``apiserver_args``: extra kube-controller-manager and kube-apiserver flags (kept
     for ``restart``). ``kwok_options``: KwokConfiguration options (e.g. ``podPlayStageParallelism``), added to
@@ -646,9 +898,18 @@ def up(
     missing = missing_tools(tools)
     if missing:
         raise ClusterError(f"control-plane tools missing in {tools} ({', '.join(missing)}): run `make tools`")
+    if real_node:
+        why = realnode.can_run_containers()
+        if why:
+            raise ClusterError(f"cannot start a real node: {why}")
+        missing = realnode.missing_node_tools(tools)
+        if missing:
+            raise ClusterError(f"real-node tools missing in {tools} ({', '.join(missing)}): run `make tools REAL_NODE=1`")
     directory = cluster_dir(name)
     with _locked(name):
         state, alive = _running(name)
+        if alive and real_node and not _node_alive(directory, state):
+            alive = False  # asked for a real node that is not running: start over with one
         if alive and _health_checks(directory, {k: int(v) for k, v in state["ports"].items()})["kube-apiserver"]():
             say(f"cluster {name!r} is already up")
             return _cluster_from_state(name, state)
@@ -669,6 +930,9 @@ def up(
             (directory / f"{component}.kubeconfig").write_text(
                 _kubeconfig(server, pki, component, f"specdec-{name}", embed=False)
             )
+        node_ip = realnode.node_ip() if real_node else None
+        if real_node:
+            _ensure_node_pki(pki)
         kubeconfig = directory / "kubeconfig"
         kubeconfig.write_text(_kubeconfig(server, pki, "admin", f"specdec-{name}", embed=True))
         os.chmod(kubeconfig, 0o600)
@@ -680,7 +944,7 @@ def up(
         # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
         shutil.rmtree(directory / "etcd-data", ignore_errors=True)
 
-        commands = _commands(directory, ports, tools, controller_manager_args, apiserver_args)
+        commands = _commands(directory, ports, tools, controller_manager_args, apiserver_args, node_ip)
         pids: dict[str, int] = {}
         state = {
             "name": name,
@@ -691,6 +955,7 @@ def up(
             "versions": versions(),
             "controller_manager_args": list(controller_manager_args),
             "apiserver_args": list(apiserver_args),
+            "node_ip": node_ip,
         }
         try:
             for component in COMPONENTS:
@@ -709,6 +974,8 @@ def up(
             _wait_healthy(directory, ports, pids, deadline)
             say(f"all components healthy after {time.monotonic() - started:.1f}s")
             _wait_schedulable(cluster, deadline)
+            if real_node:
+                _start_node(cluster, state, tie_to_parent, max(deadline, time.monotonic() + 120), say)
         except BaseException:
             _stop_all(name, state)
             raise
@@ -749,7 +1016,7 @@ def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, 
             raise ClusterError(f"cluster {name!r} is not running: `up` it first")
         ports = {k: int(v) for k, v in state["ports"].items()}
         commands = _commands(directory, ports, Path(state["tools"]), state.get("controller_manager_args") or (),
-                             state.get("apiserver_args") or ())
+                             state.get("apiserver_args") or (), state.get("node_ip"))
         tie = state.get("owner_pid") == os.getpid()
         order = [c for c in COMPONENTS if c in components]
         for component in reversed(order):
@@ -803,6 +1070,7 @@ def _wait_schedulable(cluster: Cluster, deadline: float) -> None:
 
 def _stop_all(name: str, state: dict) -> None:
     directory = cluster_dir(name)
+    _stop_node(name, state)
     pids = state.get("pids") or {}
     for component in reversed(COMPONENTS):
         if component in pids:
@@ -825,6 +1093,7 @@ def down(name: str = DEFAULT_NAME, *, purge: bool = False) -> bool:
     with _locked(name):
         state, _ = _running(name)
         was_running = any(_is_ours(int(pid), directory) for pid in (state.get("pids") or {}).values())
+        was_running = was_running or _node_alive(directory, state, any_component=True)
         _stop_all(name, state)
         shutil.rmtree(directory / "etcd-data", ignore_errors=True)
     if purge:
@@ -852,6 +1121,17 @@ def status(name: str = DEFAULT_NAME) -> dict:
             "port": ports.get(component),
             "healthy": running and checks[component](),
         }
+    node = state.get("real_node") or {}
+    if node.get("pids"):
+        node_checks = _node_health_checks(directory, node["ports"])
+        for component in realnode.COMPONENTS:
+            pid = int(node["pids"].get(component, 0))
+            running = _is_ours(pid, directory)
+            report["components"][f"node/{component}"] = {
+                "pid": pid if running else None,
+                "port": node["ports"].get(component),
+                "healthy": running and node_checks[component](),
+            }
     healthy = [c["healthy"] for c in report["components"].values()]
     report["state"] = "up" if all(healthy) else ("down" if not any(healthy) else "degraded")
     report["server"] = f"https://127.0.0.1:{ports['kube-apiserver']}"
@@ -885,6 +1165,22 @@ def reap_orphans() -> list[str]:
 # Command line
 
 
+def _built_image_archives() -> list[Path]:
+    """The operator and simulator archives that hack/build-image.sh (buildah) wrote, those that exist."""
+    env = {}
+    for line in (REPO_DIR / "images" / "images.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.strip().split("=", 1)
+            env[key] = value
+    images_dir = Path(os.environ.get("SPECDEC_IMAGES_DIR") or cache_dir() / "images")
+    found = []
+    for image, tag in (("OPERATOR_IMAGE", "OPERATOR_TAG"), ("SIMULATOR_IMAGE", "SIMULATOR_TAG")):
+        ref = f"{env[image]}:{env[tag]}".replace("/", "_").replace(":", "_")
+        if (images_dir / f"{ref}.oci.tar").is_file():
+            found.append(images_dir / f"{ref}.oci.tar")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="devcluster", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -893,9 +1189,17 @@ def main(argv: list[str] | None = None) -> int:
         ("down", "stop the cluster; --purge also forgets its certificates and ports"),
         ("status", "show the components and their health"),
         ("kubeconfig", "print the kubeconfig path"),
+        ("load-images", "import image archives (OCI or Docker) into the real node's containerd"),
     ):
         command_parser = sub.add_parser(command, help=help_text)
         command_parser.add_argument("--name", default=os.environ.get("SPECDEC_CLUSTER_NAME", DEFAULT_NAME))
+        if command == "up":
+            command_parser.add_argument("--real-node", action="store_true",
+                                        help="add one real node (containerd, kubelet, kube-proxy, CoreDNS) beside the kwok nodes")
+            command_parser.add_argument("--load-images", nargs="*", metavar="ARCHIVE", default=None,
+                                        help="with --real-node: image archives to import (default: those make images-local wrote)")
+        if command == "load-images":
+            command_parser.add_argument("archives", nargs="+", metavar="ARCHIVE")
         if command == "down":
             command_parser.add_argument("--purge", action="store_true")
         if command == "status":
@@ -907,7 +1211,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            cluster = up(args.name, log=say)
+            cluster = up(args.name, log=say, real_node=args.real_node)
+            if args.real_node and args.load_images is not None:
+                archives = args.load_images or _built_image_archives()
+                if not archives:
+                    say("real node: no image archives to import yet (make images-local builds them)")
+                for image in load_images(cluster, archives):
+                    say(f"real node: image {image} imported")
             nodes = cluster.kubectl("get", "nodes", "-L", "nvidia.com/gpu.product,nvidia.com/gpu.family").stdout
             print(nodes.rstrip(), file=sys.stderr)
             say(f"kubeconfig: {cluster.kubeconfig}")
@@ -927,6 +1237,12 @@ def main(argv: list[str] | None = None) -> int:
                     health = "healthy" if info["healthy"] else ("running" if info["pid"] else "stopped")
                     print(f"  {component:<24} {health:<8} pid={info['pid'] or '-'} port={info['port']}")
             return 0 if report["state"] == "up" else 1
+        elif args.command == "load-images":
+            state = _read_state(args.name)
+            if not state.get("ports"):
+                raise ClusterError(f"cluster {args.name!r} is not running")
+            for image in load_images(_cluster_from_state(args.name, state), args.archives):
+                say(f"imported {image}")
         elif args.command == "kubeconfig":
             print(cluster_dir(args.name) / "kubeconfig")
     except ClusterError as error:

@@ -4,6 +4,7 @@
 #   kwok, kwokctl                                                      (fake kubelets)
 #   etcd                                                               (the apiserver's store)
 #   helm                                                               (chart tests, manifests)
+#   kubelet, kube-proxy, coredns  (group `node`, only when asked)     (the real node: devcluster --real-node)
 # Versions are pinned in hack/versions.env; the Go consumer modules that build them live in hack/go/.
 #
 # Idempotent: each group of binaries carries a stamp (a hash of the pinned versions and of its go.mod/go.sum);
@@ -15,9 +16,10 @@
 #   SPECDEC_TOOLS_DIR   where the binaries go (default ~/.cache/specdec-operator/bin)
 #   SPECDEC_TOOLS_REUSE 0 to never reuse binaries found on the machine (default 1)
 #   SPECDEC_TOOLS_FORCE 1 to rebuild even when the stamps match
-# Usage: hack/tools.sh [--print-dir | --check]
+# Usage: hack/tools.sh [--print-dir | --check] [GROUP...]
 #   --print-dir  print the tools directory and exit
 #   --check      exit 0 when every binary is present and stamped, 1 otherwise (builds nothing)
+#   GROUP...     which groups (default: kube etcd helm; `node` adds the real node's kubelet, kube-proxy, coredns)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,21 +32,27 @@ while IFS='=' read -r key value; do
   [[ "$key" =~ ^[A-Z_]+$ ]] && printf -v "$key" '%s' "$value"
 done < <(grep -E '^[A-Z_]+=' "$HACK_DIR/versions.env")
 : "${KUBERNETES_VERSION:?missing in hack/versions.env}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}"
+: "${NODE_KUBERNETES_VERSION:?missing in hack/versions.env}" "${COREDNS_VERSION:?missing in hack/versions.env}"
 
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl)
 ETCD_BINS=(etcd)
 HELM_BINS=(helm)
+NODE_BINS=(kubelet kube-proxy coredns pause)
 
 log() { printf 'tools: %s\n' "$*" >&2; }
 die() { printf 'tools: error: %s\n' "$*" >&2; exit 1; }
 
-case "${1:-}" in
-  --print-dir) echo "$TOOLS_DIR"; exit 0 ;;
-  --check|"") ;;
-  *) die "unknown argument '$1' (use --print-dir or --check)" ;;
-esac
 CHECK_ONLY=0
-[[ "${1:-}" == "--check" ]] && CHECK_ONLY=1
+GROUPS_WANTED=()
+for arg in "$@"; do
+  case "$arg" in
+    --print-dir) echo "$TOOLS_DIR"; exit 0 ;;
+    --check) CHECK_ONLY=1 ;;
+    kube|etcd|helm|node) GROUPS_WANTED+=("$arg") ;;
+    *) die "unknown argument '$arg' (use --print-dir, --check, or groups among: kube etcd helm node)" ;;
+  esac
+done
+(( ${#GROUPS_WANTED[@]} )) || GROUPS_WANTED=(kube etcd helm)
 
 # stamp_of GROUP: what the group's binaries were built from. A change to any pin or module file rebuilds it.
 stamp_of() {
@@ -54,8 +62,11 @@ stamp_of() {
       kube) echo "$KUBERNETES_VERSION $KWOK_VERSION" ;;
       etcd) echo "$ETCD_VERSION" ;;
       helm) echo "$HELM_VERSION" ;;
+      node) echo "$NODE_KUBERNETES_VERSION $COREDNS_VERSION" ;;
     esac
     cat "$HACK_DIR/go/$group/go.mod" "$HACK_DIR/go/$group/go.sum"
+    # The node module has main packages of its own (coredns' plugin set, pause).
+    [[ "$group" == node ]] && cat "$HACK_DIR"/go/node/*/*.go
   } | sha256sum | cut -c1-16
 }
 
@@ -67,6 +78,7 @@ pkgs_of() {
                sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl ;;
     etcd) echo go.etcd.io/etcd/server/v3 ;;
     helm) echo helm.sh/helm/v4/cmd/helm ;;
+    node) echo k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy specdec.io/hack/node/coredns specdec.io/hack/node/pause ;;
   esac
 }
 
@@ -75,6 +87,7 @@ bins_of() {
     kube) echo "${KUBE_BINS[@]}" ;;
     etcd) echo "${ETCD_BINS[@]}" ;;
     helm) echo "${HELM_BINS[@]}" ;;
+    node) echo "${NODE_BINS[@]}" ;;
   esac
 }
 
@@ -146,6 +159,7 @@ try_reuse() {
   local group="$1" bin found
   local -a links=()
   [[ "$REUSE" == 1 ]] || return 1
+  [[ "$group" == node ]] && return 1  # built here always: the kubelet must be exactly the pinned minor
   for bin in $(bins_of "$group"); do
     found="$(find_existing "$bin")" || return 1
     links+=("$bin=$found")
@@ -181,6 +195,7 @@ build_group() {
   # single-threaded link of kube-apiserver) instead of slowing it down.
   [[ "$group" == kube ]] || nice=(nice -n 10)
   local kv="$KUBERNETES_VERSION" kmaj kmin
+  [[ "$group" == node ]] && kv="$NODE_KUBERNETES_VERSION"
   kmaj="$(cut -d. -f1 <<<"${kv#v}")"; kmin="$(cut -d. -f2 <<<"${kv#v}")"
   case "$group" in
     kube)
@@ -193,6 +208,14 @@ build_group() {
       done
       ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
       ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${kv#v}"
+      ;;
+    node)
+      ldflags="-s -w"
+      for pkgpath in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $pkgpath.gitVersion=$kv -X $pkgpath.gitMajor=$kmaj -X $pkgpath.gitMinor=$kmin"
+        ldflags+=" -X $pkgpath.gitTreeState=clean -X $pkgpath.buildDate=1970-01-01T00:00:00Z"
+      done
+      ldflags+=" -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}"
       ;;
     etcd)
       ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}"
@@ -224,7 +247,8 @@ build_group() {
 check_pins() {
   local file pin
   for entry in "kube:k8s.io/kubernetes $KUBERNETES_VERSION" "kube:sigs.k8s.io/kwok $KWOK_VERSION" \
-               "etcd:go.etcd.io/etcd/server/v3 $ETCD_VERSION" "helm:helm.sh/helm/v4 $HELM_VERSION"; do
+               "etcd:go.etcd.io/etcd/server/v3 $ETCD_VERSION" "helm:helm.sh/helm/v4 $HELM_VERSION" \
+               "node:k8s.io/kubernetes $NODE_KUBERNETES_VERSION" "node:github.com/coredns/coredns $COREDNS_VERSION"; do
     file="$HACK_DIR/go/${entry%%:*}/go.mod"; pin="${entry#*:}"
     grep -qE "^[[:space:]]*(require[[:space:]]+)?${pin//./\\.}([[:space:]]|$)" "$file" \
       || die "hack/versions.env pins '${pin}' but $file does not require it: update both (then go mod tidy there)"
@@ -246,7 +270,7 @@ main() {
   mkdir -p "$TOOLS_DIR"
   local -a todo=()
   local group
-  for group in kube etcd helm; do
+  for group in "${GROUPS_WANTED[@]}"; do
     group_is_current "$group" && continue
     todo+=("$group")
   done

@@ -21,7 +21,8 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
 DOCKERFILES = {"operator": IMAGES / "operator" / "Dockerfile",
-               "drafter-training": IMAGES / "drafter-training" / "Dockerfile"}
+               "drafter-training": IMAGES / "drafter-training" / "Dockerfile",
+               "sglang-simulator": IMAGES / "simulator" / "Dockerfile"}
 
 
 def images_env() -> dict[str, str]:
@@ -167,6 +168,13 @@ def test_make_images_uses_images_env():
     assert f"-t {env['TRAINING_IMAGE']}:{env['TRAINING_TAG']}" in out
     assert f"BASE_IMAGE={env['OPERATOR_BASE_IMAGE']}" in out and f"BASE_IMAGE={env['TRAINING_BASE_IMAGE']}" in out
     assert f"TORCH_VERSION={env['TRAINING_TORCH_VERSION']}" in out
+    assert f"-t {env['SIMULATOR_IMAGE']}:{env['SIMULATOR_TAG']}" in out
+    # Docker where an engine answers, buildah otherwise: the same arguments go to hack/build-image.sh.
+    assert out.count("hack/build-image.sh -f images/") == 3
+    local = subprocess.run(["make", "-n", "images-local"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert local.returncode == 0, local.stderr
+    assert "hack/build-image.sh --local-base" in local.stdout
+    assert f"BASE_IMAGE={env['LOCAL_BASE_IMAGE']}" in local.stdout and "drafter-training" not in local.stdout
 
 
 def _copied_paths(dockerfile: pathlib.Path) -> list[str]:

@@ -85,6 +85,7 @@ class Reason(StrEnum):
     DRAFTER_INCOMPATIBLE = "DrafterIncompatible"
     VALIDATOR_INPUT_ERROR = "ValidatorInputError"
     VALIDATOR_FAILED = "ValidatorFailed"
+    VALIDATOR_OOM_KILLED = "ValidatorOOMKilled"
     NO_SEPARATE_DRAFTER = "NoSeparateDrafter"
     # BaseReady / SpeculativeReady: how a server is doing, read from its pods
     READY = "Ready"

@@ -91,6 +91,9 @@ class ManifestSettings:
     """Operator configuration that shapes the children (not part of any custom resource)."""
 
     validator_image: str = DEFAULT_VALIDATOR_IMAGE
+    # Memory limit of the validator init container (a Kubernetes quantity); its request is the smaller of this and
+    # 128Mi. Metadata-only checks of the largest checkpoints stay far below the default.
+    validator_memory_limit: str = "512Mi"
     port: int = DEFAULT_PORT
     startup_allowance_s: int = STARTUP_ALLOWANCE_S
 
@@ -127,6 +130,18 @@ def _container_security() -> dict[str, Any]:
     }
 
 
+def _validator_memory_request(limit: str) -> str:
+    """128Mi, or the limit when that is smaller (a request above its limit is refused by the API server)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9, "": 1}
+    number = limit.rstrip("KMGi")
+    unit = limit[len(number):]
+    try:
+        limit_bytes = float(number) * units[unit]
+    except (ValueError, KeyError):
+        return "128Mi"
+    return limit if limit_bytes < 128 * 2**20 else "128Mi"
+
+
 def validator_container(spec: SpeculativeServerSpec, settings: ManifestSettings) -> dict[str, Any] | None:
     """The init container that checks the drafter against the target from metadata (None for NEXTN)."""
     drafter = draft_model_path(spec)
@@ -155,7 +170,8 @@ def validator_container(spec: SpeculativeServerSpec, settings: ManifestSettings)
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}],
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+        "resources": {"requests": {"cpu": "100m", "memory": _validator_memory_request(settings.validator_memory_limit)},
+                      "limits": {"cpu": "1", "memory": settings.validator_memory_limit}},
         "securityContext": {**_container_security(), "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
     }
 

@@ -32,6 +32,14 @@ def _positive(kind: type):
     return parse
 
 
+def _quantity(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"[1-9][0-9]*(Ki|Mi|Gi|K|M|G)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory quantity such as 256Mi or 1Gi")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .manifests import DEFAULT_VALIDATOR_IMAGE, STARTUP_ALLOWANCE_S
 
@@ -49,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, help="peering priority (default: older replicas win, so a new replica never preempts a running one)")
     p.add_argument("--peering-lifetime", type=_positive(int), default=60, metavar="S", help="how long this replica's peering record is trusted; after a crash the next replica takes over within it (default 60, Kopf's; at least 15)")
     p.add_argument("--validator-image", default=DEFAULT_VALIDATOR_IMAGE, metavar="IMAGE", help=f"image of the drafter validator init container (default {DEFAULT_VALIDATOR_IMAGE})")
+    p.add_argument("--validator-memory-limit", type=_quantity, default="512Mi", metavar="QUANTITY", help="memory limit of the validator init container, e.g. 256Mi (default 512Mi)")
     p.add_argument("--reconcile-interval", type=_positive(float), default=10.0, metavar="S", help="seconds between reconcile steps while a resource changes with time: servers loading, a probe running (events wake it earlier; default 10)")
     p.add_argument("--resync-interval", type=_positive(float), default=300.0, metavar="S", help="seconds between steps of a settled resource (decided, its servers ready); events wake it at once (default 300)")
     p.add_argument("--probe-timeout", type=_positive(float), default=3600.0, metavar="S", help="upper bound of one probe; Inconclusive when spent (default 3600)")
@@ -85,7 +94,8 @@ def main(argv: list[str]) -> int:
     endpoints = Endpoints.from_file(args.endpoints) if args.endpoints else Endpoints()
     config = OperatorConfig(
         reconcile=Settings(
-            manifests=m.ManifestSettings(validator_image=args.validator_image, startup_allowance_s=args.startup_allowance),
+            manifests=m.ManifestSettings(validator_image=args.validator_image, startup_allowance_s=args.startup_allowance,
+                                         validator_memory_limit=args.validator_memory_limit),
             crash_restart_limit=args.crash_restart_limit,
         ),
         endpoints=endpoints,

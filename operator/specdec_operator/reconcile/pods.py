@@ -159,6 +159,12 @@ def validation_from_pods(pods: list[dict[str, Any]], revision: str) -> Validatio
             # A failed init container of a Deployment's pod is restarted: its verdict is then in lastState.
             for state in (init.get("state") or {}, init.get("lastState") or {}):
                 term = state.get("terminated")
+                if term and term.get("reason") == "OOMKilled":
+                    # Killed by the kernel: no termination message, and exit code 137 alone says nothing.
+                    message = (f"the validator was killed for exceeding its memory limit (OOMKilled, exit code "
+                               f"{term.get('exitCode')}); raise the operator's --validator-memory-limit")
+                    return ValidationStatus(compatible=False, revision=revision,
+                                            findings=[Finding(severity="error", code=Reason.VALIDATOR_OOM_KILLED, message=message)])
                 if term and term.get("exitCode") is not None:
                     return parse_validator_report(int(term["exitCode"]), term.get("message"), revision)
     return None
