@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hack"))
-import devcluster  # noqa: E402
+import devcluster
 
 
 def timed(action: Callable[[], object]) -> float:
@@ -48,9 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         for _ in range(args.repeat):
-            record("hack/tools.sh (all built)",
-                   timed(lambda: subprocess.run([str(REPO / "hack" / "tools.sh")], check=True,
-                                                capture_output=True)))
+            record("hack/tools.sh (all built)", timed(lambda: subprocess.run([str(REPO / "hack" / "tools.sh")], check=True, capture_output=True)))
             devcluster.down(name, purge=True)
             record("up, new cluster (PKI generated)", timed(lambda: devcluster.up(name, tie_to_parent=True)))
             record("up, already running", timed(lambda: devcluster.up(name, tie_to_parent=True)))
@@ -62,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"# {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {args.repeat} runs")
     for label, values in results.items():
-        print(f"{label:<36} median {statistics.median(values):6.2f} s   "
-              f"min {min(values):6.2f} s   max {max(values):6.2f} s")
+        print(f"{label:<36} median {statistics.median(values):6.2f} s   min {min(values):6.2f} s   max {max(values):6.2f} s")
     return 0
 
 

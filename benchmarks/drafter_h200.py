@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import sysconfig
@@ -40,11 +39,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from drafter_training.capture import capture_hf  # noqa: E402
-from drafter_training.evaluate import Eagle3Proposer, evaluate_drafter  # noqa: E402
-from drafter_training.target import LoadedTarget, apply_rtn_int4_, read_config  # noqa: E402
-from drafter_training.train import TrainConfig, load_trained, train  # noqa: E402
-from drafter_training.vocab import build_vocab  # noqa: E402
+from drafter_training.capture import capture_hf
+from drafter_training.evaluate import Eagle3Proposer, evaluate_drafter
+from drafter_training.target import LoadedTarget, apply_rtn_int4_, read_config
+from drafter_training.train import TrainConfig, load_trained, train
+from drafter_training.vocab import build_vocab
 
 RESULTS: dict[str, Any] = {}
 T0 = time.time()
@@ -60,6 +59,7 @@ def save(out: Path) -> None:
 
 
 # ---- corpus and tokenizer --------------------------------------------------------------------------------
+
 
 def python_sources(max_bytes: int, seed: int) -> list[tuple[str, str]]:
     """(path, text) of .py files under the standard library and site-packages, shuffled, up to max_bytes."""
@@ -91,11 +91,11 @@ def train_tokenizer(texts: list[str], vocab_size: int, directory: Path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(str(directory))
     return fast
 
@@ -112,14 +112,23 @@ def encode_corpus(tokenizer, texts: list[str]) -> np.ndarray:
 
 # ---- the target ------------------------------------------------------------------------------------------
 
+
 def build_target(args, vocab: int, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3 // 64 * 64 or 4 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads,
-        max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 8 // 3 // 64 * 64 or 4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         attn_implementation="sdpa",
     )
     return LlamaForCausalLM(cfg)
@@ -128,8 +137,7 @@ def build_target(args, vocab: int, tokenizer):
 def train_target(model, tokens: np.ndarray, args, device) -> dict[str, Any]:
     """Time-budgeted pre-training: random windows, AdamW, warm-up then cosine on elapsed time."""
     model.to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.target_lr, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=device.type == "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.target_lr, betas=(0.9, 0.95), weight_decay=0.1, fused=device.type == "cuda")
     seq, bs = args.target_seq, args.target_batch
     rng = np.random.default_rng(0)
     data = torch.from_numpy(tokens.astype(np.int64))
@@ -159,8 +167,7 @@ def train_target(model, tokens: np.ndarray, args, device) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.time() - start
-    return {"steps": step, "tokens": seen, "seconds": elapsed, "tokens_per_second": seen / elapsed,
-            "loss_curve": losses}
+    return {"steps": step, "tokens": seen, "seconds": elapsed, "tokens_per_second": seen / elapsed, "loss_curve": losses}
 
 
 @torch.no_grad()
@@ -174,8 +181,7 @@ def heldout_quality(model, tokens: np.ndarray, device, seq: int = 512, windows: 
     for chunk in batch.split(16):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(input_ids=chunk[:, :-1], use_cache=False).logits.float()
-        loss_sum += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                            chunk[:, 1:].reshape(-1), reduction="sum"))
+        loss_sum += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"))
         am = logits.argmax(-1)
         argmaxes.append(am.cpu())
         correct += int((am == chunk[:, 1:]).sum())
@@ -185,9 +191,11 @@ def heldout_quality(model, tokens: np.ndarray, device, seq: int = 512, windows: 
 
 # ---- regenerate (in-process, batched) -----------------------------------------------------------------------
 
+
 @torch.no_grad()
-def regenerate_local(model, prompts: list[list[int]], gen_len: int, temperature: float, eos: int, batch: int,
-                     path: Path, seed: int) -> dict[str, Any]:
+def regenerate_local(
+    model, prompts: list[list[int]], gen_len: int, temperature: float, eos: int, batch: int, path: Path, seed: int
+) -> dict[str, Any]:
     """Continuations sampled by the serving model itself; loss mask = generated span (stops at EOS)."""
     device = next(model.parameters()).device
     torch.manual_seed(seed)
@@ -196,19 +204,27 @@ def regenerate_local(model, prompts: list[list[int]], gen_len: int, temperature:
     with path.open("w") as f:
         for b in range(0, len(prompts), batch):
             chunk = torch.tensor(prompts[b : b + batch], device=device)  # equal-length prompts: no padding
-            out = model.generate(chunk, attention_mask=torch.ones_like(chunk), do_sample=temperature > 0,
-                                 temperature=temperature if temperature > 0 else None, top_k=0, top_p=1.0,
-                                 max_new_tokens=gen_len, min_new_tokens=gen_len, pad_token_id=eos)
+            out = model.generate(
+                chunk,
+                attention_mask=torch.ones_like(chunk),
+                do_sample=temperature > 0,
+                temperature=temperature if temperature > 0 else None,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=gen_len,
+                min_new_tokens=gen_len,
+                pad_token_id=eos,
+            )
             for r in range(out.shape[0]):
-                gen = out[r, chunk.shape[1]:].tolist()
+                gen = out[r, chunk.shape[1] :].tolist()
                 ids = prompts[b + r] + gen
                 n_tokens += len(gen)
-                f.write(json.dumps({"id": f"s{b + r}", "input_ids": ids,
-                                    "loss_mask": [0] * len(prompts[b + r]) + [1] * len(gen)}) + "\n")
+                f.write(json.dumps({"id": f"s{b + r}", "input_ids": ids, "loss_mask": [0] * len(prompts[b + r]) + [1] * len(gen)}) + "\n")
     return {"samples": len(prompts), "generated_tokens": n_tokens, "seconds": time.time() - start}
 
 
 # ---- main ----------------------------------------------------------------------------------------------
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -238,9 +254,13 @@ def main() -> int:
     ap.add_argument("--eval-tokens", type=int, default=96)
     ap.add_argument("--capture-layers", default=None)
     ap.add_argument("--serve-quant", default="int4-rtn-g128", help="how the serving copy is quantised")
-    ap.add_argument("--experiment", choices=["main", "quant-sweep"], default="main",
-                    help="main: TTT-7/TTT-1 and bf16/matched drafters; quant-sweep: the bf16-trained drafter "
-                         "against ever coarser RTN servers, and one drafter matched to --serve-quant")
+    ap.add_argument(
+        "--experiment",
+        choices=["main", "quant-sweep"],
+        default="main",
+        help="main: TTT-7/TTT-1 and bf16/matched drafters; quant-sweep: the bf16-trained drafter "
+        "against ever coarser RTN servers, and one drafter matched to --serve-quant",
+    )
     ap.add_argument("--sweep-quants", default="int4-rtn-g128,int4-rtn-g4096,int3-rtn-g128,int2-rtn-g128")
     args = ap.parse_args()
     if args.smoke:
@@ -260,13 +280,20 @@ def main() -> int:
     import tokenizers
     import transformers
 
-    RESULTS.update({
-        "command": " ".join(["python3", "benchmarks/drafter_h200.py"] + sys.argv[1:]),
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__, "python": sys.version.split()[0]},
-        "args": vars(args), "stages": {},
-    })
+    RESULTS.update(
+        {
+            "command": " ".join(["python3", "benchmarks/drafter_h200.py"] + sys.argv[1:]),
+            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "tokenizers": tokenizers.__version__,
+                "python": sys.version.split()[0],
+            },
+            "args": vars(args),
+            "stages": {},
+        }
+    )
     stages = RESULTS["stages"]
 
     # -- corpus + tokenizer
@@ -285,9 +312,14 @@ def main() -> int:
     tokenizer = train_tokenizer(tok_texts, args.vocab, tdir)
     train_tokens = encode_corpus(tokenizer, [x for _, x in train_files])
     held_tokens = encode_corpus(tokenizer, [x for _, x in held])
-    RESULTS["corpus"] = {"files": len(files), "heldout_files": len(held), "bytes": sum(len(x) for _, x in files),
-                         "train_tokens": int(train_tokens.size), "heldout_tokens": int(held_tokens.size),
-                         "vocab": len(tokenizer)}
+    RESULTS["corpus"] = {
+        "files": len(files),
+        "heldout_files": len(held),
+        "bytes": sum(len(x) for _, x in files),
+        "train_tokens": int(train_tokens.size),
+        "heldout_tokens": int(held_tokens.size),
+        "vocab": len(tokenizer),
+    }
     stages["corpus_and_tokenizer_seconds"] = time.time() - t
     log(f"corpus {RESULTS['corpus']}")
     save(out)
@@ -299,10 +331,16 @@ def main() -> int:
     tr = train_target(model, train_tokens, args, device)
     q_bf16 = heldout_quality(model, held_tokens, device)
     model.to(torch.bfloat16).save_pretrained(str(tdir))
-    RESULTS["target"] = {"params": n_params, "layers": args.layers, "hidden": args.hidden, **tr,
-                         "heldout_loss": q_bf16["loss"], "heldout_top1": q_bf16["top1"]}
+    RESULTS["target"] = {
+        "params": n_params,
+        "layers": args.layers,
+        "hidden": args.hidden,
+        **tr,
+        "heldout_loss": q_bf16["loss"],
+        "heldout_top1": q_bf16["top1"],
+    }
     stages["target_train_seconds"] = time.time() - t
-    log(f"target: {n_params/1e6:.1f}M params, held-out loss {q_bf16['loss']:.3f} top1 {q_bf16['top1']:.3f}")
+    log(f"target: {n_params / 1e6:.1f}M params, held-out loss {q_bf16['loss']:.3f} top1 {q_bf16['top1']:.3f}")
     save(out)
 
     # -- the quantized copies that serve
@@ -326,7 +364,9 @@ def main() -> int:
         n_q = apply_rtn_int4_(qm, group_size=group, bits=int(kind[3]))
         qual = heldout_quality(qm, held_tokens, device)
         RESULTS["target"]["quantized"][q] = {
-            "quantized_linears": n_q, "heldout_loss": qual["loss"], "heldout_top1": qual["top1"],
+            "quantized_linears": n_q,
+            "heldout_loss": qual["loss"],
+            "heldout_top1": qual["top1"],
             "bf16_reload_heldout_loss": q_ref["loss"],
             "top1_agreement_with_bf16": float((qual["argmax"] == q_ref["argmax"]).float().mean()),
         }
@@ -337,9 +377,11 @@ def main() -> int:
 
     # -- prompts: training prompts from training files, evaluation prompts from held-out files
     rng = np.random.default_rng(2)
+
     def windows(tokens: np.ndarray, n: int) -> list[list[int]]:
         starts = rng.integers(0, len(tokens) - args.prompt_len - 1, n)
         return [tokens[s : s + args.prompt_len].astype(np.int64).tolist() for s in starts]
+
     train_prompts = windows(train_tokens, args.samples)
     eval_prompts = windows(held_tokens, args.eval_prompts)
 
@@ -350,18 +392,23 @@ def main() -> int:
         tgt = targets[name]
         t = time.time()
         samples = work / f"samples-{name}.jsonl"
-        rg = regenerate_local(tgt.model, train_prompts, args.gen_len, args.regen_temperature,
-                              tokenizer.eos_token_id, args.regen_batch, samples, seed=3)
+        rg = regenerate_local(
+            tgt.model, train_prompts, args.gen_len, args.regen_temperature, tokenizer.eos_token_id, args.regen_batch, samples, seed=3
+        )
         t_regen = time.time() - t
         t = time.time()
         cap = work / f"capture-{name}"
-        capture_hf(samples, tdir, cap, capture_layers=layers, loaded=tgt, shard_samples=1024,
-                   max_batch_tokens=65536, progress=False)
+        capture_hf(samples, tdir, cap, capture_layers=layers, loaded=tgt, shard_samples=1024, max_batch_tokens=65536, progress=False)
         t_cap = time.time() - t
         vstats = build_vocab(cap, cap, args.draft_vocab)
         data[name] = cap
-        RESULTS["data"][name] = {**rg, "regenerate_seconds": t_regen, "capture_seconds": t_cap, "vocab": vstats,
-                                 "capture_layer_ids": json.loads((cap / "index.json").read_text())["aux_layer_ids"]}
+        RESULTS["data"][name] = {
+            **rg,
+            "regenerate_seconds": t_regen,
+            "capture_seconds": t_cap,
+            "vocab": vstats,
+            "capture_layer_ids": json.loads((cap / "index.json").read_text())["aux_layer_ids"],
+        }
         log(f"data {name}: {RESULTS['data'][name]}")
         save(out)
 
@@ -375,17 +422,35 @@ def main() -> int:
         t = time.time()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        s = train(TrainConfig(
-            capture_dir=str(data[src]), target_dir=str(tdir), out_dir=str(work / f"run-{name}"), ttt_steps=steps,
-            epochs=args.draft_epochs, lr=args.draft_lr, batch_size=args.draft_batch, warmup_ratio=0.03,
-            max_length=args.prompt_len + args.gen_len, eval_fraction=0.03, eval_max_samples=128, progress=False,
-        ))
+        s = train(
+            TrainConfig(
+                capture_dir=str(data[src]),
+                target_dir=str(tdir),
+                out_dir=str(work / f"run-{name}"),
+                ttt_steps=steps,
+                epochs=args.draft_epochs,
+                lr=args.draft_lr,
+                batch_size=args.draft_batch,
+                warmup_ratio=0.03,
+                max_length=args.prompt_len + args.gen_len,
+                eval_fraction=0.03,
+                eval_max_samples=128,
+                progress=False,
+            )
+        )
         finals[name] = work / f"run-{name}" / "final"
         RESULTS["drafters"][name] = {
-            "hidden_states_from": src, "ttt_steps": steps, "samples": s["num_samples"], "steps": s["steps"],
-            "seconds": s["wall_seconds_this_run"], "tokens_per_second": s["tokens_per_second"],
-            "peak_gpu_memory_bytes": s["peak_gpu_memory_bytes"], "first_loss": s["first_loss"],
-            "last_loss": s["last_loss"], "evals": s["evals"], "stage_seconds": time.time() - t,
+            "hidden_states_from": src,
+            "ttt_steps": steps,
+            "samples": s["num_samples"],
+            "steps": s["steps"],
+            "seconds": s["wall_seconds_this_run"],
+            "tokens_per_second": s["tokens_per_second"],
+            "peak_gpu_memory_bytes": s["peak_gpu_memory_bytes"],
+            "first_loss": s["first_loss"],
+            "last_loss": s["last_loss"],
+            "evals": s["evals"],
+            "stage_seconds": time.time() - t,
         }
         log(f"drafter {name}: {s['tokens_per_second']:.0f} tok/s, eval {s['evals'][-1] if s['evals'] else None}")
         save(out)
@@ -394,16 +459,30 @@ def main() -> int:
     RESULTS["evaluation"] = {}
     eos = {tokenizer.eos_token_id}
     if args.experiment == "main":
-        plan = [(f"ttt7_{sq}", sq, 0.0), ("ttt7_bf16", sq, 0.0), (f"ttt1_{sq}", sq, 0.0),
-                (f"ttt7_{sq}", sq, 0.7), ("ttt7_bf16", sq, 0.7), ("ttt7_bf16", "bf16", 0.0)]
+        plan = [
+            (f"ttt7_{sq}", sq, 0.0),
+            ("ttt7_bf16", sq, 0.0),
+            (f"ttt1_{sq}", sq, 0.0),
+            (f"ttt7_{sq}", sq, 0.7),
+            ("ttt7_bf16", sq, 0.7),
+            ("ttt7_bf16", "bf16", 0.0),
+        ]
     else:
         plan = [(f"ttt7_{sq}", sq, 0.0)] + [("ttt7_bf16", q, 0.0) for q in ["bf16"] + quants]
     for drafter, served, temp in plan:
         t = time.time()
         draft = load_trained(finals[drafter], tdir).to(device)
         r = evaluate_drafter(
-            targets[served].model, Eagle3Proposer(draft), eval_prompts, draft.cfg.aux_layer_ids, num_steps=3,
-            num_draft_tokens=4, max_new_tokens=args.eval_tokens, temperature=temp, eos_ids=eos, seed=5,
+            targets[served].model,
+            Eagle3Proposer(draft),
+            eval_prompts,
+            draft.cfg.aux_layer_ids,
+            num_steps=3,
+            num_draft_tokens=4,
+            max_new_tokens=args.eval_tokens,
+            temperature=temp,
+            eos_ids=eos,
+            seed=5,
             draft_for_simulation=draft if temp == 0 else None,
         )
         r["seconds"] = time.time() - t

@@ -30,15 +30,23 @@ from specdec_operator.simulator import SimulatorProcess
 PROFILES = {
     # A fast fake GPU: the client, not the server, must be the limit.
     "base": {"step_ms": [[1, 0.5], [256, 2.0]], "speculative": None},
-    "spec": {"step_ms": [[1, 1.0], [256, 6.0]],
-             "speculative": {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
-                             "accept_length_mean": 3.5}},
+    "spec": {
+        "step_ms": [[1, 1.0], [256, 6.0]],
+        "speculative": {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "accept_length_mean": 3.5},
+    },
 }
 
 
 def simulator_process(kind: str, tmp: str) -> SimulatorProcess:
-    profile = {"name": f"cpu-{kind}", "load_seconds": 0, "max_running_requests": 1024,
-               "prefill_tokens_per_s": 1e7, "jitter": 0.0, "errors": {}, **PROFILES[kind]}
+    profile = {
+        "name": f"cpu-{kind}",
+        "load_seconds": 0,
+        "max_running_requests": 1024,
+        "prefill_tokens_per_s": 1e7,
+        "jitter": 0.0,
+        "errors": {},
+        **PROFILES[kind],
+    }
     path = os.path.join(tmp, f"{kind}.json")
     with open(path, "w") as f:
         json.dump(profile, f)
@@ -71,13 +79,14 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--requests", type=int, default=256)
     args = parser.parse_args()
-    workload = Workload(name="cpu", concurrency=args.concurrency, input_tokens=args.input_tokens, output_tokens=args.output_tokens, requests=args.requests)
+    workload = Workload(
+        name="cpu", concurrency=args.concurrency, input_tokens=args.input_tokens, output_tokens=args.output_tokens, requests=args.requests
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("base", "spec"):
             with simulator_process(kind, tmp) as url:
                 result = asyncio.run(run(url, workload))
-            print(json.dumps({"stream": kind, "concurrency": args.concurrency,
-                              "output_tokens": args.output_tokens, **result}))
+            print(json.dumps({"stream": kind, "concurrency": args.concurrency, "output_tokens": args.output_tokens, **result}))
     return 0
 
 

@@ -31,17 +31,24 @@ REQUEST_TIMEOUT = 1.5  # seconds a request may take
 READ_TIMEOUT = 0.5  # seconds between two reads of a stream: a stall longer than this is past the deadline
 # A lenient decision rule (95 %, 4 rounds) makes promotion as easy as it gets, so "zero promotions under
 # faults" is the stronger claim; the control run (tests/test_probe_faults.py) promotes with these settings.
-PROBE_SETTINGS = {"max_rounds": 4, "confidence": 0.95, "request_timeout": REQUEST_TIMEOUT,
-                  "read_timeout": READ_TIMEOUT}
+PROBE_SETTINGS = {"max_rounds": 4, "confidence": 0.95, "request_timeout": REQUEST_TIMEOUT, "read_timeout": READ_TIMEOUT}
 
 
 def _profile(name: str, step_ms: list, accept: float | None, errors: dict) -> dict:
     spec = None
     if accept is not None:
-        spec = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
-                "accept_length_mean": accept}
-    return {"name": name, "load_seconds": 0, "max_running_requests": 64, "prefill_tokens_per_s": 100000,
-            "step_ms": step_ms, "speculative": spec, "jitter": 0.01, "errors": errors, "stream_interval": 4}
+        spec = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "accept_length_mean": accept}
+    return {
+        "name": name,
+        "load_seconds": 0,
+        "max_running_requests": 64,
+        "prefill_tokens_per_s": 100000,
+        "step_ms": step_ms,
+        "speculative": spec,
+        "jitter": 0.01,
+        "errors": errors,
+        "stream_interval": 4,
+    }
 
 
 def fault_errors(kind: str, rng: random.Random) -> dict:
@@ -60,8 +67,14 @@ def fault_errors(kind: str, rng: random.Random) -> dict:
     if kind == "die_mid_round":
         return {"die_after_requests": rng.randint(1, WORKLOAD.requests * 2 - 1)}
     share = rate / 5
-    return {"http_500_rate": share, "timeout_rate": share, "truncated_stream_rate": share,
-            "malformed_json_rate": share, "stall_rate": share, "stall_seconds": 3.0}
+    return {
+        "http_500_rate": share,
+        "timeout_rate": share,
+        "truncated_stream_rate": share,
+        "malformed_json_rate": share,
+        "stall_rate": share,
+        "stall_seconds": 3.0,
+    }
 
 
 @dataclass
@@ -85,11 +98,9 @@ async def one_run(seed: int) -> RunOutcome:
     t = time.perf_counter()
     async with AsyncExitStack() as stack:
         b = await stack.enter_async_context(SimulatorServer(profile_from_dict(base), time_scale=4, seed=seed))
-        c = await stack.enter_async_context(
-            SimulatorServer(profile_from_dict(cand), time_scale=4, seed=seed + 10_000))
+        c = await stack.enter_async_context(SimulatorServer(profile_from_dict(cand), time_scale=4, seed=seed + 10_000))
         result: ProbeResult = await run_probe(b, c, [WORKLOAD], seed=seed, timeout=60, **PROBE_SETTINGS)
-    return RunOutcome(seed, kind, faulty, result.decision, result.reason, result.message,
-                      round(time.perf_counter() - t, 3))
+    return RunOutcome(seed, kind, faulty, result.decision, result.reason, result.message, round(time.perf_counter() - t, 3))
 
 
 async def campaign(runs: int = 100, parallel: int = 10, first_seed: int = 0) -> list[RunOutcome]:
@@ -97,7 +108,7 @@ async def campaign(runs: int = 100, parallel: int = 10, first_seed: int = 0) -> 
     outcomes: list[RunOutcome] = []
     seeds = list(range(first_seed, first_seed + runs))
     for start in range(0, len(seeds), parallel):
-        outcomes += await asyncio.gather(*(one_run(s) for s in seeds[start:start + parallel]))
+        outcomes += await asyncio.gather(*(one_run(s) for s in seeds[start : start + parallel]))
     return outcomes
 
 

@@ -73,15 +73,37 @@ def build_tokenizer(folder: str) -> str:
     return path
 
 
-def run_sglang_bench(url: str, tokenizer: str, concurrency: int, input_len: int, output_len: int, prompts: int,
-                     out_file: str) -> dict:
-    argv = ["--backend", "sglang", "--base-url", url, "--dataset-name", "random-ids", "--tokenizer", tokenizer,
-            "--model", "simulated", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-            "--random-range-ratio", "1.0", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-            "--tokenize-prompt", "--seed", "1", "--disable-tqdm", "--output-file", out_file]
+def run_sglang_bench(url: str, tokenizer: str, concurrency: int, input_len: int, output_len: int, prompts: int, out_file: str) -> dict:
+    argv = [
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        "--dataset-name",
+        "random-ids",
+        "--tokenizer",
+        tokenizer,
+        "--model",
+        "simulated",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--tokenize-prompt",
+        "--seed",
+        "1",
+        "--disable-tqdm",
+        "--output-file",
+        out_file,
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, HERE, "--sglang-bench-child", *argv], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run([sys.executable, HERE, "--sglang-bench-child", *argv], capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"sglang.benchmark.serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     with open(out_file) as f:
@@ -118,21 +140,30 @@ def fidelity(quick: bool) -> list[dict]:
             input_len, output_len = 128, 256
             analytic = profile.analytic_throughput(concurrency, input_len, output_len) * scale
             with simulator_process(profile_name, scale) as url:
-                probe = asyncio.run(probe_tok_s(url, Workload(name="fid", concurrency=concurrency, input_tokens=input_len, output_tokens=output_len, requests=prompts)))
+                probe = asyncio.run(
+                    probe_tok_s(
+                        url, Workload(name="fid", concurrency=concurrency, input_tokens=input_len, output_tokens=output_len, requests=prompts)
+                    )
+                )
             with simulator_process(profile_name, scale) as url:
-                bench = run_sglang_bench(url, tokenizer, concurrency, input_len, output_len, prompts,
-                                         os.path.join(tmp, f"bench-{concurrency}.jsonl"))
-            rows.append({
-                "profile": profile_name, "concurrency": concurrency, "input_tokens": input_len,
-                "output_tokens": output_len, "requests": prompts, "time_scale": scale,
-                "analytic_tok_s": round(analytic, 1),
-                "probe_tok_s": round(probe, 1),
-                "sglang_bench_output_throughput": round(bench["output_throughput"], 1),
-                "sglang_bench_completed": bench["completed"],
-                "probe_vs_analytic": round(probe / analytic - 1, 4),
-                "probe_vs_sglang_bench": round(probe / bench["output_throughput"] - 1, 4),
-                "sglang_bench_vs_analytic": round(bench["output_throughput"] / analytic - 1, 4),
-            })
+                bench = run_sglang_bench(url, tokenizer, concurrency, input_len, output_len, prompts, os.path.join(tmp, f"bench-{concurrency}.jsonl"))
+            rows.append(
+                {
+                    "profile": profile_name,
+                    "concurrency": concurrency,
+                    "input_tokens": input_len,
+                    "output_tokens": output_len,
+                    "requests": prompts,
+                    "time_scale": scale,
+                    "analytic_tok_s": round(analytic, 1),
+                    "probe_tok_s": round(probe, 1),
+                    "sglang_bench_output_throughput": round(bench["output_throughput"], 1),
+                    "sglang_bench_completed": bench["completed"],
+                    "probe_vs_analytic": round(probe / analytic - 1, 4),
+                    "probe_vs_sglang_bench": round(probe / bench["output_throughput"] - 1, 4),
+                    "sglang_bench_vs_analytic": round(bench["output_throughput"] / analytic - 1, 4),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -143,26 +174,34 @@ async def _decision(base: str, cand: str, workloads: list[Workload], scale: floa
         result = await run_probe(base_url, cand_url, workloads, seed=1)
         wall = time.perf_counter() - t
     return {
-        "candidate": cand, "decision": result.decision, "reason": result.reason, "rounds": result.rounds,
+        "candidate": cand,
+        "decision": result.decision,
+        "reason": result.reason,
+        "rounds": result.rounds,
         "accept_length": result.to_dict()["accept_length"],
-        "speedups": {w.name: [w.to_dict()["speedup"], w.to_dict()["speedup_low"], w.to_dict()["speedup_high"]]
-                     for w in result.workloads},
+        "speedups": {w.name: [w.to_dict()["speedup"], w.to_dict()["speedup_low"], w.to_dict()["speedup_high"]] for w in result.workloads},
         "warnings": len(result.warnings),
-        "wall_s": round(wall, 2), "time_scale": scale,
+        "wall_s": round(wall, 2),
+        "time_scale": scale,
         "simulated_gpu_s": round(wall * scale, 1),
     }
 
 
 def decisions(quick: bool) -> list[dict]:
     rows = []
-    workloads = [Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2), Workload(name="concurrent-128", concurrency=128, input_tokens=512, output_tokens=256, requests=128)]
-    for cand, scale in (("kimi-k25-custom-eagle3", 10.0), ("kimi-k2-public-eagle3", 1.0),
-                        ("sglang-base-kimi-k25", 1.0)):
+    workloads = [
+        Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2),
+        Workload(name="concurrent-128", concurrency=128, input_tokens=512, output_tokens=256, requests=128),
+    ]
+    for cand, scale in (("kimi-k25-custom-eagle3", 10.0), ("kimi-k2-public-eagle3", 1.0), ("sglang-base-kimi-k25", 1.0)):
         if quick and cand == "sglang-base-kimi-k25":
             continue
         rows.append(asyncio.run(_decision("sglang-base-kimi-k25", cand, workloads, scale)))
         print(json.dumps(rows[-1]), flush=True)
-    wl = [Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2), Workload(name="concurrent-64", concurrency=64, input_tokens=512, output_tokens=256, requests=128)]
+    wl = [
+        Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2),
+        Workload(name="concurrent-64", concurrency=64, input_tokens=512, output_tokens=256, requests=128),
+    ]
     rows.append(asyncio.run(_decision("llama31-8b-base", "llama31-8b-eagle3", wl, 1.0)))
     print(json.dumps(rows[-1]), flush=True)
     return rows

@@ -21,10 +21,19 @@ from specdec_operator.probe import run_probe
 from specdec_operator.probe.run import DEFAULT_CONFIDENCE
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
-EQUAL = profile_from_dict({
-    "name": "equal", "load_seconds": 0, "max_running_requests": 256, "prefill_tokens_per_s": 200000,
-    "step_ms": [[1, 10.0], [8, 14.0]], "speculative": None, "jitter": 0.05, "errors": {}, "stream_interval": 8,
-})
+EQUAL = profile_from_dict(
+    {
+        "name": "equal",
+        "load_seconds": 0,
+        "max_running_requests": 256,
+        "prefill_tokens_per_s": 200000,
+        "step_ms": [[1, 10.0], [8, 14.0]],
+        "speculative": None,
+        "jitter": 0.05,
+        "errors": {},
+        "stream_interval": 8,
+    }
+)
 WORKLOADS = [Workload(name="small", concurrency=4, input_tokens=16, output_tokens=32, requests=8)]
 
 
@@ -49,10 +58,17 @@ def main() -> int:
         return await asyncio.gather(*(one(s, args.confidence) for s in chunk))
 
     for start in range(0, len(seeds), 5):
-        results += asyncio.run(batch(seeds[start:start + 5]))
-    print(json.dumps({"runs": len(results), "confidence": args.confidence,
-                      "reasons": dict(collections.Counter(r.reason for r in results)),
-                      "wall_s": round(time.perf_counter() - t, 1)}))
+        results += asyncio.run(batch(seeds[start : start + 5]))
+    print(
+        json.dumps(
+            {
+                "runs": len(results),
+                "confidence": args.confidence,
+                "reasons": dict(collections.Counter(r.reason for r in results)),
+                "wall_s": round(time.perf_counter() - t, 1),
+            }
+        )
+    )
     return 0
 
 

@@ -45,7 +45,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hack"))
-import devcluster  # noqa: E402
+from datetime import UTC
+
+import devcluster
 
 GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
 TERMINAL = {"Promoted", "RolledBack", "Invalid", "Failed"}
@@ -77,9 +79,16 @@ def bench_node(index: int) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "kwok",
-                       "nvidia.com/gpu.present": "true", "nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.product": "NVIDIA-H200",
-                       "nvidia.com/gpu.count": str(GPUS_PER_NODE)},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.family": "hopper",
+                "nvidia.com/gpu.product": "NVIDIA-H200",
+                "nvidia.com/gpu.count": str(GPUS_PER_NODE),
+            },
         },
         "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
         "status": {
@@ -91,8 +100,11 @@ def bench_node(index: int) -> dict[str, Any]:
 
 def resource(name: str, namespace: str, incompatible: bool) -> dict[str, Any]:
     """A small SpeculativeServer: one GPU per server, a short probe; the pods' outcomes scripted for kwok."""
-    verdict = ({"compatible": False, "findings": [{"severity": "error", "code": "HiddenSizeMismatch", "message": "scale benchmark: scripted"}]}
-               if incompatible else {"compatible": True, "findings": []})
+    verdict = (
+        {"compatible": False, "findings": [{"severity": "error", "code": "HiddenSizeMismatch", "message": "scale benchmark: scripted"}]}
+        if incompatible
+        else {"compatible": True, "findings": []}
+    )
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SpeculativeServer",
@@ -103,11 +115,13 @@ def resource(name: str, namespace: str, incompatible: bool) -> dict[str, Any]:
             "target": {"path": "llama"},
             "drafter": {"path": "eagle3/llama", "numSteps": 3},
             "resources": {"gpus": 1, "gpuFamily": "hopper"},
-            "podMetadata": {"annotations": {
-                "specdec.test/init-exit-code": "1" if incompatible else "0",
-                "specdec.test/init-message": json.dumps(verdict),
-                "specdec.test/ready-after": "1s",
-            }},
+            "podMetadata": {
+                "annotations": {
+                    "specdec.test/init-exit-code": "1" if incompatible else "0",
+                    "specdec.test/init-message": json.dumps(verdict),
+                    "specdec.test/ready-after": "1s",
+                }
+            },
             "rollout": {"workloads": [{"name": "quick", "concurrency": 2, "inputTokens": 32, "outputTokens": 16, "requests": 2}]},
         },
     }
@@ -148,8 +162,12 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return buckets[-1][0]
 
 
-AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived", "ResponseStarted"],
-                "rules": [{"level": "Metadata"}]}
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata"}],
+}
 
 
 def audit_clients(log: Path, windows: dict[str, tuple[float, float]]) -> dict[str, list[str]]:
@@ -189,7 +207,13 @@ def apiserver_requests(api_client: Any) -> Counter:
     for labels, value in prometheus_samples(text, "apiserver_request_total"):
         counts[(labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))] += value
     for labels, value in prometheus_samples(text, "apiserver_request_duration_seconds_bucket"):
-        kind = "read" if labels.get("verb") in ("GET", "LIST") else "write" if labels.get("verb") in ("POST", "PUT", "PATCH", "APPLY", "DELETE") else None
+        kind = (
+            "read"
+            if labels.get("verb") in ("GET", "LIST")
+            else "write"
+            if labels.get("verb") in ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+            else None
+        )
         if kind:
             counts[("latency", kind, labels["le"])] += value
     return counts
@@ -201,8 +225,12 @@ def server_latency(before: Counter, after: Counter) -> dict[str, dict[str, Any]]
     for kind in ("read", "write"):
         buckets = sorted((float(key[2]), after[key] - before.get(key, 0.0)) for key in after if key[:2] == ("latency", kind))
         if buckets and buckets[-1][1]:
-            out[kind] = {"requests": int(buckets[-1][1]), "p50_s": round(histogram_quantile(buckets, 0.5), 4), "p99_s": round(histogram_quantile(buckets, 0.99), 4),
-                         "share_over_1s": round(1 - dict(buckets).get(1.0, 0.0) / buckets[-1][1], 4)}
+            out[kind] = {
+                "requests": int(buckets[-1][1]),
+                "p50_s": round(histogram_quantile(buckets, 0.5), 4),
+                "p99_s": round(histogram_quantile(buckets, 0.99), 4),
+                "share_over_1s": round(1 - dict(buckets).get(1.0, 0.0) / buckets[-1][1], 4),
+            }
     return out
 
 
@@ -234,8 +262,12 @@ class Sampler(threading.Thread):
         if len(inside) < 2:
             return {}
         cpu = inside[-1][2] - inside[0][2]
-        return {"peak_rss_mb": max(s[1] for s in inside) / 2**20, "end_rss_mb": inside[-1][1] / 2**20,
-                "cpu_seconds": cpu, "cores": cpu / (inside[-1][0] - inside[0][0])}
+        return {
+            "peak_rss_mb": max(s[1] for s in inside) / 2**20,
+            "end_rss_mb": inside[-1][1] / 2**20,
+            "cpu_seconds": cpu,
+            "cores": cpu / (inside[-1][0] - inside[0][0]),
+        }
 
 
 class PhaseWatcher(threading.Thread):
@@ -285,8 +317,15 @@ class PhaseWatcher(threading.Thread):
                 for obj in listed["items"]:
                     self._record(obj)
                 version = listed["metadata"]["resourceVersion"]
-                for event in watch.Watch().stream(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
-                                                  resource_version=version, timeout_seconds=300, _request_timeout=360):
+                for event in watch.Watch().stream(
+                    self.custom.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    resource_version=version,
+                    timeout_seconds=300,
+                    _request_timeout=360,
+                ):
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self._record(event["object"])
                     elif event["type"] == "DELETED":
@@ -303,14 +342,18 @@ class PhaseWatcher(threading.Thread):
 
 def baseline_children(name: str, namespace: str, incompatible: bool) -> list[dict[str, Any]]:
     """The five children the operator's first step creates for this resource (its own reconcile, as the operator renders them)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    from specdec_operator.resource import parse_spec
     from specdec_operator.reconcile import Observed, reconcile
+    from specdec_operator.resource import parse_spec
 
     spec = parse_spec(resource(name, namespace, incompatible)["spec"])
-    plan = reconcile(spec, Observed(name=name, namespace=namespace, uid="baseline", generation=1, deployments={}, services={}, pods=[]),
-                     {}, datetime.now(timezone.utc))
+    plan = reconcile(
+        spec,
+        Observed(name=name, namespace=namespace, uid="baseline", generation=1, deployments={}, services={}, pods=[]),
+        {},
+        datetime.now(UTC),
+    )
     return plan.apply
 
 
@@ -339,8 +382,12 @@ class ReadyWatcher(threading.Thread):
                         record(obj)
                     version = listed["metadata"]["resourceVersion"]
                 method, url, headers, _, _ = self.api_client.param_serialize(
-                    "GET", path, query_params=[*query, ("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "30"),
-                                               ("allowWatchBookmarks", "true")], header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+                    "GET",
+                    path,
+                    query_params=[*query, ("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "30"), ("allowWatchBookmarks", "true")],
+                    header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                )
                 response = self.api_client.call_api(method, url, headers, _request_timeout=60)
                 buffer = b""
                 for chunk in response.response.stream(65536, decode_content=True):
@@ -360,8 +407,9 @@ class ReadyWatcher(threading.Thread):
                 time.sleep(1)
 
     def _get(self, path: str, query: list[tuple[str, str]]) -> dict[str, Any]:
-        method, url, headers, _, _ = self.api_client.param_serialize("GET", path, query_params=query, header_params={"Accept": "application/json"},
-                                                                     auth_settings=["BearerToken"])
+        method, url, headers, _, _ = self.api_client.param_serialize(
+            "GET", path, query_params=query, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
+        )
         response = self.api_client.call_api(method, url, headers, _request_timeout=120)
         return json.loads(response.read())
 
@@ -406,7 +454,10 @@ def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any
     from specdec_operator.handlers import CREATIONS_AT_ONCE
 
     core = client.CoreV1Api(api_client)
-    names = [(f"scale-{i % args.namespaces:02d}", f"sps-{i:04d}", args.incompatible_every > 0 and i % args.incompatible_every == 0) for i in range(args.objects)]
+    names = [
+        (f"scale-{i % args.namespaces:02d}", f"sps-{i:04d}", args.incompatible_every > 0 and i % args.incompatible_every == 0)
+        for i in range(args.objects)
+    ]
     for ns in sorted({ns for ns, _, _ in names}):
         if not _exists(core.read_namespace, ns):
             core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
@@ -420,10 +471,18 @@ def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any
 
     def apply(item: tuple[str, dict[str, Any]]) -> None:
         ns, obj = item
-        path = f"/apis/apps/v1/namespaces/{ns}/deployments/{obj['metadata']['name']}" if obj["kind"] == "Deployment" else f"/api/v1/namespaces/{ns}/services/{obj['metadata']['name']}"
+        path = (
+            f"/apis/apps/v1/namespaces/{ns}/deployments/{obj['metadata']['name']}"
+            if obj["kind"] == "Deployment"
+            else f"/api/v1/namespaces/{ns}/services/{obj['metadata']['name']}"
+        )
         method, url, headers, _, _ = api_client.param_serialize(
-            "PATCH", path, query_params=[("fieldManager", "scale-baseline"), ("force", "true")],
-            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"}, auth_settings=["BearerToken"])
+            "PATCH",
+            path,
+            query_params=[("fieldManager", "scale-baseline"), ("force", "true")],
+            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
         response = api_client.call_api(method, url, headers, body=json.dumps(obj).encode())
         response.read()
         if response.status >= 300:
@@ -455,11 +514,20 @@ def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any
     cpu_after, requests_after = cpu_seconds(processes), apiserver_requests(api_client)
     delta = request_counts(requests_after - requests_before)
     result["server_latency_settling"] = server_latency(requests_before, requests_after)
-    result.update({"baseline": True, "settled": done_at is not None, "steady_state_seconds": round(elapsed, 1),
-                   "cores_settling": {c: round((cpu_after[c] - cpu_before[c]) / elapsed, 2) for c in cpu_before if c in cpu_after},
-                   "cpu_seconds_settling": {c: round(cpu_after[c] - cpu_before[c], 1) for c in cpu_before if c in cpu_after},
-                   "api_requests_settling": {"all_clients_total": int(sum(delta.values())), "all_clients_per_object": round(sum(delta.values()) / args.objects, 1),
-                                             "top": [f"{int(v)} {verb} {res}{'/' + sub if sub else ''}" for (verb, res, sub), v in delta.most_common(8)]}})
+    result.update(
+        {
+            "baseline": True,
+            "settled": done_at is not None,
+            "steady_state_seconds": round(elapsed, 1),
+            "cores_settling": {c: round((cpu_after[c] - cpu_before[c]) / elapsed, 2) for c in cpu_before if c in cpu_after},
+            "cpu_seconds_settling": {c: round(cpu_after[c] - cpu_before[c], 1) for c in cpu_before if c in cpu_after},
+            "api_requests_settling": {
+                "all_clients_total": int(sum(delta.values())),
+                "all_clients_per_object": round(sum(delta.values()) / args.objects, 1),
+                "top": [f"{int(v)} {verb} {res}{'/' + sub if sub else ''}" for (verb, res, sub), v in delta.most_common(8)],
+            },
+        }
+    )
     say(f"baseline {'ready' if done_at else 'NOT ready'} after {elapsed:.1f}s; cores {result['cores_settling']}")
     print(json.dumps(result, indent=2))
     if args.json:
@@ -478,20 +546,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="watch the settled system this long (default 60)")
     parser.add_argument("--cluster", default="scale", help="devcluster name (default scale)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
-    parser.add_argument("--baseline", action="store_true", help="no operator: apply the children its first step would create and time the "
-                        "control plane alone until every base server and every compatible speculative server is ready")
-    parser.add_argument("--tuned-control-plane", action="store_true", help="run the controller-manager and kwok with more workers "
-                        f"for 2,000 Deployments ({' '.join(TUNED_CONTROLLER_MANAGER)}; kwok {TUNED_KWOK}); default: their own defaults")
-    parser.add_argument("--operator-arg", action="append", default=[], metavar="ARG", help="one more `specdec run` flag, e.g. "
-                        "--operator-arg=--max-concurrent-reconciles=32 (repeatable)")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="no operator: apply the children its first step would create and time the "
+        "control plane alone until every base server and every compatible speculative server is ready",
+    )
+    parser.add_argument(
+        "--tuned-control-plane",
+        action="store_true",
+        help="run the controller-manager and kwok with more workers "
+        f"for 2,000 Deployments ({' '.join(TUNED_CONTROLLER_MANAGER)}; kwok {TUNED_KWOK}); default: their own defaults",
+    )
+    parser.add_argument(
+        "--operator-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more `specdec run` flag, e.g. --operator-arg=--max-concurrent-reconciles=32 (repeatable)",
+    )
     parser.add_argument("--api-workers", type=int, help="pass --api-workers to the operator (default: its own default)")
     parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--audit", action="store_true", help="write the API server's audit log (metadata of every request) and report "
-                        "which clients sent the most requests while settling and idle (costs the API server CPU: not for the figures)")
-    parser.add_argument("--memory-report", metavar="FILE", help="run the operator through benchmarks/traced_operator.py and append a census "
-                        "of its live objects to FILE when settled and at the end")
-    parser.add_argument("--trace-allocations", action="store_true", help="with --memory-report: also trace allocation sites from the "
-                        "creates on (slows the operator several-fold: not for the figures)")
+    parser.add_argument(
+        "--audit",
+        action="store_true",
+        help="write the API server's audit log (metadata of every request) and report "
+        "which clients sent the most requests while settling and idle (costs the API server CPU: not for the figures)",
+    )
+    parser.add_argument(
+        "--memory-report",
+        metavar="FILE",
+        help="run the operator through benchmarks/traced_operator.py and append a census of its live objects to FILE when settled and at the end",
+    )
+    parser.add_argument(
+        "--trace-allocations",
+        action="store_true",
+        help="with --memory-report: also trace allocation sites from the creates on (slows the operator several-fold: not for the figures)",
+    )
     args = parser.parse_args(argv)
 
     from kubernetes import client, config
@@ -503,16 +594,35 @@ def main(argv: list[str] | None = None) -> int:
     apiserver_args: list[str] = []
     if args.audit:
         (workdir / "audit-policy.yaml").write_text(json.dumps(AUDIT_POLICY))
-        apiserver_args = [f"--audit-policy-file={workdir / 'audit-policy.yaml'}", f"--audit-log-path={workdir / 'audit.log'}",
-                          "--audit-log-format=json", "--audit-log-maxsize=0", "--audit-log-mode=batch"]
+        apiserver_args = [
+            f"--audit-policy-file={workdir / 'audit-policy.yaml'}",
+            f"--audit-log-path={workdir / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",
+            "--audit-log-mode=batch",
+        ]
     say(f"cluster {args.cluster!r}: starting")
-    cluster = devcluster.up(args.cluster, tie_to_parent=True, controller_manager_args=TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else (),
-                            apiserver_args=apiserver_args, kwok_options=TUNED_KWOK if args.tuned_control_plane else None)
+    cluster = devcluster.up(
+        args.cluster,
+        tie_to_parent=True,
+        controller_manager_args=TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else (),
+        apiserver_args=apiserver_args,
+        kwok_options=TUNED_KWOK if args.tuned_control_plane else None,
+    )
     children: list[subprocess.Popen] = []
-    result: dict[str, Any] = {"objects": args.objects, "namespaces": args.namespaces, "time_scale": args.time_scale,
-                              "reconcile_interval": args.reconcile_interval, "api_workers": args.api_workers, "operator_args": args.operator_arg, "controller_manager_args": TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else [],
-                              "kwok_options": TUNED_KWOK if args.tuned_control_plane else {}, "cpus": os.cpu_count(),
-                              "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"), "load_average_at_start": os.getloadavg()[0]}
+    result: dict[str, Any] = {
+        "objects": args.objects,
+        "namespaces": args.namespaces,
+        "time_scale": args.time_scale,
+        "reconcile_interval": args.reconcile_interval,
+        "api_workers": args.api_workers,
+        "operator_args": args.operator_arg,
+        "controller_manager_args": TUNED_CONTROLLER_MANAGER if args.tuned_control_plane else [],
+        "kwok_options": TUNED_KWOK if args.tuned_control_plane else {},
+        "cpus": os.cpu_count(),
+        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
+        "load_average_at_start": os.getloadavg()[0],
+    }
     try:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"), check=True)
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True)
@@ -536,8 +646,26 @@ def main(argv: list[str] | None = None) -> int:
         for profile in sorted({p for pair in PAIRS for p in pair}):
             port = free_port()
             log = open(workdir / f"sim-{profile}.log", "w")
-            children.append(subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", profile, "--port", str(port),
-                                              "--time-scale", str(args.time_scale), "--load-seconds", "0"], stdout=log, stderr=subprocess.STDOUT))
+            children.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "specdec_operator.cli",
+                        "simulate",
+                        "--profile",
+                        profile,
+                        "--port",
+                        str(port),
+                        "--time-scale",
+                        str(args.time_scale),
+                        "--load-seconds",
+                        "0",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
             urls[profile] = f"http://127.0.0.1:{port}"
         names = [(f"scale-{i % args.namespaces:02d}", f"sps-{i:04d}") for i in range(args.objects)]
         endpoints = {}
@@ -551,11 +679,26 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port = free_port()
         op_log = open(workdir / "operator.log", "w")
         operator = subprocess.Popen(
-            [sys.executable, *([str(REPO / "benchmarks" / "traced_operator.py"), args.memory_report] if args.memory_report else ["-m", "specdec_operator.cli"]),
-             "run", "--all-namespaces", "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
-             "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1", "--reconcile-interval", str(args.reconcile_interval),
-             *(["--api-workers", str(args.api_workers)] if args.api_workers else []), *args.operator_arg],
-            stdout=op_log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+            [
+                sys.executable,
+                *([str(REPO / "benchmarks" / "traced_operator.py"), args.memory_report] if args.memory_report else ["-m", "specdec_operator.cli"]),
+                "run",
+                "--all-namespaces",
+                "--standalone",
+                "--endpoints",
+                str(workdir / "endpoints.yaml"),
+                "--metrics-port",
+                str(metrics_port),
+                "--metrics-address",
+                "127.0.0.1",
+                "--reconcile-interval",
+                str(args.reconcile_interval),
+                *(["--api-workers", str(args.api_workers)] if args.api_workers else []),
+                *args.operator_arg,
+            ],
+            stdout=op_log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
         )
         children.append(operator)
         sampler = Sampler(operator.pid)
@@ -568,17 +711,29 @@ def main(argv: list[str] | None = None) -> int:
                 core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         requests_before = apiserver_requests(api_client)
         # Who uses the two cores while the resources settle: each control-plane component, the simulators, the operator.
-        processes = {**{c: int(p) for c, p in devcluster._read_state(args.cluster)["pids"].items()},
-                     **{f"simulator-{i}": c.pid for i, c in enumerate(children[:-1])}, "operator": operator.pid}
+        processes = {
+            **{c: int(p) for c, p in devcluster._read_state(args.cluster)["pids"].items()},
+            **{f"simulator-{i}": c.pid for i, c in enumerate(children[:-1])},
+            "operator": operator.pid,
+        }
         cpu_before = cpu_seconds(processes)
         if args.memory_report and args.trace_allocations:
             operator.send_signal(signal.SIGUSR2)  # start tracing: what the resources cost, not the start-up
         say(f"creating {args.objects} SpeculativeServers in {args.namespaces} namespaces")
         started, started_wall = time.monotonic(), time.time()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda item: custom.create_namespaced_custom_object(
-                GROUP, VERSION, item[1][0], PLURAL, resource(item[1][1], item[1][0], args.incompatible_every > 0 and item[0] % args.incompatible_every == 0)),
-                enumerate(names)))
+            list(
+                pool.map(
+                    lambda item: custom.create_namespaced_custom_object(
+                        GROUP,
+                        VERSION,
+                        item[1][0],
+                        PLURAL,
+                        resource(item[1][1], item[1][0], args.incompatible_every > 0 and item[0] % args.incompatible_every == 0),
+                    ),
+                    enumerate(names),
+                )
+            )
         created = time.monotonic() - started
         say(f"created in {created:.1f}s; waiting for every object to settle")
 
@@ -597,20 +752,25 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if time.monotonic() - last_said >= 10:
                 last_said = time.monotonic()
-                say(f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  steady {steady}  rss {sampler.samples[-1][1] / 2**20:.0f} MB")
+                say(
+                    f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  steady {steady}  rss {sampler.samples[-1][1] / 2**20:.0f} MB"
+                )
             time.sleep(0.5)
         watcher.stop.set()
         result["watch_relists"] = watcher.relists
         settle = (settled_at or time.monotonic()) - started
-        result.update({"create_seconds": round(created, 1), "settled": settled_at is not None, "steady_state_seconds": round(settle, 1),
-                       "phases": dict(phases)})
+        result.update(
+            {"create_seconds": round(created, 1), "settled": settled_at is not None, "steady_state_seconds": round(settle, 1), "phases": dict(phases)}
+        )
         say(f"{'settled' if settled_at else 'NOT settled'} after {settle:.1f}s: {dict(phases)}")
         reasons = Counter((o.get("status") or {}).get("reason") for o in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"])
         result["reasons"] = {str(k): v for k, v in reasons.items()}
         requests_settled = apiserver_requests(api_client)
         cpu_settled = cpu_seconds(processes)
         elapsed = time.monotonic() - started
-        result["cores_settling"] = {label: round((cpu_settled[label] - cpu_before[label]) / elapsed, 2) for label in cpu_before if label in cpu_settled}
+        result["cores_settling"] = {
+            label: round((cpu_settled[label] - cpu_before[label]) / elapsed, 2) for label in cpu_before if label in cpu_settled
+        }
         say(f"cores used while settling: {result['cores_settling']}")
         if args.memory_report:
             operator.send_signal(signal.SIGUSR1)
@@ -630,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
         result["settling"] = {k: round(v, 2) for k, v in sampler.window(started, settled_at or idle_start).items()}
         result["idle"] = {k: round(v, 3) for k, v in sampler.window(idle_start, idle_end).items()}
         result["peak_rss_mb"] = round(max(s[1] for s in sampler.samples) / 2**20, 1)
+
         def buckets_of(text: str, histogram: str) -> dict[float, float]:
             return {float(lbl["le"]): v for lbl, v in prometheus_samples(text, f"{histogram}_bucket")}
 
@@ -645,8 +806,12 @@ def main(argv: list[str] | None = None) -> int:
                     result[label] = {"steps": 0, "p50_s": None, "p99_s": None, "share_over_1s": None}
                     continue
                 # Above the largest finite bucket the quantile is reported as that bucket's bound.
-                result[label] = {"steps": int(pairs[-1][1]), "p50_s": round(histogram_quantile(pairs, 0.5), 4), "p99_s": round(histogram_quantile(pairs, 0.99), 4),
-                                 "share_over_1s": round(1 - buckets.get(1.0, 0.0) / pairs[-1][1], 4)}
+                result[label] = {
+                    "steps": int(pairs[-1][1]),
+                    "p50_s": round(histogram_quantile(pairs, 0.5), 4),
+                    "p99_s": round(histogram_quantile(pairs, 0.99), 4),
+                    "share_over_1s": round(1 - buckets.get(1.0, 0.0) / pairs[-1][1], 4),
+                }
         # The operator's own API requests seen from the client (all of them, and each verb/resource apart), settling.
         api_buckets: dict[str, dict[float, float]] = {}
         for lbl, value in prometheus_samples(metrics_settled, "specdec_api_request_duration_seconds_bucket"):
@@ -654,8 +819,11 @@ def main(argv: list[str] | None = None) -> int:
                 per = api_buckets.setdefault(label, {})
                 per[float(lbl["le"])] = per.get(float(lbl["le"]), 0.0) + value
         result["api_latency_settling"] = {
-            label: {"requests": int(max(b.values())), "p50_s": round(histogram_quantile(sorted(b.items()), 0.5), 4),
-                    "p99_s": round(histogram_quantile(sorted(b.items()), 0.99), 4)}
+            label: {
+                "requests": int(max(b.values())),
+                "p50_s": round(histogram_quantile(sorted(b.items()), 0.5), 4),
+                "p99_s": round(histogram_quantile(sorted(b.items()), 0.99), 4),
+            }
             for label, b in sorted(api_buckets.items())
         }
         result["load_average_at_end"] = os.getloadavg()[0]
@@ -665,13 +833,20 @@ def main(argv: list[str] | None = None) -> int:
             total = sum(delta.values())
             # Writes only the operator makes: patches of the resources (finalizer, status) and server-side applies
             # of Deployments and Services. (Events come from every controller, so they are counted apart.)
-            ops = sum(v for (verb, res, sub), v in delta.items()
-                      if (res == PLURAL and verb in ("PATCH", "UPDATE")) or (res in ("deployments", "services") and verb in ("PATCH", "APPLY") and not sub))
+            ops = sum(
+                v
+                for (verb, res, sub), v in delta.items()
+                if (res == PLURAL and verb in ("PATCH", "UPDATE")) or (res in ("deployments", "services") and verb in ("PATCH", "APPLY") and not sub)
+            )
             events = sum(v for (verb, res, sub), v in delta.items() if res == "events" and verb in ("POST", "PATCH"))
             top = sorted(((v, f"{verb} {res}{'/' + sub if sub else ''}") for (verb, res, sub), v in delta.items()), reverse=True)[:8]
-            return {"all_clients_total": int(total), "all_clients_per_object": round(total / args.objects, 1),
-                    "operator_writes_per_object": round(ops / args.objects, 2), "events_all_clients_per_object": round(events / args.objects, 2),
-                    "top": [f"{int(v)} {k}" for v, k in top]}
+            return {
+                "all_clients_total": int(total),
+                "all_clients_per_object": round(total / args.objects, 1),
+                "operator_writes_per_object": round(ops / args.objects, 2),
+                "events_all_clients_per_object": round(events / args.objects, 2),
+                "top": [f"{int(v)} {k}" for v, k in top],
+            }
 
         result["api_requests_settling"] = per_object(request_counts(requests_settled - requests_before))
         result["server_latency_settling"] = server_latency(requests_before, requests_settled)
@@ -680,7 +855,9 @@ def main(argv: list[str] | None = None) -> int:
         result["api_requests_idle"] = {**per_object(idle_delta), "per_second": round(sum(idle_delta.values()) / (idle_end - idle_start), 1)}
         if args.audit:
             time.sleep(2)  # the batch backend flushes about once a second
-            result["audit_top_clients"] = audit_clients(workdir / "audit.log", {"settling": (started_wall, idle_start_wall), "idle": (idle_start_wall, idle_end_wall)})
+            result["audit_top_clients"] = audit_clients(
+                workdir / "audit.log", {"settling": (started_wall, idle_start_wall), "idle": (idle_start_wall, idle_end_wall)}
+            )
         print(json.dumps(result, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

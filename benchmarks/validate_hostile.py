@@ -43,8 +43,7 @@ def build(root: Path) -> None:
 
 def run_once(target: Path, drafter: bytes) -> tuple[int, float, int, bytes]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
-    argv = [os.fsencode(sys.executable), b"-m", b"specdec_operator.cli", b"validate",
-            b"--target", os.fsencode(target), b"--drafter", drafter]
+    argv = [os.fsencode(sys.executable), b"-m", b"specdec_operator.cli", b"validate", b"--target", os.fsencode(target), b"--drafter", drafter]
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stderr is not None
@@ -74,8 +73,7 @@ def main() -> int:
         names = [*hd.CASES, *EXTRA_CASES]
         paths = {n: os.fsencode(root / "cases" / n) for n in names}
         paths["non-utf8-dir-name"] = os.fsencode(root / "cases") + b"/non-utf8-dir-name-\xff\xfe"
-        print(f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}; "
-              f"{opts.runs} runs per case")
+        print(f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}; {opts.runs} runs per case")
         print()
         print("| case | exit | one line | median wall | max wall | peak RSS | message |")
         print("|---|---|---|---|---|---|---|")
@@ -93,8 +91,10 @@ def main() -> int:
             worst_wall, worst_rss = max(worst_wall, walls[-1]), max(worst_rss, rss)
             shown = text.replace(tmp, "$TMP").replace("|", "\\|")
             shown = shown if len(shown) <= 110 else shown[:107] + "..."
-            print(f"| {name} | {','.join(map(str, sorted(codes)))} | {'yes' if one_line else 'NO'} | "
-                  f"{1000 * walls[len(walls) // 2]:.0f} ms | {1000 * walls[-1]:.0f} ms | {rss / 1024:.1f} MiB | {shown} |")
+            print(
+                f"| {name} | {','.join(map(str, sorted(codes)))} | {'yes' if one_line else 'NO'} | "
+                f"{1000 * walls[len(walls) // 2]:.0f} ms | {1000 * walls[-1]:.0f} ms | {rss / 1024:.1f} MiB | {shown} |"
+            )
         print()
         print(f"worst case: {1000 * worst_wall:.0f} ms wall, {worst_rss / 1024:.1f} MiB peak RSS")
     return 0

@@ -29,9 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "operator"))
 
-import model_dirs as md  # noqa: E402
-from specdec_operator import validator  # noqa: E402
-from specdec_operator.validator.modelmeta import MetaReader  # noqa: E402
+import model_dirs as md
+
+from specdec_operator import validator
+from specdec_operator.validator.modelmeta import MetaReader
 
 
 def time_in_process(args: argparse.Namespace, runs: int) -> tuple[list[float], int, validator.ValidationReport]:
@@ -55,8 +56,9 @@ def time_cli(argv: list[str], runs: int) -> tuple[list[float], int]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
     for _ in range(runs):
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "validate", *argv],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec_operator.cli", "validate", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        )
         assert proc.stderr is not None
         err = proc.stderr.read()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -87,8 +89,7 @@ def build(root: Path) -> None:
     """Write the fixtures (run in a child process so the timing parent stays small: a forked child's
     peak RSS starts at its parent's)."""
     md.make_target(root / "Kimi-K2.5", md.kimi_k25(), tokenizer_config=md.KIMI_TOKENIZER, shards=64, experts=None)
-    md.make_drafter(root / "Kimi-K2.5-eagle3", md.kimi_drafter_config(), provenance=md.provenance(),
-                    tokenizer_config=md.KIMI_TOKENIZER)
+    md.make_drafter(root / "Kimi-K2.5-eagle3", md.kimi_drafter_config(), provenance=md.provenance(), tokenizer_config=md.KIMI_TOKENIZER)
     md.make_target(root / "DeepSeek-V3", md.DEEPSEEK_V3, shards=163, experts=None)
 
 
@@ -117,8 +118,10 @@ def main() -> int:
             ("NEXTN: DeepSeek-V3 target (reads its index for MTP layers)", str(deepseek), str(deepseek), "NEXTN"),
         ]
         print(f"sglang tables: {validator.SGLANG_VERSION}; python {sys.version.split()[0]}; built fixtures in {build_s:.1f} s")
-        print(f"target index: {index_bytes / 2**20:.1f} MiB, 64 shards; DeepSeek-V3 index: {ds_index_bytes / 2**20:.1f} MiB, "
-              f"163 shards; drafter: {d_apparent / 2**30:.2f} GiB declared, {d_alloc / 2**10:.0f} KiB on disk")
+        print(
+            f"target index: {index_bytes / 2**20:.1f} MiB, 64 shards; DeepSeek-V3 index: {ds_index_bytes / 2**20:.1f} MiB, "
+            f"163 shards; drafter: {d_apparent / 2**30:.2f} GiB declared, {d_alloc / 2**10:.0f} KiB on disk"
+        )
         print()
         print("| case | in-process median | p95 | CLI median (process) | CLI p95 | CLI peak RSS | bytes read | files | verdict |")
         print("|---|---|---|---|---|---|---|---|---|")
@@ -130,9 +133,11 @@ def main() -> int:
             reader = MetaReader()
             validator.run(args, reader)
             verdict = "compatible" if report.compatible else "incompatible"
-            print(f"| {name} | {ms(samples, 0.5):.2f} ms | {ms(samples, 0.95):.2f} ms | "
-                  f"{ms(cli_samples, 0.5):.0f} ms | {ms(cli_samples, 0.95):.0f} ms | {max_rss / 1024:.1f} MiB | {nbytes:,} B | "
-                  f"{reader.files_read} | {verdict} |")
+            print(
+                f"| {name} | {ms(samples, 0.5):.2f} ms | {ms(samples, 0.95):.2f} ms | "
+                f"{ms(cli_samples, 0.5):.0f} ms | {ms(cli_samples, 0.95):.0f} ms | {max_rss / 1024:.1f} MiB | {nbytes:,} B | "
+                f"{reader.files_read} | {verdict} |"
+            )
         baseline: list[float] = []
         for _ in range(opts.cli_runs):
             start = time.perf_counter()

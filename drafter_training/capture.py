@@ -23,9 +23,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -49,6 +50,7 @@ FP8_MAX = 448.0  # float8_e4m3fn
 
 
 # ---- storage ----------------------------------------------------------------------------------------
+
 
 def encode_hidden(x: torch.Tensor, storage: str, num_layers: int) -> dict[str, torch.Tensor]:
     """bf16 as is; fp8 (e4m3) with one float32 scale per token and captured layer."""
@@ -87,7 +89,7 @@ class CaptureIndex:
         return self.data["target_kind"]
 
     @classmethod
-    def load(cls, directory: str | Path) -> "CaptureIndex":
+    def load(cls, directory: str | Path) -> CaptureIndex:
         path = Path(directory) / INDEX
         try:
             data = json.loads(path.read_text())
@@ -148,6 +150,7 @@ class CaptureReader:
 
 # ---- capture from Hugging Face ------------------------------------------------------------------------
 
+
 def _batches(items: list[dict[str, Any]], max_tokens: int) -> Iterator[list[dict[str, Any]]]:
     batch: list[dict[str, Any]] = []
     longest = 0
@@ -163,8 +166,14 @@ def _batches(items: list[dict[str, Any]], max_tokens: int) -> Iterator[list[dict
 
 
 def _new_index(
-    source: str, target: str, quantization: str, cfg: dict[str, Any], layers: list[int], storage: str,
-    target_kind: str, samples_file: str,
+    source: str,
+    target: str,
+    quantization: str,
+    cfg: dict[str, Any],
+    layers: list[int],
+    storage: str,
+    target_kind: str,
+    samples_file: str,
 ) -> CaptureIndex:
     return CaptureIndex(
         {
@@ -196,8 +205,7 @@ def _open_or_create(out: Path, fresh: CaptureIndex) -> CaptureIndex:
         for key in ("source", "target_model", "target_quantization", "aux_layer_ids", "storage"):
             if existing.data[key] != fresh.data[key]:
                 raise InputError(
-                    f"{out / INDEX}: {key} is {existing.data[key]!r}, this run asks for {fresh.data[key]!r}; "
-                    "use another --out directory or delete it"
+                    f"{out / INDEX}: {key} is {existing.data[key]!r}, this run asks for {fresh.data[key]!r}; use another --out directory or delete it"
                 )
         return existing
     return fresh
@@ -234,9 +242,7 @@ def capture_hf(
     cfg = read_config(target)
     layers = resolve_capture_layers(capture_layers, cfg["num_hidden_layers"])
     tgt = loaded or load_target(target, quantization, device=device)
-    index = _open_or_create(
-        out, _new_index("hf", str(target), tgt.quantization, cfg, layers, storage, "final", str(samples_path))
-    )
+    index = _open_or_create(out, _new_index("hf", str(target), tgt.quantization, cfg, layers, storage, "final", str(samples_path)))
     index.data["tokenizer_sha256"] = tokenizer_sha256(target)
     done = {s["id"] for s in index.samples}
     todo = [s for s in read_samples(samples_path) if s["id"] not in done]
@@ -275,6 +281,7 @@ def capture_hf(
 
 # ---- capture from a running SGLang server --------------------------------------------------------------
 
+
 def parse_sglang_capture(response: dict[str, Any], num_tokens: int, top_k: int) -> dict[str, torch.Tensor]:
     """Turn one SGLang /generate response into (aux [T, 3H], top-k ids/logprobs [T, k]) for T prompt tokens.
 
@@ -287,8 +294,7 @@ def parse_sglang_capture(response: dict[str, Any], num_tokens: int, top_k: int) 
     hidden = meta.get("hidden_states")
     if not hidden or hidden[0] is None:
         raise InputError(
-            "SGLang response has no meta_info.hidden_states; start the server with "
-            "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3"
+            "SGLang response has no meta_info.hidden_states; start the server with --enable-return-aux-hidden-states --speculative-algorithm EAGLE3"
         )
     aux = torch.tensor(hidden[0], dtype=torch.float32)
     if aux.dim() != 2 or aux.shape[0] != num_tokens:
@@ -328,7 +334,7 @@ async def _sglang_capture_one(session: Any, url: str, ids: list[int], top_k: int
                     text = await resp.text()
                     raise InputError(f"{url}/generate answered {resp.status}: {text[:200]}")
                 return await resp.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             if attempt == retries:
                 raise
             await asyncio.sleep(delay)
@@ -358,15 +364,35 @@ def capture_sglang(
     """
     return asyncio.run(
         _capture_sglang(
-            samples_path, target, out, url.rstrip("/"), target_quantization, capture_layers, storage, top_k,
-            concurrency, retries, shard_samples, progress,
+            samples_path,
+            target,
+            out,
+            url.rstrip("/"),
+            target_quantization,
+            capture_layers,
+            storage,
+            top_k,
+            concurrency,
+            retries,
+            shard_samples,
+            progress,
         )
     )
 
 
 async def _capture_sglang(
-    samples_path, target, out, url, quantization, capture_layers, storage, top_k, concurrency, retries,
-    shard_samples, progress,
+    samples_path,
+    target,
+    out,
+    url,
+    quantization,
+    capture_layers,
+    storage,
+    top_k,
+    concurrency,
+    retries,
+    shard_samples,
+    progress,
 ) -> CaptureIndex:
     import aiohttp
     from tqdm import tqdm
@@ -374,9 +400,7 @@ async def _capture_sglang(
     out = Path(out)
     cfg = read_config(target)
     layers = resolve_capture_layers(capture_layers, cfg["num_hidden_layers"])
-    index = _open_or_create(
-        out, _new_index("sglang", str(target), quantization, cfg, layers, storage, "topk", str(samples_path))
-    )
+    index = _open_or_create(out, _new_index("sglang", str(target), quantization, cfg, layers, storage, "topk", str(samples_path)))
     index.data["tokenizer_sha256"] = tokenizer_sha256(target)
     index.data["top_k"] = top_k
     done = {s["id"] for s in index.samples}

@@ -54,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True)
     c.add_argument("--source", choices=["hf", "sglang"], default="hf")
     c.add_argument("--url", help="SGLang server (source sglang) started with --enable-return-aux-hidden-states")
-    c.add_argument("--quantization", default="checkpoint",
-                   help="hf: checkpoint | none | int4-rtn-g128; sglang: the server's --quantization (recorded)")
-    c.add_argument("--capture-layers", type=_layers, default=None,
-                   help="output-index layer ids low,mid,high (default [1, N/2-1, N-4])")
+    c.add_argument(
+        "--quantization", default="checkpoint", help="hf: checkpoint | none | int4-rtn-g128; sglang: the server's --quantization (recorded)"
+    )
+    c.add_argument("--capture-layers", type=_layers, default=None, help="output-index layer ids low,mid,high (default [1, N/2-1, N-4])")
     c.add_argument("--storage", choices=["bf16", "fp8"], default="bf16")
     c.add_argument("--device", default=None)
     c.add_argument("--top-k", type=int, default=20, help="sglang: top-k log-probabilities kept per position")
@@ -104,8 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--num-steps", type=int, default=3)
     ev.add_argument("--num-draft-tokens", type=int, default=None)
     ev.add_argument("--max-new-tokens", type=int, default=128)
-    ev.add_argument("--temperature", type=float, action="append", default=None,
-                    help="0 for greedy; repeat for several (default: 0 and 0.7)")
+    ev.add_argument("--temperature", type=float, action="append", default=None, help="0 for greedy; repeat for several (default: 0 and 0.7)")
     ev.add_argument("--limit", type=int, default=64)
     ev.add_argument("--device", default=None)
     ev.add_argument("--seed", type=int, default=0)
@@ -119,9 +118,18 @@ def _run(args: argparse.Namespace) -> Any:
         from .regenerate import regenerate
 
         return regenerate(
-            args.prompts, args.out, base_url=args.base_url, tokenizer_dir=args.tokenizer, api=args.api,
-            model=args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            concurrency=args.concurrency, retries=args.retries, max_length=args.max_length, limit=args.limit,
+            args.prompts,
+            args.out,
+            base_url=args.base_url,
+            tokenizer_dir=args.tokenizer,
+            api=args.api,
+            model=args.model,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            concurrency=args.concurrency,
+            retries=args.retries,
+            max_length=args.max_length,
+            limit=args.limit,
             progress=progress,
         )
     if args.stage == "capture":
@@ -131,18 +139,35 @@ def _run(args: argparse.Namespace) -> Any:
             if not args.url:
                 raise InputError("--url: required with --source sglang (the capture server's root URL)")
             idx = capture_sglang(
-                args.samples, args.target, args.out, url=args.url, target_quantization=args.quantization,
-                capture_layers=args.capture_layers, storage=args.storage, top_k=args.top_k,
-                concurrency=args.concurrency, shard_samples=args.shard_samples, progress=progress,
+                args.samples,
+                args.target,
+                args.out,
+                url=args.url,
+                target_quantization=args.quantization,
+                capture_layers=args.capture_layers,
+                storage=args.storage,
+                top_k=args.top_k,
+                concurrency=args.concurrency,
+                shard_samples=args.shard_samples,
+                progress=progress,
             )
         else:
             idx = capture_hf(
-                args.samples, args.target, args.out, quantization=args.quantization,
-                capture_layers=args.capture_layers, storage=args.storage, device=args.device or "cpu",
-                shard_samples=args.shard_samples, progress=progress,
+                args.samples,
+                args.target,
+                args.out,
+                quantization=args.quantization,
+                capture_layers=args.capture_layers,
+                storage=args.storage,
+                device=args.device or "cpu",
+                shard_samples=args.shard_samples,
+                progress=progress,
             )
-        return {"samples": len(idx.samples), "aux_layer_ids": idx.data["aux_layer_ids"],
-                "aux_layer_ids_input_index": idx.data["aux_layer_ids_input_index"]}
+        return {
+            "samples": len(idx.samples),
+            "aux_layer_ids": idx.data["aux_layer_ids"],
+            "aux_layer_ids_input_index": idx.data["aux_layer_ids_input_index"],
+        }
     if args.stage == "vocab":
         from .vocab import build_vocab
 
@@ -151,16 +176,31 @@ def _run(args: argparse.Namespace) -> Any:
         from .train import TrainConfig, train
 
         cfg = TrainConfig(
-            capture_dir=args.capture, target_dir=args.target, out_dir=args.out, vocab_dir=args.vocab,
-            ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
-            warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_size=args.batch_size,
-            max_length=args.max_length, eval_fraction=args.eval_fraction, checkpoint_every=args.checkpoint_every,
-            max_steps=args.max_steps, stop_after=args.stop_after, intermediate_size=args.intermediate_size, seed=args.seed, device=args.device,
+            capture_dir=args.capture,
+            target_dir=args.target,
+            out_dir=args.out,
+            vocab_dir=args.vocab,
+            ttt_steps=args.ttt_steps,
+            epochs=args.epochs,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            warmup_ratio=args.warmup_ratio,
+            grad_clip=args.grad_clip,
+            batch_size=args.batch_size,
+            max_length=args.max_length,
+            eval_fraction=args.eval_fraction,
+            checkpoint_every=args.checkpoint_every,
+            max_steps=args.max_steps,
+            stop_after=args.stop_after,
+            intermediate_size=args.intermediate_size,
+            seed=args.seed,
+            device=args.device,
             progress=progress,
         )
         s = train(cfg)
         return {k: s[k] for k in ("num_samples", "steps", "first_loss", "last_loss", "tokens_per_second")} | {
-            "eval": s["evals"][-1] if s["evals"] else None}
+            "eval": s["evals"][-1] if s["evals"] else None
+        }
     if args.stage == "export":
         from pathlib import Path
 
@@ -191,9 +231,18 @@ def _evaluate(args: argparse.Namespace, progress: bool) -> dict[str, Any]:
     for temperature in args.temperature or [0.0, 0.7]:
         report["runs"].append(
             evaluate_drafter(
-                tgt.model, Eagle3Proposer(draft), prompts, draft.cfg.aux_layer_ids, num_steps=args.num_steps,
-                num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, temperature=temperature,
-                eos_ids=eos_ids, seed=args.seed, draft_for_simulation=draft, progress=progress,
+                tgt.model,
+                Eagle3Proposer(draft),
+                prompts,
+                draft.cfg.aux_layer_ids,
+                num_steps=args.num_steps,
+                num_draft_tokens=args.num_draft_tokens,
+                max_new_tokens=args.max_new_tokens,
+                temperature=temperature,
+                eos_ids=eos_ids,
+                seed=args.seed,
+                draft_for_simulation=draft,
+                progress=progress,
             )
         )
     if args.out:

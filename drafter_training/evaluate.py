@@ -66,9 +66,7 @@ class Eagle3Proposer:
             out.append(tok)
             if k + 1 == num_steps:
                 break
-            logits, hidden = d.step(
-                hidden[:, -1:], torch.tensor([[tok]], device=self.device), (last + k + 1)[None], cache, query_rows=last
-            )
+            logits, hidden = d.step(hidden[:, -1:], torch.tensor([[tok]], device=self.device), (last + k + 1)[None], cache, query_rows=last)
         return out
 
 
@@ -100,8 +98,15 @@ class PromptResult:
 
 @torch.no_grad()
 def speculative_generate(
-    target: torch.nn.Module, proposer: Proposer, prompt: list[int], layer_ids: list[int], *, num_steps: int,
-    max_new_tokens: int, temperature: float = 0.0, eos_ids: set[int] | None = None,
+    target: torch.nn.Module,
+    proposer: Proposer,
+    prompt: list[int],
+    layer_ids: list[int],
+    *,
+    num_steps: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    eos_ids: set[int] | None = None,
     generator: torch.Generator | None = None,
 ) -> PromptResult:
     """Chain speculative decoding of one prompt; the output is the target's own (greedy or sampled)."""
@@ -135,9 +140,7 @@ def speculative_generate(
     return res
 
 
-def verify_chain(
-    ver_logits: torch.Tensor, drafts: list[int], temperature: float, generator: torch.Generator | None = None
-) -> list[int]:
+def verify_chain(ver_logits: torch.Tensor, drafts: list[int], temperature: float, generator: torch.Generator | None = None) -> list[int]:
     """Tokens one verify emits: the accepted prefix of `drafts` plus one token from the target.
 
     ver_logits[i] is the target's next-token logits after the committed prefix and drafts[:i]
@@ -204,8 +207,7 @@ def simulated_on_sequence(
     aux, final, _ = capture_forward(target, ids.to(next(target.parameters()).device), layer_ids)
     loss_mask = torch.zeros_like(ids, dtype=torch.bool)
     loss_mask[0, prompt_len:] = True
-    batch = {"input_ids": ids, "loss_mask": loss_mask, "aux": aux.to(device, next(draft.parameters()).dtype),
-             "final": final.to(device)}
+    batch = {"input_ids": ids, "loss_mask": loss_mask, "aux": aux.to(device, next(draft.parameters()).dtype), "final": final.to(device)}
     d2t_to_target, target_to_draft = draft_ids_of_targets(draft.d2t.cpu(), draft.cfg.vocab_size)
     head = cast(Any, target).get_output_embeddings().weight.to(device)  # a transformers model, typed as its nn.Module
     p, am, iv = target_distribution(batch, head[d2t_to_target.to(device)], head, draft.t2d, target_to_draft.to(device))
@@ -214,9 +216,18 @@ def simulated_on_sequence(
 
 
 def evaluate_drafter(
-    target: torch.nn.Module, proposer: Proposer, prompts: list[list[int]], layer_ids: list[int], *,
-    num_steps: int = 3, num_draft_tokens: int | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
-    eos_ids: set[int] | None = None, seed: int = 0, draft_for_simulation: Eagle3Draft | None = None,
+    target: torch.nn.Module,
+    proposer: Proposer,
+    prompts: list[list[int]],
+    layer_ids: list[int],
+    *,
+    num_steps: int = 3,
+    num_draft_tokens: int | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    eos_ids: set[int] | None = None,
+    seed: int = 0,
+    draft_for_simulation: Eagle3Draft | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Acceptance statistics of `proposer` against `target` over `prompts` (token id lists)."""
@@ -235,13 +246,19 @@ def evaluate_drafter(
         if not prompt:
             raise InputError("an evaluation prompt is empty")
         r = speculative_generate(
-            target, proposer, prompt, layer_ids, num_steps=num_steps, max_new_tokens=max_new_tokens,
-            temperature=temperature, eos_ids=eos_ids, generator=gen,
+            target,
+            proposer,
+            prompt,
+            layer_ids,
+            num_steps=num_steps,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            eos_ids=eos_ids,
+            generator=gen,
         )
         results.append(r)
         if draft_for_simulation is not None and len(r.generated) > 2:
-            counts = simulated_on_sequence(target, draft_for_simulation, prompt + r.generated, len(prompt), layer_ids,
-                                           num_steps)
+            counts = simulated_on_sequence(target, draft_for_simulation, prompt + r.generated, len(prompt), layer_ids, num_steps)
             for k, (c, n) in enumerate(counts):
                 sim_correct[k] += c
                 sim_count[k] += n
@@ -263,8 +280,7 @@ def evaluate_drafter(
         "tokens_per_verify": emitted_after_first / verifies if verifies else math.nan,
         "acceptance_rate": (accepted - verifies) / (verifies * num_steps) if verifies else math.nan,
         "generated_tokens": sum(r.emitted for r in results),
-        "accept_length_histogram": {str(k): sum(r.accept_lengths.count(k) for r in results)
-                                    for k in range(1, num_draft_tokens + 1)},
+        "accept_length_histogram": {str(k): sum(r.accept_lengths.count(k) for r in results) for k in range(1, num_draft_tokens + 1)},
     }
     if draft_for_simulation is not None:
         acc = [c / n if n else 0.0 for c, n in zip(sim_correct, sim_count)]

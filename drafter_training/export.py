@@ -85,9 +85,7 @@ def sglang_config(cfg: DraftConfig, target_cfg: dict[str, Any]) -> dict[str, Any
     }
 
 
-def export_sglang(
-    final_dir: str | Path, target_dir: str | Path, out_dir: str | Path, *, target_model: str | None = None
-) -> dict[str, Any]:
+def export_sglang(final_dir: str | Path, target_dir: str | Path, out_dir: str | Path, *, target_model: str | None = None) -> dict[str, Any]:
     """Write config.json, model.safetensors and training_provenance.json; returns the provenance."""
     final_dir, out_dir = Path(final_dir), Path(out_dir)
     try:
@@ -141,10 +139,7 @@ def export_sglang(
         "trainer": "specdec-operator drafter_training",
     }
     if capture.get("tokenizer_sha256") and capture["tokenizer_sha256"] != provenance["tokenizer_sha256"]:
-        raise InputError(
-            f"{target_dir}: tokenizer differs from the one the hidden states were captured with; "
-            "export against the captured target"
-        )
+        raise InputError(f"{target_dir}: tokenizer differs from the one the hidden states were captured with; export against the captured target")
     (out_dir / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
     check_export(out_dir)
     return provenance
@@ -157,10 +152,14 @@ def check_export(out_dir: str | Path) -> None:
     if cfg_json.get("architectures") != [ARCHITECTURE]:
         raise InputError(f"{out_dir}/config.json: architectures must be [{ARCHITECTURE!r}]")
     cfg = DraftConfig(
-        hidden_size=cfg_json["hidden_size"], intermediate_size=cfg_json["intermediate_size"],
-        num_attention_heads=cfg_json["num_attention_heads"], num_key_value_heads=cfg_json["num_key_value_heads"],
-        head_dim=cfg_json.get("head_dim"), vocab_size=cfg_json["vocab_size"],
-        draft_vocab_size=cfg_json["draft_vocab_size"], target_hidden_size=cfg_json["target_hidden_size"],
+        hidden_size=cfg_json["hidden_size"],
+        intermediate_size=cfg_json["intermediate_size"],
+        num_attention_heads=cfg_json["num_attention_heads"],
+        num_key_value_heads=cfg_json["num_key_value_heads"],
+        head_dim=cfg_json.get("head_dim"),
+        vocab_size=cfg_json["vocab_size"],
+        draft_vocab_size=cfg_json["draft_vocab_size"],
+        target_hidden_size=cfg_json["target_hidden_size"],
         aux_layer_ids=cfg_json["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
     )
     with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:

@@ -54,7 +54,7 @@ class DraftConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DraftConfig":
+    def from_dict(cls, data: dict[str, Any]) -> DraftConfig:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -202,9 +202,7 @@ class Eagle3Draft(nn.Module):
         scale = 1.0 / math.sqrt(d)
         if cache.k0 is None:
             cache.k0, cache.v0 = k, v
-            out = F.scaled_dot_product_attention(
-                q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), is_causal=True
-            )
+            out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), is_causal=True)
         else:
             cache.diag_k.append(k)
             cache.diag_v.append(v)
@@ -228,9 +226,7 @@ class Eagle3Draft(nn.Module):
         return logits, hidden
 
     # ---- training-time test -------------------------------------------------------------------------
-    def unroll(
-        self, aux: torch.Tensor, step_input_ids: list[torch.Tensor], positions: torch.Tensor
-    ) -> list[torch.Tensor]:
+    def unroll(self, aux: torch.Tensor, step_input_ids: list[torch.Tensor], positions: torch.Tensor) -> list[torch.Tensor]:
         """Training-time test: run len(step_input_ids) steps over every position; return logits per step.
 
         step_input_ids[k][b, t] is the token the draft embeds at step k for row t (the ground-truth token

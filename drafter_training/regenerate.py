@@ -20,20 +20,29 @@ import asyncio
 import json
 import logging
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specdec_operator.errors import InputError
 
 log = logging.getLogger(__name__)
 
 ROLE_ALIASES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-    "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "system": "system",
 }
 
 
 # ---- input --------------------------------------------------------------------------------------------
+
 
 def normalize_conversation(record: Any, where: str) -> list[dict[str, str]]:
     """One JSONL record -> [{"role", "content"}] with roles system/user/assistant."""
@@ -49,9 +58,7 @@ def normalize_conversation(record: Any, where: str) -> list[dict[str, str]]:
         role = turn.get("role", turn.get("from"))
         content = turn.get("content", turn.get("value"))
         if role is None or str(role).lower() not in ROLE_ALIASES or not isinstance(content, str):
-            raise InputError(
-                f"{where}: turn {j} needs role/from in {sorted(set(ROLE_ALIASES))} and a string content/value"
-            )
+            raise InputError(f"{where}: turn {j} needs role/from in {sorted(set(ROLE_ALIASES))} and a string content/value")
         out.append({"role": ROLE_ALIASES[str(role).lower()], "content": content})
     return out
 
@@ -99,6 +106,7 @@ def read_samples(path: str | Path) -> list[dict[str, Any]]:
 
 # ---- tokenization with the model's chat template -------------------------------------------------------
 
+
 def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
     if not messages:
         return ""
@@ -109,9 +117,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
-def tokenize_conversation(
-    tokenizer: Any, messages: list[dict[str, str]], max_length: int | None = None
-) -> tuple[list[int], list[int]]:
+def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]], max_length: int | None = None) -> tuple[list[int], list[int]]:
     """input_ids of the whole conversation and a loss mask of 1 on assistant-written tokens.
 
     The template is rendered turn by turn; every rendering must extend the previous one (true of
@@ -134,12 +140,12 @@ def tokenize_conversation(
             prompt_text = _render(tokenizer, messages[:i], True)
             if not text.startswith(prompt_text) or not prompt_text.startswith(prev_text):
                 raise InputError("chat template's generation prompt is not a prefix of the assistant turn")
-            head = _encode(tokenizer, prompt_text[len(prev_text):])
-            body = _encode(tokenizer, text[len(prompt_text):])
+            head = _encode(tokenizer, prompt_text[len(prev_text) :])
+            body = _encode(tokenizer, text[len(prompt_text) :])
             ids += head + body
             mask += [0] * len(head) + [1] * len(body)
         else:
-            new = _encode(tokenizer, text[len(prev_text):])
+            new = _encode(tokenizer, text[len(prev_text) :])
             ids += new
             mask += [0] * len(new)
         prev_text = text
@@ -149,6 +155,7 @@ def tokenize_conversation(
 
 
 # ---- the client ---------------------------------------------------------------------------------------
+
 
 class EndpointError(Exception):
     """A request that failed after its retries."""
@@ -167,7 +174,7 @@ async def _post(session: Any, url: str, body: dict[str, Any], retries: int, back
                 last = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 if resp.status < 500 and resp.status != 429:
                     raise EndpointError(f"{url}: {last}")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             last = f"{type(exc).__name__}: {exc}"
         if attempt < retries:
             await asyncio.sleep(delay * (1 + random.random() * 0.1))
@@ -176,20 +183,35 @@ async def _post(session: Any, url: str, body: dict[str, Any], retries: int, back
 
 
 async def complete_turn(
-    session: Any, base_url: str, api: str, model: str, tokenizer: Any, messages: list[dict[str, str]],
-    max_new_tokens: int, temperature: float, retries: int, backoff: float,
+    session: Any,
+    base_url: str,
+    api: str,
+    model: str,
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    max_new_tokens: int,
+    temperature: float,
+    retries: int,
+    backoff: float,
 ) -> str:
     """Ask the serving model for the next assistant turn of `messages`."""
     try:
-        return await _complete_turn(session, base_url, api, model, tokenizer, messages, max_new_tokens, temperature,
-                                    retries, backoff)
+        return await _complete_turn(session, base_url, api, model, tokenizer, messages, max_new_tokens, temperature, retries, backoff)
     except (KeyError, IndexError, TypeError) as exc:
         raise EndpointError(f"{base_url} ({api}): unexpected response shape ({type(exc).__name__}: {exc})") from None
 
 
 async def _complete_turn(
-    session: Any, base_url: str, api: str, model: str, tokenizer: Any, messages: list[dict[str, str]],
-    max_new_tokens: int, temperature: float, retries: int, backoff: float,
+    session: Any,
+    base_url: str,
+    api: str,
+    model: str,
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    max_new_tokens: int,
+    temperature: float,
+    retries: int,
+    backoff: float,
 ) -> str:
     if api == "chat":
         body = {"model": model, "messages": messages, "max_tokens": max_new_tokens, "temperature": temperature}
@@ -258,8 +280,19 @@ def regenerate(
     log.info("regenerate: %d conversations, %d already done", len(convs), len(convs) - len(todo))
     counts = asyncio.run(
         _regenerate_all(
-            todo, out, base_url.rstrip("/"), api, model, tokenizer, max_new_tokens, temperature, concurrency,
-            retries, backoff, max_length, progress,
+            todo,
+            out,
+            base_url.rstrip("/"),
+            api,
+            model,
+            tokenizer,
+            max_new_tokens,
+            temperature,
+            concurrency,
+            retries,
+            backoff,
+            max_length,
+            progress,
         )
     )
     counts["skipped"] = len(convs) - len(todo)
@@ -267,8 +300,19 @@ def regenerate(
 
 
 async def _regenerate_all(
-    todo, out, base_url, api, model, tokenizer, max_new_tokens, temperature, concurrency, retries, backoff,
-    max_length, progress,
+    todo,
+    out,
+    base_url,
+    api,
+    model,
+    tokenizer,
+    max_new_tokens,
+    temperature,
+    concurrency,
+    retries,
+    backoff,
+    max_length,
+    progress,
 ) -> dict[str, int]:
     import aiohttp
     from tqdm import tqdm
@@ -289,14 +333,30 @@ async def _regenerate_all(
                                 messages.append(turn)
                                 continue
                             text = await complete_turn(
-                                session, base_url, api, model, tokenizer, messages, max_new_tokens, temperature,
-                                retries, backoff,
+                                session,
+                                base_url,
+                                api,
+                                model,
+                                tokenizer,
+                                messages,
+                                max_new_tokens,
+                                temperature,
+                                retries,
+                                backoff,
                             )
                             messages.append({"role": "assistant", "content": text})
                         if not any(m["role"] == "assistant" for m in messages):
                             text = await complete_turn(
-                                session, base_url, api, model, tokenizer, messages, max_new_tokens, temperature,
-                                retries, backoff,
+                                session,
+                                base_url,
+                                api,
+                                model,
+                                tokenizer,
+                                messages,
+                                max_new_tokens,
+                                temperature,
+                                retries,
+                                backoff,
                             )
                             messages.append({"role": "assistant", "content": text})
                     except EndpointError as exc:

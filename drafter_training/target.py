@@ -88,7 +88,7 @@ def check_capture_layers(layer_ids: list[int], num_layers: int) -> list[int]:
 
 
 def resolve_capture_layers(layer_ids: list[int] | None, num_layers: int) -> list[int]:
-    ids = default_capture_layers(num_layers) if not layer_ids else layer_ids
+    ids = layer_ids if layer_ids else default_capture_layers(num_layers)
     return check_capture_layers(ids, num_layers)
 
 
@@ -117,6 +117,7 @@ def quantization_of(config: dict[str, Any]) -> str:
 
 
 # ---- group-wise round-to-nearest INT4 (the seed's serving format, simulated in-place) ---------------
+
 
 def rtn_quantize_(weight: torch.Tensor, bits: int = 4, group_size: int = 128) -> torch.Tensor:
     """Replace a [out, in] weight by its asymmetric group-wise RTN quantise/dequantise; returns max error."""
@@ -147,6 +148,7 @@ def apply_rtn_int4_(model: nn.Module, group_size: int = 128, bits: int = 4) -> i
 
 
 # ---- loading and capture ------------------------------------------------------------------------------
+
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     inner = getattr(model, "model", None)
@@ -188,9 +190,7 @@ class LoadedTarget:
     path: str
 
 
-def load_target(
-    path: str | Path, quantization: str | None = None, dtype: torch.dtype | None = None, device: str = "cpu"
-) -> LoadedTarget:
+def load_target(path: str | Path, quantization: str | None = None, dtype: torch.dtype | None = None, device: str = "cpu") -> LoadedTarget:
     """Load the target with the quantization that will serve it.
 
     'checkpoint' loads what the checkpoint declares (AWQ/GPTQ/FP8 via transformers' own quantizers);

@@ -70,6 +70,7 @@ class TrainConfig:
 
 # ---- target tensors ---------------------------------------------------------------------------------
 
+
 def load_target_tensors(target_dir: str | Path, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Find tensors whose names end with the given suffixes in the target's safetensors (bounded reads)."""
     target_dir = Path(target_dir)
@@ -79,7 +80,7 @@ def load_target_tensors(target_dir: str | Path, suffixes: tuple[str, ...]) -> di
     found: dict[str, torch.Tensor] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as handle:
-            for name in handle.keys():
+            for name in handle:
                 for suffix in suffixes:
                     if suffix not in found and (name == suffix or name.endswith("." + suffix)):
                         found[suffix] = handle.get_tensor(name)
@@ -121,6 +122,7 @@ def draft_config_from_target(
 
 # ---- batches ------------------------------------------------------------------------------------------
 
+
 def collate(samples: list[dict[str, torch.Tensor]], max_length: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of captured samples into one batch (padding is loss-masked)."""
     n = min(max(s["input_ids"].numel() for s in samples), max_length)
@@ -144,8 +146,11 @@ def collate(samples: list[dict[str, torch.Tensor]], max_length: int) -> dict[str
 
 
 def target_distribution(
-    batch: dict[str, torch.Tensor], head_draft: torch.Tensor, head_full: torch.Tensor,
-    t2d: torch.Tensor, target_to_draft: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    head_draft: torch.Tensor,
+    head_full: torch.Tensor,
+    t2d: torch.Tensor,
+    target_to_draft: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(p over draft vocab [B,T,Dv] float32, target argmax as draft id [B,T], argmax-in-draft-vocab [B,T])."""
     if "final" in batch:
@@ -173,8 +178,13 @@ def shifted(x: torch.Tensor, k: int, fill: float | int | bool = 0) -> torch.Tens
 
 
 def ttt_loss(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], p: torch.Tensor, target_draft_argmax: torch.Tensor,
-    in_vocab: torch.Tensor, ttt_steps: int, step_weight: float,
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    p: torch.Tensor,
+    target_draft_argmax: torch.Tensor,
+    in_vocab: torch.Tensor,
+    ttt_steps: int,
+    step_weight: float,
 ) -> tuple[torch.Tensor, list[float], list[tuple[int, int]]]:
     """Weighted KL over the unrolled steps; returns (loss, per-step KL, per-step (correct, counted))."""
     ids, loss_mask = batch["input_ids"], batch["loss_mask"]
@@ -212,7 +222,7 @@ class _Unroller(torch.nn.Module):
         super().__init__()
         self.draft = draft
 
-    def forward(self, aux, step_inputs, positions):  # noqa: D401 - thin
+    def forward(self, aux, step_inputs, positions):
         return self.draft.unroll(aux, step_inputs, positions)
 
 
@@ -227,6 +237,7 @@ def simulated_acceptance(accuracies: list[float], steps: int | None = None) -> f
 
 # ---- the loop -----------------------------------------------------------------------------------------
 
+
 def _dist_env() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
@@ -234,7 +245,7 @@ def _dist_env() -> tuple[int, int, int]:
 def split_indices(n: int, eval_fraction: float, eval_max: int, seed: int) -> tuple[list[int], list[int]]:
     idx = list(range(n))
     random.Random(seed).shuffle(idx)
-    n_eval = min(eval_max, int(round(n * eval_fraction))) if n > 1 else 0
+    n_eval = min(eval_max, round(n * eval_fraction)) if n > 1 else 0
     if eval_fraction > 0 and n > 1:
         n_eval = max(1, n_eval)
     return sorted(idx[n_eval:]), sorted(idx[:n_eval])
@@ -262,8 +273,14 @@ def cosine_lambda(total_steps: int, warmup_ratio: float):
 
 @torch.no_grad()
 def evaluate_split(
-    model: Eagle3Draft, reader: CaptureReader, indices: list[int], cfg: TrainConfig, device: torch.device,
-    heads: tuple[torch.Tensor, torch.Tensor], t2d: torch.Tensor, target_to_draft: torch.Tensor,
+    model: Eagle3Draft,
+    reader: CaptureReader,
+    indices: list[int],
+    cfg: TrainConfig,
+    device: torch.device,
+    heads: tuple[torch.Tensor, torch.Tensor],
+    t2d: torch.Tensor,
+    target_to_draft: torch.Tensor,
 ) -> dict[str, Any]:
     """Per-step accuracy and KL on held-out samples, and the simulated acceptance length."""
     model.eval()
@@ -300,8 +317,13 @@ def _save_checkpoint(path: Path, model: Eagle3Draft, opt, sched, state: dict[str
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / "checkpoint.pt.tmp"
     torch.save(
-        {"model": trainable_state_dict(model), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-         "state": state, "rng": torch.get_rng_state()},
+        {
+            "model": trainable_state_dict(model),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "state": state,
+            "rng": torch.get_rng_state(),
+        },
         tmp,
     )
     os.replace(tmp, path / "checkpoint.pt")
@@ -412,8 +434,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 state["epoch"] += 1
                 state["batch_in_epoch"] = 0
             state["history"].append(
-                {"step": state["step"], "loss": float(loss.detach()), "kl": kls, "grad_norm": float(grad_norm),
-                 "lr": sched.get_last_lr()[0], "acc0": counts[0][0] / max(counts[0][1], 1)}
+                {
+                    "step": state["step"],
+                    "loss": float(loss.detach()),
+                    "kl": kls,
+                    "grad_norm": float(grad_norm),
+                    "lr": sched.get_last_lr()[0],
+                    "acc0": counts[0][0] / max(counts[0][1], 1),
+                }
             )
             bar.update(1)
             bar.set_postfix(loss=f"{state['history'][-1]['loss']:.3f}", acc0=f"{state['history'][-1]['acc0']:.2f}")
@@ -434,8 +462,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             ev["epoch"] = state["epoch"]
             ev["step"] = state["step"]
             state["evals"].append(ev)
-            log.info("epoch %d eval: acc %s simulated accept %.3f", state["epoch"],
-                     [round(a, 3) for a in ev["step_accuracy"]], ev["simulated_acceptance_length"])
+            log.info(
+                "epoch %d eval: acc %s simulated accept %.3f",
+                state["epoch"],
+                [round(a, 3) for a in ev["step_accuracy"]],
+                ev["simulated_acceptance_length"],
+            )
         if rank == 0:
             _save_checkpoint(ckpt, model, opt, sched, state)
     bar.close()
@@ -455,14 +487,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "last_loss": state["history"][-1]["loss"] if state["history"] else None,
         "history": state["history"],
         "evals": state["evals"],
-        "capture": {k: index[k] for k in ("source", "target_model", "target_quantization", "aux_layer_ids",
-                                          "aux_layer_ids_input_index", "storage", "tokenizer_sha256")},
+        "capture": {
+            k: index[k]
+            for k in ("source", "target_model", "target_quantization", "aux_layer_ids", "aux_layer_ids_input_index", "storage", "tokenizer_sha256")
+        },
     }
     if rank == 0:
         final = out / "final"
         final.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(model).items()},
-                  str(final / "draft.safetensors"))
+        save_file({k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(model).items()}, str(final / "draft.safetensors"))
         (final / "draft_config.json").write_text(json.dumps(draft_cfg.to_dict(), indent=1))
         (final / "train_summary.json").write_text(json.dumps(summary, indent=1))
     if world > 1:

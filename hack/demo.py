@@ -33,7 +33,7 @@ REPO = HACK.parent
 sys.path.insert(0, str(HACK))
 sys.path.insert(0, str(REPO / "tests"))  # model_dirs: metadata-only model directories for the validator
 
-import devcluster  # noqa: E402
+import devcluster
 
 NAMESPACE = "specdec-demo"
 CLUSTER = "specdec-demo"
@@ -68,22 +68,62 @@ def specdec(*args: str) -> list[str]:
 
 
 class Case:
-    def __init__(self, file: str | None, name: str, base_profile: str | None, spec_profile: str | None, time_scale: float,
-                 story: str, load: str, workloads: list[dict] | None = None) -> None:
+    def __init__(
+        self,
+        file: str | None,
+        name: str,
+        base_profile: str | None,
+        spec_profile: str | None,
+        time_scale: float,
+        story: str,
+        load: str,
+        workloads: list[dict] | None = None,
+    ) -> None:
         self.file, self.name, self.time_scale, self.story, self.load = file, name, time_scale, story, load
         self.base_profile, self.spec_profile, self.workloads = base_profile, spec_profile, workloads
         self.verdict: tuple[int, str] = (0, "")
 
 
 CASES = [
-    Case("kimi-k25-int4-eagle3.yaml", "kimi-k25", "sglang-base-kimi-k25", "kimi-k25-custom-eagle3", 5.0,
-         "Kimi-K2.5 INT4 + the custom EAGLE-3 drafter trained on bf16 hidden states (seed: accept len 1.00)", "12s", KIMI_WORKLOADS),
-    Case("kimi-k25-int4-public-eagle3.yaml", "kimi-k25-public-drafter", "sglang-base-kimi-k25", "kimi-k2-public-eagle3", 5.0,
-         "Kimi-K2.5 INT4 + the public Kimi-K2 EAGLE-3 drafter (seed: accepts ~2.26 tokens, no faster)", "12s", KIMI_WORKLOADS),
-    Case("llama31-8b-eagle3.yaml", "llama31-8b", "llama31-8b-base", "llama31-8b-eagle3", 20.0,
-         "Llama-3.1-8B-Instruct + its EAGLE-3 drafter (a drafter that pays off)", "8s", LLAMA_WORKLOADS),
-    Case(None, "llama31-8b-wrong-drafter", None, None, 20.0,
-         "Llama-3.1-8B-Instruct + a Kimi drafter by mistake (caught from metadata, before any GPU time)", "8s"),
+    Case(
+        "kimi-k25-int4-eagle3.yaml",
+        "kimi-k25",
+        "sglang-base-kimi-k25",
+        "kimi-k25-custom-eagle3",
+        5.0,
+        "Kimi-K2.5 INT4 + the custom EAGLE-3 drafter trained on bf16 hidden states (seed: accept len 1.00)",
+        "12s",
+        KIMI_WORKLOADS,
+    ),
+    Case(
+        "kimi-k25-int4-public-eagle3.yaml",
+        "kimi-k25-public-drafter",
+        "sglang-base-kimi-k25",
+        "kimi-k2-public-eagle3",
+        5.0,
+        "Kimi-K2.5 INT4 + the public Kimi-K2 EAGLE-3 drafter (seed: accepts ~2.26 tokens, no faster)",
+        "12s",
+        KIMI_WORKLOADS,
+    ),
+    Case(
+        "llama31-8b-eagle3.yaml",
+        "llama31-8b",
+        "llama31-8b-base",
+        "llama31-8b-eagle3",
+        20.0,
+        "Llama-3.1-8B-Instruct + its EAGLE-3 drafter (a drafter that pays off)",
+        "8s",
+        LLAMA_WORKLOADS,
+    ),
+    Case(
+        None,
+        "llama31-8b-wrong-drafter",
+        None,
+        None,
+        20.0,
+        "Llama-3.1-8B-Instruct + a Kimi drafter by mistake (caught from metadata, before any GPU time)",
+        "8s",
+    ),
 ]
 
 
@@ -94,18 +134,34 @@ def validator_verdicts(workdir: Path) -> None:
     models = workdir / "models"
     kimi = md.make_target(models / "kimi-k2.5-int4", md.kimi_k25(), tokenizer_config=md.KIMI_TOKENIZER, shards=2)
     llama = md.make_target(models / "Llama-3.1-8B-Instruct", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER)
-    custom = md.make_drafter(models / "kimi-k2.5-custom-10k", md.kimi_drafter_config(), tokenizer_config=md.KIMI_TOKENIZER,
-                             provenance=md.provenance(target_quantization="bf16", hidden_state_source="HF transformers bf16", num_samples=10_000))
-    public = md.make_drafter(models / "kimi-k2-public", md.kimi_drafter_config(), tokenizer_config=md.KIMI_TOKENIZER,
-                             provenance=md.provenance(target_model="moonshotai/Kimi-K2-Instruct"))
+    custom = md.make_drafter(
+        models / "kimi-k2.5-custom-10k",
+        md.kimi_drafter_config(),
+        tokenizer_config=md.KIMI_TOKENIZER,
+        provenance=md.provenance(target_quantization="bf16", hidden_state_source="HF transformers bf16", num_samples=10_000),
+    )
+    public = md.make_drafter(
+        models / "kimi-k2-public",
+        md.kimi_drafter_config(),
+        tokenizer_config=md.KIMI_TOKENIZER,
+        provenance=md.provenance(target_model="moonshotai/Kimi-K2-Instruct"),
+    )
     llama_draft = md.make_drafter(models / "sglang-EAGLE3-LLaMA3.1-Instruct-8B", md.llama31_8b_drafter_config())
-    pairs = {"kimi-k25": (kimi, custom, "int4"), "kimi-k25-public-drafter": (kimi, public, "int4"),
-             "llama31-8b": (llama, llama_draft, "auto"), "llama31-8b-wrong-drafter": (llama, custom, "auto")}
+    pairs = {
+        "kimi-k25": (kimi, custom, "int4"),
+        "kimi-k25-public-drafter": (kimi, public, "int4"),
+        "llama31-8b": (llama, llama_draft, "auto"),
+        "llama31-8b-wrong-drafter": (llama, custom, "auto"),
+    }
     for case in CASES:
         target, drafter, quant = pairs[case.name]
         log = workdir / f"{case.name}.termination-log"
-        proc = subprocess.run(specdec("validate", "--target", str(target), "--drafter", str(drafter), "--quantization", quant,
-                                      "--json", "--termination-log", str(log)), capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            specdec("validate", "--target", str(target), "--drafter", str(drafter), "--quantization", quant, "--json", "--termination-log", str(log)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         case.verdict = (proc.returncode, log.read_text() if log.exists() else proc.stderr.strip())
 
 
@@ -123,12 +179,14 @@ def custom_resource(case: Case) -> dict:
         # 8 GPUs per server, 24 Blackwell GPUs in the cluster: a losing speculative server gives its GPUs back.
         spec["rollout"]["keepBaseWarm"] = False
     code, message = case.verdict
-    spec["podMetadata"] = {"annotations": {
-        "specdec.test/init-exit-code": str(code),
-        "specdec.test/init-message": message,
-        "specdec.test/init-after": "2s",
-        "specdec.test/ready-after": case.load,
-    }}
+    spec["podMetadata"] = {
+        "annotations": {
+            "specdec.test/init-exit-code": str(code),
+            "specdec.test/init-message": message,
+            "specdec.test/init-after": "2s",
+            "specdec.test/ready-after": case.load,
+        }
+    }
     return cr
 
 
@@ -164,8 +222,7 @@ def show_table(items: list[dict]) -> None:
         base = "".join(f"{w['baseTokensPerSecond'] / s:>24.1f}" if w.get("baseTokensPerSecond") else f"{'-':>24}" for w in workloads)
         say(f"    {'base':<13}{base}{'-':>9}  {'serves' if st.get('activeVariant') == 'base' else ''}")
         spec = "".join(
-            f"{(w.get('speculativeTokensPerSecond') or 0) / s:>16.1f} ({w['speedup']:.2f}x)" if w.get("speedup") else f"{'-':>24}"
-            for w in workloads
+            f"{(w.get('speculativeTokensPerSecond') or 0) / s:>16.1f} ({w['speedup']:.2f}x)" if w.get("speedup") else f"{'-':>24}" for w in workloads
         )
         accept = probe.get("acceptLength")
         verdict = "promoted, serves" if st.get("activeVariant") == "speculative" else f"rolled back: {probe.get('reason')}"
@@ -211,9 +268,25 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 port = free_port()
                 log = open(workdir / f"sim-{case.name}-{suffix}.log", "w")
-                procs.append(subprocess.Popen(specdec("simulate", "--profile", profile, "--port", str(port), "--time-scale",
-                                                      str(case.time_scale), "--load-seconds", "0", "--seed", "1"),
-                                              stdout=log, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        specdec(
+                            "simulate",
+                            "--profile",
+                            profile,
+                            "--port",
+                            str(port),
+                            "--time-scale",
+                            str(case.time_scale),
+                            "--load-seconds",
+                            "0",
+                            "--seed",
+                            "1",
+                        ),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
                 endpoints[f"{NAMESPACE}/{case.name}-{suffix}"] = f"http://127.0.0.1:{port}"
                 say(f"      {case.name}-{suffix:<4} -> {profile:<24} on :{port} ({case.time_scale:g}x time)")
         (workdir / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
@@ -222,9 +295,25 @@ def main(argv: list[str] | None = None) -> int:
         say("\n[3/5] The operator: specdec run --namespace specdec-demo --endpoints endpoints.yaml")
         metrics_port = free_port()
         oplog = open(workdir / "operator.log", "w")
-        procs.append(subprocess.Popen(specdec("run", "--namespace", NAMESPACE, "--standalone", "--endpoints", str(workdir / "endpoints.yaml"),
-                                              "--metrics-port", str(metrics_port), "--reconcile-interval", "2"),
-                                      stdout=oplog, stderr=subprocess.STDOUT, env=cluster.env()))
+        procs.append(
+            subprocess.Popen(
+                specdec(
+                    "run",
+                    "--namespace",
+                    NAMESPACE,
+                    "--standalone",
+                    "--endpoints",
+                    str(workdir / "endpoints.yaml"),
+                    "--metrics-port",
+                    str(metrics_port),
+                    "--reconcile-interval",
+                    "2",
+                ),
+                stdout=oplog,
+                stderr=subprocess.STDOUT,
+                env=cluster.env(),
+            )
+        )
         say(f"      log {workdir / 'operator.log'}, metrics http://127.0.0.1:{metrics_port}/metrics")
 
         # 4. apply
@@ -259,8 +348,17 @@ def main(argv: list[str] | None = None) -> int:
         say("\n[5/5] kubectl get sps:")
         say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE).stdout.rstrip().splitlines()))
         show_table(items)
-        events = kubectl("get", "events", "-n", NAMESPACE, "--field-selector", "involvedObject.kind=SpeculativeServer",
-                         "--sort-by=.lastTimestamp", "-o", "custom-columns=OBJECT:.involvedObject.name,TYPE:.type,REASON:.reason").stdout
+        events = kubectl(
+            "get",
+            "events",
+            "-n",
+            NAMESPACE,
+            "--field-selector",
+            "involvedObject.kind=SpeculativeServer",
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "custom-columns=OBJECT:.involvedObject.name,TYPE:.type,REASON:.reason",
+        ).stdout
         say("Events posted by the operator:")
         say("\n".join("      " + line for line in events.rstrip().splitlines()))
         say("\nThe base servers kept serving throughout: the stable Service <name> selects the speculative pods only for llama31-8b.")

@@ -53,7 +53,7 @@ from typing import Any
 if __package__:  # imported as hack.devcluster (the tests)
     from . import realnode  # the optional real node
 else:  # run as a script (python3 hack/devcluster.py): its directory is on sys.path
-    import realnode
+    import realnode  # type: ignore[no-redef]
 
 HACK_DIR = Path(__file__).resolve().parent
 
@@ -155,9 +155,7 @@ class Cluster:
         env["PATH"] = f"{self.tools}{os.pathsep}{env.get('PATH', '')}"
         return env
 
-    def kubectl(
-        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster and return the completed process (text output captured)."""
         proc = subprocess.run(
             [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.kubectl_cache), *args],
@@ -397,14 +395,47 @@ def _ensure_pki(pki: Path) -> None:
     config = pki / "openssl.cnf"
     config.write_text(_OPENSSL_CONFIG)
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
-             "-subj", "/CN=specdec-dev-ca", "-config", "openssl.cnf", "-extensions", "ca", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=specdec-dev-ca",
+        "-config",
+        "openssl.cnf",
+        "-extensions",
+        "ca",
+        cwd=pki,
+    )
     for stem, subject, profile in _CERTS:
-        _openssl("req", "-new", *ec, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", subject,
-                 "-config", "openssl.cnf", cwd=pki)
-        _openssl("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "3650",
-                 "-out", f"{stem}.crt", "-extfile", "openssl.cnf", "-extensions", profile, cwd=pki)
+        _openssl("req", "-new", *ec, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", subject, "-config", "openssl.cnf", cwd=pki)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{stem}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            str(int.from_bytes(os.urandom(8), "big")),
+            "-days",
+            "3650",
+            "-out",
+            f"{stem}.crt",
+            "-extfile",
+            "openssl.cnf",
+            "-extensions",
+            profile,
+            cwd=pki,
+        )
         (pki / f"{stem}.csr").unlink()
     # Service-account token signing key (the apiserver signs, the controller-manager signs legacy tokens).
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key", cwd=pki)
@@ -426,11 +457,28 @@ def _ensure_node_pki(pki: Path) -> None:
     for stem, subject, profile in _NODE_CERTS:
         if (pki / f"{stem}.crt").exists():
             continue
-        _openssl("req", "-new", *ec, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", subject,
-                 "-config", "openssl.cnf", cwd=pki)
-        _openssl("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "3650",
-                 "-out", f"{stem}.crt", "-extfile", "openssl.cnf", "-extensions", profile, cwd=pki)
+        _openssl("req", "-new", *ec, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", subject, "-config", "openssl.cnf", cwd=pki)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{stem}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            str(int.from_bytes(os.urandom(8), "big")),
+            "-days",
+            "3650",
+            "-out",
+            f"{stem}.crt",
+            "-extfile",
+            "openssl.cnf",
+            "-extensions",
+            profile,
+            cwd=pki,
+        )
         (pki / f"{stem}.csr").unlink()
 
 
@@ -467,11 +515,16 @@ current-context: {context}
 # Commands of the components
 
 
-def _commands(directory: Path, ports: dict[str, int], tools: Path, controller_manager_args: Sequence[str] = (),
-              apiserver_args: Sequence[str] = (), node_ip: str | None = None) -> dict[str, list[str]]:
+def _commands(
+    directory: Path,
+    ports: dict[str, int],
+    tools: Path,
+    controller_manager_args: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
+    node_ip: str | None = None,
+) -> dict[str, list[str]]:
     pki = directory / "pki"
     data = directory / "etcd-data"
-    server = f"https://127.0.0.1:{ports['kube-apiserver']}"
     etcd_url = f"http://127.0.0.1:{ports['etcd']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
     component_kubeconfig = {c: directory / f"{c}.kubeconfig" for c in ("controller-manager", "scheduler", "kwok")}
@@ -608,9 +661,7 @@ def _health_checks(directory: Path, ports: dict[str, int]) -> dict[str, Callable
     return {
         "etcd": lambda: _get_ok(f"http://127.0.0.1:{ports['etcd']}/health"),
         "kube-apiserver": lambda: _get_ok(f"https://127.0.0.1:{ports['kube-apiserver']}/readyz", _admin_ssl(pki)),
-        "kube-controller-manager": lambda: _get_ok(
-            f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz", _insecure_ssl()
-        ),
+        "kube-controller-manager": lambda: _get_ok(f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz", _insecure_ssl()),
         "kube-scheduler": lambda: _get_ok(f"https://127.0.0.1:{ports['kube-scheduler']}/healthz", _insecure_ssl()),
         "kwok": lambda: _get_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"),
     }
@@ -630,8 +681,7 @@ def _wait_healthy(directory: Path, ports: dict[str, int], pids: dict[str, int], 
         for component in list(pending):
             if not _alive(pids[component], directory):
                 log = directory / "logs" / f"{component}.log"
-                raise ClusterError(f"{component} {_exit_reason(pids[component])} during startup; "
-                                   f"last lines of {log}:\n{_tail(log)}")
+                raise ClusterError(f"{component} {_exit_reason(pids[component])} during startup; last lines of {log}:\n{_tail(log)}")
             if checks[component]():
                 pending.remove(component)
         if pending and time.monotonic() > deadline:
@@ -678,8 +728,8 @@ def _node_health_checks(directory: Path, ports: dict[str, int]) -> dict[str, Cal
 
     def containerd() -> bool:
         return (nd / "containerd" / "containerd.sock").exists() and subprocess.run(
-            ["ctr", "--address", str(nd / "containerd" / "containerd.sock"), "version"], capture_output=True,
-            timeout=10).returncode == 0
+            ["ctr", "--address", str(nd / "containerd" / "containerd.sock"), "version"], capture_output=True, timeout=10
+        ).returncode == 0
 
     return {
         "containerd": containerd,
@@ -706,8 +756,7 @@ def _choose_node_ports(name: str, previous: dict[str, int] | None) -> dict[str, 
 def node_ctr(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run `ctr` against the real node's containerd, in the CRI's namespace (k8s.io)."""
     sock = realnode.node_dir(cluster.directory) / "containerd" / "containerd.sock"
-    return subprocess.run(["ctr", "--address", str(sock), "--namespace", "k8s.io", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(["ctr", "--address", str(sock), "--namespace", "k8s.io", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def load_images(cluster: Cluster, archives: Sequence[Path | str]) -> list[str]:
@@ -725,8 +774,7 @@ def load_images(cluster: Cluster, archives: Sequence[Path | str]) -> list[str]:
     return names
 
 
-def _node_wait(what: str, check: Callable[[], Any], deadline: float, pid_of: Callable[[], list[tuple[str, int]]],
-               directory: Path) -> Any:
+def _node_wait(what: str, check: Callable[[], Any], deadline: float, pid_of: Callable[[], list[tuple[str, int]]], directory: Path) -> Any:
     while True:
         result = check()
         if result:
@@ -734,15 +782,13 @@ def _node_wait(what: str, check: Callable[[], Any], deadline: float, pid_of: Cal
         for component, pid in pid_of():
             if not _alive(pid, directory):
                 log = directory / "logs" / f"node-{component}.log"
-                raise ClusterError(f"real node: {component} {_exit_reason(pid)} while waiting for {what}; "
-                                   f"last lines of {log}:\n{_tail(log)}")
+                raise ClusterError(f"real node: {component} {_exit_reason(pid)} while waiting for {what}; last lines of {log}:\n{_tail(log)}")
         if time.monotonic() > deadline:
             raise ClusterError(f"real node: timed out waiting for {what} (logs in {directory / 'logs'}/node-*.log)")
         time.sleep(0.25)
 
 
-def _start_node(cluster: Cluster, state: dict, tie_to_parent: bool, deadline: float,
-                say: Callable[[str], None]) -> None:
+def _start_node(cluster: Cluster, state: dict, tie_to_parent: bool, deadline: float, say: Callable[[str], None]) -> None:
     name, directory, tools = cluster.name, cluster.directory, cluster.tools
     started = time.monotonic()
     realnode.claim_machine(directory, lambda other: _node_alive(other, _read_state(other.name), any_component=True))
@@ -777,10 +823,16 @@ def _start_node(cluster: Cluster, state: dict, tie_to_parent: bool, deadline: fl
         "containerd": ["containerd", "--config", str(nd / "containerd.toml"), "--log-level", "warn"],
         "kube-proxy": [str(tools / "kube-proxy"), f"--config={nd / 'kube-proxy.json'}", "--v=1"],
         "coredns": [str(tools / "coredns"), "-conf", str(nd / "Corefile")],
-        "kubelet": [str(tools / "kubelet"), f"--config={nd / 'kubelet.json'}",
-                    f"--kubeconfig={nd / 'kubelet.kubeconfig'}", f"--root-dir={nd / 'kubelet'}",
-                    f"--cert-dir={nd / 'kubelet' / 'pki'}", f"--hostname-override={realnode.NODE_NAME}",
-                    f"--node-ip={ip}", f"--node-labels={labels}"],
+        "kubelet": [
+            str(tools / "kubelet"),
+            f"--config={nd / 'kubelet.json'}",
+            f"--kubeconfig={nd / 'kubelet.kubeconfig'}",
+            f"--root-dir={nd / 'kubelet'}",
+            f"--cert-dir={nd / 'kubelet' / 'pki'}",
+            f"--hostname-override={realnode.NODE_NAME}",
+            f"--node-ip={ip}",
+            f"--node-labels={labels}",
+        ],
     }
     checks = _node_health_checks(directory, ports)
 
@@ -788,8 +840,7 @@ def _start_node(cluster: Cluster, state: dict, tie_to_parent: bool, deadline: fl
         return [(c, int(p)) for c, p in node["pids"].items()]
 
     def spawn(component: str) -> None:
-        node["pids"][component] = _spawn(commands[component], directory / "logs" / f"node-{component}.log",
-                                         directory, tie_to_parent)
+        node["pids"][component] = _spawn(commands[component], directory / "logs" / f"node-{component}.log", directory, tie_to_parent)
         _write_state(name, state)
 
     spawn("containerd")
@@ -803,13 +854,19 @@ def _start_node(cluster: Cluster, state: dict, tie_to_parent: bool, deadline: fl
 
     def node_ready() -> bool:
         got = _api_get(cluster, f"/api/v1/nodes/{realnode.NODE_NAME}") or {}
-        return any(c.get("type") == "Ready" and c.get("status") == "True"
-                   for c in (got.get("status") or {}).get("conditions") or [])
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (got.get("status") or {}).get("conditions") or [])
 
     _node_wait(f"node {realnode.NODE_NAME} Ready", node_ready, deadline, pids, directory)
     # Simulated GPUs: an extended resource advertised in the node's status (the kubelet keeps it in allocatable).
-    cluster.kubectl("patch", "node", realnode.NODE_NAME, "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": {"capacity": {"nvidia.com/gpu": realnode.GPU_COUNT}}}))
+    cluster.kubectl(
+        "patch",
+        "node",
+        realnode.NODE_NAME,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"capacity": {"nvidia.com/gpu": realnode.GPU_COUNT}}}),
+    )
 
     def gpus_allocatable() -> bool:
         got = _api_get(cluster, f"/api/v1/nodes/{realnode.NODE_NAME}") or {}
@@ -820,8 +877,10 @@ def _start_node(cluster: Cluster, state: dict, tie_to_parent: bool, deadline: fl
         _node_wait(component, checks[component], deadline, pids, directory)
     node["started_seconds"] = round(time.monotonic() - started, 2)
     _write_state(name, state)
-    say(f"real node {realnode.NODE_NAME} ({ip}, pods {node['subnet']}) Ready with {realnode.GPU_COUNT} simulated "
-        f"GPUs after {node['started_seconds']:.1f}s")
+    say(
+        f"real node {realnode.NODE_NAME} ({ip}, pods {node['subnet']}) Ready with {realnode.GPU_COUNT} simulated "
+        f"GPUs after {node['started_seconds']:.1f}s"
+    )
 
 
 def _stop_node(name: str, state: dict) -> None:
@@ -927,9 +986,7 @@ def up(
         ports = _choose_ports(name, state.get("ports"))
         server = f"https://127.0.0.1:{ports['kube-apiserver']}"
         for component in ("controller-manager", "scheduler", "kwok"):
-            (directory / f"{component}.kubeconfig").write_text(
-                _kubeconfig(server, pki, component, f"specdec-{name}", embed=False)
-            )
+            (directory / f"{component}.kubeconfig").write_text(_kubeconfig(server, pki, component, f"specdec-{name}", embed=False))
         node_ip = realnode.node_ip() if real_node else None
         if real_node:
             _ensure_node_pki(pki)
@@ -940,7 +997,11 @@ def up(
         shutil.copyfile(STAGES_MANIFEST, directory / "kwok-stages.yaml")
         if kwok_options:
             with open(directory / "kwok-stages.yaml", "a", encoding="utf-8") as fh:
-                fh.write("\n---\n" + json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": kwok_options}) + "\n")
+                fh.write(
+                    "\n---\n"
+                    + json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": kwok_options})
+                    + "\n"
+                )
         # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
         shutil.rmtree(directory / "etcd-data", ignore_errors=True)
 
@@ -959,9 +1020,7 @@ def up(
         }
         try:
             for component in COMPONENTS:
-                pids[component] = _spawn(
-                    commands[component], directory / "logs" / f"{component}.log", directory, tie_to_parent
-                )
+                pids[component] = _spawn(commands[component], directory / "logs" / f"{component}.log", directory, tie_to_parent)
                 _write_state(name, state)
                 if component in ("etcd", "kube-apiserver"):
                     # The apiserver gives up on an unreachable store, and the controller-manager and scheduler
@@ -985,14 +1044,12 @@ def up(
         return cluster
 
 
-def _wait_component(directory: Path, ports: dict[str, int], pids: dict[str, int], component: str,
-                    deadline: float) -> None:
+def _wait_component(directory: Path, ports: dict[str, int], pids: dict[str, int], component: str, deadline: float) -> None:
     check = _health_checks(directory, ports)[component]
     while not check():
         if not _alive(pids[component], directory):
             log = directory / "logs" / f"{component}.log"
-            raise ClusterError(f"{component} {_exit_reason(pids[component])} during startup; "
-                               f"last lines of {log}:\n{_tail(log)}")
+            raise ClusterError(f"{component} {_exit_reason(pids[component])} during startup; last lines of {log}:\n{_tail(log)}")
         if time.monotonic() > deadline:
             raise ClusterError(f"{component} not healthy in time (log: {directory / 'logs' / component}.log)")
         time.sleep(0.1)
@@ -1015,8 +1072,14 @@ def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, 
         if not alive:
             raise ClusterError(f"cluster {name!r} is not running: `up` it first")
         ports = {k: int(v) for k, v in state["ports"].items()}
-        commands = _commands(directory, ports, Path(state["tools"]), state.get("controller_manager_args") or (),
-                             state.get("apiserver_args") or (), state.get("node_ip"))
+        commands = _commands(
+            directory,
+            ports,
+            Path(state["tools"]),
+            state.get("controller_manager_args") or (),
+            state.get("apiserver_args") or (),
+            state.get("node_ip"),
+        )
         tie = state.get("owner_pid") == os.getpid()
         order = [c for c in COMPONENTS if c in components]
         for component in reversed(order):
@@ -1032,8 +1095,7 @@ def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, 
 def _api_get(cluster: Cluster, path: str) -> dict | None:
     """GET a path of the cluster's API as the admin; None on any error (the caller polls)."""
     try:
-        with urllib.request.urlopen(cluster.server + path, context=_admin_ssl(cluster.directory / "pki"),
-                                    timeout=5) as response:
+        with urllib.request.urlopen(cluster.server + path, context=_admin_ssl(cluster.directory / "pki"), timeout=5) as response:
             return json.loads(response.read())
     except (urllib.error.URLError, OSError, ssl.SSLError, ValueError):
         return None
@@ -1051,9 +1113,7 @@ def _wait_schedulable(cluster: Cluster, deadline: float) -> None:
     def nodes_ready() -> bool:
         nodes = (_api_get(cluster, "/api/v1/nodes") or {}).get("items") or []
         ready = [
-            n for n in nodes
-            if any(c.get("type") == "Ready" and c.get("status") == "True"
-                   for c in (n.get("status") or {}).get("conditions") or [])
+            n for n in nodes if any(c.get("type") == "Ready" and c.get("status") == "True" for c in (n.get("status") or {}).get("conditions") or [])
         ]
         return len(ready) >= expected
 
@@ -1106,7 +1166,8 @@ def status(name: str = DEFAULT_NAME) -> dict:
     _validate_name(name)
     state = _read_state(name)
     directory = cluster_dir(name)
-    report = {"name": name, "kubeconfig": str(directory / "kubeconfig"), "components": {}}
+    components: dict[str, dict[str, Any]] = {}
+    report: dict[str, Any] = {"name": name, "kubeconfig": str(directory / "kubeconfig"), "components": components}
     if not state.get("ports"):
         report["state"] = "absent"
         return report
@@ -1140,7 +1201,7 @@ def status(name: str = DEFAULT_NAME) -> dict:
 
 def reap_orphans() -> list[str]:
     """Purge clusters started by processes that are gone (e.g. a pytest session killed with SIGKILL)."""
-    reaped = []
+    reaped: list[str] = []
     root = cache_dir() / "cluster"
     if not root.is_dir():
         return reaped
@@ -1194,10 +1255,16 @@ def main(argv: list[str] | None = None) -> int:
         command_parser = sub.add_parser(command, help=help_text)
         command_parser.add_argument("--name", default=os.environ.get("SPECDEC_CLUSTER_NAME", DEFAULT_NAME))
         if command == "up":
-            command_parser.add_argument("--real-node", action="store_true",
-                                        help="add one real node (containerd, kubelet, kube-proxy, CoreDNS) beside the kwok nodes")
-            command_parser.add_argument("--load-images", nargs="*", metavar="ARCHIVE", default=None,
-                                        help="with --real-node: image archives to import (default: those make images-local wrote)")
+            command_parser.add_argument(
+                "--real-node", action="store_true", help="add one real node (containerd, kubelet, kube-proxy, CoreDNS) beside the kwok nodes"
+            )
+            command_parser.add_argument(
+                "--load-images",
+                nargs="*",
+                metavar="ARCHIVE",
+                default=None,
+                help="with --real-node: image archives to import (default: those make images-local wrote)",
+            )
         if command == "load-images":
             command_parser.add_argument("archives", nargs="+", metavar="ARCHIVE")
         if command == "down":
@@ -1225,8 +1292,7 @@ def main(argv: list[str] | None = None) -> int:
             print(cluster.kubeconfig)
         elif args.command == "down":
             was_running = down(args.name, purge=args.purge)
-            say(f"cluster {args.name!r} {'stopped' if was_running else 'was not running'}"
-                + (" and purged" if args.purge else ""))
+            say(f"cluster {args.name!r} {'stopped' if was_running else 'was not running'}" + (" and purged" if args.purge else ""))
         elif args.command == "status":
             report = status(args.name)
             if args.json:

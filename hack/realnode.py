@@ -60,17 +60,22 @@ NODE_LABELS = {
 }
 GPU_COUNT = "8"
 NODE_TOOLS = ("kubelet", "kube-proxy", "coredns", "pause")
-SYSTEM_TOOLS = {"containerd": "containerd", "runc": "runc", "iptables": "iptables", "ip": "iproute2",
-                "mount": "mount"}
+SYSTEM_TOOLS = {"containerd": "containerd", "runc": "runc", "iptables": "iptables", "ip": "iproute2", "mount": "mount"}
 CNI_DIR = Path("/usr/lib/cni")
 # Start order; stopped in reverse.
 COMPONENTS = ("containerd", "kube-proxy", "coredns", "kubelet")
-PORT_NAMES = ("kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics", "coredns", "coredns-health",
-              "coredns-ready")
+PORT_NAMES = ("kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics", "coredns", "coredns-health", "coredns-ready")
 # Sysctls the kubelet, the bridge plugin or kube-proxy may change; recorded before and put back by `down`.
-SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory", "vm/panic_on_oom",
-           "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward",
-           "net/ipv4/conf/all/route_localnet")
+SYSCTLS = (
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+    "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/route_localnet",
+)
 MACHINE_LOCK = Path("/run/specdec-operator-real-node")
 
 
@@ -172,97 +177,106 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        BinaryName = "{shutil.which('runc') or '/usr/sbin/runc'}"
+        BinaryName = "{shutil.which("runc") or "/usr/sbin/runc"}"
         Root = "{nd}/runc"
 """
 
 
 def _cni_config(name: str, nd: Path) -> str:
-    return json.dumps({
-        "cniVersion": "0.4.0",
-        "name": "specdec",
-        "plugins": [{
-            "type": "bridge",
-            "bridge": bridge_name(name),
-            "isGateway": True,
-            "ipMasq": False,
-            "hairpinMode": True,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": pod_subnet(name)}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
-                "dataDir": str(nd / "cni" / "ipam"),
-            },
-        }],
-    }, indent=2)
+    return json.dumps(
+        {
+            "cniVersion": "0.4.0",
+            "name": "specdec",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": bridge_name(name),
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": pod_subnet(name)}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(nd / "cni" / "ipam"),
+                    },
+                }
+            ],
+        },
+        indent=2,
+    )
 
 
 def _kubelet_config(nd: Path, pki: Path, ports: dict[str, int], ip: str) -> str:
-    return json.dumps({
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "failCgroupV1": False,
-        "cgroupDriver": "cgroupfs",
-        "containerRuntimeEndpoint": f"unix://{nd}/containerd/containerd.sock",
-        "address": ip,
-        "port": ports["kubelet"],
-        "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
-        "healthzPort": ports["kubelet-healthz"],
-        "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")}, "webhook": {"enabled": False},
-                           "anonymous": {"enabled": False}},
-        "authorization": {"mode": "AlwaysAllow"},
-        "clusterDNS": [CLUSTER_DNS],
-        "clusterDomain": CLUSTER_DOMAIN,
-        # true makes the kubelet refuse to start on this machine (panic_on_oops=0 etc.); false lets it set them,
-        # and `down` restores the values recorded before it started.
-        "protectKernelDefaults": False,
-        "failSwapOn": False,
-        # A shared development machine: evict only when really out of resources, never GC images for disk use.
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                         "nodefs.inodesFree": "1%"},
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
-        "serializeImagePulls": False,
-        "maxPods": 30,
-        "podPidsLimit": 4096,
-        "nodeStatusReportFrequency": "10s",
-        "nodeStatusUpdateFrequency": "5s",
-        "syncFrequency": "10s",
-        "fileCheckFrequency": "10s",
-        "resolvConf": "/etc/resolv.conf",
-        "registerNode": True,
-        "staticPodPath": "",
-        "logging": {"verbosity": 1},
-    }, indent=2)
+    return json.dumps(
+        {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "containerRuntimeEndpoint": f"unix://{nd}/containerd/containerd.sock",
+            "address": ip,
+            "port": ports["kubelet"],
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": ports["kubelet-healthz"],
+            "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")}, "webhook": {"enabled": False}, "anonymous": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "clusterDNS": [CLUSTER_DNS],
+            "clusterDomain": CLUSTER_DOMAIN,
+            # true makes the kubelet refuse to start on this machine (panic_on_oops=0 etc.); false lets it set them,
+            # and `down` restores the values recorded before it started.
+            "protectKernelDefaults": False,
+            "failSwapOn": False,
+            # A shared development machine: evict only when really out of resources, never GC images for disk use.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "maxPods": 30,
+            "podPidsLimit": 4096,
+            "nodeStatusReportFrequency": "10s",
+            "nodeStatusUpdateFrequency": "5s",
+            "syncFrequency": "10s",
+            "fileCheckFrequency": "10s",
+            "resolvConf": "/etc/resolv.conf",
+            "registerNode": True,
+            "staticPodPath": "",
+            "logging": {"verbosity": 1},
+        },
+        indent=2,
+    )
 
 
 def _kube_proxy_config(name: str, nd: Path, ports: dict[str, int]) -> str:
-    return json.dumps({
-        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-        "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(nd / "kube-proxy.kubeconfig")},
-        "mode": "iptables",
-        "hostnameOverride": NODE_NAME,
-        "clusterCIDR": pod_subnet(name),
-        "healthzBindAddress": f"127.0.0.1:{ports['kube-proxy-healthz']}",
-        "metricsBindAddress": f"127.0.0.1:{ports['kube-proxy-metrics']}",
-        # Leave the machine's conntrack sysctls alone.
-        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-        # No NodePorts on 127.0.0.1 (that would set net.ipv4.conf.all.route_localnet=1).
-        "iptables": {"localhostNodePorts": False, "masqueradeAll": False},
-        "nodePortAddresses": ["primary"],
-    }, indent=2)
+    return json.dumps(
+        {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(nd / "kube-proxy.kubeconfig")},
+            "mode": "iptables",
+            "hostnameOverride": NODE_NAME,
+            "clusterCIDR": pod_subnet(name),
+            "healthzBindAddress": f"127.0.0.1:{ports['kube-proxy-healthz']}",
+            "metricsBindAddress": f"127.0.0.1:{ports['kube-proxy-metrics']}",
+            # Leave the machine's conntrack sysctls alone.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            # No NodePorts on 127.0.0.1 (that would set net.ipv4.conf.all.route_localnet=1).
+            "iptables": {"localhostNodePorts": False, "masqueradeAll": False},
+            "nodePortAddresses": ["primary"],
+        },
+        indent=2,
+    )
 
 
 def _corefile(nd: Path, ports: dict[str, int], ip: str) -> str:
-    return f""".:{ports['coredns']} {{
+    return f""".:{ports["coredns"]} {{
     bind {ip}
     errors
-    health 127.0.0.1:{ports['coredns-health']}
-    ready 127.0.0.1:{ports['coredns-ready']}
+    health 127.0.0.1:{ports["coredns-health"]}
+    ready 127.0.0.1:{ports["coredns-ready"]}
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
-        kubeconfig {nd / 'coredns.kubeconfig'}
+        kubeconfig {nd / "coredns.kubeconfig"}
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
         ttl 5
@@ -276,27 +290,43 @@ def _corefile(nd: Path, ports: dict[str, int], ip: str) -> str:
 def _dns_objects(ip: str, port: int) -> str:
     """RBAC of CoreDNS' identity, the kube-dns Service and its EndpointSlice (the host process)."""
     objects = [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "specdec:coredns"},
-         "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
-                    "verbs": ["list", "watch"]},
-                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "specdec:coredns"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "specdec:coredns"},
-         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "specdec:coredns"}]},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": "kube-dns", "namespace": "kube-system",
-                      "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
-         "spec": {"clusterIP": CLUSTER_DNS, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
-                                                     {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}},
-        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": {"name": "kube-dns-host", "namespace": "kube-system",
-                      "labels": {"kubernetes.io/service-name": "kube-dns",
-                                 "endpointslice.kubernetes.io/managed-by": "devcluster.specdec.io"}},
-         "addressType": "IPv4",
-         "endpoints": [{"addresses": [ip], "conditions": {"ready": True}, "nodeName": NODE_NAME}],
-         "ports": [{"name": "dns", "port": port, "protocol": "UDP"}, {"name": "dns-tcp", "port": port,
-                                                                       "protocol": "TCP"}]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "specdec:coredns"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "specdec:coredns"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "specdec:coredns"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "specdec:coredns"}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
+            "spec": {
+                "clusterIP": CLUSTER_DNS,
+                "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}],
+            },
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "kube-dns-host",
+                "namespace": "kube-system",
+                "labels": {"kubernetes.io/service-name": "kube-dns", "endpointslice.kubernetes.io/managed-by": "devcluster.specdec.io"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": True}, "nodeName": NODE_NAME}],
+            "ports": [{"name": "dns", "port": port, "protocol": "UDP"}, {"name": "dns-tcp", "port": port, "protocol": "TCP"}],
+        },
     ]
     return "\n---\n".join(json.dumps(o) for o in objects)
 
@@ -315,11 +345,14 @@ def pause_archive(tools: Path, out: Path) -> Path:
         tar.addfile(info, io.BytesIO(binary))
     diff_id = "sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()
     layer = gzip.compress(layer_tar.getvalue(), mtime=0)
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-    }).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        }
+    ).encode()
     blobs = {}
 
     def blob(data: bytes) -> str:
@@ -327,24 +360,35 @@ def pause_archive(tools: Path, out: Path) -> Path:
         blobs[digest] = data
         return f"sha256:{digest}"
 
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(config),
-                   "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": blob(layer),
-                    "size": len(layer)}],
-    }).encode()
-    index = json.dumps({
-        "schemaVersion": 2,
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": blob(manifest),
-                       "size": len(manifest), "annotations": {"org.opencontainers.image.ref.name": PAUSE_IMAGE}}],
-    }).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(config), "size": len(config)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": blob(layer), "size": len(layer)}],
+        }
+    ).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": blob(manifest),
+                    "size": len(manifest),
+                    "annotations": {"org.opencontainers.image.ref.name": PAUSE_IMAGE},
+                }
+            ],
+        }
+    ).encode()
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w") as tar:
+
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(data), 0
             tar.addfile(info, io.BytesIO(data))
+
         add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         add("index.json", index)
         for digest, data in blobs.items():
@@ -422,7 +466,7 @@ def kill_cgroup_processes() -> int:
 
 
 def remove_cgroups() -> list[Path]:
-    left = []
+    left: list[Path] = []
     for _ in range(20):
         left = []
         for group in kubepods_cgroups():
@@ -458,14 +502,15 @@ def remove_iptables_leftovers() -> None:
         if shutil.which(f"{tool}-save") is None:
             continue
         out = subprocess.run([f"{tool}-save"], capture_output=True, text=True).stdout
-        table, rules, chains = "", [], {}
+        table = ""
+        rules: list[tuple[str, str]] = []
+        chains: dict[str, list[str]] = {}
         for line in out.splitlines():
             if line.startswith("*"):
                 table = line[1:]
             elif line.startswith(":") and re.match(r":(KUBE-|CNI-)", line):
                 chains.setdefault(table, []).append(line[1:].split()[0])
-            elif line.startswith("-A ") and re.search(r"-j (KUBE-|CNI-)", line) and not re.match(r"-A (KUBE-|CNI-)",
-                                                                                                     line):
+            elif line.startswith("-A ") and re.search(r"-j (KUBE-|CNI-)", line) and not re.match(r"-A (KUBE-|CNI-)", line):
                 rules.append((table, line[3:]))
         for table, rule in rules:
             subprocess.run([tool, "-w", "-t", table, "-D", *_split_rule(rule)], capture_output=True)
@@ -537,8 +582,10 @@ def claim_machine(cluster_directory: Path, alive: Callable[[Path], bool]) -> Non
     except OSError:
         owner = None
     if owner and owner != cluster_directory and alive(owner):
-        raise RealNodeError(f"another real node runs on this machine (cluster directory {owner}): one per machine, "
-                            f"stop it first (python3 hack/devcluster.py down --name {owner.name})")
+        raise RealNodeError(
+            f"another real node runs on this machine (cluster directory {owner}): one per machine, "
+            f"stop it first (python3 hack/devcluster.py down --name {owner.name})"
+        )
     MACHINE_LOCK.write_text(f"{cluster_directory}\n")
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import model_dirs as md
+
 from specdec_operator.validator.modelmeta import MAX_SAFETENSORS_HEADER_BYTES, MiB
 
 
@@ -79,8 +81,7 @@ def _config_is_dev_zero(d: Path) -> None:
 
 
 def _lfs_pointer(d: Path) -> None:
-    (d / "model.safetensors").write_text(
-        "version https://git-lfs.github.com/spec/v1\noid sha256:" + "a" * 64 + "\nsize 1946157056\n")
+    (d / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "a" * 64 + "\nsize 1946157056\n")
 
 
 def _config_not_utf8(d: Path) -> None:
@@ -108,8 +109,7 @@ def _hidden_size_is_string(d: Path) -> None:
 
 
 def _header_bad_offsets(d: Path) -> None:
-    write_raw_safetensors(d / "model.safetensors",
-                          {"fc.weight": {"dtype": "BF16", "shape": [7168, 21504], "data_offsets": [0, 10]}}, 16)
+    write_raw_safetensors(d / "model.safetensors", {"fc.weight": {"dtype": "BF16", "shape": [7168, 21504], "data_offsets": [0, 10]}}, 16)
 
 
 def _header_unknown_dtype(d: Path) -> None:
@@ -123,8 +123,7 @@ def _index_escapes_directory(d: Path) -> None:
 
 def _index_missing_shard(d: Path) -> None:
     (d / "model.safetensors").unlink()
-    md.write_json(d / "model.safetensors.index.json",
-                  {"weight_map": {"fc.weight": "model-00001-of-00002.safetensors"}})
+    md.write_json(d / "model.safetensors.index.json", {"weight_map": {"fc.weight": "model-00001-of-00002.safetensors"}})
 
 
 def _provenance_wrong_type(d: Path) -> None:

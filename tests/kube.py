@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,9 +44,7 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
-def wait_until(
-    predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.25, message: str = "condition"
-) -> T:
+def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.25, message: str = "condition") -> T:
     """Call ``predicate`` until it returns something truthy and return that; fail the test after ``timeout``.
 
     Exceptions from kubernetes' API (e.g. a 404 while an object is being created) count as "not yet".
@@ -73,9 +70,7 @@ def _tools_or_fail() -> Path:
     tools = devcluster.tools_dir()
     missing = devcluster.missing_tools(tools)
     if missing:
-        pytest.fail(
-            f"control-plane tools missing in {tools} ({', '.join(missing)}): run `make tools`", pytrace=False
-        )
+        pytest.fail(f"control-plane tools missing in {tools} ({', '.join(missing)}): run `make tools`", pytrace=False)
     return tools
 
 
@@ -87,12 +82,15 @@ def kube_cluster() -> Iterator[devcluster.Cluster]:
     if external:
         path = Path(external).expanduser()
         if not path.is_file():
-            pytest.fail(f"SPECDEC_KUBECONFIG={external} is not a file: unset it or run `make cluster-up`",
-                        pytrace=False)
+            pytest.fail(f"SPECDEC_KUBECONFIG={external} is not a file: unset it or run `make cluster-up`", pytrace=False)
         server = re.search(r"server:\s*(\S+)", path.read_text())
         yield devcluster.Cluster(
-            name="external", directory=path.parent, kubeconfig=path,
-            server=server.group(1) if server else "", ports={}, tools=tools,
+            name="external",
+            directory=path.parent,
+            kubeconfig=path,
+            server=server.group(1) if server else "",
+            ports={},
+            tools=tools,
         )
         return
     devcluster.reap_orphans()
@@ -157,8 +155,12 @@ def project_crds(kube_cluster: devcluster.Cluster) -> list[str]:
     names = [line.split("/", 1)[1] for line in applied.stdout.split() if line.startswith("customresourcedefinition")]
     if names:
         waited = kube_cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            *[f"customresourcedefinition/{n}" for n in names], check=False, timeout=90,
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            *[f"customresourcedefinition/{n}" for n in names],
+            check=False,
+            timeout=90,
         )
         if waited.returncode != 0:
             pytest.fail(f"CRDs from crds/ not Established: {waited.stderr.strip()}", pytrace=False)
@@ -248,11 +250,9 @@ def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
     from kubernetes import client
 
     name = _namespace_name(request)
-    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"specdec.test/namespace": "true"})))
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"specdec.test/namespace": "true"})))
     # Pods are refused until the controller-manager created the namespace's default ServiceAccount.
-    wait_until(lambda: core_v1.read_namespaced_service_account("default", name), timeout=30,
-               message=f"ServiceAccount default in namespace {name}")
+    wait_until(lambda: core_v1.read_namespaced_service_account("default", name), timeout=30, message=f"ServiceAccount default in namespace {name}")
     try:
         yield name
     finally:

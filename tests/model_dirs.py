@@ -37,8 +37,7 @@ LLAMA_31_8B: dict[str, Any] = {
     "num_key_value_heads": 8,
     "pretraining_tp": 1,
     "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
     "rope_theta": 500000.0,
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
@@ -61,8 +60,8 @@ LLAMA_31_TOKENIZER: dict[str, Any] = {
         "128009": {"content": "<|eot_id|>", "special": True},
     },
     "chat_template": "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
-                     "'<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
-                     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}",
+    "'<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}",
 }
 
 QWEN3_8B: dict[str, Any] = {
@@ -102,16 +101,15 @@ QWEN3_TOKENIZER: dict[str, Any] = {
         "151645": {"content": "<|im_end|>", "special": True},
     },
     "chat_template": "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
-                     "'<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-                     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
-                     "{%- endif %}{%- endif %}",
+    "'<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}",
 }
 
 DEEPSEEK_V3: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "attention_bias": False,
-    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
-                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config", "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
     "bos_token_id": 0,
     "eos_token_id": 1,
     "first_k_dense_replace": 3,
@@ -135,11 +133,17 @@ DEEPSEEK_V3: dict[str, Any] = {
     "q_lora_rank": 1536,
     "qk_nope_head_dim": 128,
     "qk_rope_head_dim": 64,
-    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                            "weight_block_size": [128, 128]},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]},
     "rms_norm_eps": 1e-06,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
     "rope_theta": 10000,
     "routed_scaling_factor": 2.5,
     "scoring_func": "sigmoid",
@@ -154,8 +158,7 @@ DEEPSEEK_V3: dict[str, Any] = {
 KIMI_K2 = dict(
     copy.deepcopy(DEEPSEEK_V3),
     model_type="kimi_k2",
-    auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config",
-              "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config", "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
     bos_token_id=163584,
     eos_token_id=163585,
     first_k_dense_replace=1,
@@ -165,8 +168,15 @@ KIMI_K2 = dict(
     num_attention_heads=64,
     num_key_value_heads=64,
     num_nextn_predict_layers=0,
-    rope_scaling={"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                  "original_max_position_embeddings": 4096, "type": "yarn"},
+    rope_scaling={
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
     rope_theta=50000.0,
     routed_scaling_factor=2.827,
     topk_group=1,
@@ -189,9 +199,9 @@ KIMI_TOKENIZER: dict[str, Any] = {
         "163838": {"content": "[PAD]", "special": True},
     },
     "chat_template": "{%- for message in messages -%}{%- if message['role'] == 'user' -%}<|im_user|>user<|im_middle|>"
-                     "{%- elif message['role'] == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>{%- else -%}"
-                     "<|im_system|>system<|im_middle|>{%- endif -%}{{ message['content'] }}<|im_end|>{%- endfor -%}"
-                     "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}",
+    "{%- elif message['role'] == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>{%- else -%}"
+    "<|im_system|>system<|im_middle|>{%- endif -%}{{ message['content'] }}<|im_end|>{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}",
 }
 
 # compressed-tensors INT4 weight-only (W4A16, group 32), as in the Kimi-K2-Thinking / K2.5 INT4 releases.
@@ -204,8 +214,16 @@ COMPRESSED_TENSORS_INT4: dict[str, Any] = {
             "targets": ["Linear"],
             "input_activations": None,
             "output_activations": None,
-            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "group_size": 32, "strategy": "group",
-                        "dynamic": False, "actorder": None, "observer": "minmax"},
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "group_size": 32,
+                "strategy": "group",
+                "dynamic": False,
+                "actorder": None,
+                "observer": "minmax",
+            },
         }
     },
     "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
@@ -220,14 +238,19 @@ def kimi_k25(*, quantization_in_text_config: bool = False) -> dict[str, Any]:
     text.pop("auto_map")
     cfg: dict[str, Any] = {
         "architectures": ["KimiK25ForConditionalGeneration"],
-        "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
-                     "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
+        "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config", "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
         "model_type": "kimi_k25",
         "media_placeholder_token_id": 163605,
         "pad_token_id": 163839,
         "text_config": text,
-        "vision_config": {"model_type": "moonvit", "hidden_size": 1152, "num_hidden_layers": 27,
-                          "num_attention_heads": 16, "patch_size": 14, "merge_kernel_size": [2, 2]},
+        "vision_config": {
+            "model_type": "moonvit",
+            "hidden_size": 1152,
+            "num_hidden_layers": 27,
+            "num_attention_heads": 16,
+            "patch_size": 14,
+            "merge_kernel_size": [2, 2],
+        },
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
@@ -250,9 +273,18 @@ def with_quantization(config: dict[str, Any], quantization_config: dict[str, Any
 
 
 def eagle3_config(
-    *, hidden: int, vocab: int, draft_vocab: int | None = 32000, heads: int = 32, kv_heads: int = 8,
-    head_dim: int | None = None, intermediate: int = 14336, max_position: int = 131072,
-    aux_layer_ids: list[int] | None = None, target_hidden: int | None = None, **extra: Any,
+    *,
+    hidden: int,
+    vocab: int,
+    draft_vocab: int | None = 32000,
+    heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int | None = None,
+    intermediate: int = 14336,
+    max_position: int = 131072,
+    aux_layer_ids: list[int] | None = None,
+    target_hidden: int | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """An EAGLE-3 draft config.json in SGLang format (LlamaForCausalLMEagle3)."""
     cfg: dict[str, Any] = {
@@ -282,8 +314,9 @@ def eagle3_config(
     return cfg
 
 
-def eagle3_tensors(cfg: dict[str, Any], *, target_hidden: int | None = None, num_aux: int = 3,
-                   prefix: str = "midlayer") -> dict[str, tuple[str, list[int]]]:
+def eagle3_tensors(
+    cfg: dict[str, Any], *, target_hidden: int | None = None, num_aux: int = 3, prefix: str = "midlayer"
+) -> dict[str, tuple[str, list[int]]]:
     """The tensors of an SGLang-format EAGLE-3 checkpoint with the shapes its config implies."""
     h = cfg["hidden_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -320,16 +353,26 @@ def llama31_8b_drafter_config(**overrides: Any) -> dict[str, Any]:
 
 
 def qwen3_8b_drafter_config(**overrides: Any) -> dict[str, Any]:
-    kw: dict[str, Any] = dict(hidden=4096, vocab=151936, head_dim=128, intermediate=12288, max_position=40960,
-                              aux_layer_ids=[1, 17, 32], rope_theta=1000000)
+    kw: dict[str, Any] = dict(
+        hidden=4096, vocab=151936, head_dim=128, intermediate=12288, max_position=40960, aux_layer_ids=[1, 17, 32], rope_theta=1000000
+    )
     kw.update(overrides)
     return eagle3_config(**kw)
 
 
 def kimi_drafter_config(**overrides: Any) -> dict[str, Any]:
     """A Kimi-K2/K2.5 EAGLE-3 drafter (AQ-MedAI style): hidden 7168, 32k draft vocabulary, layers [2, 30, 58]."""
-    kw: dict[str, Any] = dict(hidden=7168, vocab=163840, heads=64, kv_heads=8, head_dim=128, intermediate=18432,
-                              max_position=262144, aux_layer_ids=[2, 30, 58], rope_theta=50000.0)
+    kw: dict[str, Any] = dict(
+        hidden=7168,
+        vocab=163840,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=18432,
+        max_position=262144,
+        aux_layer_ids=[2, 30, 58],
+        rope_theta=50000.0,
+    )
     kw.update(overrides)
     return eagle3_config(**kw)
 
@@ -343,8 +386,9 @@ def write_json(path: Path, doc: Any) -> Path:
     return path
 
 
-def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]], *,
-                      metadata: dict[str, str] | None = None, truncate_data_to: int | None = None) -> int:
+def write_safetensors(
+    path: Path, tensors: dict[str, tuple[str, list[int]]], *, metadata: dict[str, str] | None = None, truncate_data_to: int | None = None
+) -> int:
     """Write a safetensors file whose header declares `tensors`; the data area is a sparse hole.
 
     Returns the declared data size. truncate_data_to cuts the data area (a broken download).
@@ -368,10 +412,18 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]], *,
     return offset
 
 
-def make_drafter(directory: Path, config: dict[str, Any], *, tensors: dict[str, tuple[str, list[int]]] | None = None,
-                 drop: tuple[str, ...] = (), reshape: dict[str, list[int]] | None = None,
-                 provenance: dict[str, Any] | None = None, tokenizer_config: dict[str, Any] | None = None,
-                 shards: int = 1, target_hidden: int | None = None) -> Path:
+def make_drafter(
+    directory: Path,
+    config: dict[str, Any],
+    *,
+    tensors: dict[str, tuple[str, list[int]]] | None = None,
+    drop: tuple[str, ...] = (),
+    reshape: dict[str, list[int]] | None = None,
+    provenance: dict[str, Any] | None = None,
+    tokenizer_config: dict[str, Any] | None = None,
+    shards: int = 1,
+    target_hidden: int | None = None,
+) -> Path:
     """Write an SGLang-format EAGLE-3 drafter directory (config, sparse safetensors, optional extras)."""
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", config)
@@ -403,22 +455,27 @@ def target_weight_names(config: dict[str, Any], *, experts: int | None = None, m
     layers = text["num_hidden_layers"]
     n_exp = text.get("n_routed_experts", 0) if experts is None else experts
     prefix = "language_model.model" if "text_config" in config else "model"
-    names = [f"{prefix}.embed_tokens.weight", f"{prefix}.norm.weight",
-             ("language_model." if "text_config" in config else "") + "lm_head.weight"]
+    names = [f"{prefix}.embed_tokens.weight", f"{prefix}.norm.weight", ("language_model." if "text_config" in config else "") + "lm_head.weight"]
     total = layers + ((text.get("num_nextn_predict_layers") or 0) if mtp else 0)
     quant = "weight_packed" if "quantization_config" in config or "quantization_config" in text else "weight"
     for i in range(total):
         base = f"{prefix}.layers.{i}"
-        names += [f"{base}.input_layernorm.weight", f"{base}.post_attention_layernorm.weight",
-                  f"{base}.self_attn.o_proj.weight"]
+        names += [f"{base}.input_layernorm.weight", f"{base}.post_attention_layernorm.weight", f"{base}.self_attn.o_proj.weight"]
         for e in range(n_exp):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 names += [f"{base}.mlp.experts.{e}.{proj}.{quant}", f"{base}.mlp.experts.{e}.{proj}.weight_scale"]
     return names
 
 
-def make_target(directory: Path, config: dict[str, Any], *, tokenizer_config: dict[str, Any] | None = None,
-                shards: int = 4, experts: int | None = 0, mtp: bool = True) -> Path:
+def make_target(
+    directory: Path,
+    config: dict[str, Any],
+    *,
+    tokenizer_config: dict[str, Any] | None = None,
+    shards: int = 4,
+    experts: int | None = 0,
+    mtp: bool = True,
+) -> Path:
     """Write a target directory: config, tokenizer config, an index over `shards` small shard files."""
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", config)
@@ -432,9 +489,20 @@ def make_target(directory: Path, config: dict[str, Any], *, tokenizer_config: di
     return directory
 
 
-def provenance(*, target_model: str = "moonshotai/Kimi-K2.5", target_quantization: str = "int4",
-               hidden_state_source: str = "sglang-0.5.23 int4 server", num_samples: int = 1_400_000,
-               epochs: int = 10) -> dict[str, Any]:
-    return {"target_model": target_model, "target_quantization": target_quantization,
-            "hidden_state_source": hidden_state_source, "num_samples": num_samples, "epochs": epochs,
-            "tokenizer_sha256": "0" * 64, "created": "2026-11-30T12:00:00Z"}
+def provenance(
+    *,
+    target_model: str = "moonshotai/Kimi-K2.5",
+    target_quantization: str = "int4",
+    hidden_state_source: str = "sglang-0.5.23 int4 server",
+    num_samples: int = 1_400_000,
+    epochs: int = 10,
+) -> dict[str, Any]:
+    return {
+        "target_model": target_model,
+        "target_quantization": target_quantization,
+        "hidden_state_source": hidden_state_source,
+        "num_samples": num_samples,
+        "epochs": epochs,
+        "tokenizer_sha256": "0" * 64,
+        "created": "2026-11-30T12:00:00Z",
+    }

@@ -12,7 +12,8 @@ import json
 import threading
 import time
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from specdec_operator.simulator import SimulatorServer, load_profile
 
@@ -59,8 +60,7 @@ def generate_traffic(url: str, tokens: int) -> Iterator[None]:
     after 0.2 s (the server may be dying or restarting: that is what the tests look at).
     """
     stop = threading.Event()
-    body = json.dumps({"text": "hello " * tokens,
-                       "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}).encode()
+    body = json.dumps({"text": "hello " * tokens, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}).encode()
     request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
 
     def send() -> None:

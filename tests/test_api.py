@@ -109,7 +109,10 @@ def test_schema_defaults_equal_pydantic_defaults():
     """The API server fills in defaults from the schema; the CLI from pydantic: they must agree."""
     schema = spec_schema()["properties"]
     assert schema["sglang"]["properties"]["maxRunningRequests"]["default"] == 128
-    assert schema["rollout"]["properties"]["workloads"]["default"] == resource.dump(api.SpeculativeServerSpec.model_validate(MINIMAL).rollout)["workloads"]
+    assert (
+        schema["rollout"]["properties"]["workloads"]["default"]
+        == resource.dump(api.SpeculativeServerSpec.model_validate(MINIMAL).rollout)["workloads"]
+    )
     for section in ("resources", "sglang", "rollout", "monitor", "podMetadata"):
         assert schema[section]["default"] == {}, f"{section} must default to {{}} so its fields get defaults"
     # drafter is required: {} would be an invalid drafter (EAGLE3 needs a path) and the API server refuses a
@@ -119,14 +122,24 @@ def test_schema_defaults_equal_pydantic_defaults():
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_are_valid(example):
-    doc, spec = resource.load_custom_resource(str(example))
+    doc, _spec = resource.load_custom_resource(str(example))
     assert doc["metadata"]["name"]
     assert rule_errors(doc["spec"]) == []
 
 
 BAD_RULES = [
-    ("topk 1 needs draft = steps + 1", with_("drafter", {"path": "d", "numSteps": 3, "eagleTopk": 1, "numDraftTokens": 6}), "spec.drafter.numDraftTokens", "numSteps + 1"),
-    ("tree needs explicit draft tokens", with_("drafter", {"path": "d", "numSteps": 3, "eagleTopk": 4}), "spec.drafter.numDraftTokens", "required when drafter.eagleTopk"),
+    (
+        "topk 1 needs draft = steps + 1",
+        with_("drafter", {"path": "d", "numSteps": 3, "eagleTopk": 1, "numDraftTokens": 6}),
+        "spec.drafter.numDraftTokens",
+        "numSteps + 1",
+    ),
+    (
+        "tree needs explicit draft tokens",
+        with_("drafter", {"path": "d", "numSteps": 3, "eagleTopk": 4}),
+        "spec.drafter.numDraftTokens",
+        "required when drafter.eagleTopk",
+    ),
     ("tree too large", with_("drafter", {"path": "d", "numSteps": 2, "eagleTopk": 2, "numDraftTokens": 9}), "spec.drafter.numDraftTokens", "at most"),
     ("eagle needs a path", with_("drafter", {"algorithm": "EAGLE3"}), "spec.drafter.path", "required"),
     ("dotdot target", with_("target.path", "../etc"), "spec.target.path", "'..'"),
@@ -134,7 +147,12 @@ BAD_RULES = [
     ("managed flag in extraArgs", with_("sglang", {"extraArgs": ["--max-running-requests=48"]}), "spec.sglang.extraArgs", "manages"),
     ("abbreviated managed flag in extraArgs", with_("sglang", {"extraArgs": ["--max-running", "48"]}), "spec.sglang.extraArgs", "manages"),
     ("speculative flag in extraArgs", with_("sglang", {"extraArgs": ["--speculative-num-steps", "5"]}), "spec.sglang.extraArgs", "manages"),
-    ("requests below concurrency", with_("rollout", {"workloads": [{"name": "w", "concurrency": 64, "requests": 8}]}), "spec.rollout.workloads[0].requests", "concurrency"),
+    (
+        "requests below concurrency",
+        with_("rollout", {"workloads": [{"name": "w", "concurrency": 64, "requests": 8}]}),
+        "spec.rollout.workloads[0].requests",
+        "concurrency",
+    ),
     ("context too short", with_("target", {"path": "llama", "contextLength": 1000}), "spec.rollout.workloads", "contextLength"),
     ("floor above draft", with_("rollout", {"acceptLengthFloor": 4}), "spec.rollout.acceptLengthFloor", "draft tokens"),
     ("monitor floor above draft", with_("monitor", {"acceptLengthFloor": 5.5}), "spec.monitor.acceptLengthFloor", "draft tokens"),

@@ -48,9 +48,18 @@ def health(obj: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def sps(phase: str | None = None, *, ready: str | None = None, generation: int = 3, observed: int | None = 3,
-        reason: str | None = None, message: str | None = None, ready_message: str = "", ready_reason: str | None = None,
-        **status: Any) -> dict:
+def sps(
+    phase: str | None = None,
+    *,
+    ready: str | None = None,
+    generation: int = 3,
+    observed: int | None = 3,
+    reason: str | None = None,
+    message: str | None = None,
+    ready_message: str = "",
+    ready_reason: str | None = None,
+    **status: Any,
+) -> dict:
     """A SpeculativeServer as the API server returns it."""
     obj: dict[str, Any] = {
         "apiVersion": "specdec.io/v1alpha1",
@@ -69,8 +78,9 @@ def sps(phase: str | None = None, *, ready: str | None = None, generation: int =
         st["message"] = message
     conditions = [{"type": "DrafterCompatible", "status": "True", "reason": "Compatible", "message": ""}]
     if ready is not None:
-        conditions.append({"type": "Ready", "status": ready, "reason": ready_reason or ("Serving" if ready == "True" else "NotServing"),
-                           "message": ready_message})
+        conditions.append(
+            {"type": "Ready", "status": ready, "reason": ready_reason or ("Serving" if ready == "True" else "NotServing"), "message": ready_message}
+        )
     st["conditions"] = conditions
     obj["status"] = st
     return obj
@@ -93,15 +103,20 @@ def test_promoted_but_not_ready_is_degraded():
 
 @pytest.mark.parametrize("phase", ["Promoted", "RolledBack"])
 def test_decided_while_the_stable_service_is_being_created_is_progressing(phase):
-    out = health(sps(phase, ready="False", ready_reason="ServicePending",
-                     ready_message="stable Service llama31-8b is being created; it will select the base server"))
+    out = health(
+        sps(
+            phase,
+            ready="False",
+            ready_reason="ServicePending",
+            ready_message="stable Service llama31-8b is being created; it will select the base server",
+        )
+    )
     assert out["status"] == "Progressing"
     assert out["message"].startswith(phase) and "being created" in out["message"]
 
 
 def test_rolled_back_and_ready_is_healthy_and_says_why():
-    out = health(sps("RolledBack", ready="True", reason="SpeedupBelowThreshold",
-                     message="speedup 0.36x [0.33, 0.40] at batch-128 < 1.10"))
+    out = health(sps("RolledBack", ready="True", reason="SpeedupBelowThreshold", message="speedup 0.36x [0.33, 0.40] at batch-128 < 1.10"))
     assert out["status"] == "Healthy"
     assert "SpeedupBelowThreshold" in out["message"] and "0.36x" in out["message"]
 
@@ -120,8 +135,7 @@ def test_work_in_progress_is_progressing(phase):
 
 @pytest.mark.parametrize("phase", ["Invalid", "Failed"])
 def test_invalid_and_failed_are_degraded_with_the_reason(phase):
-    out = health(sps(phase, ready="False", reason="HiddenSizeMismatch",
-                     message="drafter hidden_size 4096 != target 7168"))
+    out = health(sps(phase, ready="False", reason="HiddenSizeMismatch", message="drafter hidden_size 4096 != target 7168"))
     assert out["status"] == "Degraded"
     assert "HiddenSizeMismatch" in out["message"] and "7168" in out["message"]
 
@@ -160,7 +174,9 @@ def test_status_written_by_the_models_round_trips():
     from specdec_operator import api, resource
 
     status = api.SpeculativeServerStatus(
-        phase=api.Phase.ROLLED_BACK, reason="DrafterNotAccepting", message="accept length 1.00",
+        phase=api.Phase.ROLLED_BACK,
+        reason="DrafterNotAccepting",
+        message="accept length 1.00",
         observed_generation=2,
         conditions=[api.Condition(type="Ready", status="True", reason="BaseServing", message="")],
     )
@@ -222,17 +238,33 @@ def flux_health(obj: dict[str, Any]) -> str:
 ARGO_TO_FLUX = {"Healthy": "Current", "Progressing": "InProgress", "Degraded": "Failed"}
 
 SAMPLES = [
-    sps(None), sps("Pending"), sps("Validating", ready="Unknown"), sps("Deploying"), sps("Probing", ready="Unknown"),
-    sps("Promoted", ready="True", speedup=1.4), sps("Promoted"), sps("Promoted", ready="False"),
+    sps(None),
+    sps("Pending"),
+    sps("Validating", ready="Unknown"),
+    sps("Deploying"),
+    sps("Probing", ready="Unknown"),
+    sps("Promoted", ready="True", speedup=1.4),
+    sps("Promoted"),
+    sps("Promoted", ready="False"),
     sps("Promoted", ready="True", generation=5, observed=4),
-    sps("RolledBack", ready="True", reason="SpeedupBelowThreshold"), sps("RolledBack", ready="False"),
-    sps("RolledBack", ready="Unknown"), sps("RolledBack"),
-    sps("Invalid", ready="False", reason="HiddenSizeMismatch"), sps("Failed"),
-    sps("Promoted", ready="False", ready_reason="ServicePending"), sps("RolledBack", ready="False", ready_reason="ServicePending"),
+    sps("RolledBack", ready="True", reason="SpeedupBelowThreshold"),
+    sps("RolledBack", ready="False"),
+    sps("RolledBack", ready="Unknown"),
+    sps("RolledBack"),
+    sps("Invalid", ready="False", reason="HiddenSizeMismatch"),
+    sps("Failed"),
+    sps("Promoted", ready="False", ready_reason="ServicePending"),
+    sps("RolledBack", ready="False", ready_reason="ServicePending"),
 ]
 
 
-@pytest.mark.parametrize("obj", SAMPLES, ids=lambda o: f"{(o.get('status') or {}).get('phase')}-"
-                         f"{[(c['status'], c['reason']) for c in (o.get('status') or {}).get('conditions', []) if c['type'] == 'Ready']}")
+@pytest.mark.parametrize(
+    "obj",
+    SAMPLES,
+    ids=lambda o: (
+        f"{(o.get('status') or {}).get('phase')}-"
+        f"{[(c['status'], c['reason']) for c in (o.get('status') or {}).get('conditions', []) if c['type'] == 'Ready']}"
+    ),
+)
 def test_flux_health_checks_agree_with_the_argocd_check(obj):
     assert flux_health(obj) == ARGO_TO_FLUX[health(obj)["status"]]

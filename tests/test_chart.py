@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from kube import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -39,10 +38,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]},
         "replicaCount": 2,
         "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
-        "topologySpreadConstraints": [{
-            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "specdec-operator"}},
-        }],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "specdec-operator"}},
+            }
+        ],
     },
     "namespaced-release-namespace": {"watch": {"allNamespaces": False, "namespaces": []}},
     "observability": {
@@ -51,14 +54,19 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Inference"}},
     },
     "customized": {
-        "image": {"repository": "registry.example.com/mirror/specdec-operator",
-                  "digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"},
+        "image": {"repository": "registry.example.com/mirror/specdec-operator", "digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "mirror-pull"}],
-        "operator": {"validatorImage": "registry.example.com/mirror/specdec-operator:0.1.0", "verbose": True,
-                     "extraArgs": ["--reconcile-interval=5"], "extraEnv": [{"name": "TZ", "value": "UTC"}],
-                     "healthPort": 18080, "metricsPort": 19090},
+        "operator": {
+            "validatorImage": "registry.example.com/mirror/specdec-operator:0.1.0",
+            "verbose": True,
+            "extraArgs": ["--reconcile-interval=5"],
+            "extraEnv": [{"name": "TZ", "value": "UTC"}],
+            "healthPort": 18080,
+            "metricsPort": 19090,
+        },
         "peering": {"enabled": True, "name": "specdec-prod"},
-        "podLabels": {"team": "inference"}, "podAnnotations": {"example.com/owner": "ml-platform"},
+        "podLabels": {"team": "inference"},
+        "podAnnotations": {"example.com/owner": "ml-platform"},
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "control", "effect": "NoSchedule"}],
         "priorityClassName": "system-cluster-critical",
@@ -87,8 +95,9 @@ def helm(helm_bin: str, *args: str, check: bool = True) -> subprocess.CompletedP
     return proc
 
 
-def render(helm_bin: str, values: pathlib.Path | None = None, *extra: str, namespace: str = "specdec-system",
-           crds: bool = False) -> list[dict[str, Any]]:
+def render(
+    helm_bin: str, values: pathlib.Path | None = None, *extra: str, namespace: str = "specdec-system", crds: bool = False
+) -> list[dict[str, Any]]:
     args = ["template", "specdec", str(CHART), "--namespace", namespace, *extra]
     if crds:
         args.append("--include-crds")
@@ -120,8 +129,7 @@ def rendered(request, helm_bin, tmp_path) -> tuple[str, list[dict[str, Any]]]:
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_helm_lint_strict(helm_bin, tmp_path, name):
-    proc = helm(helm_bin, "lint", "--strict", str(CHART), "--namespace", "specdec-system",
-                "--values", str(_values_file(tmp_path, name)), check=False)
+    proc = helm(helm_bin, "lint", "--strict", str(CHART), "--namespace", "specdec-system", "--values", str(_values_file(tmp_path, name)), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
 
@@ -160,8 +168,7 @@ def test_rendered_yaml_is_clean(helm_bin, tmp_path, name):
     from yamllint import linter
     from yamllint.config import YamlLintConfig
 
-    text = helm(helm_bin, "template", "specdec", str(CHART), "--namespace", "specdec-system",
-                "--values", str(_values_file(tmp_path, name))).stdout
+    text = helm(helm_bin, "template", "specdec", str(CHART), "--namespace", "specdec-system", "--values", str(_values_file(tmp_path, name))).stdout
     problems = [f"{p.line}: {p.desc}" for p in linter.run(text, YamlLintConfig(YAMLLINT_RENDERED))]
     assert not problems, problems
 
@@ -224,14 +231,17 @@ def test_schema_describes_every_value_and_nothing_else():
     assert not phantom, f"schema properties that values.yaml does not have: {phantom}"
 
 
-@pytest.mark.parametrize("setting,message", [
-    ("bogus=1", "additional properties 'bogus'"),
-    ("replicaCount=two", "replicaCount"),
-    ("image.pullPolicy=Sometimes", "pullPolicy"),
-    ("watch.namespaces[0]=Not_A_Namespace", "namespaces"),
-    ("operator.metricsPort=70000", "metricsPort"),
-    ("image.digest=latest", "digest"),
-])
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ("bogus=1", "additional properties 'bogus'"),
+        ("replicaCount=two", "replicaCount"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("watch.namespaces[0]=Not_A_Namespace", "namespaces"),
+        ("operator.metricsPort=70000", "metricsPort"),
+        ("image.digest=latest", "digest"),
+    ],
+)
 def test_schema_refuses_bad_values(helm_bin, setting, message):
     proc = helm(helm_bin, "template", "x", str(CHART), "--set", setting, check=False)
     assert proc.returncode != 0
@@ -254,8 +264,7 @@ def test_readme_lists_every_value():
 
 def test_chart_crds_are_the_generated_crd_and_kopfs_peering_crds(helm_bin):
     files = sorted(p.name for p in (CHART / "crds").iterdir())
-    assert files == ["kopf.dev_clusterkopfpeerings.yaml", "kopf.dev_kopfpeerings.yaml",
-                     "specdec.io_speculativeservers.yaml"]
+    assert files == ["kopf.dev_clusterkopfpeerings.yaml", "kopf.dev_kopfpeerings.yaml", "specdec.io_speculativeservers.yaml"]
     generated = (ROOT / "crds" / "specdec.io_speculativeservers.yaml").read_text()
     assert (CHART / "crds" / "specdec.io_speculativeservers.yaml").read_text() == generated, "run `make crd`"
     crds = {d["metadata"]["name"]: d for d in by_kind(render(helm_bin, crds=True), "CustomResourceDefinition")}
@@ -364,8 +373,7 @@ def test_watch_mode_flags(helm_bin, tmp_path):
     namespaced = _flags(_container(render(helm_bin, _values_file(tmp_path, "namespaced-ha"))))
     assert "--all-namespaces" not in namespaced
     assert namespaced["--namespace"] == ["team-a", "team-b"]
-    default_ns = _flags(_container(render(helm_bin, _values_file(tmp_path, "namespaced-release-namespace"),
-                                          namespace="inference")))
+    default_ns = _flags(_container(render(helm_bin, _values_file(tmp_path, "namespaced-release-namespace"), namespace="inference")))
     assert default_ns["--namespace"] == ["inference"]
 
 
@@ -448,8 +456,16 @@ def test_no_wildcards_no_secrets_no_configmaps_no_escalation(rendered):
             assert "*" not in rule.get(field, []), f"[{name}] {owner}: wildcard in {field}"
         assert "nonResourceURLs" not in rule
         resources = {r.split("/")[0] for r in rule["resources"]}
-        assert not resources & {"secrets", "configmaps", "serviceaccounts", "roles", "rolebindings",
-                                "clusterroles", "clusterrolebindings", "nodes"}, f"[{name}] {owner}: {rule}"
+        assert not resources & {
+            "secrets",
+            "configmaps",
+            "serviceaccounts",
+            "roles",
+            "rolebindings",
+            "clusterroles",
+            "clusterrolebindings",
+            "nodes",
+        }, f"[{name}] {owner}: {rule}"
         assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate", "deletecollection"}
 
 
@@ -465,10 +481,8 @@ def test_cluster_wide_rbac_is_exactly_the_operator_usage(helm_bin):
             assert rule["resourceNames"] == ["specdec-specdec-operator"]
     binding = one(docs, "ClusterRoleBinding")
     sa = one(docs, "ServiceAccount")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": "specdec-system"}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "specdec-system"}]
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
 
 
@@ -476,7 +490,7 @@ def test_namespaced_rbac_grants_only_the_watched_namespaces(helm_bin, tmp_path):
     docs = render(helm_bin, _values_file(tmp_path, "namespaced-ha"))
     roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
     assert set(roles) == {"team-a", "team-b"}
-    for ns, role in roles.items():
+    for _ns, role in roles.items():
         assert grants(role["rules"]) == {**OPERATOR_NAMESPACED_USAGE, ("kopf.dev", "kopfpeerings"): PEERING_VERBS}
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")}
     assert set(bindings) == set(roles)
@@ -490,8 +504,7 @@ def test_namespaced_rbac_grants_only_the_watched_namespaces(helm_bin, tmp_path):
 
 def test_owner_reference_enforcement_adds_only_finalizers_update(helm_bin):
     plain = grants(one(render(helm_bin), "ClusterRole")["rules"])
-    openshift = grants(one(render(helm_bin, None, "--set", "rbac.ownerReferencesPermissionEnforcement=true"),
-                           "ClusterRole")["rules"])
+    openshift = grants(one(render(helm_bin, None, "--set", "rbac.ownerReferencesPermissionEnforcement=true"), "ClusterRole")["rules"])
     assert openshift == {**plain, ("specdec.io", "speculativeservers/finalizers"): {"update"}}
 
 
@@ -555,8 +568,7 @@ def test_servicemonitor_scrapes_the_metrics_service(helm_bin, tmp_path):
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["honorLabels"] is True
-    proc = helm(helm_bin, "template", "x", str(CHART), "--set", "serviceMonitor.enabled=true",
-                "--set", "metrics.service.enabled=false", check=False)
+    proc = helm(helm_bin, "template", "x", str(CHART), "--set", "serviceMonitor.enabled=true", "--set", "metrics.service.enabled=false", check=False)
     assert proc.returncode != 0 and "metrics.service.enabled" in proc.stderr
 
 
@@ -565,8 +577,7 @@ def test_alerts_cover_rollbacks_drift_probe_failures_and_operator_down(helm_bin,
     rule = one(docs, "PrometheusRule")
     (group,) = rule["spec"]["groups"]
     alerts = {r["alert"]: r for r in group["rules"]}
-    assert set(alerts) == {"SpecdecServerRolledBack", "SpecdecAcceptanceDrift", "SpecdecProbeFailures",
-                           "SpecdecOperatorDown"}
+    assert set(alerts) == {"SpecdecServerRolledBack", "SpecdecAcceptanceDrift", "SpecdecProbeFailures", "SpecdecOperatorDown"}
     service = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics"))
     exposed = _operator_metric_names()
     for name, alert in alerts.items():
@@ -623,9 +634,13 @@ def test_notes_say_where_to_look(helm_bin):
 def test_make_manifests_renders_an_installable_file(tools_dir, tmp_path):
     import kubernetes_validate
 
-    proc = subprocess.run(["bash", str(ROOT / "hack" / "manifests.sh")], capture_output=True, text=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                            "SPECDEC_TOOLS_DIR": str(tools_dir), "DIST_DIR": str(tmp_path)})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / "manifests.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": str(tools_dir), "DIST_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all((tmp_path / "install.yaml").read_text()) if d]
     kinds = [d["kind"] for d in docs]
@@ -648,17 +663,20 @@ def test_make_manifests_renders_an_installable_file(tools_dir, tmp_path):
 
 
 def test_make_manifests_passes_settings_to_helm_and_checks_the_namespace(tools_dir, tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": str(tools_dir),
-           "DIST_DIR": str(tmp_path), "NAMESPACE": "inference-system"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "SPECDEC_TOOLS_DIR": str(tools_dir),
+        "DIST_DIR": str(tmp_path),
+        "NAMESPACE": "inference-system",
+    }
     script = str(ROOT / "hack" / "manifests.sh")
-    proc = subprocess.run(["bash", script, "--set", "watch.allNamespaces=false"], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run(["bash", script, "--set", "watch.allNamespaces=false"], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all((tmp_path / "install.yaml").read_text()) if d]
     roles = [d for d in docs if d["kind"] == "Role"]
     assert [r["metadata"]["namespace"] for r in roles] == ["inference-system"]
-    bad = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
-                         env={**env, "NAMESPACE": "Not_Valid"})
+    bad = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60, env={**env, "NAMESPACE": "Not_Valid"})
     assert bad.returncode != 0
     assert bad.stderr.strip().count("\n") == 0 and "NAMESPACE" in bad.stderr
 
@@ -672,16 +690,35 @@ GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
 
 def _helm_install(kube_cluster: Any, helm_bin: str, release: str, namespace: str, *sets: str) -> None:
     proc = subprocess.run(
-        [helm_bin, "install", release, str(CHART), "--namespace", namespace, "--wait", "--timeout", "90s",
-         *[arg for s in sets for arg in ("--set", s)]],
-        capture_output=True, text=True, timeout=150, env=kube_cluster.env())
+        [
+            helm_bin,
+            "install",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--wait",
+            "--timeout",
+            "90s",
+            *[arg for s in sets for arg in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=kube_cluster.env(),
+    )
     if proc.returncode != 0:
         pytest.fail(f"helm install {release} failed: {proc.stderr.strip()}", pytrace=False)
 
 
 def _helm_uninstall(kube_cluster: Any, helm_bin: str, release: str, namespace: str) -> None:
-    subprocess.run([helm_bin, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s"],
-                   capture_output=True, text=True, timeout=90, env=kube_cluster.env())
+    subprocess.run(
+        [helm_bin, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=kube_cluster.env(),
+    )
 
 
 def _make_namespace(core_v1: Any, prefix: str, labels: dict[str, str] | None = None) -> str:
@@ -690,8 +727,7 @@ def _make_namespace(core_v1: Any, prefix: str, labels: dict[str, str] | None = N
     from kubernetes import client
 
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"specdec.test/namespace": "true", **(labels or {})})))
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"specdec.test/namespace": "true", **(labels or {})})))
     return name
 
 
@@ -713,15 +749,13 @@ def cluster_release(kube_cluster, kube_client, core_v1, helm_bin) -> Iterator[Re
     _helm_install(kube_cluster, helm_bin, release, namespace)
     fullname = f"{release}-specdec-operator"
     try:
-        yield Release(namespace=namespace, release=release, fullname=fullname, serviceaccount=fullname,
-                      peering=fullname)
+        yield Release(namespace=namespace, release=release, fullname=fullname, serviceaccount=fullname, peering=fullname)
     finally:
         _helm_uninstall(kube_cluster, helm_bin, release, namespace)
         core_v1.delete_namespace(namespace, propagation_policy="Background")
 
 
-def can_i(kube_cluster: Any, user: str, verb: str, resource: str, namespace: str | None,
-          subresource: str | None = None) -> bool:
+def can_i(kube_cluster: Any, user: str, verb: str, resource: str, namespace: str | None, subresource: str | None = None) -> bool:
     """`kubectl auth can-i VERB RESOURCE --as=USER` (namespace None: across all namespaces / cluster scope)."""
     args = ["auth", "can-i", verb, resource, f"--as={user}"]
     args += ["--namespace", namespace] if namespace else ["--all-namespaces"]
@@ -753,28 +787,48 @@ def can_i_matrix(kube_cluster: Any, user: str, checks: list[tuple[str, str, str 
 
 # Things the operator never needs: each must be refused (resource argument for kubectl, '|subresource').
 FORBIDDEN = [
-    *[(verb, "secrets", ns) for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
-      for ns in ("default", None)],
-    ("*", "*", None), ("*", "*", "default"), ("get", "*", "default"), ("*", "deployments.apps", "default"),
-    ("get", "configmaps", "default"), ("list", "configmaps", None), ("create", "configmaps", "default"),
-    ("create", "pods", "default"), ("delete", "pods", "default"), ("patch", "pods", "default"),
-    ("create", "pods|exec", "default"), ("get", "pods|log", "default"), ("get", "services|proxy", "default"),
-    ("deletecollection", "deployments.apps", "default"), ("deletecollection", "services", "default"),
-    ("delete", "deployments.apps", "default"), ("update", "deployments.apps", "default"),
-    ("delete", "services", "default"), ("update", "services", "default"), ("get", "pods", "default"),
-    ("create", "events.events.k8s.io", "default"), ("update", "speculativeservers.specdec.io|status", "default"),
-    ("create", "speculativeservers.specdec.io", "default"), ("delete", "speculativeservers.specdec.io", "default"),
+    *[(verb, "secrets", ns) for verb in ("get", "list", "watch", "create", "update", "patch", "delete") for ns in ("default", None)],
+    ("*", "*", None),
+    ("*", "*", "default"),
+    ("get", "*", "default"),
+    ("*", "deployments.apps", "default"),
+    ("get", "configmaps", "default"),
+    ("list", "configmaps", None),
+    ("create", "configmaps", "default"),
+    ("create", "pods", "default"),
+    ("delete", "pods", "default"),
+    ("patch", "pods", "default"),
+    ("create", "pods|exec", "default"),
+    ("get", "pods|log", "default"),
+    ("get", "services|proxy", "default"),
+    ("deletecollection", "deployments.apps", "default"),
+    ("deletecollection", "services", "default"),
+    ("delete", "deployments.apps", "default"),
+    ("update", "deployments.apps", "default"),
+    ("delete", "services", "default"),
+    ("update", "services", "default"),
+    ("get", "pods", "default"),
+    ("create", "events.events.k8s.io", "default"),
+    ("update", "speculativeservers.specdec.io|status", "default"),
+    ("create", "speculativeservers.specdec.io", "default"),
+    ("delete", "speculativeservers.specdec.io", "default"),
     ("update", "speculativeservers.specdec.io", "default"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("patch", "customresourcedefinitions.apiextensions.k8s.io", None),
-    ("create", "namespaces", None), ("delete", "namespaces", None),
-    ("list", "nodes", None), ("get", "persistentvolumeclaims", "default"), ("create", "jobs.batch", "default"),
-    ("create", "serviceaccounts|token", "default"), ("create", "rolebindings.rbac.authorization.k8s.io", "default"),
+    ("create", "namespaces", None),
+    ("delete", "namespaces", None),
+    ("list", "nodes", None),
+    ("get", "persistentvolumeclaims", "default"),
+    ("create", "jobs.batch", "default"),
+    ("create", "serviceaccounts|token", "default"),
+    ("create", "rolebindings.rbac.authorization.k8s.io", "default"),
     ("bind", "clusterroles.rbac.authorization.k8s.io", None),
     ("escalate", "clusterroles.rbac.authorization.k8s.io", None),
-    ("impersonate", "users", None), ("impersonate", "serviceaccounts", "default"),
-    ("create", "clusterkopfpeerings.kopf.dev", None), ("delete", "clusterkopfpeerings.kopf.dev", None),
+    ("impersonate", "users", None),
+    ("impersonate", "serviceaccounts", "default"),
+    ("create", "clusterkopfpeerings.kopf.dev", None),
+    ("delete", "clusterkopfpeerings.kopf.dev", None),
     ("get", "clusterkopfpeerings.kopf.dev/someone-else", None),
     ("patch", "clusterkopfpeerings.kopf.dev/someone-else", None),
 ]
@@ -794,15 +848,18 @@ def _usage_checks(usage: dict[tuple[str, str], set[str]], namespaces: list[str |
 def test_operator_pod_passes_restricted_pod_security_admission(cluster_release, kube_cluster, core_v1, helm_bin):
     """The namespace enforces the `restricted` Pod Security Standard: the operator's pod is admitted."""
     ns = cluster_release["namespace"]
-    pods = wait_until(lambda: core_v1.list_namespaced_pod(
-        ns, label_selector="app.kubernetes.io/component=operator").items, timeout=30, message="operator pod")
+    pods = wait_until(
+        lambda: core_v1.list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=operator").items, timeout=30, message="operator pod"
+    )
     assert pods[0].spec.service_account_name == cluster_release["serviceaccount"]
     # Guard: the same namespace refuses a relaxed copy of that pod, so the admission above meant something.
-    deployment = one(render(helm_bin, None, "--set", "securityContext.allowPrivilegeEscalation=true",
-                            namespace=ns), "Deployment")
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "relaxed", "namespace": ns},
-           "spec": {**deployment["spec"]["template"]["spec"],
-                    "serviceAccountName": cluster_release["serviceaccount"]}}
+    deployment = one(render(helm_bin, None, "--set", "securityContext.allowPrivilegeEscalation=true", namespace=ns), "Deployment")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "relaxed", "namespace": ns},
+        "spec": {**deployment["spec"]["template"]["spec"], "serviceAccountName": cluster_release["serviceaccount"]},
+    }
     proc = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
     assert proc.returncode != 0 and "violates PodSecurity" in proc.stderr, proc.stderr
 
@@ -824,8 +881,7 @@ def test_cluster_wide_rbac_can_i_matrix(cluster_release, kube_cluster):
 
 
 @pytest.mark.cluster
-def test_namespaced_rbac_can_i_matrix_and_operator_run(kube_cluster, kube_client, core_v1, apps_v1, custom_objects,
-                                                       helm_bin, tmp_path):
+def test_namespaced_rbac_can_i_matrix_and_operator_run(kube_cluster, kube_client, core_v1, apps_v1, custom_objects, helm_bin, tmp_path):
     """Namespaced mode: `kubectl auth can-i` in the served namespace (yes) and elsewhere (no); then the operator
     under that ServiceAccount serves a resource there with nothing refused, using the namespaces grant."""
     import uuid
@@ -843,21 +899,23 @@ def test_namespaced_rbac_can_i_matrix_and_operator_run(kube_cluster, kube_client
         allowed += [("patch", f"kopfpeerings.kopf.dev/{release}-specdec-operator", served)]
         refused_expected = _usage_checks(OPERATOR_NAMESPACED_USAGE, [other, home, None])
         refused_expected += [("list", "clusterkopfpeerings.kopf.dev", None), ("list", "kopfpeerings.kopf.dev", other)]
-        refused_expected += [c for c in FORBIDDEN if c[2] is not None] + [
-            (v, r, served) for v, r, ns in FORBIDDEN if ns == "default"]
+        refused_expected += [c for c in FORBIDDEN if c[2] is not None] + [(v, r, served) for v, r, ns in FORBIDDEN if ns == "default"]
         answers = can_i_matrix(kube_cluster, user, allowed + refused_expected)
         assert not [c for c in allowed if not answers[c]], "missing in the served namespace"
         assert not [c for c in refused_expected if answers[c]], "granted outside the served namespace"
 
         fullname = f"{release}-specdec-operator"
         operator = OperatorUnderServiceAccount(
-            kube_cluster, core_v1, apps_v1,
+            kube_cluster,
+            core_v1,
+            apps_v1,
             Release(namespace=home, release=release, fullname=fullname, serviceaccount=fullname, peering=fullname),
-            tmp_path, [])
+            tmp_path,
+            [],
+        )
         try:
             assert f"--namespace={served}" in operator.chart_args
-            custom_objects.create_namespaced_custom_object(GROUP, VERSION, served, PLURAL,
-                                                           _compatible_example("llama", served))
+            custom_objects.create_namespaced_custom_object(GROUP, VERSION, served, PLURAL, _compatible_example("llama", served))
 
             def served_with_children() -> bool:
                 operator.check_running()
@@ -867,15 +925,17 @@ def test_namespaced_rbac_can_i_matrix_and_operator_run(kube_cluster, kube_client
 
             wait_until(served_with_children, timeout=60, interval=0.5, message="status and Deployments")
             custom_objects.delete_namespaced_custom_object(GROUP, VERSION, served, PLURAL, "llama")
-            wait_until(lambda: not custom_objects.list_namespaced_custom_object(
-                GROUP, VERSION, served, PLURAL)["items"], timeout=60, message="the resource gone")
+            wait_until(
+                lambda: not custom_objects.list_namespaced_custom_object(GROUP, VERSION, served, PLURAL)["items"],
+                timeout=60,
+                message="the resource gone",
+            )
         finally:
             operator.stop()
         operator.assert_nothing_refused()
         used = operator.used()
         # Kopf resolves --namespace patterns by listing and watching namespaces: the grant is needed here.
-        assert {("list", "", "namespaces"), ("watch", "", "namespaces"),
-                ("patch", "kopf.dev", "kopfpeerings")} <= used
+        assert {("list", "", "namespaces"), ("watch", "", "namespaces"), ("patch", "kopf.dev", "kopfpeerings")} <= used
         assert not {k for k in used if k[2] == "clusterkopfpeerings"}
         wait_until(lambda: not core_v1.list_namespaced_pod(served).items, timeout=60, message="pods gone")
     finally:
@@ -930,11 +990,11 @@ class RecordingProxy:
         hop = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
         headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
         body = await request.read()
-        async with self.session.request(request.method, self.upstream + request.path_qs, headers=headers,
-                                        data=body or None, ssl=self.ssl) as upstream:
+        async with self.session.request(
+            request.method, self.upstream + request.path_qs, headers=headers, data=body or None, ssl=self.ssl
+        ) as upstream:
             self.records.append((request.method, request.path, request.query_string, upstream.status))
-            response = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in hop})
+            response = web.StreamResponse(status=upstream.status, headers={k: v for k, v in upstream.headers.items() if k.lower() not in hop})
             await response.prepare(request)
             try:
                 async for chunk in upstream.content.iter_any():
@@ -983,29 +1043,33 @@ def api_request_kind(method: str, path: str, query: str) -> tuple[str, str, str]
     watch = re.search(r"(^|&)watch=(true|1)($|&)", query) is not None
     verb = {
         "GET": "watch" if watch else ("get" if name else "list"),
-        "POST": "create", "PUT": "update", "PATCH": "patch",
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
         "DELETE": "delete" if name else "deletecollection",
     }[method]
     return verb, group, f"{resource}/{sub}" if sub else resource
 
 
 def test_api_request_kind_maps_paths_like_the_authorizer():
-    assert api_request_kind("GET", "/apis/specdec.io/v1alpha1/speculativeservers", "watch=true&x=1") == \
-        ("watch", "specdec.io", "speculativeservers")
-    assert api_request_kind("PATCH", "/apis/specdec.io/v1alpha1/namespaces/a/speculativeservers/s/status", "") == \
-        ("patch", "specdec.io", "speculativeservers/status")
+    assert api_request_kind("GET", "/apis/specdec.io/v1alpha1/speculativeservers", "watch=true&x=1") == ("watch", "specdec.io", "speculativeservers")
+    assert api_request_kind("PATCH", "/apis/specdec.io/v1alpha1/namespaces/a/speculativeservers/s/status", "") == (
+        "patch",
+        "specdec.io",
+        "speculativeservers/status",
+    )
     assert api_request_kind("GET", "/api/v1/namespaces/a/pods", "labelSelector=x") == ("list", "", "pods")
     assert api_request_kind("GET", "/api/v1/namespaces", "") == ("list", "", "namespaces")
     assert api_request_kind("GET", "/api/v1/namespaces/a", "") == ("get", "", "namespaces")
     assert api_request_kind("POST", "/api/v1/namespaces/a/events", "") == ("create", "", "events")
-    assert api_request_kind("DELETE", "/apis/apps/v1/namespaces/a/deployments", "") == \
-        ("deletecollection", "apps", "deployments")
+    assert api_request_kind("DELETE", "/apis/apps/v1/namespaces/a/deployments", "") == ("deletecollection", "apps", "deployments")
     assert api_request_kind("GET", "/apis/apps/v1", "") is None
     assert api_request_kind("GET", "/api", "") is None
-    assert api_request_kinds("PATCH", "/apis/apps/v1/namespaces/a/deployments/d", "fieldManager=x", 201) == \
-        [("patch", "apps", "deployments"), ("create", "apps", "deployments")]
-    assert api_request_kinds("PATCH", "/apis/apps/v1/namespaces/a/deployments/d", "", 200) == \
-        [("patch", "apps", "deployments")]
+    assert api_request_kinds("PATCH", "/apis/apps/v1/namespaces/a/deployments/d", "fieldManager=x", 201) == [
+        ("patch", "apps", "deployments"),
+        ("create", "apps", "deployments"),
+    ]
+    assert api_request_kinds("PATCH", "/apis/apps/v1/namespaces/a/deployments/d", "", 200) == [("patch", "apps", "deployments")]
 
 
 def _service_account_kubeconfig(core_v1: Any, release: Release, server: str, path: pathlib.Path) -> None:
@@ -1013,15 +1077,22 @@ def _service_account_kubeconfig(core_v1: Any, release: Release, server: str, pat
     from kubernetes import client
 
     token = core_v1.create_namespaced_service_account_token(
-        release["serviceaccount"], release["namespace"],
+        release["serviceaccount"],
+        release["namespace"],
         client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
     ).status.token
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-        "clusters": [{"name": "local", "cluster": {"server": server}}],
-        "users": [{"name": release["serviceaccount"], "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": release["serviceaccount"]}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "operator",
+                "clusters": [{"name": "local", "cluster": {"server": server}}],
+                "users": [{"name": release["serviceaccount"], "user": {"token": token}}],
+                "contexts": [{"name": "operator", "context": {"cluster": "local", "user": release["serviceaccount"]}}],
+            }
+        )
+    )
 
 
 def _free_port() -> int:
@@ -1040,16 +1111,27 @@ class OperatorUnderServiceAccount:
     an --endpoints mapping to simulators instead of cluster DNS.
     """
 
-    def __init__(self, kube_cluster: Any, core_v1: Any, apps_v1: Any, release: Release, workdir: pathlib.Path,
-                 extra_args: list[str], pod_id: str = "checkout-operator") -> None:
+    def __init__(
+        self,
+        kube_cluster: Any,
+        core_v1: Any,
+        apps_v1: Any,
+        release: Release,
+        workdir: pathlib.Path,
+        extra_args: list[str],
+        pod_id: str = "checkout-operator",
+    ) -> None:
         import base64
         import os
         import sys
 
         admin = yaml.safe_load(pathlib.Path(kube_cluster.kubeconfig).read_text())
         cluster = admin["clusters"][0]["cluster"]
-        ca = (base64.b64decode(cluster["certificate-authority-data"]) if "certificate-authority-data" in cluster
-              else pathlib.Path(cluster["certificate-authority"]).read_bytes())
+        ca = (
+            base64.b64decode(cluster["certificate-authority-data"])
+            if "certificate-authority-data" in cluster
+            else pathlib.Path(cluster["certificate-authority"]).read_bytes()
+        )
         self.proxy = RecordingProxy(cluster["server"], ca)
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -1059,13 +1141,22 @@ class OperatorUnderServiceAccount:
         self.chart_args = list(deployment.spec.template.spec.containers[0].args)
         self.health, self.metrics = _free_port(), _free_port()
         args = [a for a in self.chart_args if not a.startswith(("--liveness=", "--metrics-port="))]
-        args += [f"--liveness=http://127.0.0.1:{self.health}/healthz", f"--metrics-port={self.metrics}",
-                 "--metrics-address=127.0.0.1", "--reconcile-interval=1", *extra_args]
+        args += [
+            f"--liveness=http://127.0.0.1:{self.health}/healthz",
+            f"--metrics-port={self.metrics}",
+            "--metrics-address=127.0.0.1",
+            "--reconcile-interval=1",
+            *extra_args,
+        ]
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": pod_id}
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        self.process = subprocess.Popen([sys.executable, "-m", "specdec_operator.cli", "run", *args],
-                                        stdout=open(workdir / "operator.log", "w"), stderr=subprocess.STDOUT,
-                                        env=env, cwd=workdir)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "specdec_operator.cli", "run", *args],
+            stdout=open(workdir / "operator.log", "w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
+        )
         wait_until(self._alive, timeout=60, interval=0.5, message="the operator's liveness endpoint")
 
     def log(self) -> str:
@@ -1104,25 +1195,30 @@ class OperatorUnderServiceAccount:
         for record in self.proxy.records:
             for key in api_request_kinds(*record):
                 counts[key] = counts.get(key, 0) + 1
-        return "\n".join(f"  {n:5d}  {k[0]:<7} {k[1] or 'core'}/{k[2]}"
-                         for k, n in sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])))
+        return "\n".join(
+            f"  {n:5d}  {k[0]:<7} {k[1] or 'core'}/{k[2]}" for k, n in sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))
+        )
 
 
 def _compatible_example(name: str, namespace: str) -> dict[str, Any]:
     cr = yaml.safe_load((ROOT / "examples" / "llama31-8b-eagle3.yaml").read_text())
     cr["metadata"] = {"name": name, "namespace": namespace}
     # kwok plays the kubelet: the validator init container reports a compatible pair, the servers get Ready.
-    cr["spec"]["podMetadata"] = {"annotations": {
-        "specdec.test/init-exit-code": "0",
-        "specdec.test/init-message": json.dumps({"compatible": True, "findings": []}),
-        "specdec.test/ready-after": "1s"}}
+    cr["spec"]["podMetadata"] = {
+        "annotations": {
+            "specdec.test/init-exit-code": "0",
+            "specdec.test/init-message": json.dumps({"compatible": True, "findings": []}),
+            "specdec.test/ready-after": "1s",
+        }
+    }
     return cr
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
-        cluster_release, kube_cluster, core_v1, apps_v1, custom_objects, tmp_path):
+    cluster_release, kube_cluster, core_v1, apps_v1, custom_objects, tmp_path
+):
     """`specdec run` from the checkout, as the chart runs it and authenticated as the chart's ServiceAccount,
     takes the Llama example through validation, deployment, a probe against SGLang simulators, promotion, and
     deletion. Every API request goes through a recording proxy: none may be refused (the RBAC suffices), and
@@ -1136,16 +1232,15 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
     sims = [simulators.start("llama31-8b-base", seed=11), simulators.start("llama31-8b-eagle3", seed=11)]
     namespace = _make_namespace(core_v1, "sa-e2e")
     name = "llama31-8b"
-    (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump({
-        f"{namespace}/{name}-base": sims[0].url, f"{namespace}/{name}-spec": sims[1].url}))
+    (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump({f"{namespace}/{name}-base": sims[0].url, f"{namespace}/{name}-spec": sims[1].url}))
     operator = None
     try:
-        operator = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path,
-                                               ["--endpoints", str(tmp_path / "endpoints.yaml")])
+        operator = OperatorUnderServiceAccount(
+            kube_cluster, core_v1, apps_v1, cluster_release, tmp_path, ["--endpoints", str(tmp_path / "endpoints.yaml")]
+        )
         assert "--all-namespaces" in operator.chart_args
         assert f"--peering={cluster_release['peering']}" in operator.chart_args
-        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                       _compatible_example(name, namespace))
+        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _compatible_example(name, namespace))
 
         def decided() -> dict | None:
             operator.check_running()
@@ -1156,11 +1251,12 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
         assert status["phase"] == "Promoted", f"{status.get('reason')}: {status.get('message')}"
         stable = core_v1.read_namespaced_service(name, namespace)
         assert stable.spec.selector["specdec.io/variant"] == "speculative"
-        assert {e.reason for e in core_v1.list_namespaced_event(namespace).items
-                if e.involved_object.kind == "SpeculativeServer"} >= {"DrafterCompatible", "ProbeStarted"}
+        assert {e.reason for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.kind == "SpeculativeServer"} >= {
+            "DrafterCompatible",
+            "ProbeStarted",
+        }
         # The peering object carries this replica's keep-alive.
-        peering = custom_objects.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings",
-                                                           cluster_release["peering"])
+        peering = custom_objects.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", cluster_release["peering"])
         assert "checkout-operator" in (peering.get("status") or {})
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics}/metrics", timeout=5).read().decode()
         assert f'specdec_active_variant{{name="{name}",namespace="{namespace}",variant="speculative"}} 1.0' in scraped
@@ -1168,11 +1264,16 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
         # Deleting the resource: the operator releases its finalizer, the garbage collector removes the children
         # and their pods (whose simulated GPUs the next test's servers need).
         custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        wait_until(lambda: not custom_objects.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL)["items"], timeout=60, message="the resource gone")
-        wait_until(lambda: not apps_v1.list_namespaced_deployment(namespace).items
-                   and not core_v1.list_namespaced_pod(namespace).items, timeout=60,
-                   message="children garbage-collected")
+        wait_until(
+            lambda: not custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
+            timeout=60,
+            message="the resource gone",
+        )
+        wait_until(
+            lambda: not apps_v1.list_namespaced_deployment(namespace).items and not core_v1.list_namespaced_pod(namespace).items,
+            timeout=60,
+            message="children garbage-collected",
+        )
     finally:
         if operator is not None:
             operator.stop()
@@ -1184,10 +1285,11 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
     # Minimal: every granted permission was used.
     print("\nAPI requests by verb and resource (operator under the chart's ServiceAccount, cluster-wide):")
     print(operator.request_table())
-    granted = {(verb, group, resource)
-               for (group, resource), verbs in {**OPERATOR_NAMESPACED_USAGE, **CRD_DISCOVERY,
-                                                ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS}.items()
-               for verb in verbs}
+    granted = {
+        (verb, group, resource)
+        for (group, resource), verbs in {**OPERATOR_NAMESPACED_USAGE, **CRD_DISCOVERY, ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS}.items()
+        for verb in verbs
+    }
     used = operator.used()
     assert not granted - used, f"granted but never used (remove them from the chart): {granted - used}"
     assert used <= granted, f"used but not in the chart's usage table: {used - granted}"
@@ -1200,31 +1302,38 @@ def test_plain_manifests_install_with_kubectl(kube_cluster, kube_client, core_v1
     import uuid
 
     namespace = f"specdec-plain-{uuid.uuid4().hex[:5]}"
-    proc = subprocess.run(["bash", str(ROOT / "hack" / "manifests.sh")], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": str(tools_dir),
-                               "DIST_DIR": str(tmp_path), "NAMESPACE": namespace})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / "manifests.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": str(tools_dir), "DIST_DIR": str(tmp_path), "NAMESPACE": namespace},
+    )
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all((tmp_path / "install.yaml").read_text()) if d]
     try:
         kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tmp_path / "crds.yaml"))
-        kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                             *[f"crd/{d['metadata']['name']}" for d in docs if d["kind"] == "CustomResourceDefinition"])
-        applied = kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f",
-                                       str(tmp_path / "install.yaml"), check=False)
+        kube_cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            *[f"crd/{d['metadata']['name']}" for d in docs if d["kind"] == "CustomResourceDefinition"],
+        )
+        applied = kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tmp_path / "install.yaml"), check=False)
         assert applied.returncode == 0, applied.stderr
         assert core_v1.read_namespace(namespace).metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
-        pods = wait_until(lambda: core_v1.list_namespaced_pod(
-            namespace, label_selector="app.kubernetes.io/component=operator").items, timeout=30,
-            message="the operator pod admitted")
+        pods = wait_until(
+            lambda: core_v1.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=operator").items,
+            timeout=30,
+            message="the operator pod admitted",
+        )
         assert pods[0].spec.service_account_name == "specdec-operator"
-        assert can_i(kube_cluster, f"system:serviceaccount:{namespace}:specdec-operator", "patch",
-                     "deployments.apps", "anywhere")
+        assert can_i(kube_cluster, f"system:serviceaccount:{namespace}:specdec-operator", "patch", "deployments.apps", "anywhere")
     finally:
         # Everything but the CRDs: deleting those would delete every SpeculativeServer of the session's cluster.
         for doc in reversed(docs):
             if doc["kind"] not in ("CustomResourceDefinition", "Namespace"):
-                kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
-                                     input=json.dumps(doc), check=False)
+                kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=json.dumps(doc), check=False)
         core_v1.delete_namespace(namespace, propagation_policy="Background")
 
 
@@ -1234,18 +1343,21 @@ def test_two_replicas_elect_one_through_the_charts_peering(cluster_release, kube
     """Two operators with the chart's arguments and ServiceAccount: the younger one pauses in favour of the older,
     and takes over when the older one stops. The chart's peering object and RBAC are all Kopf's peering needs."""
     import time
-    first = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "a", [],
-                                        pod_id="replica-a")
+
+    first = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "a", [], pod_id="replica-a")
     second = None
     try:
-        wait_until(lambda: "replica-a" in (_peering_status(kube_cluster, cluster_release) or {}), timeout=30,
-                   message="replica-a's keep-alive in the peering object")
-        second = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "b", [],
-                                             pod_id="replica-b")
+        wait_until(
+            lambda: "replica-a" in (_peering_status(kube_cluster, cluster_release) or {}),
+            timeout=30,
+            message="replica-a's keep-alive in the peering object",
+        )
+        second = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "b", [], pod_id="replica-b")
         # replica-b starts paused (mandatory peering) and stays so while replica-a, older and so of higher
         # priority, keeps its keep-alive: it announces itself in the peering but never resumes.
-        wait_until(lambda: "replica-b" in _peering_status(kube_cluster, cluster_release), timeout=30,
-                   message="replica-b's keep-alive in the peering object")
+        wait_until(
+            lambda: "replica-b" in _peering_status(kube_cluster, cluster_release), timeout=30, message="replica-b's keep-alive in the peering object"
+        )
         peers = _peering_status(kube_cluster, cluster_release)
         assert peers["replica-a"]["priority"] > peers["replica-b"]["priority"], peers
         time.sleep(3)

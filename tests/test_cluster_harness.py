@@ -24,9 +24,7 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 BLACKWELL_AFFINITY = {
     "nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["blackwell"]}]}
-            ]
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["blackwell"]}]}]
         }
     }
 }
@@ -49,8 +47,7 @@ def pod(name: str, annotations: dict[str, str] | None = None, **spec: Any) -> di
     }
 
 
-def deployment(name: str, replicas: int, template_spec: dict[str, Any],
-               annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def deployment(name: str, replicas: int, template_spec: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
@@ -65,7 +62,7 @@ def deployment(name: str, replicas: int, template_spec: dict[str, Any],
 
 
 def condition(obj: Any, kind: str) -> Any:
-    for cond in (obj.status.conditions or []):
+    for cond in obj.status.conditions or []:
         if cond.type == kind:
             return cond
     return None
@@ -91,8 +88,9 @@ def test_fake_nodes_carry_gpu_feature_discovery_labels_capacity_and_taints(core_
         labels = node.metadata.labels
         assert node.status.allocatable["nvidia.com/gpu"] == "8" == labels["nvidia.com/gpu.count"]
         assert any(t.key == "nvidia.com/gpu" and t.effect == "NoSchedule" for t in node.spec.taints or [])
-        expected_major = {"NVIDIA-B200": "10", "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition": "12",
-                          "NVIDIA-H200": "9"}[labels["nvidia.com/gpu.product"]]
+        expected_major = {"NVIDIA-B200": "10", "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition": "12", "NVIDIA-H200": "9"}[
+            labels["nvidia.com/gpu.product"]
+        ]
         assert labels["nvidia.com/gpu.compute.major"] == expected_major
         assert labels["nvidia.com/gpu.compute.minor"] == "0"
         assert condition(node, "Ready").status == "True"
@@ -112,18 +110,23 @@ def test_control_plane_reports_the_pinned_kubernetes_version(core_v1):
 # Scheduling by GPUs, affinity and taints (the real kube-scheduler)
 
 
-def test_eight_gpu_deployment_with_blackwell_affinity_lands_on_blackwell_node_and_serves(
-    core_v1, apps_v1, discovery_v1, namespace
-):
+def test_eight_gpu_deployment_with_blackwell_affinity_lands_on_blackwell_node_and_serves(core_v1, apps_v1, discovery_v1, namespace):
     spec = {"containers": [container(gpus=8)], "affinity": BLACKWELL_AFFINITY, "tolerations": [GPU_TOLERATION]}
     apps_v1.create_namespaced_deployment(namespace, deployment("target", 1, spec))
-    core_v1.create_namespaced_service(namespace, {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "target"},
-        "spec": {"selector": {"app": "target"}, "ports": [{"port": 30000, "name": "http"}]},
-    })
+    core_v1.create_namespaced_service(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "target"},
+            "spec": {"selector": {"app": "target"}, "ports": [{"port": 30000, "name": "http"}]},
+        },
+    )
 
-    wait_until(lambda: (apps_v1.read_namespaced_deployment(namespace=namespace, name="target").status
-                        .available_replicas == 1), message="Deployment target available")
+    wait_until(
+        lambda: apps_v1.read_namespaced_deployment(namespace=namespace, name="target").status.available_replicas == 1,
+        message="Deployment target available",
+    )
     (running,) = pods_of(core_v1, namespace, "target")
     node = core_v1.read_node(running.spec.node_name)
     assert node.metadata.labels["nvidia.com/gpu.family"] == "blackwell"
@@ -132,10 +135,8 @@ def test_eight_gpu_deployment_with_blackwell_affinity_lands_on_blackwell_node_an
 
     # The EndpointSlice controller publishes the ready pod behind the Service.
     def ready_endpoints():
-        slices = discovery_v1.list_namespaced_endpoint_slice(
-            namespace, label_selector="kubernetes.io/service-name=target").items
-        return [address for s in slices for e in (s.endpoints or []) if e.conditions.ready
-                for address in e.addresses]
+        slices = discovery_v1.list_namespaced_endpoint_slice(namespace, label_selector="kubernetes.io/service-name=target").items
+        return [address for s in slices for e in (s.endpoints or []) if e.conditions.ready for address in e.addresses]
 
     assert wait_until(ready_endpoints, message="ready endpoint for Service target") == [running.status.pod_ip]
     assert core_v1.read_namespaced_service("target", namespace).spec.cluster_ip.startswith("10.96.")
@@ -158,8 +159,7 @@ def test_nine_gpus_stay_pending_with_the_schedulers_reason(core_v1, namespace):
 
 def test_pods_without_the_gpu_toleration_never_land_on_gpu_nodes(core_v1, apps_v1, namespace):
     apps_v1.create_namespaced_deployment(namespace, deployment("plain", 6, {"containers": [container()]}))
-    wait_until(lambda: apps_v1.read_namespaced_deployment("plain", namespace).status.ready_replicas == 6,
-               message="6 ready replicas")
+    wait_until(lambda: apps_v1.read_namespaced_deployment("plain", namespace).status.ready_replicas == 6, message="6 ready replicas")
     for placed in pods_of(core_v1, namespace, "plain"):
         assert "nvidia.com/gpu.family" not in core_v1.read_node(placed.spec.node_name).metadata.labels
 
@@ -183,47 +183,73 @@ def test_deleting_an_owner_garbage_collects_its_children(core_v1, apps_v1, names
     assert len(apps_v1.list_namespaced_replica_set(namespace).items) == 1
     # A ConfigMap owned by the Deployment, as an operator would own what it renders.
     owner = apps_v1.read_namespaced_deployment("owner", namespace)
-    core_v1.create_namespaced_config_map(namespace, {
-        "metadata": {"name": "owned", "ownerReferences": [{
-            "apiVersion": "apps/v1", "kind": "Deployment", "name": "owner", "uid": owner.metadata.uid,
-            "controller": True, "blockOwnerDeletion": True}]},
-        "data": {"k": "v"},
-    })
+    core_v1.create_namespaced_config_map(
+        namespace,
+        {
+            "metadata": {
+                "name": "owned",
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": "owner",
+                        "uid": owner.metadata.uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "data": {"k": "v"},
+        },
+    )
 
     apps_v1.delete_namespaced_deployment("owner", namespace, propagation_policy="Background")
 
     def all_gone():
-        return (not apps_v1.list_namespaced_replica_set(namespace).items
-                and not pods_of(core_v1, namespace, "owner")
-                and all(cm.metadata.name != "owned" for cm in core_v1.list_namespaced_config_map(namespace).items))
+        return (
+            not apps_v1.list_namespaced_replica_set(namespace).items
+            and not pods_of(core_v1, namespace, "owner")
+            and all(cm.metadata.name != "owned" for cm in core_v1.list_namespaced_config_map(namespace).items)
+        )
 
     wait_until(all_gone, timeout=60, message="ReplicaSet, pods and ConfigMap garbage-collected")
 
 
 def test_job_completes(batch_v1, namespace):
     job = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
-        "spec": {"completions": 2, "parallelism": 2, "template": {
-            "metadata": {"annotations": {"specdec.test/run-for": "1s"}},
-            "spec": {"restartPolicy": "Never", "containers": [container()]}}},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {
+            "completions": 2,
+            "parallelism": 2,
+            "template": {
+                "metadata": {"annotations": {"specdec.test/run-for": "1s"}},
+                "spec": {"restartPolicy": "Never", "containers": [container()]},
+            },
+        },
     }
     batch_v1.create_namespaced_job(namespace, job)
-    done = wait_until(lambda: condition(batch_v1.read_namespaced_job("train", namespace), "Complete"),
-                      message="Job Complete")
+    done = wait_until(lambda: condition(batch_v1.read_namespaced_job("train", namespace), "Complete"), message="Job Complete")
     assert done.status == "True"
     assert batch_v1.read_namespaced_job("train", namespace).status.succeeded == 2
 
 
 def test_job_pod_exit_code_fails_the_job(core_v1, batch_v1, namespace):
     job = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "broken"},
-        "spec": {"backoffLimit": 0, "template": {
-            "metadata": {"annotations": {"specdec.test/exit-code": "7", "specdec.test/message": "disk full"}},
-            "spec": {"restartPolicy": "Never", "containers": [container()]}}},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "broken"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {"specdec.test/exit-code": "7", "specdec.test/message": "disk full"}},
+                "spec": {"restartPolicy": "Never", "containers": [container()]},
+            },
+        },
     }
     batch_v1.create_namespaced_job(namespace, job)
-    failed = wait_until(lambda: condition(batch_v1.read_namespaced_job("broken", namespace), "Failed"),
-                        message="Job Failed")
+    failed = wait_until(lambda: condition(batch_v1.read_namespaced_job("broken", namespace), "Failed"), message="Job Failed")
     assert failed.reason == "BackoffLimitExceeded"
     (job_pod,) = core_v1.list_namespaced_pod(namespace, label_selector="job-name=broken").items
     terminated = job_pod.status.container_statuses[0].state.terminated
@@ -236,24 +262,30 @@ def test_service_accounts_rbac_and_tokens(core_v1, rbac_v1, namespace, kubectl):
     as_reader = ["auth", "can-i", "list", "pods", f"--as=system:serviceaccount:{namespace}:reader"]
     assert kubectl(*as_reader, check=False).stdout.strip() == "no"
 
-    rbac_v1.create_namespaced_role(namespace, {
-        "metadata": {"name": "pod-reader"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-    })
-    rbac_v1.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
-    })
+    rbac_v1.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        },
+    )
+    rbac_v1.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+    )
     wait_until(lambda: kubectl(*as_reader, check=False).stdout.strip() == "yes", message="RBAC grant visible")
-    assert kubectl("auth", "can-i", "delete", "pods", f"--as=system:serviceaccount:{namespace}:reader",
-                   check=False).stdout.strip() == "no"
+    assert kubectl("auth", "can-i", "delete", "pods", f"--as=system:serviceaccount:{namespace}:reader", check=False).stdout.strip() == "no"
 
     # Bound tokens are signed by the apiserver and accepted by it (TokenRequest + TokenReview).
     token = kubectl("create", "token", "reader").stdout.strip()
     server = kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
-    identity = kubectl("auth", "whoami", "-o", "json", f"--server={server}", f"--token={token}",
-                       "--insecure-skip-tls-verify", "--kubeconfig=/dev/null").stdout
+    identity = kubectl(
+        "auth", "whoami", "-o", "json", f"--server={server}", f"--token={token}", "--insecure-skip-tls-verify", "--kubeconfig=/dev/null"
+    ).stdout
     assert json.loads(identity)["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:reader"
 
 
@@ -264,11 +296,12 @@ def test_service_accounts_rbac_and_tokens(core_v1, rbac_v1, namespace, kubectl):
 @pytest.mark.parametrize("restart_policy", ["Never", "Always"])
 def test_init_container_exit_code_and_termination_message(core_v1, namespace, restart_policy):
     report = json.dumps({"compatible": False, "reason": "draft vocab 32000 != target vocab 128256"})
-    annotations = {"specdec.test/init-exit-code": "3", "specdec.test/init-message": report,
-                   "specdec.test/init-container": "validate"}
-    spec = {"restartPolicy": restart_policy,
-            "initContainers": [container("fetch"), container("validate"), container("warmup")],
-            "containers": [container()]}
+    annotations = {"specdec.test/init-exit-code": "3", "specdec.test/init-message": report, "specdec.test/init-container": "validate"}
+    spec = {
+        "restartPolicy": restart_policy,
+        "initContainers": [container("fetch"), container("validate"), container("warmup")],
+        "containers": [container()],
+    }
     core_v1.create_namespaced_pod(namespace, pod("checked", annotations, **spec))
 
     def init_statuses():
@@ -296,8 +329,9 @@ def test_init_container_success_message_after_a_delay(core_v1, namespace):
     annotations = {"specdec.test/init-after": "2s", "specdec.test/init-message": '{"compatible": true}'}
     core_v1.create_namespaced_pod(namespace, pod("validated", annotations, initContainers=[container("validate")]))
     created = time.monotonic()
-    running = wait_until(lambda: (p := core_v1.read_namespaced_pod("validated", namespace)).status.phase == "Running"
-                         and p, message="Running after init")
+    running = wait_until(
+        lambda: (p := core_v1.read_namespaced_pod("validated", namespace)).status.phase == "Running" and p, message="Running after init"
+    )
     assert time.monotonic() - created >= 1.5
     (validate,) = running.status.init_container_statuses
     assert validate.state.terminated.exit_code == 0
@@ -306,8 +340,12 @@ def test_init_container_success_message_after_a_delay(core_v1, namespace):
 
 
 def test_crash_looping_container_reports_restarts_and_back_off(core_v1, namespace):
-    annotations = {"specdec.test/crash-loop": "true", "specdec.test/crash-container": "server",
-                   "specdec.test/exit-code": "137", "specdec.test/message": "CUDA out of memory"}
+    annotations = {
+        "specdec.test/crash-loop": "true",
+        "specdec.test/crash-container": "server",
+        "specdec.test/exit-code": "137",
+        "specdec.test/message": "CUDA out of memory",
+    }
     spec = {"containers": [container("server"), container("metrics")]}
     core_v1.create_namespaced_pod(namespace, pod("crashy", annotations, **spec))
 
@@ -327,8 +365,7 @@ def test_crash_looping_container_reports_restarts_and_back_off(core_v1, namespac
 
 def test_readiness_only_after_the_requested_delay(core_v1, apps_v1, namespace):
     spec = {"containers": [container(gpus=8)], "affinity": BLACKWELL_AFFINITY, "tolerations": [GPU_TOLERATION]}
-    apps_v1.create_namespaced_deployment(
-        namespace, deployment("loading", 1, spec, annotations={"specdec.test/ready-after": "4s"}))
+    apps_v1.create_namespaced_deployment(namespace, deployment("loading", 1, spec, annotations={"specdec.test/ready-after": "4s"}))
 
     def running_pod():
         pods = pods_of(core_v1, namespace, "loading")
@@ -338,36 +375,36 @@ def test_readiness_only_after_the_requested_delay(core_v1, apps_v1, namespace):
     assert condition(started, "Ready").status == "False"
     assert apps_v1.read_namespaced_deployment("loading", namespace).status.ready_replicas in (None, 0)
 
-    ready = wait_until(lambda: (p := running_pod()) and condition(p, "Ready").status == "True" and p,
-                       timeout=20, message="Ready")
+    ready = wait_until(lambda: (p := running_pod()) and condition(p, "Ready").status == "True" and p, timeout=20, message="Ready")
     became_ready = condition(ready, "Ready").last_transition_time
     container_started = ready.status.container_statuses[0].state.running.started_at
     assert 3.0 <= (became_ready - container_started).total_seconds() <= 8.0
-    wait_until(lambda: apps_v1.read_namespaced_deployment("loading", namespace).status.ready_replicas == 1,
-               message="Deployment ready")
+    wait_until(lambda: apps_v1.read_namespaced_deployment("loading", namespace).status.ready_replicas == 1, message="Deployment ready")
 
 
 def test_when_label_limits_scripted_outcomes_to_matching_pods(core_v1, namespace):
     # The operator copies spec.podMetadata.annotations onto both servers' pods; when-label picks one of them.
-    annotations = {"specdec.test/crash-loop": "true", "specdec.test/when-label": "specdec.io/variant=speculative",
-                   "specdec.test/init-exit-code": "1", "specdec.test/init-container": "validate"}
+    annotations = {
+        "specdec.test/crash-loop": "true",
+        "specdec.test/when-label": "specdec.io/variant=speculative",
+        "specdec.test/init-exit-code": "1",
+        "specdec.test/init-container": "validate",
+    }
     for variant in ("base", "speculative"):
         manifest = pod(variant, annotations, initContainers=[container("validate")])
         manifest["metadata"]["labels"] = {"specdec.io/variant": variant}
         core_v1.create_namespaced_pod(namespace, manifest)
     # A pod without the named init container is not affected by the init scripting.
-    core_v1.create_namespaced_pod(namespace, pod("no-init", {"specdec.test/init-exit-code": "1",
-                                                             "specdec.test/init-container": "validate"}))
+    core_v1.create_namespaced_pod(namespace, pod("no-init", {"specdec.test/init-exit-code": "1", "specdec.test/init-container": "validate"}))
 
     speculative = wait_until(
         lambda: (p := core_v1.read_namespaced_pod("speculative", namespace)).status.init_container_statuses and p,
-        message="speculative pod initialised")
+        message="speculative pod initialised",
+    )
     assert speculative.status.init_container_statuses[0].last_state.terminated.exit_code == 1
     for name in ("base", "no-init"):
-        ready = wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready"),
-                           message=f"{name} Ready condition")
-        wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready").status == "True",
-                   message=f"{name} Ready")
+        ready = wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready"), message=f"{name} Ready condition")
+        wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready").status == "True", message=f"{name} Ready")
         assert ready
     time.sleep(2.5)  # longer than the crash-loop period: base must still be running, not restarting
     base = core_v1.read_namespaced_pod("base", namespace)
@@ -409,7 +446,10 @@ def test_missing_tools_give_a_one_line_instruction(tmp_path):
     env = dict(os.environ, SPECDEC_TOOLS_DIR=str(tmp_path), SPECDEC_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run(
         [sys.executable, str(devcluster.HACK_DIR / "devcluster.py"), "up", "--name", "nothing-here"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "run `make tools`" in proc.stderr
@@ -422,8 +462,7 @@ TOOLS_SH = devcluster.HACK_DIR / "tools.sh"
 
 
 def run_tools(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(TOOLS_SH), *args], env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([str(TOOLS_SH), *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
 
 
 def test_tools_sh_is_idempotent_and_check_reports_missing_tools(tmp_path):
@@ -455,8 +494,13 @@ def test_tools_sh_refuses_go_modules_that_disagree_with_versions_env(tmp_path):
     pinned = devcluster.versions()["HELM_VERSION"]
     pins = (devcluster.HACK_DIR / "versions.env").read_text()
     (hack / "versions.env").write_text(pins.replace(f"HELM_VERSION={pinned}", "HELM_VERSION=v4.0.0-unpinned"))
-    result = subprocess.run([str(hack / "tools.sh")], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "SPECDEC_TOOLS_DIR": str(tmp_path / "bin"), "SPECDEC_TOOLS_REUSE": "0"})
+    result = subprocess.run(
+        [str(hack / "tools.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SPECDEC_TOOLS_DIR": str(tmp_path / "bin"), "SPECDEC_TOOLS_REUSE": "0"},
+    )
     assert result.returncode == 1
     assert "pins 'helm.sh/helm/v4 v4.0.0-unpinned'" in result.stderr and "update both" in result.stderr
     assert not (tmp_path / "bin" / "helm").exists()

@@ -142,9 +142,17 @@ class Cluster:
             status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True"}]}
             if variant == "speculative":
                 status["initContainerStatuses"] = [{"name": m.VALIDATOR_CONTAINER, "state": {"terminated": {"exitCode": 0, "message": COMPATIBLE}}}]
-            self.pods.append({"metadata": {"name": f"llama-{variant}-0", "labels": dict(template["metadata"]["labels"]),
-                                           "annotations": dict(template["metadata"]["annotations"]), "creationTimestamp": "2026-12-02T09:00:00Z"},
-                              "status": status})
+            self.pods.append(
+                {
+                    "metadata": {
+                        "name": f"llama-{variant}-0",
+                        "labels": dict(template["metadata"]["labels"]),
+                        "annotations": dict(template["metadata"]["annotations"]),
+                        "creationTimestamp": "2026-12-02T09:00:00Z",
+                    },
+                    "status": status,
+                }
+            )
 
 
 def llama_spec(**rollout: Any) -> dict[str, Any]:
@@ -154,16 +162,29 @@ def llama_spec(**rollout: Any) -> dict[str, Any]:
 
 
 def decision(revision: str, verdict: str, reason: str) -> ProbeStatus:
-    return ProbeStatus(decision=verdict, reason=reason, message="measured", rounds=3, speedup=1.8 if verdict == "promote" else 0.9,
-                       revision=revision, started_at="2026-12-02T09:59:00Z", finished_at="2026-12-02T10:00:00Z")
+    return ProbeStatus(
+        decision=verdict,
+        reason=reason,
+        message="measured",
+        rounds=3,
+        speedup=1.8 if verdict == "promote" else 0.9,
+        revision=revision,
+        started_at="2026-12-02T09:59:00Z",
+        finished_at="2026-12-02T10:00:00Z",
+    )
 
 
 def test_the_first_step_creates_the_servers_with_the_status_and_the_stable_service_beside_it() -> None:
     cluster = Cluster(llama_spec())
     cluster.step()
     calls = cluster.writer.calls
-    assert sorted(c for c in calls if c[0] != "status") == [("Deployment", "llama-base"), ("Deployment", "llama-spec"),
-                                                            ("Service", "llama"), ("Service", "llama-base"), ("Service", "llama-spec")]
+    assert sorted(c for c in calls if c[0] != "status") == [
+        ("Deployment", "llama-base"),
+        ("Deployment", "llama-spec"),
+        ("Service", "llama"),
+        ("Service", "llama-base"),
+        ("Service", "llama-spec"),
+    ]
     assert cluster.writer.beside_the_step == ["llama"]
     assert [c for c in calls if c[0] == "status"] == [("status", ["activeVariant", "conditions", "message", "observedGeneration", "phase", "reason"])]
     assert cluster.writer.status["phase"] == "Pending" and cluster.writer.events == []

@@ -20,9 +20,11 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
-DOCKERFILES = {"operator": IMAGES / "operator" / "Dockerfile",
-               "drafter-training": IMAGES / "drafter-training" / "Dockerfile",
-               "sglang-simulator": IMAGES / "simulator" / "Dockerfile"}
+DOCKERFILES = {
+    "operator": IMAGES / "operator" / "Dockerfile",
+    "drafter-training": IMAGES / "drafter-training" / "Dockerfile",
+    "sglang-simulator": IMAGES / "simulator" / "Dockerfile",
+}
 
 
 def images_env() -> dict[str, str]:
@@ -73,8 +75,7 @@ def arg_default(dockerfile: pathlib.Path, name: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
 def test_hadolint_clean(name):
-    proc = subprocess.run([hadolint(), "--no-color", str(DOCKERFILES[name])], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([hadolint(), "--no-color", str(DOCKERFILES[name])], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -99,8 +100,7 @@ def test_bases_are_pinned_and_match_images_env():
     assert match and int(match.group(2)) >= 11, operator_base
     for dockerfile in DOCKERFILES.values():
         for stage in stages(dockerfile)[1:]:
-            assert stage[0][0] == "FROM" and stage[0][1].startswith("${BASE_IMAGE}"), \
-                f"{dockerfile}: every stage builds on the pinned BASE_IMAGE"
+            assert stage[0][0] == "FROM" and stage[0][1].startswith("${BASE_IMAGE}"), f"{dockerfile}: every stage builds on the pinned BASE_IMAGE"
 
 
 def _sglang_requirement(package: str) -> str:
@@ -136,8 +136,7 @@ def test_entrypoints_and_non_root_users():
         user = instructions["USER"]
         uid = user.split(":")[0]
         assert uid.isdigit() and int(uid) != 0, f"numeric non-root USER (runAsNonRoot can verify it): {user}"
-        assert [i for i, _ in final].index("USER") > max(
-            n for n, (i, _) in enumerate(final) if i == "RUN"), "USER comes after the last RUN"
+        assert [i for i, _ in final].index("USER") > max(n for n, (i, _) in enumerate(final) if i == "RUN"), "USER comes after the last RUN"
 
 
 def test_names_and_tags_agree_everywhere():
@@ -156,7 +155,7 @@ def test_names_and_tags_agree_everywhere():
     # The operator's built-in default for the validator init container is the same image.
     from specdec_operator import manifests
 
-    assert manifests.DEFAULT_VALIDATOR_IMAGE == f"{env['OPERATOR_IMAGE']}:{env['OPERATOR_TAG']}"
+    assert f"{env['OPERATOR_IMAGE']}:{env['OPERATOR_TAG']}" == manifests.DEFAULT_VALIDATOR_IMAGE
 
 
 def test_make_images_uses_images_env():
@@ -220,8 +219,11 @@ def wheel(tmp_path_factory) -> pathlib.Path:
     # With setuptools in the venv, build offline against it; otherwise let pip fetch the build backend.
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *isolation, "--wheel-dir",
-         str(out), str(context)], capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *isolation, "--wheel-dir", str(out), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (built,) = out.glob("*.whl")
     return built
@@ -234,7 +236,7 @@ def test_wheel_is_the_file_the_training_image_installs(wheel):
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(req.startswith("torch") for req in extras["training"]), "the [training] extra brings torch"
     text = DOCKERFILES["drafter-training"].read_text()
-    assert '/wheels/specdec_operator-${VERSION}-py3-none-any.whl[training]' in text
+    assert "/wheels/specdec_operator-${VERSION}-py3-none-any.whl[training]" in text
 
 
 def test_wheel_entrypoints_run(wheel, tmp_path):
@@ -251,9 +253,17 @@ def test_wheel_entrypoints_run(wheel, tmp_path):
     # Run the operator's console script from the unpacked wheel (dependencies from this venv), as the image would.
     env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, specdec_operator; print(specdec_operator.__file__); "
-         "from specdec_operator.cli import main; sys.exit(main(['--version']))"],
-        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        [
+            sys.executable,
+            "-c",
+            "import sys, specdec_operator; print(specdec_operator.__file__); from specdec_operator.cli import main; sys.exit(main(['--version']))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     where, version = proc.stdout.split()
     assert where.startswith(str(tmp_path / "site")), "the wheel's copy must be the one imported"

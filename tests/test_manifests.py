@@ -181,7 +181,9 @@ def test_a_drafter_change_leaves_the_base_template_alone() -> None:
     from specdec_operator.resource import speculative_revision
 
     base = m.deployment("srv", "ns", parsed, "base", command=render_argv(parsed, "base"), replicas=1, revision=speculative_revision(parsed))
-    base2 = m.deployment("srv", "ns", parsed_other, "base", command=render_argv(parsed_other, "base"), replicas=1, revision=speculative_revision(parsed_other))
+    base2 = m.deployment(
+        "srv", "ns", parsed_other, "base", command=render_argv(parsed_other, "base"), replicas=1, revision=speculative_revision(parsed_other)
+    )
     assert speculative_revision(parsed) != speculative_revision(parsed_other)
     assert base["spec"]["template"] == base2["spec"]["template"]
 

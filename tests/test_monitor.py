@@ -17,7 +17,12 @@ def run(values, *, floor=1.5, window=3, counters=True):
             sample = Sample(time=f"t{i}", error="connection refused")
         else:
             # A working server: the counters move between scrapes.
-            sample = Sample(time=f"t{i}", accept_length=value, verify_calls=100.0 * (i + 1) if counters else None, generated_tokens=250.0 * (i + 1) if counters else None)
+            sample = Sample(
+                time=f"t{i}",
+                accept_length=value,
+                verify_calls=100.0 * (i + 1) if counters else None,
+                generated_tokens=250.0 * (i + 1) if counters else None,
+            )
         verdict = observe(status, sample, floor=floor, window=window, previous=previous)
         status, previous = verdict.status, sample
         if verdict.drifted:

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from kube import wait_until
 from simulators import TIME_SCALE, Simulators, generate_traffic
 
@@ -77,8 +76,22 @@ class Operator:
         log = open(self.workdir / f"operator-{self.starts}.log", "w")
         env = {**os.environ, "KUBECONFIG": self.kubeconfig}
         peering = ["--peering", self.peering] if self.peering else ["--standalone"]
-        cmd = [sys.executable, "-m", "specdec_operator.cli", "run", "--namespace", self.namespace, *peering,
-               "--endpoints", str(path), "--metrics-port", "0", "--reconcile-interval", "1", *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec_operator.cli",
+            "run",
+            "--namespace",
+            self.namespace,
+            *peering,
+            "--endpoints",
+            str(path),
+            "--metrics-port",
+            "0",
+            "--reconcile-interval",
+            "1",
+            *self.extra_args,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
         self.all_procs.append(self.proc)
         return self.proc
@@ -141,7 +154,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def example(file: str, name: str, namespace: str, *, annotations: dict[str, str] | None = None, workloads: list | None = None, **spec_changes: Any) -> dict:
+def example(
+    file: str, name: str, namespace: str, *, annotations: dict[str, str] | None = None, workloads: list | None = None, **spec_changes: Any
+) -> dict:
     cr = yaml.safe_load((EXAMPLES / file).read_text())
     cr["metadata"] = {"name": name, "namespace": namespace}
     cr["spec"]["podMetadata"] = {"annotations": dict(annotations or {})}
@@ -179,12 +194,16 @@ def wait_phase(custom_objects: Any, namespace: str, name: str, phases: set[str],
         if st.get("phase") in phases:
             return st
         if time.monotonic() > deadline:
-            pytest.fail(f"{namespace}/{name} not in {sorted(phases)} after {timeout:.0f}s: phase {st.get('phase')}, {st.get('message')}", pytrace=False)
+            pytest.fail(
+                f"{namespace}/{name} not in {sorted(phases)} after {timeout:.0f}s: phase {st.get('phase')}, {st.get('message')}", pytrace=False
+            )
         time.sleep(0.1)
 
 
 def events(core_v1: Any, namespace: str, name: str) -> list:
-    return [e for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.kind == "SpeculativeServer" and e.involved_object.name == name]
+    return [
+        e for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.kind == "SpeculativeServer" and e.involved_object.name == name
+    ]
 
 
 def event_reasons(core_v1: Any, namespace: str, name: str) -> list[str]:
@@ -211,8 +230,22 @@ def validator_verdict(tmp_path: Path) -> tuple[int, str]:
     drafter = md.make_drafter(tmp_path / "models" / "drafter", md.kimi_drafter_config())
     log = tmp_path / "termination-log"
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(target), "--drafter", str(drafter), "--json", "--termination-log", str(log)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "specdec_operator.cli",
+            "validate",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--json",
+            "--termination-log",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return proc.returncode, log.read_text()
 
@@ -246,7 +279,9 @@ def test_incompatible_drafter_is_invalid_within_seconds_and_no_speculative_pod_r
     assert code == 1 and "HiddenSizeMismatch" in verdict
     operator.start()
     cr = example(
-        "llama31-8b-eagle3.yaml", "mismatch", namespace,
+        "llama31-8b-eagle3.yaml",
+        "mismatch",
+        namespace,
         annotations={"specdec.test/init-exit-code": str(code), "specdec.test/init-message": verdict, "specdec.test/ready-after": "1s"},
     )
     started = time.monotonic()
@@ -267,10 +302,16 @@ def test_incompatible_drafter_is_invalid_within_seconds_and_no_speculative_pod_r
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["DrafterCompatible"]["status"] == "False" and conds["DrafterCompatible"]["reason"] == "HiddenSizeMismatch"
     assert st["reason"] == "HiddenSizeMismatch" and st["validation"]["compatible"] is False
-    wait_until(lambda: apps_v1.read_namespaced_deployment("mismatch-spec", namespace).spec.replicas == 0, timeout=10, message="spec Deployment scaled to 0")
+    wait_until(
+        lambda: apps_v1.read_namespaced_deployment("mismatch-spec", namespace).spec.replicas == 0, timeout=10, message="spec Deployment scaled to 0"
+    )
     wait_until(lambda: not variant_pods(core_v1, namespace, "mismatch", "speculative"), timeout=20, message="speculative pod gone")
     # The base keeps serving: it becomes Ready and the stable Service selects it.
-    wait_until(lambda: {c["type"]: c for c in status(custom_objects, namespace, "mismatch")["conditions"]}["Ready"]["status"] == "True", timeout=20, message="Ready")
+    wait_until(
+        lambda: {c["type"]: c for c in status(custom_objects, namespace, "mismatch")["conditions"]}["Ready"]["status"] == "True",
+        timeout=20,
+        message="Ready",
+    )
     assert stable_variant(core_v1, namespace, "mismatch") == "base"
     wait_until(lambda: "DrafterIncompatible" in event_reasons(core_v1, namespace, "mismatch"), timeout=10, message="DrafterIncompatible Event")
     # Never a speculative pod running afterwards either.
@@ -329,7 +370,14 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     operator.map(f"{name}-base", base.url)
     operator.map(f"{name}-spec", spec_sim.url)
     metrics_port, health_port = free_port(), free_port()
-    operator.extra_args = ["--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1", "--liveness", f"http://127.0.0.1:{health_port}/healthz"]
+    operator.extra_args = [
+        "--metrics-port",
+        str(metrics_port),
+        "--metrics-address",
+        "127.0.0.1",
+        "--liveness",
+        f"http://127.0.0.1:{health_port}/healthz",
+    ]
     operator.start()
     cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations(), monitor__interval=5, monitor__window=2)
     started = time.monotonic()
@@ -340,7 +388,11 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     assert st["activeVariant"] == "speculative" and st["speedup"] > 1.0
     assert stable_variant(core_v1, namespace, name) == "speculative"
     spec_ips = {p.status.pod_ip for p in variant_pods(core_v1, namespace, name, "speculative")}
-    wait_until(lambda: {a.ip for s in (core_v1.read_namespaced_endpoints(name, namespace).subsets or []) for a in s.addresses or []} == spec_ips, timeout=15, message="stable Service endpoints = speculative pods")
+    wait_until(
+        lambda: {a.ip for s in (core_v1.read_namespaced_endpoints(name, namespace).subsets or []) for a in s.addresses or []} == spec_ips,
+        timeout=15,
+        message="stable Service endpoints = speculative pods",
+    )
     for pod in core_v1.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={name}").items:
         assert pod.spec.node_name == "h200-0"  # gpuFamily hopper: the only Hopper node
     # The operator's own signals: Prometheus metrics and Kopf's liveness endpoint.
@@ -373,9 +425,11 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     # Deleting the resource removes every child (owner references, garbage collector).
     custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     wait_until(
-        lambda: not apps_v1.list_namespaced_deployment(namespace).items
-        and not core_v1.list_namespaced_service(namespace).items
-        and not core_v1.list_namespaced_pod(namespace).items,
+        lambda: (
+            not apps_v1.list_namespaced_deployment(namespace).items
+            and not core_v1.list_namespaced_service(namespace).items
+            and not core_v1.list_namespaced_pod(namespace).items
+        ),
         timeout=60,
         message="children garbage-collected",
     )
@@ -404,7 +458,9 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=120)
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision
     # Events are posted right after the status patch, asynchronously.
-    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event")
+    reasons = wait_until(
+        lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event"
+    )
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2  # run again, decided once
     assert sorted(d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items) == [f"{name}-base", f"{name}-spec"]
     assert sorted(s.metadata.name for s in core_v1.list_namespaced_service(namespace).items) == [name, f"{name}-base", f"{name}-spec"]
@@ -431,8 +487,12 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"drafter": {"numSteps": 4}}})
     wait_until(lambda: stable_variant(core_v1, namespace, name) == "base", timeout=20, message="stable Service back on base")
     wait_until(
-        lambda: any((p.metadata.annotations or {}).get("specdec.io/revision") not in (None, revision) for p in variant_pods(core_v1, namespace, name, "speculative")),
-        timeout=30, message="a speculative pod of the new revision",
+        lambda: any(
+            (p.metadata.annotations or {}).get("specdec.io/revision") not in (None, revision)
+            for p in variant_pods(core_v1, namespace, name, "speculative")
+        ),
+        timeout=30,
+        message="a speculative pod of the new revision",
     )
     assert [p.metadata.uid for p in variant_pods(core_v1, namespace, name, "base")] == [base_pod]
     assert status(custom_objects, namespace, name)["phase"] in {"Validating", "Deploying", "Probing", "Promoted"}
@@ -472,7 +532,12 @@ def test_two_replicas_with_leader_election_decide_once(
 ) -> None:
     kubectl("apply", "-f", str(REPO / "charts" / "specdec-operator" / "crds" / "kopf.dev_kopfpeerings.yaml"))
     kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=30s")
-    kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "specdec", "namespace": namespace}}))
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "specdec", "namespace": namespace}}),
+    )
     name = "llama"
     base, spec_sim = sims.start("llama31-8b-base", time_scale=2.0), sims.start("llama31-8b-eagle3", time_scale=2.0)
     operator.map(f"{name}-base", base.url)
@@ -492,7 +557,9 @@ def test_two_replicas_with_leader_election_decide_once(
     assert st["phase"] == "Promoted"
     wait_until(lambda: "SpeedupConfirmed" in operator.log_of(2), timeout=10, message="the second replica logging its decision")
     assert "SpeedupConfirmed" not in operator.log_of(1)
-    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event")
+    reasons = wait_until(
+        lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event"
+    )
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2
 
 
@@ -506,7 +573,9 @@ def test_a_child_the_api_server_refuses_is_explained_in_status(operator: Operato
     st = wait_phase(custom_objects, namespace, "badenv", {"Failed"}, timeout=30)
     assert st["reason"] == "ApplyRejected" and "valueFrom" in st["message"]
     # Fixing the resource clears it.
-    custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "badenv", {"spec": {"sglang": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}}})
+    custom_objects.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "badenv", {"spec": {"sglang": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}}}
+    )
     st = wait_phase(custom_objects, namespace, "badenv", {"Validating", "Deploying", "Probing", "RolledBack", "Promoted"}, timeout=30)
     assert st.get("reason") != "ApplyRejected"
     # An SGLang release the command-line renderer does not know: admitted by the schema, explained by the operator.

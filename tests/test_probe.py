@@ -14,11 +14,10 @@ from contextlib import AsyncExitStack
 
 import pytest
 
+from specdec_operator.api import Workload
 from specdec_operator.cli import main as specdec_main
 from specdec_operator.errors import InputError
-from specdec_operator.api import Workload
 from specdec_operator.probe import ProbeResult, parse_sglang_metrics, parse_workload, run_probe, scrape_metrics
-from specdec_operator.resource import dump
 from specdec_operator.probe.decide import Verdict, combine_all, judge, normalize_policy
 from specdec_operator.probe.stats import (
     log_ratio_interval,
@@ -28,6 +27,7 @@ from specdec_operator.probe.stats import (
     weighted_percentile,
     weighted_round_ratios,
 )
+from specdec_operator.resource import dump
 from specdec_operator.simulator import SimulatorProcess, SimulatorServer, load_profile, profile_from_dict
 
 # --- statistics ----------------------------------------------------------------------------------------
@@ -86,11 +86,9 @@ def test_judge_is_strict_and_needs_three_rounds():
 
 def test_workload_parsing_and_coercion():
     w = parse_workload("chat:16:1024:256:64")
-    assert (w.name, w.concurrency, w.input_tokens, w.output_tokens, w.requests, w.weight) == (
-        "chat", 16, 1024, 256, 64, 1.0)
+    assert (w.name, w.concurrency, w.input_tokens, w.output_tokens, w.requests, w.weight) == ("chat", 16, 1024, 256, 64, 1.0)
     assert parse_workload("x:1:2:3:4:2.5").weight == 2.5
-    cr = Workload.model_validate({"name": "c", "concurrency": 8, "inputTokens": 10, "outputTokens": 20, "requests": 9,
-                          "weight": 2})
+    cr = Workload.model_validate({"name": "c", "concurrency": 8, "inputTokens": 10, "outputTokens": 20, "requests": 9, "weight": 2})
     assert (cr.input_tokens, cr.output_tokens, cr.requests, cr.weight) == (10, 20, 9, 2.0)
     for bad in ("chat:16:1024:256", "chat:x:1:1:1", "chat:0:1:1:1"):
         with pytest.raises(InputError, match="workload"):
@@ -129,14 +127,22 @@ def test_metrics_parser_skips_histogram_buckets_but_keeps_sum_and_count_and_refu
 def prof(name, step_ms, spec_accept=None, *, max_running=256, jitter=0.01, **extra):
     spec = None
     if spec_accept is not None:
-        spec = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
-                "accept_length_mean": spec_accept}
-    return profile_from_dict({
-        "name": name, "load_seconds": 0, "max_running_requests": max_running, "prefill_tokens_per_s": 200000,
-        "step_ms": step_ms, "speculative": spec, "jitter": jitter, "errors": extra.pop("errors", {}),
-        # SGLang's --stream-interval: fewer events per token keeps the host's share of the timing small.
-        "stream_interval": extra.pop("stream_interval", 8), **extra,
-    })
+        spec = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "accept_length_mean": spec_accept}
+    return profile_from_dict(
+        {
+            "name": name,
+            "load_seconds": 0,
+            "max_running_requests": max_running,
+            "prefill_tokens_per_s": 200000,
+            "step_ms": step_ms,
+            "speculative": spec,
+            "jitter": jitter,
+            "errors": extra.pop("errors", {}),
+            # SGLang's --stream-interval: fewer events per token keeps the host's share of the timing small.
+            "stream_interval": extra.pop("stream_interval", 8),
+            **extra,
+        }
+    )
 
 
 # Step times are long enough that the whole test (client and both simulators on one event loop) streams at
@@ -153,8 +159,7 @@ WIDE = parse_workload("wide:128:32:16:128")
 async def probe_between(base, candidate, workloads, *, scale=2.0, seed=0, **kwargs) -> ProbeResult:
     async with AsyncExitStack() as stack:
         b = await stack.enter_async_context(SimulatorServer(base, time_scale=scale, seed=seed, load_seconds=0))
-        c = await stack.enter_async_context(
-            SimulatorServer(candidate, time_scale=scale, seed=seed + 1000, load_seconds=0))
+        c = await stack.enter_async_context(SimulatorServer(candidate, time_scale=scale, seed=seed + 1000, load_seconds=0))
         return await run_probe(b, c, workloads, seed=seed, **kwargs)
 
 
@@ -232,8 +237,7 @@ def test_equal_servers_with_five_percent_jitter_never_promote():
     workloads = [parse_workload("small:4:16:32:8")]
 
     async def batch(seeds):
-        return await asyncio.gather(*(probe_between(equal, equal, workloads, scale=4, seed=s, max_rounds=5)
-                                       for s in seeds))
+        return await asyncio.gather(*(probe_between(equal, equal, workloads, scale=4, seed=s, max_rounds=5) for s in seeds))
 
     results = []
     for start in range(0, 20, 5):
@@ -253,8 +257,7 @@ def test_injected_http_errors_fail_the_probe():
 def test_injected_timeouts_fail_the_probe():
     hanging = prof("hanging", [[1, 12.0], [128, 60.0]], 2.5, errors={"timeout_rate": 1.0})
     t = time.perf_counter()
-    result = asyncio.run(probe_between(BASE, hanging, [parse_workload("w:2:16:16:4")], scale=4,
-                                       request_timeout=1.0, read_timeout=0.5))
+    result = asyncio.run(probe_between(BASE, hanging, [parse_workload("w:2:16:16:4")], scale=4, request_timeout=1.0, read_timeout=0.5))
     assert (result.decision, result.reason) == ("rollback", "ProbeFailed")
     assert "timed out" in result.message and time.perf_counter() - t < 5
 
@@ -269,11 +272,17 @@ def test_spent_time_budget_is_inconclusive():
 def test_status_document_is_camel_case_with_rfc3339_times():
     result = asyncio.run(probe_between(BASE, WIN, [SINGLE], scale=4))
     status = dump(result.to_status())
-    assert set(status) == {"decision", "reason", "rounds", "startedAt", "finishedAt", "acceptLength", "speedup",
-                           "message", "workloads"}
+    assert set(status) == {"decision", "reason", "rounds", "startedAt", "finishedAt", "acceptLength", "speedup", "message", "workloads"}
     assert status["startedAt"].endswith("Z") and "T" in status["startedAt"]
-    assert set(status["workloads"][0]) == {"name", "concurrency", "baseTokensPerSecond",
-                                           "speculativeTokensPerSecond", "speedup", "speedupLow", "speedupHigh"}
+    assert set(status["workloads"][0]) == {
+        "name",
+        "concurrency",
+        "baseTokensPerSecond",
+        "speculativeTokensPerSecond",
+        "speedup",
+        "speedupLow",
+        "speedupHigh",
+    }
     # The operator writes this into the CR: it must validate against the API model.
     from specdec_operator.api import ProbeStatus
 
@@ -295,8 +304,7 @@ def test_on_round_sees_each_round():
 
 def test_scrape_metrics_reads_the_simulator():
     async def scenario():
-        async with SimulatorServer(load_profile("kimi-k2-public-eagle3"), time_scale=20, seed=1,
-                                   load_seconds=0) as url:
+        async with SimulatorServer(load_profile("kimi-k2-public-eagle3"), time_scale=20, seed=1, load_seconds=0) as url:
             await run_probe(url, url, [parse_workload("w:2:8:64:4")], max_rounds=1)
             return await scrape_metrics(None, url)
 
@@ -338,14 +346,30 @@ def test_cli_json_against_simulator_processes():
     flags = ("--time-scale", "4", "--load-seconds", "0", "--seed", "3")
     with SimulatorProcess("llama31-8b-base", *flags) as base, SimulatorProcess("llama31-8b-eagle3", *flags) as candidate:
         run = subprocess.run(
-            [sys.executable, "-m", "specdec_operator.cli", "probe", "--base", base, "--candidate", candidate,
-             "--workload", "one:1:32:64:2", "--workload", "eight:8:32:64:16", "--json", "--seed", "1"],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "specdec_operator.cli",
+                "probe",
+                "--base",
+                base,
+                "--candidate",
+                candidate,
+                "--workload",
+                "one:1:32:64:2",
+                "--workload",
+                "eight:8:32:64:16",
+                "--json",
+                "--seed",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert run.returncode == 0, run.stderr
         doc = json.loads(run.stdout)
         assert doc["decision"] == "promote" and doc["reason"] == "SpeedupConfirmed"
         assert {"decision", "reason", "rounds", "accept_length", "workloads"} <= set(doc)
-        assert set(doc["workloads"][0]) >= {"name", "concurrency", "base_tok_s", "candidate_tok_s", "speedup",
-                                            "speedup_low", "speedup_high"}
+        assert set(doc["workloads"][0]) >= {"name", "concurrency", "base_tok_s", "candidate_tok_s", "speedup", "speedup_low", "speedup_high"}
         assert "round 3" in run.stderr  # progress lines

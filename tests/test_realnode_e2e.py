@@ -19,16 +19,14 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import model_dirs as md
 import pytest
 import yaml
-
-import model_dirs as md
 
 from hack import devcluster, realnode
 
@@ -66,11 +64,10 @@ def wait(predicate: Any, timeout: float, message: str, interval: float = 0.5) ->
             result = predicate()
             if result:
                 return result
-        except Exception as error:  # noqa: BLE001 (API 404s while objects appear count as "not yet")
+        except Exception as error:
             last = error
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {message}" + (f" (last error: {last})" if last else ""),
-                        pytrace=False)
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {message}" + (f" (last error: {last})" if last else ""), pytrace=False)
         time.sleep(interval)
 
 
@@ -84,15 +81,18 @@ def node_cluster() -> Any:
         pytest.skip("SPECDEC_SKIP_REAL_NODE=1: real-node tests skipped on request")
     why = realnode.can_run_containers()
     if why:
-        pytest.fail(f"this machine cannot run the real-node tests: {why} (they are required in CI; "
-                    "SPECDEC_SKIP_REAL_NODE=1 skips them elsewhere)", pytrace=False)
+        pytest.fail(
+            f"this machine cannot run the real-node tests: {why} (they are required in CI; SPECDEC_SKIP_REAL_NODE=1 skips them elsewhere)",
+            pytrace=False,
+        )
     tools = devcluster.tools_dir()
     missing = devcluster.missing_tools(tools) + realnode.missing_node_tools(tools)
     if missing:
         pytest.fail(f"tools missing in {tools} ({', '.join(missing)}): run `make tools REAL_NODE=1`", pytrace=False)
     started = time.monotonic()
-    build = subprocess.run(["make", "--no-print-directory", "images-local", "IMAGES=operator simulator"], cwd=REPO,
-                           capture_output=True, text=True, timeout=1800)
+    build = subprocess.run(
+        ["make", "--no-print-directory", "images-local", "IMAGES=operator simulator"], cwd=REPO, capture_output=True, text=True, timeout=1800
+    )
     if build.returncode != 0:
         pytest.fail(f"make images-local failed:\n{(build.stdout + build.stderr)[-3000:]}", pytrace=False)
     TIMINGS["make images-local (operator, simulator)"] = time.monotonic() - started
@@ -106,8 +106,10 @@ def node_cluster() -> Any:
         pytest.fail(f"could not start the cluster with a real node: {error}", pytrace=False)
     TIMINGS["cluster up with the real node"] = time.monotonic() - started
     started = time.monotonic()
-    archives = [Path(subprocess.run([str(REPO / "hack" / "build-image.sh"), "--archive-of", ref], capture_output=True,
-                                    text=True, check=True).stdout.strip()) for ref in (OPERATOR_REF, SIMULATOR_REF)]
+    archives = [
+        Path(subprocess.run([str(REPO / "hack" / "build-image.sh"), "--archive-of", ref], capture_output=True, text=True, check=True).stdout.strip())
+        for ref in (OPERATOR_REF, SIMULATOR_REF)
+    ]
     devcluster.load_images(cluster, archives)
     TIMINGS["ctr images import (operator, simulator)"] = time.monotonic() - started
     models = Path(tempfile.mkdtemp(prefix="specdec-realnode-models-"))
@@ -136,14 +138,17 @@ def api(node_cluster: Any) -> Any:
     from kubernetes import client, config
 
     api_client = config.new_client_from_config(config_file=str(node_cluster.kubeconfig))
-    yield {"core": client.CoreV1Api(api_client), "apps": client.AppsV1Api(api_client),
-           "custom": client.CustomObjectsApi(api_client), "discovery": client.DiscoveryV1Api(api_client)}
+    yield {
+        "core": client.CoreV1Api(api_client),
+        "apps": client.AppsV1Api(api_client),
+        "custom": client.CustomObjectsApi(api_client),
+        "discovery": client.DiscoveryV1Api(api_client),
+    }
     api_client.close()
 
 
 def helm(cluster: Any, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(cluster.helm_path), *args], env=cluster.env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([str(cluster.helm_path), *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}"
     return proc
 
@@ -191,21 +196,37 @@ def run_client(api: Any, name: str, requests: list[dict[str, Any]], namespace: s
     """A pod on the real node that makes HTTP requests (through cluster DNS and Services) and reports them."""
     core = api["core"]
     pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
         "spec": {
-            "restartPolicy": "Never", "nodeSelector": ON_NODE, "automountServiceAccountToken": False,
-            "containers": [{
-                "name": "client", "image": SIMULATOR_REF, "imagePullPolicy": "Never",
-                "command": ["python3", "-c", CLIENT, json.dumps(requests)],
-                "resources": {"limits": {"cpu": "500m", "memory": "128Mi"}},
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
-                                    "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-            }],
+            "restartPolicy": "Never",
+            "nodeSelector": ON_NODE,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "client",
+                    "image": SIMULATOR_REF,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", CLIENT, json.dumps(requests)],
+                    "resources": {"limits": {"cpu": "500m", "memory": "128Mi"}},
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 65532,
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
         },
     }
     core.create_namespaced_pod(namespace, pod)
-    done = wait(lambda: (p := core.read_namespaced_pod(name, namespace)).status.phase in ("Succeeded", "Failed") and p,
-                timeout=120, message=f"client pod {name} to finish")
+    done = wait(
+        lambda: (p := core.read_namespaced_pod(name, namespace)).status.phase in ("Succeeded", "Failed") and p,
+        timeout=120,
+        message=f"client pod {name} to finish",
+    )
     term = done.status.container_statuses[0].state.terminated
     core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
     assert done.status.phase == "Succeeded", f"client pod {name}: {term.reason} {term.message}"
@@ -235,7 +256,8 @@ def validator_spec(cluster: Any, api: Any, pod_name: str) -> dict[str, Any]:
 def server(name: str, drafter: str, *, target: str = "llama", env: dict[str, str] | None = None) -> dict[str, Any]:
     sim_env = {"SIMULATOR_TIME_SCALE": "20", "SIMULATOR_LOAD_SECONDS": "4", **(env or {})}
     return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SpeculativeServer",
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SpeculativeServer",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
             "image": SIMULATOR_REF,
@@ -245,28 +267,32 @@ def server(name: str, drafter: str, *, target: str = "llama", env: dict[str, str
             "resources": {"gpus": 1, "gpuFamily": "hopper", "shmSize": "64Mi", "cpu": "500m", "memory": "512Mi"},
             "nodeSelector": ON_NODE,
             "sglang": {"maxRunningRequests": 64, "env": [{"name": k, "value": v} for k, v in sim_env.items()]},
-            "rollout": {"policy": "WeightedMix", "workloads": [
-                {"name": "chat", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 4, "weight": 3},
-                {"name": "batch-8", "concurrency": 8, "inputTokens": 128, "outputTokens": 64, "requests": 16,
-                 "weight": 1}]},
+            "rollout": {
+                "policy": "WeightedMix",
+                "workloads": [
+                    {"name": "chat", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 4, "weight": 3},
+                    {"name": "batch-8", "concurrency": 8, "inputTokens": 128, "outputTokens": 64, "requests": 16, "weight": 1},
+                ],
+            },
             "monitor": {"interval": 15, "acceptLengthFloor": 1.5, "window": 4},
         },
     }
 
 
 def status(api: Any, name: str) -> dict[str, Any]:
-    return (api["custom"].get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name).get("status") or {})
+    return api["custom"].get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name).get("status") or {}
 
 
 def wait_phase(api: Any, name: str, phases: set[str], timeout: float) -> dict[str, Any]:
-    return wait(lambda: (st := status(api, name)).get("phase") in phases and st, timeout=timeout,
-                message=f"{name} in {sorted(phases)} (phase now {status(api, name).get('phase')}: "
-                        f"{status(api, name).get('message')})")
+    return wait(
+        lambda: (st := status(api, name)).get("phase") in phases and st,
+        timeout=timeout,
+        message=f"{name} in {sorted(phases)} (phase now {status(api, name).get('phase')}: {status(api, name).get('message')})",
+    )
 
 
 def pods(api: Any, name: str, variant: str) -> list[Any]:
-    return api["core"].list_namespaced_pod(
-        NS, label_selector=f"app.kubernetes.io/instance={name},specdec.io/variant={variant}").items
+    return api["core"].list_namespaced_pod(NS, label_selector=f"app.kubernetes.io/instance={name},specdec.io/variant={variant}").items
 
 
 def operator_pod(api: Any) -> Any:
@@ -301,10 +327,23 @@ def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any
     api["core"].create_namespace({"metadata": {"name": NS}})
     wait(lambda: api["core"].read_namespaced_service_account("default", NS), 30, "default ServiceAccount")
     started = time.monotonic()
-    helm(node_cluster, "install", RELEASE, str(REPO / "charts" / "specdec-operator"), "--namespace", OPERATOR_NS,
-         "--create-namespace", "--values", helm_values(), "--wait", "--timeout", "5m")
-    pod = wait(lambda: (p := operator_pod(api)) and p.status.container_statuses
-               and p.status.container_statuses[0].ready and p, 120, "operator pod Ready")
+    helm(
+        node_cluster,
+        "install",
+        RELEASE,
+        str(REPO / "charts" / "specdec-operator"),
+        "--namespace",
+        OPERATOR_NS,
+        "--create-namespace",
+        "--values",
+        helm_values(),
+        "--wait",
+        "--timeout",
+        "5m",
+    )
+    pod = wait(
+        lambda: (p := operator_pod(api)) and p.status.container_statuses and p.status.container_statuses[0].ready and p, 120, "operator pod Ready"
+    )
     TIMINGS["helm install -> operator Ready"] = time.monotonic() - started
     assert pod.spec.node_name == realnode.NODE_NAME
     spec = container_spec(node_cluster, pod.status.container_statuses[0].container_id)
@@ -314,7 +353,7 @@ def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any
     assert not any(arg.startswith("--endpoints") for arg in spec["process"]["args"])
     # The liveness endpoint and the metrics, as the kubelet's probe and Prometheus see them: the pod's address,
     # and the metrics Service by its cluster DNS name.
-    health, = run_client(api, "client-healthz", [{"url": f"http://{pod.status.pod_ip}:8080/healthz"}])
+    (health,) = run_client(api, "client-healthz", [{"url": f"http://{pod.status.pod_ip}:8080/healthz"}])
     assert health.get("status") == 200, health
     assert "specdec_" in metrics_text(api, "client-metrics")
     # The kubelet runs the liveness probe (period 5 s here): after three periods the container was not restarted.
@@ -334,7 +373,7 @@ def test_an_incompatible_drafter_is_invalid_from_the_real_validator(node_cluster
     assert "HiddenSizeMismatch" in codes, codes
     (pod,) = pods(api, "kimi-on-llama", "speculative")
     init = pod.status.init_container_statuses[0]
-    term = (init.state.terminated or init.last_state.terminated)
+    term = init.state.terminated or init.last_state.terminated
     assert term.exit_code == 1
     assert json.loads(term.message)["compatible"] is False
     spec = validator_spec(node_cluster, api, pod.metadata.name)
@@ -393,10 +432,14 @@ def test_a_compatible_drafter_is_probed_over_cluster_dns_and_promoted(node_clust
     # The stable Service routes to the speculative pod: real traffic through its cluster DNS name.
     (spec_pod,) = pods(api, "llama", "speculative")
     url = f"http://llama.{NS}.svc:30000"
-    info, gen = run_client(api, "client-promoted", [
-        {"url": f"{url}/server_info", "keep": 5000},
-        {"url": f"{url}/generate", "body": {"text": "hello", "sampling_params": {"max_new_tokens": 8}}, "keep": 2000},
-    ])
+    info, gen = run_client(
+        api,
+        "client-promoted",
+        [
+            {"url": f"{url}/server_info", "keep": 5000},
+            {"url": f"{url}/generate", "body": {"text": "hello", "sampling_params": {"max_new_tokens": 8}}, "keep": 2000},
+        ],
+    )
     assert info.get("status") == 200 and json.loads(info["body"]).get("speculative_algorithm") == "EAGLE3", info
     assert gen.get("status") == 200 and "text" in json.loads(gen["body"]), gen
     assert info["address"] == api["core"].read_namespaced_service("llama", NS).spec.cluster_ip
@@ -405,19 +448,19 @@ def test_a_compatible_drafter_is_probed_over_cluster_dns_and_promoted(node_clust
     STATE["decided"] = status(api, "llama")
 
 
-def test_the_operator_pod_killed_is_restarted_by_the_kubelet_without_a_second_decision(
-    node_cluster: Any, api: Any
-) -> None:
+def test_the_operator_pod_killed_is_restarted_by_the_kubelet_without_a_second_decision(node_cluster: Any, api: Any) -> None:
     before = status(api, "llama")
     probes_before = events(api, "llama").count("ProbeStarted")
     pod = operator_pod(api)
     (cs,) = pod.status.container_statuses
     task = devcluster.node_ctr(node_cluster, "tasks", "ls")
-    pid = next(int(line.split()[1]) for line in task.stdout.splitlines()[1:]
-               if line.split()[0] == cs.container_id.split("://", 1)[-1])
+    pid = next(int(line.split()[1]) for line in task.stdout.splitlines()[1:] if line.split()[0] == cs.container_id.split("://", 1)[-1])
     os.kill(pid, signal.SIGKILL)
-    restarted = wait(lambda: (p := operator_pod(api)) and p.status.container_statuses[0].restart_count >= 1
-                     and p.status.container_statuses[0].ready and p, 120, "the kubelet to restart the operator")
+    restarted = wait(
+        lambda: (p := operator_pod(api)) and p.status.container_statuses[0].restart_count >= 1 and p.status.container_statuses[0].ready and p,
+        120,
+        "the kubelet to restart the operator",
+    )
     assert restarted.metadata.name == pod.metadata.name  # the same pod: restarted in place, not replaced
     assert restarted.status.container_statuses[0].last_state.terminated.exit_code == 137
     time.sleep(15)  # the restarted operator resyncs every SpeculativeServer
@@ -432,8 +475,7 @@ def test_a_drafter_that_stops_paying_is_rolled_back_and_traffic_returns_to_base(
     env.append({"name": "SIMULATOR_ACCEPT_LENGTH", "value": "1.0"})  # a drafter whose tokens are never accepted
     started = time.monotonic()
     api["custom"].patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "llama", {"spec": {"sglang": {"env": env}}})
-    st = wait(lambda: (s := status(api, "llama")).get("phase") == "RolledBack" and s, 420,
-              "llama rolled back after the drafter change")
+    st = wait(lambda: (s := status(api, "llama")).get("phase") == "RolledBack" and s, 420, "llama rolled back after the drafter change")
     TIMINGS["change -> RolledBack (new revision re-validated and re-probed)"] = time.monotonic() - started
     assert st["activeVariant"] == "base"
     assert api["core"].read_namespaced_service("llama", NS).spec.selector["specdec.io/variant"] == "base"
@@ -441,13 +483,23 @@ def test_a_drafter_that_stops_paying_is_rolled_back_and_traffic_returns_to_base(
     assert info.get("status") == 200, info
     assert json.loads(info["body"]).get("speculative_algorithm") in (None, "", "None"), info
     api["custom"].delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "llama")
-    wait(lambda: not api["core"].list_namespaced_pod(NS, label_selector="app.kubernetes.io/instance=llama").items,
-         120, "llama's pods gone")
+    wait(lambda: not api["core"].list_namespaced_pod(NS, label_selector="app.kubernetes.io/instance=llama").items, 120, "llama's pods gone")
 
 
 def test_a_validator_over_its_memory_limit_is_oom_killed_and_reported(node_cluster: Any, api: Any) -> None:
-    helm(node_cluster, "upgrade", RELEASE, str(REPO / "charts" / "specdec-operator"), "--namespace", OPERATOR_NS,
-         "--values", helm_values(["--validator-memory-limit=24Mi"]), "--wait", "--timeout", "5m")
+    helm(
+        node_cluster,
+        "upgrade",
+        RELEASE,
+        str(REPO / "charts" / "specdec-operator"),
+        "--namespace",
+        OPERATOR_NS,
+        "--values",
+        helm_values(["--validator-memory-limit=24Mi"]),
+        "--wait",
+        "--timeout",
+        "5m",
+    )
     wait(lambda: (p := operator_pod(api)) and p.status.container_statuses[0].ready and p, 120, "upgraded operator")
     api["custom"].create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, server("oom", "llama-eagle3-bloated"))
     st = wait_phase(api, "oom", {"Invalid", "Promoted", "RolledBack", "Failed"}, timeout=240)

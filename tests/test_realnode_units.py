@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tarfile
 from pathlib import Path
 
@@ -21,17 +20,30 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _spec() -> SpeculativeServerSpec:
-    return SpeculativeServerSpec.model_validate({
-        "image": "img:1", "model": {"volume": {"hostPath": {"path": "/m"}}},
-        "target": {"path": "t"}, "drafter": {"path": "d"}, "resources": {"gpus": 1},
-    })
+    return SpeculativeServerSpec.model_validate(
+        {
+            "image": "img:1",
+            "model": {"volume": {"hostPath": {"path": "/m"}}},
+            "target": {"path": "t"},
+            "drafter": {"path": "d"},
+            "resources": {"gpus": 1},
+        }
+    )
 
 
 def test_an_oom_killed_validator_is_reported_as_such_not_as_exit_code_137():
-    pod = {"metadata": {"annotations": {m.ANNOTATION_REVISION: "r1"},
-                        "labels": {m.LABEL_VARIANT: "speculative"}},
-           "status": {"initContainerStatuses": [{"name": m.VALIDATOR_CONTAINER, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                                                 "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    pod = {
+        "metadata": {"annotations": {m.ANNOTATION_REVISION: "r1"}, "labels": {m.LABEL_VARIANT: "speculative"}},
+        "status": {
+            "initContainerStatuses": [
+                {
+                    "name": m.VALIDATOR_CONTAINER,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                }
+            ]
+        },
+    }
     report = validation_from_pods([pod], "r1")
     assert report is not None and report.compatible is False
     (finding,) = report.findings

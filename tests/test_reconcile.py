@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
 
 from specdec_operator import manifests as m
-from specdec_operator.resource import parse_spec, speculative_revision
 from specdec_operator.monitor import Sample
 from specdec_operator.reconcile import Observed, Plan, merge_patch, parse_validator_report, reconcile
+from specdec_operator.resource import parse_spec, speculative_revision
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
 UID = "uid-1"
 
 
@@ -76,17 +76,35 @@ class World:
         if init is not None:
             code, message = init
             status["initContainerStatuses"] = [
-                {"name": m.VALIDATOR_CONTAINER, "state": {"waiting": {"reason": "CrashLoopBackOff"}} if code else {"terminated": {"exitCode": 0, "message": message}},
-                 "lastState": {"terminated": {"exitCode": code, "message": message}} if code else {}}
+                {
+                    "name": m.VALIDATOR_CONTAINER,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}} if code else {"terminated": {"exitCode": 0, "message": message}},
+                    "lastState": {"terminated": {"exitCode": code, "message": message}} if code else {},
+                }
             ]
         if crash_restarts:
             status["containerStatuses"] = [
-                {"name": "sglang", "restartCount": crash_restarts, "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+                {
+                    "name": "sglang",
+                    "restartCount": crash_restarts,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                }
             ]
         elif running_since is not None or ready:
             started = running_since or NOW - timedelta(minutes=20)
-            status["containerStatuses"] = [{"name": "sglang", "restartCount": 0, "state": {"running": {"startedAt": started.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]
-        pod = {"metadata": {"name": f"{self.name}-{variant}-{len(self.pods)}", "labels": dict(tmpl["metadata"]["labels"]), "annotations": dict(tmpl["metadata"]["annotations"]), "creationTimestamp": "2026-12-02T09:00:00Z"}, "status": status}
+            status["containerStatuses"] = [
+                {"name": "sglang", "restartCount": 0, "state": {"running": {"startedAt": started.strftime("%Y-%m-%dT%H:%M:%SZ")}}}
+            ]
+        pod = {
+            "metadata": {
+                "name": f"{self.name}-{variant}-{len(self.pods)}",
+                "labels": dict(tmpl["metadata"]["labels"]),
+                "annotations": dict(tmpl["metadata"]["annotations"]),
+                "creationTimestamp": "2026-12-02T09:00:00Z",
+            },
+            "status": status,
+        }
         self.pods.append(pod)
         return pod
 
@@ -96,8 +114,23 @@ class World:
             self.add_pod(variant, **kw)
 
 
-COMPATIBLE = json.dumps({"compatible": True, "findings": [{"severity": "warning", "code": "HiddenStateSourceMismatch", "message": "drafter trained on bf16 hidden states, target served int4"}]})
-INCOMPATIBLE = json.dumps({"compatible": False, "findings": [{"severity": "error", "code": "HiddenSizeMismatch", "message": "drafter hidden_size 4096 != target 7168"}, {"severity": "error", "code": "VocabSizeMismatch", "message": "vocab"}]})
+COMPATIBLE = json.dumps(
+    {
+        "compatible": True,
+        "findings": [
+            {"severity": "warning", "code": "HiddenStateSourceMismatch", "message": "drafter trained on bf16 hidden states, target served int4"}
+        ],
+    }
+)
+INCOMPATIBLE = json.dumps(
+    {
+        "compatible": False,
+        "findings": [
+            {"severity": "error", "code": "HiddenSizeMismatch", "message": "drafter hidden_size 4096 != target 7168"},
+            {"severity": "error", "code": "VocabSizeMismatch", "message": "vocab"},
+        ],
+    }
+)
 
 
 def conditions(status: dict) -> dict:
@@ -109,7 +142,18 @@ def reasons(plan: Plan) -> list[str]:
 
 
 def promote_result(rev: str, speedup=1.9, accept=2.9) -> dict:
-    return {"decision": "promote", "reason": "SpeedupConfirmed", "message": f"speedup {speedup}x", "rounds": 3, "speedup": speedup, "acceptLength": accept, "revision": rev, "startedAt": "2026-12-02T09:59:00Z", "finishedAt": "2026-12-02T10:00:00Z", "workloads": []}
+    return {
+        "decision": "promote",
+        "reason": "SpeedupConfirmed",
+        "message": f"speedup {speedup}x",
+        "rounds": 3,
+        "speedup": speedup,
+        "acceptLength": accept,
+        "revision": rev,
+        "startedAt": "2026-12-02T09:59:00Z",
+        "finishedAt": "2026-12-02T10:00:00Z",
+        "workloads": [],
+    }
 
 
 def to_promoted(world: World) -> Plan:
@@ -129,7 +173,11 @@ def test_first_step_creates_five_children_and_the_stable_service_selects_base() 
     plan = world.step()
     assert not plan.switch_first  # nothing exists yet: all five are created in one round trip
     assert sorted((o["kind"], o["metadata"]["name"]) for o in plan.apply) == [
-        ("Deployment", "llama-base"), ("Deployment", "llama-spec"), ("Service", "llama"), ("Service", "llama-base"), ("Service", "llama-spec"),
+        ("Deployment", "llama-base"),
+        ("Deployment", "llama-spec"),
+        ("Service", "llama"),
+        ("Service", "llama-base"),
+        ("Service", "llama-spec"),
     ]
     assert plan.status["phase"] == "Pending"
     assert plan.status["activeVariant"] == "base"
@@ -167,7 +215,10 @@ def test_incompatible_drafter_is_invalid_scales_the_speculative_server_to_zero_a
 def test_compatible_with_warnings_shows_them_and_reports_loading_progress() -> None:
     world = World(llama_spec())
     world.step()
-    world.set_pods(base={"running_since": NOW - timedelta(minutes=6, seconds=10)}, speculative={"init": (0, COMPATIBLE), "running_since": NOW - timedelta(seconds=45)})
+    world.set_pods(
+        base={"running_since": NOW - timedelta(minutes=6, seconds=10)},
+        speculative={"init": (0, COMPATIBLE), "running_since": NOW - timedelta(seconds=45)},
+    )
     plan = world.step()
     cond = conditions(plan.status)["DrafterCompatible"]
     assert cond["status"] == "True" and "HiddenStateSourceMismatch" in cond["message"]
@@ -291,11 +342,17 @@ def test_acceptance_drift_rolls_back_after_the_window_and_never_repromotes() -> 
     t = NOW
     for i in range(3):
         t += timedelta(seconds=15)
-        plan = world.step(now=t, scrape=Sample(time=t.isoformat(), accept_length=1.2, verify_calls=10.0 * (i + 1)), previous_scrape=Sample(time="", verify_calls=10.0 * i))
+        plan = world.step(
+            now=t,
+            scrape=Sample(time=t.isoformat(), accept_length=1.2, verify_calls=10.0 * (i + 1)),
+            previous_scrape=Sample(time="", verify_calls=10.0 * i),
+        )
         assert plan.status["phase"] == "Promoted" and plan.status["monitor"]["belowFloorCount"] == i + 1
     assert world.step(now=t + timedelta(seconds=5)).monitor_due is False  # not due before the interval
     t += timedelta(seconds=15)
-    plan = world.step(now=t, scrape=Sample(time=t.isoformat(), accept_length=1.2, verify_calls=40.0), previous_scrape=Sample(time="", verify_calls=30.0))
+    plan = world.step(
+        now=t, scrape=Sample(time=t.isoformat(), accept_length=1.2, verify_calls=40.0), previous_scrape=Sample(time="", verify_calls=30.0)
+    )
     assert plan.status["phase"] == "RolledBack" and plan.status["reason"] == "AcceptanceDrift"
     assert plan.status["activeVariant"] == "base"
     assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "base"

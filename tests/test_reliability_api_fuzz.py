@@ -29,12 +29,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from test_reliability_crash import cluster  # noqa: F401  (fixture: operator replicas and simulators)
 
 from specdec_operator import API_GROUP, API_VERSION, PLURAL, api, resource
 from specdec_operator.celrules import violations
 from specdec_operator.crd import structural_schema
 from specdec_operator.errors import InputError
-from test_reliability_crash import cluster  # noqa: F401  (fixture: operator replicas and simulators)
 
 BATCH = 25  # objects per hypothesis example, sent concurrently
 EXAMPLES = 42  # hypothesis examples: BATCH * EXAMPLES objects in all (1,050)
@@ -51,16 +51,55 @@ PATH_PIECES = ["a", "m", "llama", "..", ".", "/", "\n", "é", "模型", " ", "\x
 PATHS = st.lists(st.sampled_from(PATH_PIECES), min_size=0, max_size=6).map("".join)
 # Integers around every bound in the API (0/1/2, 16/17, 64/65, 4096, 16384, 100000, contextLength, int64).
 EDGE_INTS = st.sampled_from(
-    [-(2**63), -1, 0, 1, 2, 3, 4, 5, 8, 15, 16, 17, 50, 51, 63, 64, 65, 128, 1000, 1001, 3600, 3601, 4096, 4097,
-     16384, 16385, 65536, 65537, 100000, 100001, 1048576, 1048577, 10485760, 10485761, 2**31, 2**53 + 1,
-     2**63 - 1, 2**63, 2**64 + 7]
+    [
+        -(2**63),
+        -1,
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        8,
+        15,
+        16,
+        17,
+        50,
+        51,
+        63,
+        64,
+        65,
+        128,
+        1000,
+        1001,
+        3600,
+        3601,
+        4096,
+        4097,
+        16384,
+        16385,
+        65536,
+        65537,
+        100000,
+        100001,
+        1048576,
+        1048577,
+        10485760,
+        10485761,
+        2**31,
+        2**53 + 1,
+        2**63 - 1,
+        2**63,
+        2**64 + 7,
+    ]
 )
-EDGE_FLOATS = st.sampled_from([-1.0, -0.0, 0.0, 1e-300, 0.5, 0.999999, 1.0, 1.1, 2.5, 3.0, 63.9, 64.0, 64.5, 100.0,
-                               100.0001, 1000.0, 1000.5, 1e308])
+EDGE_FLOATS = st.sampled_from([-1.0, -0.0, 0.0, 1e-300, 0.5, 0.999999, 1.0, 1.1, 2.5, 3.0, 63.9, 64.0, 64.5, 100.0, 100.0001, 1000.0, 1000.5, 1e308])
 INTS = st.one_of(EDGE_INTS, st.integers(-5, 70))
 NUMBERS = st.one_of(INTS, EDGE_FLOATS, st.floats(-10, 200, allow_nan=False, allow_infinity=False))
-QUANTITIES = st.one_of(st.sampled_from(["32Gi", "1", "0.5", "64Mi", "1.5Ti", "16", "100m", "1e3", "-1Gi", "Gi", "32Gi\n", "32 Gi", "３２Gi"]),
-                       st.from_regex(api.QUANTITY_PATTERN, fullmatch=True).filter(lambda s: len(s) <= 40))
+QUANTITIES = st.one_of(
+    st.sampled_from(["32Gi", "1", "0.5", "64Mi", "1.5Ti", "16", "100m", "1e3", "-1Gi", "Gi", "32Gi\n", "32 Gi", "３２Gi"]),
+    st.from_regex(api.QUANTITY_PATTERN, fullmatch=True).filter(lambda s: len(s) <= 40),
+)
 SCALARS = st.one_of(st.none(), st.booleans(), INTS, EDGE_FLOATS, TEXT)
 ANY_JSON = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)), max_leaves=6)
 
@@ -76,12 +115,16 @@ def mostly(good: st.SearchStrategy, bad: st.SearchStrategy, p_bad: float = 0.04)
 
 @st.composite
 def volumes(draw):
-    return draw(st.sampled_from([
-        {"persistentVolumeClaim": {"claimName": "weights", "readOnly": True}},
-        {"hostPath": {"path": "/mnt/models", "type": "Directory"}},
-        {"nfs": {"server": "10.0.0.2", "path": "/export"}},
-        {"csi": {"driver": "x.csi.io", "volumeAttributes": {"k": "v"}}},
-    ]))
+    return draw(
+        st.sampled_from(
+            [
+                {"persistentVolumeClaim": {"claimName": "weights", "readOnly": True}},
+                {"hostPath": {"path": "/mnt/models", "type": "Directory"}},
+                {"nfs": {"server": "10.0.0.2", "path": "/export"}},
+                {"csi": {"driver": "x.csi.io", "volumeAttributes": {"k": "v"}}},
+            ]
+        )
+    )
 
 
 @st.composite
@@ -91,13 +134,19 @@ def workloads(draw):
         concurrency = draw(mostly(st.integers(1, 64), INTS, 0.1))
         w: dict[str, Any] = {
             # Distinct names mostly; a repeated name (the list is a map keyed by name) or a non-DNS one now and then.
-            "name": draw(mostly(st.just(["chat", "single-stream", "concurrent-64"][i]),
-                                st.sampled_from(["chat", "Bad_Name", "x" * 63, "y" * 64, "-a", "ü"]), 0.1)),
+            "name": draw(
+                mostly(
+                    st.just(["chat", "single-stream", "concurrent-64"][i]), st.sampled_from(["chat", "Bad_Name", "x" * 63, "y" * 64, "-a", "ü"]), 0.1
+                )
+            ),
             "concurrency": concurrency,
             "requests": draw(mostly(st.integers(low := min(max(1, concurrency), 4096), max(low, 512)), INTS, 0.1)),
         }
-        for key, strat in (("inputTokens", mostly(st.integers(1, 8192), INTS, 0.1)), ("outputTokens", mostly(st.integers(1, 1024), INTS, 0.1)),
-                           ("weight", mostly(st.floats(0.01, 10), NUMBERS, 0.1))):
+        for key, strat in (
+            ("inputTokens", mostly(st.integers(1, 8192), INTS, 0.1)),
+            ("outputTokens", mostly(st.integers(1, 1024), INTS, 0.1)),
+            ("weight", mostly(st.floats(0.01, 10), NUMBERS, 0.1)),
+        ):
             value = _maybe(draw, strat, 0.6)
             if value is not None:
                 w[key] = value
@@ -114,21 +163,31 @@ def plausible_specs(draw) -> dict[str, Any]:
         "target": {"path": draw(mostly(st.sampled_from(["llama", "meta/Llama-3.1-8B", "/models/llama", "模型/x y"]), PATHS, 0.15))},
     }
     if draw(st.booleans()):
-        spec["model"]["mountPath"] = draw(mostly(st.sampled_from(["/models", "/models", "/mnt/ü"]), st.one_of(st.sampled_from(["/", "/models/", "models"]), PATHS), 0.15))
+        spec["model"]["mountPath"] = draw(
+            mostly(st.sampled_from(["/models", "/models", "/mnt/ü"]), st.one_of(st.sampled_from(["/", "/models/", "models"]), PATHS), 0.15)
+        )
     if draw(st.booleans()):
-        spec["sglangVersion"] = draw(mostly(st.from_regex(api.VERSION_PATTERN, fullmatch=True).filter(lambda v: len(v) <= 32),
-                                               st.sampled_from(["0.5", "v0.5.23", "0.5.23\n", "１.2.3", "0.5.23.post"]), 0.3))
-    for key, strat in (("quantization", mostly(st.sampled_from(["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"]), st.sampled_from(["FP8", "int3", ""]))),
-                       ("contextLength", mostly(st.integers(1024, 65536), st.one_of(st.integers(1, 1024), INTS), 0.2))):
+        spec["sglangVersion"] = draw(
+            mostly(
+                st.from_regex(api.VERSION_PATTERN, fullmatch=True).filter(lambda v: len(v) <= 32),
+                st.sampled_from(["0.5", "v0.5.23", "0.5.23\n", "１.2.3", "0.5.23.post"]),
+                0.3,
+            )
+        )
+    for key, strat in (
+        ("quantization", mostly(st.sampled_from(["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"]), st.sampled_from(["FP8", "int3", ""]))),
+        ("contextLength", mostly(st.integers(1024, 65536), st.one_of(st.integers(1, 1024), INTS), 0.2)),
+    ):
         value = _maybe(draw, strat)
         if value is not None:
             spec["target"][key] = value
     drafter: dict[str, Any] = {}
-    for key, strat in (("algorithm", mostly(st.sampled_from(["EAGLE3", "EAGLE", "NEXTN"]), st.sampled_from(["eagle3", "MEDUSA"]))),
-                       ("path", mostly(st.sampled_from(["eagle3/llama", "/models/d", "d"]), PATHS, 0.2)),
-                       ("numSteps", mostly(st.integers(1, 16), INTS, 0.1)),
-                       ("eagleTopk", mostly(st.just(1), st.one_of(st.integers(1, 16), INTS), 0.3)),
-                       ):
+    for key, strat in (
+        ("algorithm", mostly(st.sampled_from(["EAGLE3", "EAGLE", "NEXTN"]), st.sampled_from(["eagle3", "MEDUSA"]))),
+        ("path", mostly(st.sampled_from(["eagle3/llama", "/models/d", "d"]), PATHS, 0.2)),
+        ("numSteps", mostly(st.integers(1, 16), INTS, 0.1)),
+        ("eagleTopk", mostly(st.just(1), st.one_of(st.integers(1, 16), INTS), 0.3)),
+    ):
         value = _maybe(draw, strat, 0.05 if key == "path" else 0.5)
         if value is not None:
             drafter[key] = value
@@ -141,40 +200,92 @@ def plausible_specs(draw) -> dict[str, Any]:
         drafter["numDraftTokens"] = draw(st.one_of(st.integers(2, 64), INTS))
     spec["drafter"] = drafter
     if draw(st.booleans()):
-        spec["resources"] = {k: v for k, v in {
-            "gpus": _maybe(draw, mostly(st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from([3, 32, 0]))),
-            "gpuFamily": _maybe(draw, mostly(st.sampled_from(["blackwell", "hopper", "any"]), st.sampled_from(["ampere", "Hopper"]))),
-            "shmSize": _maybe(draw, mostly(st.just("32Gi"), QUANTITIES, 0.3)),
-            "cpu": _maybe(draw, mostly(st.sampled_from(["8", "500m"]), QUANTITIES, 0.2)),
-            "memory": _maybe(draw, mostly(st.just("64Gi"), QUANTITIES, 0.2)),
-        }.items() if v is not None}
+        spec["resources"] = {
+            k: v
+            for k, v in {
+                "gpus": _maybe(draw, mostly(st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from([3, 32, 0]))),
+                "gpuFamily": _maybe(draw, mostly(st.sampled_from(["blackwell", "hopper", "any"]), st.sampled_from(["ampere", "Hopper"]))),
+                "shmSize": _maybe(draw, mostly(st.just("32Gi"), QUANTITIES, 0.3)),
+                "cpu": _maybe(draw, mostly(st.sampled_from(["8", "500m"]), QUANTITIES, 0.2)),
+                "memory": _maybe(draw, mostly(st.just("64Gi"), QUANTITIES, 0.2)),
+            }.items()
+            if v is not None
+        }
     if draw(st.booleans()):
-        spec["nodeSelector"] = draw(mostly(
-            st.dictionaries(st.sampled_from(["topology.kubernetes.io/zone", "team", "example.com/pool", "a_b.c-d"]), st.sampled_from(["", "a", "us-east-1a", "x" * 63]), max_size=3),
-            st.dictionaries(st.text(UNICODE, min_size=1, max_size=8), st.text(UNICODE, max_size=8), min_size=1, max_size=3), 0.1))
+        spec["nodeSelector"] = draw(
+            mostly(
+                st.dictionaries(
+                    st.sampled_from(["topology.kubernetes.io/zone", "team", "example.com/pool", "a_b.c-d"]),
+                    st.sampled_from(["", "a", "us-east-1a", "x" * 63]),
+                    max_size=3,
+                ),
+                st.dictionaries(st.text(UNICODE, min_size=1, max_size=8), st.text(UNICODE, max_size=8), min_size=1, max_size=3),
+                0.1,
+            )
+        )
     if draw(st.booleans()):
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     if draw(st.booleans()):
         spec["affinity"] = {"podAntiAffinity": {}}
     if draw(st.booleans()):
-        spec["podMetadata"] = {"labels": draw(st.dictionaries(mostly(st.sampled_from(["team", "tier"]), st.sampled_from(["é", "-x", "a/b/c", "x" * 64]), 0.1),
-                                                              mostly(st.sampled_from(["a", "b", ""]), st.sampled_from(["é", "x" * 64, "-a"]), 0.1), max_size=2))}
+        spec["podMetadata"] = {
+            "labels": draw(
+                st.dictionaries(
+                    mostly(st.sampled_from(["team", "tier"]), st.sampled_from(["é", "-x", "a/b/c", "x" * 64]), 0.1),
+                    mostly(st.sampled_from(["a", "b", ""]), st.sampled_from(["é", "x" * 64, "-a"]), 0.1),
+                    max_size=2,
+                )
+            )
+        }
     if draw(st.booleans()):
         sglang: dict[str, Any] = {}
         for key, strat in (
             ("maxRunningRequests", mostly(st.integers(1, 1024), INTS, 0.1)),
             ("memFractionStatic", mostly(st.floats(0.05, 0.95), NUMBERS, 0.1)),
-            ("extraArgs", st.lists(st.sampled_from(
-                ["--log-level=debug", "--trust-remote-code", "--tp=4", "--tp_size", "--speculative-algorithm", "--speculative-num-steps=2",
-                 "--max-running-requests=8", "--max_running_requests", "--context-length", "--quantization=fp8", "--model", "--modelx",
-                 "--chunked-prefill-size", "8192", "--host=0.0.0.0", "--tp\n", "x\n--tp", "--enable-metrics", "--mem-fraction-static=0.8"]), max_size=4)),
-            ("env", st.lists(st.sampled_from([
-                {"name": "NCCL_DEBUG", "value": "INFO"},
-                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
-                {"name": "", "value": "x"},
-                {"value": "no-name"},
-                {"name": "X", "value": 3},
-            ]), max_size=3)),
+            (
+                "extraArgs",
+                st.lists(
+                    st.sampled_from(
+                        [
+                            "--log-level=debug",
+                            "--trust-remote-code",
+                            "--tp=4",
+                            "--tp_size",
+                            "--speculative-algorithm",
+                            "--speculative-num-steps=2",
+                            "--max-running-requests=8",
+                            "--max_running_requests",
+                            "--context-length",
+                            "--quantization=fp8",
+                            "--model",
+                            "--modelx",
+                            "--chunked-prefill-size",
+                            "8192",
+                            "--host=0.0.0.0",
+                            "--tp\n",
+                            "x\n--tp",
+                            "--enable-metrics",
+                            "--mem-fraction-static=0.8",
+                        ]
+                    ),
+                    max_size=4,
+                ),
+            ),
+            (
+                "env",
+                st.lists(
+                    st.sampled_from(
+                        [
+                            {"name": "NCCL_DEBUG", "value": "INFO"},
+                            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                            {"name": "", "value": "x"},
+                            {"value": "no-name"},
+                            {"name": "X", "value": 3},
+                        ]
+                    ),
+                    max_size=3,
+                ),
+            ),
         ):
             value = _maybe(draw, strat)
             if value is not None:
@@ -182,17 +293,26 @@ def plausible_specs(draw) -> dict[str, Any]:
         spec["sglang"] = sglang
     if draw(st.booleans()):
         rollout: dict[str, Any] = {}
-        for key, strat in (("minSpeedup", mostly(st.floats(0.5, 3.0), NUMBERS, 0.1)), ("policy", mostly(st.sampled_from(["AllWorkloads", "WeightedMix"]), st.just("Majority"))),
-                           ("workloads", workloads()), ("maxRounds", mostly(st.integers(1, 50), INTS, 0.1)),
-                           ("acceptLengthFloor", mostly(st.floats(1.0, 1.9), st.one_of(st.floats(1.0, 20.0), EDGE_FLOATS), 0.15)), ("keepBaseWarm", st.booleans())):
+        for key, strat in (
+            ("minSpeedup", mostly(st.floats(0.5, 3.0), NUMBERS, 0.1)),
+            ("policy", mostly(st.sampled_from(["AllWorkloads", "WeightedMix"]), st.just("Majority"))),
+            ("workloads", workloads()),
+            ("maxRounds", mostly(st.integers(1, 50), INTS, 0.1)),
+            ("acceptLengthFloor", mostly(st.floats(1.0, 1.9), st.one_of(st.floats(1.0, 20.0), EDGE_FLOATS), 0.15)),
+            ("keepBaseWarm", st.booleans()),
+        ):
             value = _maybe(draw, strat)
             if value is not None:
                 rollout[key] = value
         spec["rollout"] = rollout
     if draw(st.booleans()):
         monitor: dict[str, Any] = {}
-        for key, strat in (("enabled", st.booleans()), ("interval", mostly(st.integers(5, 3600), INTS, 0.1)),
-                           ("acceptLengthFloor", mostly(st.floats(1.0, 1.9), st.one_of(st.floats(1.0, 20.0), EDGE_FLOATS), 0.15)), ("window", mostly(st.integers(1, 1000), INTS, 0.1))):
+        for key, strat in (
+            ("enabled", st.booleans()),
+            ("interval", mostly(st.integers(5, 3600), INTS, 0.1)),
+            ("acceptLengthFloor", mostly(st.floats(1.0, 1.9), st.one_of(st.floats(1.0, 20.0), EDGE_FLOATS), 0.15)),
+            ("window", mostly(st.integers(1, 1000), INTS, 0.1)),
+        ):
             value = _maybe(draw, strat)
             if value is not None:
                 monitor[key] = value
@@ -263,13 +383,19 @@ def mutated_specs(draw) -> tuple[dict[str, Any], list[str]]:
         elif kind in ("absurd", "absurd-object"):
             n = draw(st.sampled_from([17, 64, 65, 128, 129, 1000]))
             choice = draw(st.sampled_from(["list-of-strings", "list-of-objects", "map"]))
-            value: Any = (["--flag"] * n if choice == "list-of-strings"
-                          else [{"name": f"w{i}", "concurrency": 1, "requests": 1} for i in range(n)] if choice == "list-of-objects"
-                          else {f"k{i}": "v" for i in range(n)})
+            value: Any = (
+                ["--flag"] * n
+                if choice == "list-of-strings"
+                else [{"name": f"w{i}", "concurrency": 1, "requests": 1} for i in range(n)]
+                if choice == "list-of-objects"
+                else {f"k{i}": "v" for i in range(n)}
+            )
             if where:
                 parent[where[-1]] = value
             else:
-                spec["rollout"] = {"workloads": value} if choice == "list-of-objects" else {"workloads": [{"name": "a", "concurrency": 1, "requests": 1}] * 2}
+                spec["rollout"] = (
+                    {"workloads": value} if choice == "list-of-objects" else {"workloads": [{"name": "a", "concurrency": 1, "requests": 1}] * 2}
+                )
         done.append(f"{kind}@{label}")
         if not isinstance(spec, dict):  # pragma: no cover - spec itself is never replaced (where is non-empty)
             break
@@ -382,8 +508,13 @@ def submit(custom: Any, namespace: str, name: str, spec: dict[str, Any], strict:
 def test_generator_produces_both_kinds_and_every_mutation():
     seen, verdicts = Counter(), Counter()
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+    @settings(
+        max_examples=300,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+    )
     @given(mutated_specs())
     def sample(case):
         spec, done = case
@@ -397,8 +528,13 @@ def test_generator_produces_both_kinds_and_every_mutation():
 
 
 def test_pruning_keeps_free_form_objects_and_drops_unknown_fields():
-    spec = {"image": "i", "extra": 1, "model": {"volume": {"hostPath": {"path": "/m", "zzz": 1}}, "bogus": 2},
-            "target": {"path": "t"}, "tolerations": [{"key": "k", "whatever": 1}]}
+    spec = {
+        "image": "i",
+        "extra": 1,
+        "model": {"volume": {"hostPath": {"path": "/m", "zzz": 1}}, "bogus": 2},
+        "target": {"path": "t"},
+        "tolerations": [{"key": "k", "whatever": 1}],
+    }
     out = pruned(spec, SPEC_SCHEMA)
     assert "extra" not in out and "bogus" not in out["model"]
     assert out["model"]["volume"]["hostPath"]["zzz"] == 1 and out["tolerations"][0]["whatever"] == 1
@@ -437,8 +573,9 @@ def test_api_server_and_our_validation_agree_on_1050_generated_objects(kube_api_
             count(f"{mode}: integral float, ours refused, server {'admitted' if admitted else 'refused'}")
             return None
         if admitted != ours.valid:
-            disagreements.append(f"{mode}: ours={'valid' if ours.valid else ours.message!r} server={verdict} mutations={done} "
-                                 f"spec={json.dumps(spec)[:800]}")
+            disagreements.append(
+                f"{mode}: ours={'valid' if ours.valid else ours.message!r} server={verdict} mutations={done} spec={json.dumps(spec)[:800]}"
+            )
         # The field must be one we flag, or one the generator broke: the server stops at the first stage that
         # fails (decoding with unknown fields, then the schema, then CEL), so it may name another broken field.
         elif not admitted and not names_a_field(fields, message, ours.fields + [d.split("@", 1)[1] for d in done]):
@@ -455,9 +592,15 @@ def test_api_server_and_our_validation_agree_on_1050_generated_objects(kube_api_
         return compare("ignore", index, spec, done, ours_pruned, strict=False)
 
     # No shrinking: every example is BATCH round trips, and a disagreement is reported with its whole spec.
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=False,
-              phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        print_blob=False,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+    )
     @given(st.lists(mutated_specs(), min_size=BATCH, max_size=BATCH))
     def batch(cases):
         disagreements.clear()
@@ -469,7 +612,9 @@ def test_api_server_and_our_validation_agree_on_1050_generated_objects(kube_api_
         for (_, spec, _, _, _), stored in zip(jobs, stored_specs):
             if stored is not None:
                 # What the server stores (pruned, defaulted) parses, and defaults to exactly what we default to.
-                if resource.dump(resource.parse_spec(stored["spec"], check_rules=True)) != resource.dump(resource.parse_spec(pruned(spec, SPEC_SCHEMA))):
+                if resource.dump(resource.parse_spec(stored["spec"], check_rules=True)) != resource.dump(
+                    resource.parse_spec(pruned(spec, SPEC_SCHEMA))
+                ):
                     disagreements.append(f"defaults differ: server stored {json.dumps(stored['spec'])[:400]}")
         assert not disagreements, f"{len(disagreements)} of {len(cases)} disagree; first:\n" + "\n".join(disagreements[:5])
 
@@ -490,13 +635,18 @@ def test_the_operator_explains_every_admitted_generated_object_and_stays_cool(cl
     created for real: each gets a status with a phase and an explanation, the operator never exits, and once they
     are all explained it does not spin (CPU over 10 s)."""
     import psutil
-
     from test_operator_e2e import status
 
     specs: list[dict[str, Any]] = []
 
-    @settings(max_examples=400, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+    @settings(
+        max_examples=400,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+    )
     @given(mutated_specs())
     def collect(case):
         spec, _ = case
@@ -508,15 +658,21 @@ def test_the_operator_explains_every_admitted_generated_object_and_stays_cool(cl
     op = cluster.replica()
     op.start()
     for i, spec in enumerate(specs):
-        cluster.create({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "SpeculativeServer", "metadata": {"name": f"generated-{i}"}, "spec": spec})
+        cluster.create(
+            {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "SpeculativeServer", "metadata": {"name": f"generated-{i}"}, "spec": spec}
+        )
     deadline = time.monotonic() + 120
     unexplained = [f"generated-{i}" for i in range(len(specs))]
     while unexplained:
         assert op.proc.poll() is None, f"the operator exited:\n{op.logs()[-3000:]}"
         assert time.monotonic() < deadline, f"no explaining status after 120 s: {unexplained[:5]}"
-        unexplained = [n for n in unexplained if not ((st := status(cluster.custom, namespace, n)).get("phase") and (st.get("message") or st.get("reason")))]
+        unexplained = [
+            n for n in unexplained if not ((st := status(cluster.custom, namespace, n)).get("phase") and (st.get("message") or st.get("reason")))
+        ]
         time.sleep(1)
-    phases = Counter(f"{(st := status(cluster.custom, namespace, f'generated-{i}'))['phase']} {st.get('reason', '')}".strip() for i in range(len(specs)))
+    phases = Counter(
+        f"{(st := status(cluster.custom, namespace, f'generated-{i}'))['phase']} {st.get('reason', '')}".strip() for i in range(len(specs))
+    )
     print(f"\n30 generated resources: {dict(phases)}")
     for i in range(len(specs)):
         if (st := status(cluster.custom, namespace, f"generated-{i}"))["phase"] == "Failed":

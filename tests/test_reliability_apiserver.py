@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_operator_e2e import GROUP, PLURAL, VERSION, compatible_annotations, event_reasons, example, status, wait_phase
 from test_reliability_crash import DECIDED, Cluster, cluster  # noqa: F401  (the fixture)
 
@@ -82,7 +80,8 @@ def test_apiserver_and_etcd_restarts_under_the_operator_it_reconnects_and_conver
         assert reasons.count("ProbeStarted") == 1 and reasons.count("SpeedupConfirmed") == 1, (resource, reasons)
         assert status(cluster.custom, cluster.namespace, resource)["phase"] == "Promoted"
     assert sorted(d.metadata.name for d in cluster.apps.list_namespaced_deployment(cluster.namespace).items) == sorted(
-        f"{r}-{v}" for r in ("before", "after-apiserver", "after-etcd") for v in ("base", "spec"))
+        f"{r}-{v}" for r in ("before", "after-apiserver", "after-etcd") for v in ("base", "spec")
+    )
     assert op.proc.poll() is None
 
 
@@ -104,8 +103,9 @@ def test_expired_watches_410_gone_are_relisted(cluster: Cluster, kube_cluster: A
     devcluster.restart(name, ["kube-apiserver"], down_seconds=2)
 
     # The condition the operator faces: a watch from the old resourceVersion is answered 410 Gone.
-    response = custom.list_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, watch=True, resource_version=stale,
-                                                    timeout_seconds=5, _preload_content=False, _request_timeout=15)
+    response = custom.list_namespaced_custom_object(
+        GROUP, VERSION, cluster.namespace, PLURAL, watch=True, resource_version=stale, timeout_seconds=5, _preload_content=False, _request_timeout=15
+    )
     first = json.loads(next(line for line in response.data.decode().splitlines() if line.strip()))
     assert first["type"] == "ERROR" and first["object"]["code"] == 410, first
 

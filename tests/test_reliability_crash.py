@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from kube import wait_until
 from simulators import Simulators, generate_traffic
 from test_operator_e2e import (
@@ -62,8 +61,21 @@ class OperatorProcess:
         path = self.workdir / f"endpoints-{self.label}.yaml"
         path.write_text(yaml.safe_dump(self.endpoints))
         log = open(self.workdir / f"operator-{self.label}-{self.starts}.log", "w")
-        cmd = [sys.executable, "-m", "specdec_operator.cli", "run", "--namespace", self.namespace, "--endpoints", str(path),
-               "--metrics-port", "0", "--reconcile-interval", "1", *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec_operator.cli",
+            "run",
+            "--namespace",
+            self.namespace,
+            "--endpoints",
+            str(path),
+            "--metrics-port",
+            "0",
+            "--reconcile-interval",
+            "1",
+            *self.extra,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": self.kubeconfig}, cwd=self.workdir)
 
     def kill(self) -> None:
@@ -159,7 +171,10 @@ def cluster(kubeconfig_path: str, namespace: str, tmp_path: Path, custom_objects
             custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, item["metadata"]["name"])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if not custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"] and not core_v1.list_namespaced_pod(namespace).items:
+            if (
+                not custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+                and not core_v1.list_namespaced_pod(namespace).items
+            ):
                 break
             time.sleep(0.5)
     finally:
@@ -206,8 +221,7 @@ def test_killed_while_validating_or_deploying_resumes_without_duplicates(phase: 
     assert st["phase"] == "Promoted", st.get("message")
     cluster.assert_no_duplicates(name)
     # Kopf posts Events in the background: the decision's Event can trail the status patch by a moment.
-    wait_until(lambda: "SpeedupConfirmed" in event_reasons(cluster.core, cluster.namespace, name), timeout=20,
-               message="the decision's Event")
+    wait_until(lambda: "SpeedupConfirmed" in event_reasons(cluster.core, cluster.namespace, name), timeout=20, message="the decision's Event")
     reasons = event_reasons(cluster.core, cluster.namespace, name)
     assert reasons.count("ProbeStarted") == 1 and reasons.count("SpeedupConfirmed") == 1, reasons
     assert reasons.count("DrafterCompatible") <= 1, reasons
@@ -253,11 +267,12 @@ def test_killed_right_after_a_decision_reads_it_back_and_probes_nothing(cluster:
 
 def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster: Cluster) -> None:
     name = "drift"
-    base, spec = cluster.serve(name)
+    _base, spec = cluster.serve(name)
     op = cluster.replica()
     op.start()
-    cluster.create(example("llama31-8b-eagle3.yaml", name, cluster.namespace, annotations=compatible_annotations(),
-                           monitor__interval=5, monitor__window=3))
+    cluster.create(
+        example("llama31-8b-eagle3.yaml", name, cluster.namespace, annotations=compatible_annotations(), monitor__interval=5, monitor__window=3)
+    )
     history = watch_selector(cluster, name)
     st = wait_phase(cluster.custom, cluster.namespace, name, DECIDED, timeout=120)
     assert st["phase"] == "Promoted", st.get("message")
@@ -266,8 +281,12 @@ def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster:
     healthy_accept_length = spec.sim.profile.speculative.accept_length_mean
     spec.sim.engine.set_accept_length_mean(1.0)  # nothing accepted any more
     with generate_traffic(spec.url, tokens=16):
-        wait_until(lambda: ((status(cluster.custom, cluster.namespace, name).get("monitor") or {}).get("belowFloorCount") or 0) >= 1,
-                   timeout=60, interval=0.1, message="the first scrape below the floor")
+        wait_until(
+            lambda: ((status(cluster.custom, cluster.namespace, name).get("monitor") or {}).get("belowFloorCount") or 0) >= 1,
+            timeout=60,
+            interval=0.1,
+            message="the first scrape below the floor",
+        )
         op.kill()
         mid = status(cluster.custom, cluster.namespace, name)
         assert mid["phase"] == "Promoted" and 1 <= mid["monitor"]["belowFloorCount"] < 3
@@ -294,12 +313,20 @@ def test_two_replicas_the_leader_killed_mid_probe_the_other_takes_over_and_decid
         pytest.fail(f"{crds} missing: the chart ships Kopf's peering CRDs", pytrace=False)
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds), check=True)
     kube_cluster.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s", check=True)
-    wait_until(lambda: client.CustomObjectsApi(cluster.custom.api_client).create_namespaced_custom_object(
-        "kopf.dev", "v1", cluster.namespace, "kopfpeerings", {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "specdec-test"}}),
-        timeout=30, message="KopfPeering created")
+    wait_until(
+        lambda: client.CustomObjectsApi(cluster.custom.api_client).create_namespaced_custom_object(
+            "kopf.dev",
+            "v1",
+            cluster.namespace,
+            "kopfpeerings",
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "specdec-test"}},
+        ),
+        timeout=30,
+        message="KopfPeering created",
+    )
 
     name = "peered"
-    base, spec = cluster.serve(name, time_scale=2.0)  # a slow clock: the probe is still running at the kill
+    _base, spec = cluster.serve(name, time_scale=2.0)  # a slow clock: the probe is still running at the kill
     args = ("--peering", "specdec-test", "--peering-lifetime", str(PEERING_LIFETIME))
     leader, follower = cluster.replica(*args), cluster.replica(*args)
     leader.start()
@@ -315,8 +342,11 @@ def test_two_replicas_the_leader_killed_mid_probe_the_other_takes_over_and_decid
     leader.kill()
     killed = time.monotonic()
 
-    wait_until(lambda: event_reasons(cluster.core, cluster.namespace, name).count("ProbeStarted") == 2,
-               timeout=PEERING_LIFETIME + 30, message="the follower resuming the probe")
+    wait_until(
+        lambda: event_reasons(cluster.core, cluster.namespace, name).count("ProbeStarted") == 2,
+        timeout=PEERING_LIFETIME + 30,
+        message="the follower resuming the probe",
+    )
     takeover = time.monotonic() - killed
     st = wait_phase(cluster.custom, cluster.namespace, name, DECIDED, timeout=180)
     history.stop_at("speculative")
@@ -324,8 +354,7 @@ def test_two_replicas_the_leader_killed_mid_probe_the_other_takes_over_and_decid
     assert takeover <= PEERING_LIFETIME + 15
     assert st["phase"] == "Promoted", st.get("message")
     # Kopf posts Events in the background: the decision's Event can trail the status patch by a moment.
-    wait_until(lambda: "SpeedupConfirmed" in event_reasons(cluster.core, cluster.namespace, name), timeout=20,
-               message="the decision's Event")
+    wait_until(lambda: "SpeedupConfirmed" in event_reasons(cluster.core, cluster.namespace, name), timeout=20, message="the decision's Event")
     time.sleep(2)  # and a second decision, if there were one, would have had time to show
     reasons = event_reasons(cluster.core, cluster.namespace, name)
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2, reasons

@@ -17,11 +17,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
-from typing import Any
 
 import pytest
-
 from kube import wait_until
 from test_operator_e2e import GROUP, PLURAL, VERSION, compatible_annotations, event_reasons, example, status, wait_phase
 from test_reliability_crash import DECIDED, Cluster, cluster  # noqa: F401  (the fixture)
@@ -36,8 +33,13 @@ def everything_written(c: Cluster, names: list[str]) -> str:
     for name in names:
         parts.append(json.dumps(c.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)))
     client = c.core.api_client
-    for items in (c.apps.list_namespaced_deployment(ns).items, c.apps.list_namespaced_replica_set(ns).items,
-                  c.core.list_namespaced_service(ns).items, c.core.list_namespaced_pod(ns).items, c.core.list_namespaced_event(ns).items):
+    for items in (
+        c.apps.list_namespaced_deployment(ns).items,
+        c.apps.list_namespaced_replica_set(ns).items,
+        c.core.list_namespaced_service(ns).items,
+        c.core.list_namespaced_pod(ns).items,
+        c.core.list_namespaced_event(ns).items,
+    ):
         parts += [json.dumps(client.sanitize_for_serialization(item)) for item in items]
     return "\n".join(parts)
 
@@ -46,8 +48,9 @@ def test_a_secret_reference_is_passed_through_and_its_value_never_logged_or_stor
     from kubernetes import client
 
     secret_value = f"hf_{uuid.uuid4().hex}"
-    cluster.core.create_namespaced_secret(cluster.namespace, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="hf-token"), string_data={"token": secret_value}))
+    cluster.core.create_namespaced_secret(
+        cluster.namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="hf-token"), string_data={"token": secret_value})
+    )
     name = "secretive"
     cluster.serve(name)
     op = cluster.replica()
@@ -77,7 +80,9 @@ def test_spec_labels_cannot_impersonate_another_resource_and_a_dotted_name_gets_
     # The attacker's pods claim to be the victim's speculative pods.
     attacker = example("llama31-8b-eagle3.yaml", "attacker", cluster.namespace, annotations=compatible_annotations())
     attacker["spec"]["podMetadata"]["labels"] = {
-        "app.kubernetes.io/instance": "victim", "specdec.io/variant": "speculative", "app.kubernetes.io/managed-by": "specdec-operator",
+        "app.kubernetes.io/instance": "victim",
+        "specdec.io/variant": "speculative",
+        "app.kubernetes.io/managed-by": "specdec-operator",
     }
     cluster.create(attacker)
     # A name that is a valid resource name but no valid Service name.
@@ -92,12 +97,17 @@ def test_spec_labels_cannot_impersonate_another_resource_and_a_dotted_name_gets_
     victim_pods = {p.metadata.name for p in cluster.core.list_namespaced_pod(cluster.namespace).items if p.metadata.name.startswith("victim-")}
     for service in ("victim", "victim-base", "victim-spec"):
         selector = cluster.core.read_namespaced_service(service, cluster.namespace).spec.selector
-        selected = {p.metadata.name for p in cluster.core.list_namespaced_pod(
-            cluster.namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items())).items}
+        selected = {
+            p.metadata.name
+            for p in cluster.core.list_namespaced_pod(cluster.namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items())).items
+        }
         assert selected and selected <= victim_pods, f"{service} selects {selected - victim_pods}"
 
-    st = wait_until(lambda: (s := status(cluster.custom, cluster.namespace, "attacker.example.com")).get("phase") in DECIDED and s,
-                    timeout=60, message="a status for the dotted name")
+    st = wait_until(
+        lambda: (s := status(cluster.custom, cluster.namespace, "attacker.example.com")).get("phase") in DECIDED and s,
+        timeout=60,
+        message="a status for the dotted name",
+    )
     assert st["phase"] == "Failed" and st.get("message"), st
     assert not [s for s in cluster.core.list_namespaced_service(cluster.namespace).items if s.metadata.name.startswith("attacker.")]
     assert "ProbeStarted" not in event_reasons(cluster.core, cluster.namespace, "attacker.example.com")

@@ -14,8 +14,14 @@ from specdec_operator.runner import build_parser, default_priority
 
 
 def run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec_operator.cli", "run", *args], capture_output=True, text=True, cwd=tmp_path, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "nothing")})
+    return subprocess.run(
+        [sys.executable, "-m", "specdec_operator.cli", "run", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "nothing")},
+    )
 
 
 @pytest.mark.parametrize(
@@ -123,8 +129,10 @@ def test_probes_beyond_the_limit_wait_for_a_slot_and_all_finish() -> None:
     spec["rollout"]["maxRounds"] = 3
 
     async def scenario() -> None:
-        async with SimulatorServer(load_profile("llama31-8b-base"), time_scale=50, load_seconds=0) as base, \
-                SimulatorServer(load_profile("llama31-8b-eagle3"), time_scale=50, load_seconds=0) as speculative:
+        async with (
+            SimulatorServer(load_profile("llama31-8b-base"), time_scale=50, load_seconds=0) as base,
+            SimulatorServer(load_profile("llama31-8b-eagle3"), time_scale=50, load_seconds=0) as speculative,
+        ):
             urls = {f"ns/{n}-{v}": url for n in ("a", "b") for v, url in (("base", str(base)), ("spec", str(speculative)))}
             probes = ProbeScheduler(OperatorConfig(endpoints=Endpoints(urls), max_concurrent_probes=1))
             parsed = parse_spec(spec)
@@ -153,19 +161,36 @@ def test_lean_diffbase_builds_the_same_essence_as_kopfs_without_copying_status()
     from specdec_operator.kopf_tuning import LeanDiffBaseStorage
 
     managed = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {f"f:{i}": {} for i in range(50)}}}]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "p", "namespace": "n", "uid": "u", "resourceVersion": "7", "labels": {"app": "x"}, "managedFields": managed,
-                        "annotations": {"note": "kept", "kopf.zalando.org/last-handled-configuration": "{}"}, "ownerReferences": [{"kind": "ReplicaSet", "name": "r", "uid": "1"}]},
-           "spec": {"containers": [{"name": "c", "image": "i", "args": ["--a", "1"]}]},
-           "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "n",
+            "uid": "u",
+            "resourceVersion": "7",
+            "labels": {"app": "x"},
+            "managedFields": managed,
+            "annotations": {"note": "kept", "kopf.zalando.org/last-handled-configuration": "{}"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "r", "uid": "1"}],
+        },
+        "spec": {"containers": [{"name": "c", "image": "i", "args": ["--a", "1"]}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
     replicaset = {**pod, "kind": "ReplicaSet", "metadata": {**pod["metadata"], "ownerReferences": [{"kind": "Deployment", "name": "d", "uid": "2"}]}}
     for body in (pod, replicaset, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}):
         expected = kopf.AnnotationsDiffBaseStorage().build(body=kopf.Body(body))
         assert LeanDiffBaseStorage().build(body=kopf.Body(body)) == expected
     essence = LeanDiffBaseStorage().build(body=kopf.Body(pod))
-    assert "status" not in essence and essence["metadata"]["annotations"] == {"note": "kept"} and essence["spec"]["containers"][0]["args"] == ["--a", "1"]
+    assert (
+        "status" not in essence
+        and essence["metadata"]["annotations"] == {"note": "kept"}
+        and essence["spec"]["containers"][0]["args"] == ["--a", "1"]
+    )
     # Handlers that filter on status fields get Kopf's own (whole-object) essence.
-    assert LeanDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"]) == kopf.AnnotationsDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"])
+    assert LeanDiffBaseStorage().build(body=kopf.Body(pod), extra_fields=["status.phase"]) == kopf.AnnotationsDiffBaseStorage().build(
+        body=kopf.Body(pod), extra_fields=["status.phase"]
+    )
 
 
 def test_lean_progress_storage_clears_what_kopfs_clears_and_copies_only_when_it_must() -> None:
@@ -175,10 +200,21 @@ def test_lean_progress_storage_clears_what_kopfs_clears_and_copies_only_when_it_
 
     from specdec_operator.kopf_tuning import LeanDiffBaseStorage, LeanProgressStorage
 
-    plain = LeanDiffBaseStorage().build(body=kopf.Body({"kind": "Pod", "metadata": {"name": "p", "labels": {"app": "x"}, "annotations": {"note": "kept"}},
-                                                         "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}))
-    marked = {"metadata": {"annotations": {"note": "kept", "kopf.zalando.org/reconcile": '{"started": "2026-12-03T00:00:00"}'}},
-              "spec": {"a": 1}, "status": {"kopf": {"progress": {"reconcile": {"retries": 1}}}, "phase": "x"}}
+    plain = LeanDiffBaseStorage().build(
+        body=kopf.Body(
+            {
+                "kind": "Pod",
+                "metadata": {"name": "p", "labels": {"app": "x"}, "annotations": {"note": "kept"}},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Running"},
+            }
+        )
+    )
+    marked = {
+        "metadata": {"annotations": {"note": "kept", "kopf.zalando.org/reconcile": '{"started": "2026-12-03T00:00:00"}'}},
+        "spec": {"a": 1},
+        "status": {"kopf": {"progress": {"reconcile": {"retries": 1}}}, "phase": "x"},
+    }
     annotated = {"metadata": {"annotations": {"note": "kept", "kopf.zalando.org/reconcile": "{}"}}, "spec": {"a": 1}}
     empties = {"metadata": {"labels": {}, "annotations": {}}, "spec": {"a": 1}, "status": {}}
     for essence in (plain, marked, annotated, empties, {"spec": {}}, {"metadata": {}}):
@@ -212,6 +248,7 @@ def test_the_operators_api_requests_are_timed_by_verb_and_resource() -> None:
     import threading
 
     from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
     from prometheus_client import generate_latest
 
     from specdec_operator.kubewriter import KubernetesWriter
@@ -240,9 +277,14 @@ def test_the_operators_api_requests_are_timed_by_verb_and_resource() -> None:
         metrics = OperatorMetrics()
         writer = KubernetesWriter(metrics, k8s.ApiClient(configuration))
         asyncio.run(writer.patch_status("ns", "llama", {"phase": "Pending"}))
-        with pytest.raises(Exception):  # 422: refused, still timed
-            writer.request("PATCH", "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", {"namespace": "ns", "name": "llama-base"},
-                             content_type="application/apply-patch+yaml", body=b"{}")
+        with pytest.raises(ApiException):  # 422: refused, still timed
+            writer.request(
+                "PATCH",
+                "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+                {"namespace": "ns", "name": "llama-base"},
+                content_type="application/apply-patch+yaml",
+                body=b"{}",
+            )
     finally:
         server.shutdown()
     assert [(method, kind) for method, _, kind in seen] == [("PATCH", "application/merge-patch+json"), ("PATCH", "application/apply-patch+yaml")]

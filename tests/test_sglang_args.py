@@ -53,6 +53,7 @@ def server_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
+
     # argparse exits on errors; raise instead so a rejected command line fails the test with its message.
     def error(message):
         raise AssertionError(f"SGLang's parser rejected the command line: {message}")
@@ -98,7 +99,7 @@ def check_command_lines(parser, spec: api.SpeculativeServerSpec) -> None:
     base_ns, base_args = parse(parser, server_flags(spec, base))
     spec_ns, spec_args = parse(parser, server_flags(spec, spec_argv))
 
-    for ns, args in ((base_ns, base_args), (spec_ns, spec_args)):
+    for _ns, args in ((base_ns, base_args), (spec_ns, spec_args)):
         assert args.host == "0.0.0.0"
         assert args.port == sglang_args.server_port(spec) == 30000
         assert args.tp_size == spec.resources.gpus
@@ -122,7 +123,9 @@ def check_command_lines(parser, spec: api.SpeculativeServerSpec) -> None:
     drafter = spec.drafter
     assert spec_args.speculative_algorithm == drafter.algorithm
     steps, topk, tokens = (
-        spec_args.speculative_num_steps, spec_args.speculative_eagle_topk, spec_args.speculative_num_draft_tokens,
+        spec_args.speculative_num_steps,
+        spec_args.speculative_eagle_topk,
+        spec_args.speculative_num_draft_tokens,
     )
     assert (steps, topk, tokens) == (drafter.num_steps, drafter.eagle_topk, drafter.draft_tokens)
     assert None not in (steps, topk, tokens)
@@ -176,7 +179,9 @@ def valid_specs(draw) -> dict:
     sglang: dict = {"maxRunningRequests": draw(st.sampled_from([1, 48, 128, 256, 16384]))}
     if draw(st.booleans()):
         sglang["memFractionStatic"] = draw(st.sampled_from([0.5, 0.8, 0.85, 0.9, 0.93]))
-    sglang["extraArgs"] = [a for chunk in draw(st.lists(st.sampled_from(EXTRA_ARG_CHOICES), max_size=3, unique_by=lambda c: c[0].split("=")[0])) for a in chunk]
+    sglang["extraArgs"] = [
+        a for chunk in draw(st.lists(st.sampled_from(EXTRA_ARG_CHOICES), max_size=3, unique_by=lambda c: c[0].split("=")[0])) for a in chunk
+    ]
     target: dict = {
         "path": draw(st.sampled_from(["llama", "moonshotai/Kimi-K2.5", *[a + "/target" for a in absolute], "with space/model"])),
         "quantization": draw(st.sampled_from(["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"])),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -92,8 +93,16 @@ def test_profile_errors_name_the_key():
 
 
 def profile_dict():
-    return {"name": "x", "load_seconds": 0, "max_running_requests": 1, "prefill_tokens_per_s": 1,
-            "step_ms": [[1, 1]], "speculative": None, "jitter": 0, "errors": {}}
+    return {
+        "name": "x",
+        "load_seconds": 0,
+        "max_running_requests": 1,
+        "prefill_tokens_per_s": 1,
+        "step_ms": [[1, 1]],
+        "speculative": None,
+        "jitter": 0,
+        "errors": {},
+    }
 
 
 def test_cli_rejects_unknown_profile_in_one_line(capsys, tmp_path):
@@ -145,14 +154,12 @@ def test_speculative_draws_have_the_profile_mean_and_bounds():
 
 def test_generate_streaming_has_sglang_shapes_and_speculative_meta():
     async def scenario():
-        async with SimulatorServer(profile(speculative=SPEC), time_scale=10, seed=1) as url:
-            async with aiohttp.ClientSession() as s:
-                body = {"input_ids": list(range(40)), "stream": True,
-                        "sampling_params": {"max_new_tokens": 33, "ignore_eos": True}}
-                async with s.post(url + "/generate", json=body) as r:
-                    assert r.status == 200
-                    assert r.headers["Content-Type"].startswith("text/event-stream")
-                    return await read_sse(r)
+        async with SimulatorServer(profile(speculative=SPEC), time_scale=10, seed=1) as url, aiohttp.ClientSession() as s:
+            body = {"input_ids": list(range(40)), "stream": True, "sampling_params": {"max_new_tokens": 33, "ignore_eos": True}}
+            async with s.post(url + "/generate", json=body) as r:
+                assert r.status == 200
+                assert r.headers["Content-Type"].startswith("text/event-stream")
+                return await read_sse(r)
 
     events = asyncio.run(scenario())
     assert events[-1] == b"[DONE]"
@@ -165,7 +172,7 @@ def test_generate_streaming_has_sglang_shapes_and_speculative_meta():
         assert set(c) == {"text", "output_ids", "meta_info"}
         assert c["meta_info"]["prompt_tokens"] == 40
     # A speculative step delivers several tokens in one event.
-    assert max(b - a for a, b in zip(counts, counts[1:])) > 1
+    assert max(b - a for a, b in itertools.pairwise(counts)) > 1
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     final = chunks[-1]["meta_info"]
     assert final["finish_reason"] == {"type": "length", "length": 33}
@@ -179,15 +186,13 @@ def test_generate_streaming_has_sglang_shapes_and_speculative_meta():
 
 def test_stream_interval_batches_tokens_per_event_and_base_has_no_spec_meta():
     async def scenario():
-        async with SimulatorServer(profile(), time_scale=20, seed=1) as url:
-            async with aiohttp.ClientSession() as s:
-                body = {"text": "hello world " * 10, "stream": True,
-                        "sampling_params": {"max_new_tokens": 20, "stream_interval": 8}}
-                async with s.post(url + "/generate", json=body) as r:
-                    events = await read_sse(r)
-                async with s.post(url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 5}}) as r:
-                    plain = await r.json()
-                return events, plain
+        async with SimulatorServer(profile(), time_scale=20, seed=1) as url, aiohttp.ClientSession() as s:
+            body = {"text": "hello world " * 10, "stream": True, "sampling_params": {"max_new_tokens": 20, "stream_interval": 8}}
+            async with s.post(url + "/generate", json=body) as r:
+                events = await read_sse(r)
+            async with s.post(url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 5}}) as r:
+                plain = await r.json()
+            return events, plain
 
     events, plain = asyncio.run(scenario())
     counts = [json.loads(e)["meta_info"]["completion_tokens"] for e in events[:-1]]
@@ -199,12 +204,12 @@ def test_stream_interval_batches_tokens_per_event_and_base_has_no_spec_meta():
 
 def test_max_new_tokens_zero_generates_one_token_even_as_a_fresh_servers_first_request():
     """The engine generates at least one token, so the output tape must hold one before any request has run."""
+
     async def scenario():
-        async with SimulatorServer(profile(), time_scale=20) as url:
-            async with aiohttp.ClientSession() as s:
-                body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}}
-                async with s.post(url + "/generate", json=body) as r:
-                    return r.status, await r.json()
+        async with SimulatorServer(profile(), time_scale=20) as url, aiohttp.ClientSession() as s:
+            body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}}
+            async with s.post(url + "/generate", json=body) as r:
+                return r.status, await r.json()
 
     status, body = asyncio.run(scenario())
     assert status == 200 and body["meta_info"]["completion_tokens"] == 1 and body["output_ids"] == [1000]
@@ -212,17 +217,21 @@ def test_max_new_tokens_zero_generates_one_token_even_as_a_fresh_servers_first_r
 
 def test_openai_endpoints_stream_with_usage():
     async def scenario():
-        async with SimulatorServer(profile(), time_scale=20) as url:
-            async with aiohttp.ClientSession() as s:
-                chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
-                        "stream": True, "stream_options": {"include_usage": True}}
-                async with s.post(url + "/v1/chat/completions", json=chat) as r:
-                    chat_events = await read_sse(r)
-                async with s.post(url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 4}) as r:
-                    completion = await r.json()
-                async with s.get(url + "/v1/models") as r:
-                    models = await r.json()
-                return chat_events, completion, models
+        async with SimulatorServer(profile(), time_scale=20) as url, aiohttp.ClientSession() as s:
+            chat = {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 6,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            async with s.post(url + "/v1/chat/completions", json=chat) as r:
+                chat_events = await read_sse(r)
+            async with s.post(url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 4}) as r:
+                completion = await r.json()
+            async with s.get(url + "/v1/models") as r:
+                models = await r.json()
+            return chat_events, completion, models
 
     chat_events, completion, models = asyncio.run(scenario())
     assert chat_events[-1] == b"[DONE]"
@@ -240,15 +249,14 @@ def test_openai_endpoints_stream_with_usage():
 
 def test_bad_requests_get_sglang_error_bodies():
     async def scenario():
-        async with SimulatorServer(profile()) as url:
-            async with aiohttp.ClientSession() as s:
-                async with s.post(url + "/generate", data=b"{oops") as r:
-                    a = (r.status, await r.json())
-                async with s.post(url + "/generate", json={"sampling_params": {}}) as r:
-                    b = (r.status, await r.json())
-                async with s.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": -1}}) as r:
-                    c = (r.status, await r.json())
-                return a, b, c
+        async with SimulatorServer(profile()) as url, aiohttp.ClientSession() as s:
+            async with s.post(url + "/generate", data=b"{oops") as r:
+                a = (r.status, await r.json())
+            async with s.post(url + "/generate", json={"sampling_params": {}}) as r:
+                b = (r.status, await r.json())
+            async with s.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": -1}}) as r:
+                c = (r.status, await r.json())
+            return a, b, c
 
     for status, body in asyncio.run(scenario()):
         assert status == 400 and body["error"]["message"]
@@ -279,20 +287,19 @@ def test_health_and_ready_are_503_while_loading_then_200():
 def test_server_info_and_metrics_report_the_effective_configuration():
     async def scenario():
         p = profile(speculative=SPEC, max_running_requests=2, tp_size=2)
-        async with SimulatorServer(p, time_scale=1, seed=3) as url:
-            async with aiohttp.ClientSession() as s:
-                body = {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 200}}
-                tasks = [asyncio.create_task(s.post(url + "/generate", json=body)) for _ in range(5)]
-                await asyncio.sleep(0.3)
-                async with s.get(url + "/metrics") as r:
-                    during = await r.text()
-                for t in tasks:
-                    (await t).release()
-                async with s.get(url + "/server_info") as r:
-                    info = await r.json()
-                async with s.get(url + "/metrics") as r:
-                    after = await r.text()
-                return info, during, after
+        async with SimulatorServer(p, time_scale=1, seed=3) as url, aiohttp.ClientSession() as s:
+            body = {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 200}}
+            tasks = [asyncio.create_task(s.post(url + "/generate", json=body)) for _ in range(5)]
+            await asyncio.sleep(0.3)
+            async with s.get(url + "/metrics") as r:
+                during = await r.text()
+            for t in tasks:
+                (await t).release()
+            async with s.get(url + "/server_info") as r:
+                info = await r.json()
+            async with s.get(url + "/metrics") as r:
+                after = await r.text()
+            return info, during, after
 
     info, during, after = asyncio.run(scenario())
     assert info["max_running_requests"] == 2
@@ -323,21 +330,20 @@ def test_continuous_batching_throughput_follows_the_model():
     """Closed-loop throughput from the HTTP server matches the analytic model (batch and cap included)."""
 
     async def tok_s(p, concurrency, requests, out_tokens, scale):
-        async with SimulatorServer(p, time_scale=scale, seed=1) as url:
-            async with aiohttp.ClientSession() as s:
-                body = {"input_ids": [7] * 64, "sampling_params": {"max_new_tokens": out_tokens}}
-                queue = list(range(requests))
+        async with SimulatorServer(p, time_scale=scale, seed=1) as url, aiohttp.ClientSession() as s:
+            body = {"input_ids": [7] * 64, "sampling_params": {"max_new_tokens": out_tokens}}
+            queue = list(range(requests))
 
-                async def client():
-                    while queue:
-                        queue.pop()
-                        async with s.post(url + "/generate", json=body) as r:
-                            assert r.status == 200
-                            await r.read()
+            async def client():
+                while queue:
+                    queue.pop()
+                    async with s.post(url + "/generate", json=body) as r:
+                        assert r.status == 200
+                        await r.read()
 
-                t = time.perf_counter()
-                await asyncio.gather(*(client() for _ in range(concurrency)))
-                return requests * out_tokens / (time.perf_counter() - t)
+            t = time.perf_counter()
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+            return requests * out_tokens / (time.perf_counter() - t)
 
     p = profile(max_running_requests=8, step_ms=[[1, 10.0], [8, 24.0], [64, 80.0]], prefill_tokens_per_s=50000)
     for concurrency in (1, 8):
@@ -353,9 +359,26 @@ def test_continuous_batching_throughput_follows_the_model():
 def test_subprocess_serves_prints_its_url_and_stops_on_sigterm(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", "llama31-8b-eagle3", "--port", "0",
-         "--time-scale", "10", "--load-seconds", "0", "--seed", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "specdec_operator.cli",
+            "simulate",
+            "--profile",
+            "llama31-8b-eagle3",
+            "--port",
+            "0",
+            "--time-scale",
+            "10",
+            "--load-seconds",
+            "0",
+            "--seed",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         line = proc.stdout.readline()

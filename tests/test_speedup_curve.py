@@ -51,8 +51,19 @@ def test_kubectl_get_wide_shows_the_break_even_from_the_probe_status() -> None:
 
 
 def profile(name: str, step_ms: list[list[float]]):
-    return profile_from_dict({"name": name, "load_seconds": 0, "max_running_requests": 512, "prefill_tokens_per_s": 400000,
-                              "step_ms": step_ms, "speculative": None, "jitter": 0.01, "errors": {}, "stream_interval": 8})
+    return profile_from_dict(
+        {
+            "name": name,
+            "load_seconds": 0,
+            "max_running_requests": 512,
+            "prefill_tokens_per_s": 400000,
+            "step_ms": step_ms,
+            "speculative": None,
+            "jitter": 0.01,
+            "errors": {},
+            "stream_interval": 8,
+        }
+    )
 
 
 def test_a_probe_finds_the_analytic_crossover_of_a_server_that_wins_light_and_loses_heavy() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import make_model
 
 from drafter_training.capture import capture_hf
 from drafter_training.evaluate import (
@@ -20,12 +21,11 @@ from drafter_training.evaluate import (
     verify_chain,
 )
 from drafter_training.export import export_sglang
-from drafter_training.regenerate import tokenize_conversation
-from drafter_training.train import TrainConfig, draft_config_from_target, load_trained, train
 from drafter_training.model import Eagle3Draft
+from drafter_training.regenerate import tokenize_conversation
 from drafter_training.target import read_config
+from drafter_training.train import TrainConfig, draft_config_from_target, load_trained, train
 from drafter_training.vocab import build_mapping, build_vocab
-from tiny_models import make_model
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = [0, 1, 2]
@@ -67,8 +67,7 @@ PROMPTS = [[5, 17, 40, 41, 99, 3], [200, 201, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9]
 @pytest.mark.parametrize("num_steps", [1, 3, 5])
 def test_the_targets_own_predictor_is_always_fully_accepted(llama, num_steps):
     _, model = llama
-    r = evaluate_drafter(model, TargetGreedyProposer(model), PROMPTS, LAYERS, num_steps=num_steps,
-                         max_new_tokens=19)
+    r = evaluate_drafter(model, TargetGreedyProposer(model), PROMPTS, LAYERS, num_steps=num_steps, max_new_tokens=19)
     assert r["acceptance_length"] == num_steps + 1 == r["num_draft_tokens"]
     assert r["acceptance_rate"] == 1.0
     assert r["accept_length_histogram"][str(num_steps + 1)] == r["verifies"]
@@ -82,8 +81,9 @@ def test_speculative_output_is_the_targets_greedy_output(llama):
     draft = random_draft(d, 0)
     for prompt in PROMPTS[:2]:
         ids = torch.tensor([prompt])
-        plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=15, do_sample=False,
-                               pad_token_id=0)[0, len(prompt):].tolist()
+        plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=15, do_sample=False, pad_token_id=0)[
+            0, len(prompt) :
+        ].tolist()
         for proposer in (TargetGreedyProposer(model), Eagle3Proposer(draft)):
             res = speculative_generate(model, proposer, prompt, LAYERS, num_steps=3, max_new_tokens=15)
             assert res.generated == plain
@@ -91,8 +91,9 @@ def test_speculative_output_is_the_targets_greedy_output(llama):
 
 def test_a_random_drafter_accepts_about_nothing(llama):
     d, model = llama
-    r = evaluate_drafter(model, Eagle3Proposer(random_draft(d, 0)), PROMPTS, LAYERS, num_steps=3, max_new_tokens=24,
-                         draft_for_simulation=random_draft(d, 0))
+    r = evaluate_drafter(
+        model, Eagle3Proposer(random_draft(d, 0)), PROMPTS, LAYERS, num_steps=3, max_new_tokens=24, draft_for_simulation=random_draft(d, 0)
+    )
     assert 1.0 <= r["acceptance_length"] < 1.15
     assert r["simulated_acceptance_length"] < 1.15
     lo, hi = r["acceptance_length_ci95"]
@@ -121,11 +122,9 @@ def test_sampled_verification_keeps_the_target_distribution():
 
 def test_sampled_evaluation_with_the_targets_predictor(llama):
     _, model = llama
-    cold = evaluate_drafter(model, TargetGreedyProposer(model), PROMPTS, LAYERS, num_steps=3, max_new_tokens=16,
-                            temperature=0.05, seed=1)
+    cold = evaluate_drafter(model, TargetGreedyProposer(model), PROMPTS, LAYERS, num_steps=3, max_new_tokens=16, temperature=0.05, seed=1)
     assert cold["acceptance_length"] > 3.0  # near-greedy sampling accepts the argmax chain nearly always
-    hot = evaluate_drafter(model, TargetGreedyProposer(model), PROMPTS, LAYERS, num_steps=3, max_new_tokens=16,
-                           temperature=2.0, seed=1)
+    hot = evaluate_drafter(model, TargetGreedyProposer(model), PROMPTS, LAYERS, num_steps=3, max_new_tokens=16, temperature=2.0, seed=1)
     assert 1.0 <= hot["acceptance_length"] < cold["acceptance_length"]
 
 
@@ -144,30 +143,68 @@ def test_pipeline_on_other_families_exports_what_specdec_validate_accepts(family
     tok = AutoTokenizer.from_pretrained(str(target))
     with (tmp_path / "samples.jsonl").open("w") as f:
         for i in range(10):
-            msgs = [{"role": "user", "content": f"hello {i} world"},
-                    {"role": "assistant", "content": "def add(a, b): return a + b " * (1 + i % 3)}]
+            msgs = [{"role": "user", "content": f"hello {i} world"}, {"role": "assistant", "content": "def add(a, b): return a + b " * (1 + i % 3)}]
             ids, mask = tokenize_conversation(tok, msgs)
             f.write(json.dumps({"id": i, "input_ids": ids, "loss_mask": mask}) + "\n")
-    capture_hf(tmp_path / "samples.jsonl", target, tmp_path / "cap", quantization="int4-rtn-g32",
-               capture_layers=LAYERS, progress=False)
+    capture_hf(tmp_path / "samples.jsonl", target, tmp_path / "cap", quantization="int4-rtn-g32", capture_layers=LAYERS, progress=False)
     build_vocab(tmp_path / "cap", tmp_path / "cap", 64)
-    summary = train(TrainConfig(capture_dir=str(tmp_path / "cap"), target_dir=str(target), out_dir=str(tmp_path / "r"),
-                                epochs=3, batch_size=3, lr=3e-3, ttt_steps=2, eval_fraction=0.2, progress=False))
+    summary = train(
+        TrainConfig(
+            capture_dir=str(tmp_path / "cap"),
+            target_dir=str(target),
+            out_dir=str(tmp_path / "r"),
+            epochs=3,
+            batch_size=3,
+            lr=3e-3,
+            ttt_steps=2,
+            eval_fraction=0.2,
+            progress=False,
+        )
+    )
     assert summary["last_loss"] < summary["first_loss"]
     prov = export_sglang(tmp_path / "r" / "final", target, tmp_path / "drafter")
     assert prov["target_quantization"] == "int4-rtn-g32"
-    proc = subprocess.run([sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(target),
-                           "--drafter", str(tmp_path / "drafter"), "--json"], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(target), "--drafter", str(tmp_path / "drafter"), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not [f for f in json.loads(proc.stdout)["findings"] if f["severity"] == "error"]
 
     # The `evaluate` stage end to end through the CLI, prompts taken from the samples' prompt spans.
     assert len(load_prompts(tmp_path / "samples.jsonl", tok)) == 10
-    proc = subprocess.run([sys.executable, "-m", "drafter_training.cli", "--quiet", "evaluate", "--target", str(target),
-                           "--drafter", str(tmp_path / "r" / "final"), "--prompts", str(tmp_path / "samples.jsonl"),
-                           "--limit", "3", "--max-new-tokens", "8", "--temperature", "0", "--quantization",
-                           "int4-rtn-g32", "--device", "cpu"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drafter_training.cli",
+            "--quiet",
+            "evaluate",
+            "--target",
+            str(target),
+            "--drafter",
+            str(tmp_path / "r" / "final"),
+            "--prompts",
+            str(tmp_path / "samples.jsonl"),
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "0",
+            "--quantization",
+            "int4-rtn-g32",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     run = json.loads(proc.stdout)["runs"][0]
     assert run["prompts"] == 3 and 1.0 <= run["acceptance_length"] <= 3.0

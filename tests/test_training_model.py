@@ -20,8 +20,16 @@ from specdec_operator.errors import InputError
 
 def tiny_draft(seed: int = 0) -> Eagle3Draft:
     torch.manual_seed(seed)
-    cfg = DraftConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                      vocab_size=50, draft_vocab_size=40, target_hidden_size=24, aux_layer_ids=[0, 1, 2])
+    cfg = DraftConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        draft_vocab_size=40,
+        target_hidden_size=24,
+        aux_layer_ids=[0, 1, 2],
+    )
     model = Eagle3Draft(cfg).double()
     with torch.no_grad():
         for p in model.parameters():
@@ -50,8 +58,7 @@ def test_unrolled_training_attention_equals_the_chain_the_server_runs():
             torch.testing.assert_close(logits[0, -1], unrolled[0][0, t], rtol=1e-5, atol=1e-6)
             row = torch.tensor([t])
             for k in range(1, steps):
-                logits, hidden = model.step(hidden[:, -1:], ids[:, t + 1 + k : t + 2 + k], (row + k)[None], cache,
-                                            query_rows=row)
+                logits, hidden = model.step(hidden[:, -1:], ids[:, t + 1 + k : t + 2 + k], (row + k)[None], cache, query_rows=row)
                 torch.testing.assert_close(logits[0, -1], unrolled[k][0, t], rtol=1e-5, atol=1e-6)
 
 
@@ -72,9 +79,18 @@ def test_step_zero_is_causal_and_later_steps_see_their_own_chain():
 
 def test_parameter_names_are_sglangs_checkpoint_names():
     names = set(tiny_draft().state_dict())
-    for name in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
-                 "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight",
-                 "midlayer.self_attn.q_proj.weight", "midlayer.mlp.gate_proj.weight"):
+    for name in (
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "midlayer.hidden_norm.weight",
+        "midlayer.input_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.mlp.gate_proj.weight",
+    ):
         assert name in names
     m = tiny_draft()
     assert m.midlayer.self_attn.q_proj.weight.shape == (32, 64)  # 2 * hidden inputs
@@ -128,8 +144,7 @@ def test_fp8_storage_round_trip():
 def test_parse_sglang_capture_aligns_logprobs_to_positions():
     hidden = [[float(t)] * 6 for t in range(3)]
     top = lambda a, b: [[-0.1, a, None], [-2.5, b, None]]  # noqa: E731
-    response = {"meta_info": {"hidden_states": [hidden], "input_top_logprobs": [None, top(7, 8), top(9, 1)],
-                              "output_top_logprobs": [top(4, 5)]}}
+    response = {"meta_info": {"hidden_states": [hidden], "input_top_logprobs": [None, top(7, 8), top(9, 1)], "output_top_logprobs": [top(4, 5)]}}
     parsed = parse_sglang_capture(response, 3, 2)
     assert parsed["aux"].shape == (3, 6)
     # position t's next-token distribution: input_top_logprobs[t+1], then output_top_logprobs[0]

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import make_model
+from tiny_server import TinyModelServer
 
 from drafter_training.capture import CaptureReader, capture_hf, capture_sglang
 from drafter_training.export import check_export, export_sglang
@@ -19,11 +21,9 @@ from drafter_training.target import capture_forward, load_target
 from drafter_training.train import TrainConfig, train
 from drafter_training.vocab import build_vocab, load_mapping
 from specdec_operator.errors import InputError
-from tiny_models import make_model
-from tiny_server import TinyModelServer
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = "alpha beta gamma delta def class return print hello world list dict".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "def", "class", "return", "print", "hello", "world", "list", "dict"]
 LAYERS = [0, 1, 2]
 
 
@@ -44,13 +44,24 @@ def write_prompts(path: Path, n: int, sharegpt_every: int = 3) -> None:
         for i in range(n):
             user = " ".join(rnd.choice(WORDS) for _ in range(6))
             if i % sharegpt_every == 0:  # ShareGPT records, two turns
-                rec = {"id": f"c{i}", "conversations": [
-                    {"from": "human", "value": user}, {"from": "gpt", "value": "old answer"},
-                    {"from": "human", "value": "and " + user}, {"from": "gpt", "value": "old"}]}
+                rec = {
+                    "id": f"c{i}",
+                    "conversations": [
+                        {"from": "human", "value": user},
+                        {"from": "gpt", "value": "old answer"},
+                        {"from": "human", "value": "and " + user},
+                        {"from": "gpt", "value": "old"},
+                    ],
+                }
             else:
-                rec = {"id": f"c{i}", "messages": [{"role": "system", "content": "be brief"},
-                                                   {"role": "user", "content": user},
-                                                   {"role": "assistant", "content": "stale"}]}
+                rec = {
+                    "id": f"c{i}",
+                    "messages": [
+                        {"role": "system", "content": "be brief"},
+                        {"role": "user", "content": user},
+                        {"role": "assistant", "content": "stale"},
+                    ],
+                }
             f.write(json.dumps(rec) + "\n")
 
 
@@ -62,9 +73,17 @@ def work(tmp_path_factory):
     write_prompts(root / "prompts.jsonl", 18)
     server = TinyModelServer(target, capture_layers=LAYERS, fail_first=2)
     server.start()
-    counts = regenerate(root / "prompts.jsonl", root / "samples.jsonl", base_url=server.base_url,
-                        tokenizer_dir=target, api="chat", max_new_tokens=20, concurrency=4, backoff=0.01,
-                        progress=False)
+    counts = regenerate(
+        root / "prompts.jsonl",
+        root / "samples.jsonl",
+        base_url=server.base_url,
+        tokenizer_dir=target,
+        api="chat",
+        max_new_tokens=20,
+        concurrency=4,
+        backoff=0.01,
+        progress=False,
+    )
     yield {"root": root, "target": target, "server": server, "counts": counts}
     server.stop()
 
@@ -72,8 +91,7 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def captured(work):
     root = work["root"]
-    capture_hf(root / "samples.jsonl", work["target"], root / "cap", quantization="none", capture_layers=LAYERS,
-               shard_samples=8, progress=False)
+    capture_hf(root / "samples.jsonl", work["target"], root / "cap", quantization="none", capture_layers=LAYERS, shard_samples=8, progress=False)
     build_vocab(root / "cap", root / "cap", 150)
     return root / "cap"
 
@@ -81,12 +99,24 @@ def captured(work):
 @pytest.fixture(scope="module")
 def trained(work, captured):
     out = work["root"] / "run"
-    summary = train(TrainConfig(capture_dir=str(captured), target_dir=str(work["target"]), out_dir=str(out),
-                                epochs=6, lr=3e-3, batch_size=4, ttt_steps=3, eval_fraction=0.15, progress=False))
+    summary = train(
+        TrainConfig(
+            capture_dir=str(captured),
+            target_dir=str(work["target"]),
+            out_dir=str(out),
+            epochs=6,
+            lr=3e-3,
+            batch_size=4,
+            ttt_steps=3,
+            eval_fraction=0.15,
+            progress=False,
+        )
+    )
     return out, summary
 
 
 # ---- regenerate -------------------------------------------------------------------------------------------
+
 
 def test_regenerate_replaces_assistant_turns_with_the_serving_models_output(work):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -106,9 +136,8 @@ def test_regenerate_replaces_assistant_turns_with_the_serving_models_output(work
         prompt = tok.apply_chat_template(msgs[:first], tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
-        gen = out[0, ids.shape[1]:].tolist()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False, pad_token_id=tok.pad_token_id)
+        gen = out[0, ids.shape[1] :].tolist()
         if tok.eos_token_id in gen:
             gen = gen[: gen.index(tok.eos_token_id)]
         assert assistant[0]["content"] == tok.decode(gen, skip_special_tokens=True)
@@ -123,9 +152,17 @@ def test_regenerate_replaces_assistant_turns_with_the_serving_models_output(work
 @pytest.mark.parametrize("api", ["completions", "generate"])
 def test_regenerate_through_other_endpoints_gives_the_same_conversations(work, api, tmp_path):
     out = tmp_path / f"{api}.jsonl"
-    counts = regenerate(work["root"] / "prompts.jsonl", out, base_url=work["server"].base_url,
-                        tokenizer_dir=work["target"], api=api, max_new_tokens=20, concurrency=3, limit=4,
-                        progress=False)
+    counts = regenerate(
+        work["root"] / "prompts.jsonl",
+        out,
+        base_url=work["server"].base_url,
+        tokenizer_dir=work["target"],
+        api=api,
+        max_new_tokens=20,
+        concurrency=3,
+        limit=4,
+        progress=False,
+    )
     assert counts["written"] == 4
     chat = {json.loads(x)["id"]: json.loads(x) for x in (work["root"] / "samples.jsonl").read_text().splitlines()}
     for line in out.read_text().splitlines():
@@ -136,8 +173,7 @@ def test_regenerate_through_other_endpoints_gives_the_same_conversations(work, a
 
 def test_regenerate_resumes_and_redoes_a_cut_line(work, tmp_path):
     out = tmp_path / "s.jsonl"
-    kwargs = dict(base_url=work["server"].base_url, tokenizer_dir=work["target"], max_new_tokens=8,
-                  concurrency=2, limit=5, progress=False)
+    kwargs = dict(base_url=work["server"].base_url, tokenizer_dir=work["target"], max_new_tokens=8, concurrency=2, limit=5, progress=False)
     assert regenerate(work["root"] / "prompts.jsonl", out, **kwargs)["written"] == 5
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])  # an interrupted write
@@ -148,8 +184,16 @@ def test_regenerate_resumes_and_redoes_a_cut_line(work, tmp_path):
 def test_regenerate_gives_up_after_retries_and_reports_failures(work, tmp_path):
     server = TinyModelServer(work["target"], fail_first=10_000)
     with server:
-        counts = regenerate(work["root"] / "prompts.jsonl", tmp_path / "x.jsonl", base_url=server.base_url,
-                            tokenizer_dir=work["target"], limit=2, retries=2, backoff=0.01, progress=False)
+        counts = regenerate(
+            work["root"] / "prompts.jsonl",
+            tmp_path / "x.jsonl",
+            base_url=server.base_url,
+            tokenizer_dir=work["target"],
+            limit=2,
+            retries=2,
+            backoff=0.01,
+            progress=False,
+        )
     assert counts == {"written": 0, "failed": 2, "skipped": 0}
     assert server.requests == 6  # 2 conversations x (1 + 2 retries)
 
@@ -165,6 +209,7 @@ def test_bad_prompt_files_name_the_line(tmp_path):
 
 
 # ---- capture ----------------------------------------------------------------------------------------------
+
 
 def test_capture_stores_sglang_layers_and_final_hidden(work, captured):
     reader = CaptureReader(captured)
@@ -183,8 +228,17 @@ def test_capture_stores_sglang_layers_and_final_hidden(work, captured):
 
 
 def test_capture_from_the_sglang_protocol_matches_transformers(work, captured, tmp_path):
-    idx = capture_sglang(work["root"] / "samples.jsonl", work["target"], tmp_path / "sg", url=work["server"].base_url,
-                         target_quantization="none", capture_layers=LAYERS, top_k=5, shard_samples=7, progress=False)
+    idx = capture_sglang(
+        work["root"] / "samples.jsonl",
+        work["target"],
+        tmp_path / "sg",
+        url=work["server"].base_url,
+        target_quantization="none",
+        capture_layers=LAYERS,
+        top_k=5,
+        shard_samples=7,
+        progress=False,
+    )
     assert idx.data["source"] == "sglang" and len(idx.samples) == 18
     hf, sg = CaptureReader(captured), CaptureReader(tmp_path / "sg")
     by_id = {m["id"]: i for i, m in enumerate(hf.index.samples)}
@@ -205,18 +259,23 @@ def test_capture_resumes_by_shard_and_refuses_a_different_setup(work, tmp_path):
     out = tmp_path / "cap"
     capture_hf(half, work["target"], out, quantization="none", capture_layers=LAYERS, shard_samples=8, progress=False)
     first_shard = (out / "shard-00000.safetensors").stat().st_mtime_ns
-    idx = capture_hf(root / "samples.jsonl", work["target"], out, quantization="none", capture_layers=LAYERS,
-                     shard_samples=8, progress=False)
+    idx = capture_hf(root / "samples.jsonl", work["target"], out, quantization="none", capture_layers=LAYERS, shard_samples=8, progress=False)
     assert len(idx.samples) == 18 and len({s["id"] for s in idx.samples}) == 18
     assert (out / "shard-00000.safetensors").stat().st_mtime_ns == first_shard
     with pytest.raises(InputError, match="target_quantization"):
-        capture_hf(root / "samples.jsonl", work["target"], out, quantization="int4-rtn-g32", capture_layers=LAYERS,
-                   progress=False)
+        capture_hf(root / "samples.jsonl", work["target"], out, quantization="int4-rtn-g32", capture_layers=LAYERS, progress=False)
 
 
 def test_int4_capture_differs_from_bf16_and_is_recorded(work, tmp_path):
-    idx = capture_hf(work["root"] / "samples.jsonl", work["target"], tmp_path / "q", quantization="int4-rtn-g32",
-                     capture_layers=LAYERS, storage="fp8", progress=False)
+    idx = capture_hf(
+        work["root"] / "samples.jsonl",
+        work["target"],
+        tmp_path / "q",
+        quantization="int4-rtn-g32",
+        capture_layers=LAYERS,
+        storage="fp8",
+        progress=False,
+    )
     assert idx.data["target_quantization"] == "int4-rtn-g32" and idx.data["storage"] == "fp8"
     q = CaptureReader(tmp_path / "q").get(0)
     ref = load_target(work["target"], "none")
@@ -228,6 +287,7 @@ def test_int4_capture_differs_from_bf16_and_is_recorded(work, tmp_path):
 
 
 # ---- vocab, train, export ------------------------------------------------------------------------------------
+
 
 def test_vocab_from_loss_masked_tokens(captured):
     d2t, t2d = load_mapping(captured)
@@ -256,8 +316,18 @@ def test_training_loss_decreases_and_accuracy_is_measured(trained):
 
 
 def test_training_resumes_from_its_checkpoint(work, captured, tmp_path):
-    cfg = dict(capture_dir=str(captured), target_dir=str(work["target"]), out_dir=str(tmp_path / "r"), epochs=3,
-               batch_size=4, ttt_steps=2, checkpoint_every=1, eval_fraction=0.1, progress=False, seed=3)
+    cfg = dict(
+        capture_dir=str(captured),
+        target_dir=str(work["target"]),
+        out_dir=str(tmp_path / "r"),
+        epochs=3,
+        batch_size=4,
+        ttt_steps=2,
+        checkpoint_every=1,
+        eval_fraction=0.1,
+        progress=False,
+        seed=3,
+    )
     first = train(TrainConfig(stop_after=3, **cfg))  # an interrupted job
     assert first["steps"] == 3 and first["evals"] == []
     second = train(TrainConfig(**cfg))
@@ -285,8 +355,13 @@ def test_export_round_trips_and_passes_specdec_validate(work, trained, tmp_path)
     assert prov["hidden_state_source"] == "transformers" and prov["target_quantization"] == "none"
     assert prov["num_samples"] == 15 and len(prov["tokenizer_sha256"]) == 64
 
-    proc = subprocess.run([sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(work["target"]),
-                           "--drafter", str(out), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(work["target"]), "--drafter", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["compatible"] is True
@@ -302,17 +377,36 @@ def test_export_round_trips_and_passes_specdec_validate(work, trained, tmp_path)
 def test_specdec_train_cli_stages_and_one_line_errors(work, captured, trained, tmp_path):
     run, _ = trained
     cli = [sys.executable, "-m", "drafter_training.cli", "--quiet"]
-    proc = subprocess.run(cli + ["export", "--run", str(run), "--target", str(work["target"]), "--out",
-                                 str(tmp_path / "e")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        cli + ["export", "--run", str(run), "--target", str(work["target"]), "--out", str(tmp_path / "e")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["draft_vocab_size"] == 150
-    proc = subprocess.run(cli + ["vocab", "--capture", str(tmp_path / "missing")], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    proc = subprocess.run(cli + ["vocab", "--capture", str(tmp_path / "missing")], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "run `specdec-train capture` first" in proc.stderr
-    proc = subprocess.run(cli + ["capture", "--samples", str(work["root"] / "samples.jsonl"), "--target",
-                                 str(work["target"]), "--out", str(tmp_path / "c"), "--capture-layers", "0,1,3"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        cli
+        + [
+            "capture",
+            "--samples",
+            str(work["root"] / "samples.jsonl"),
+            "--target",
+            str(work["target"]),
+            "--out",
+            str(tmp_path / "c"),
+            "--capture-layers",
+            "0,1,3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--capture-layers" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -322,11 +416,41 @@ def test_training_runs_data_parallel_under_torchrun(work, captured, tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-         "drafter_training.cli", "--quiet", "train", "--capture", str(captured), "--target", str(work["target"]),
-         "--out", str(tmp_path / "ddp"), "--epochs", "2", "--batch-size", "2", "--ttt-steps", "2", "--device", "cpu",
-         "--eval-fraction", "0.1", "--lr", "3e-3"],
-        capture_output=True, text=True, cwd=REPO, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "drafter_training.cli",
+            "--quiet",
+            "train",
+            "--capture",
+            str(captured),
+            "--target",
+            str(work["target"]),
+            "--out",
+            str(tmp_path / "ddp"),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "2",
+            "--ttt-steps",
+            "2",
+            "--device",
+            "cpu",
+            "--eval-fraction",
+            "0.1",
+            "--lr",
+            "3e-3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "ddp" / "final" / "train_summary.json").read_text())

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
 
 import model_dirs as md
+import pytest
+
 from drafter_training.target import quantization_of, read_config
 from specdec_operator.validator import normalize_quantization
 from specdec_operator.validator.modelmeta import read_model_dir
@@ -36,8 +36,10 @@ def test_recorded_quantization_is_what_the_validator_reads(config, expected):
 def test_training_reads_the_sizes_the_validator_reads(tmp_path: Path, wrapper: str) -> None:
     # A vision-language wrapper whose top level carries its vision tower's sizes, not the language model's.
     language = {"hidden_size": 4096, "vocab_size": 151936, "num_hidden_layers": 36, "num_attention_heads": 32}
-    md.write_json(tmp_path / "config.json", {"architectures": ["Qwen3VLForConditionalGeneration"], "hidden_size": 1152,
-                                             "vocab_size": 0, "num_hidden_layers": 27, wrapper: language})
+    md.write_json(
+        tmp_path / "config.json",
+        {"architectures": ["Qwen3VLForConditionalGeneration"], "hidden_size": 1152, "vocab_size": 0, "num_hidden_layers": 27, wrapper: language},
+    )
     trained = read_config(tmp_path)
     validated = read_model_dir(str(tmp_path), role="target", weights="none")
     for key in ("hidden_size", "vocab_size", "num_hidden_layers"):

@@ -9,17 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import model_dirs as md
 import pytest
 
-import model_dirs as md
 from specdec_operator import validator
-from specdec_operator.validator import ValidationReport, validate
 from specdec_operator.errors import InputError
+from specdec_operator.validator import ValidationReport, validate
 from specdec_operator.validator.modelmeta import read_model_dir
 
 
-def check(target: Path, drafter: Path, *, quantization: str | None = None, context_length: int | None = None,
-          algorithm: str = "EAGLE3") -> ValidationReport:
+def check(
+    target: Path, drafter: Path, *, quantization: str | None = None, context_length: int | None = None, algorithm: str = "EAGLE3"
+) -> ValidationReport:
     """Validate a pair exactly as the CLI does (validator.run), without a subprocess."""
     argv = ["--target", str(target), "--drafter", str(drafter), "--algorithm", algorithm]
     if quantization:
@@ -39,7 +40,9 @@ def finding(report: ValidationReport, code: str) -> validator.Finding:
 def cli(*args: str | Path, check_rc: int | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "specdec_operator.cli", "validate", *map(str, args)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if check_rc is not None:
         assert proc.returncode == check_rc, (proc.returncode, proc.stdout, proc.stderr)
@@ -59,8 +62,9 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "deepseek_v3": md.make_target(root / "DeepSeek-V3", md.DEEPSEEK_V3, shards=4),
         "llama8b": md.make_target(root / "Llama-3.1-8B-Instruct", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER),
         "qwen3": md.make_target(root / "Qwen3-8B", md.QWEN3_8B, tokenizer_config=md.QWEN3_TOKENIZER),
-        "kimi_draft": md.make_drafter(root / "Kimi-K2.5-eagle3", md.kimi_drafter_config(),
-                                      provenance=md.provenance(), tokenizer_config=md.KIMI_TOKENIZER),
+        "kimi_draft": md.make_drafter(
+            root / "Kimi-K2.5-eagle3", md.kimi_drafter_config(), provenance=md.provenance(), tokenizer_config=md.KIMI_TOKENIZER
+        ),
         "llama_draft": md.make_drafter(root / "EAGLE3-LLaMA3.1-Instruct-8B", md.llama31_8b_drafter_config()),
         "qwen3_draft": md.make_drafter(root / "Qwen3-8B-eagle3", md.qwen3_8b_drafter_config(), shards=2),
     }
@@ -125,8 +129,16 @@ def test_sharded_qwen3_drafter_headers_are_merged(dirs: dict[str, Path]) -> None
 
 
 def test_target_architecture_without_aux_capture(tmp_path: Path, dirs: dict[str, Path]) -> None:
-    mixtral = dict(md.LLAMA_31_8B, architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=32000,
-                   num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768, rope_scaling=None)
+    mixtral = dict(
+        md.LLAMA_31_8B,
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        vocab_size=32000,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=32768,
+        rope_scaling=None,
+    )
     target = md.make_target(tmp_path / "Mixtral-8x7B", mixtral)
     drafter = md.make_drafter(tmp_path / "d", md.eagle3_config(hidden=4096, vocab=32000, max_position=32768))
     report = check(target, drafter)
@@ -150,12 +162,13 @@ def test_speculators_format_drafter_gets_conversion_advice(tmp_path: Path, dirs:
         "norm_before_residual": True,
         "target_hidden_size": None,
         "transformer_layer_config": dict(md.LLAMA_31_8B, num_hidden_layers=1),
-        "speculators_config": {"algorithm": "eagle3", "proposal_methods": [{"proposal_type": "greedy",
-                               "speculative_tokens": 3}], "verifier": {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
-                               "architectures": ["LlamaForCausalLM"]}},
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "architectures": ["LlamaForCausalLM"]},
+        },
     }
-    tensors = {k.replace("midlayer.", "layers.0."): v for k, v in
-               md.eagle3_tensors(md.llama31_8b_drafter_config()).items()}
+    tensors = {k.replace("midlayer.", "layers.0."): v for k, v in md.eagle3_tensors(md.llama31_8b_drafter_config()).items()}
     report = check(dirs["llama8b"], md.make_drafter(tmp_path / "d", cfg, tensors=tensors))
     f = finding(report, "DrafterArchitectureUnsupported")
     assert "speculators" in f.message and "norm_before_residual" in f.message
@@ -221,15 +234,17 @@ def test_draft_vocab_too_large(tmp_path: Path, dirs: dict[str, Path]) -> None:
     assert "200000" in finding(report, "DraftVocabTooLarge").message
 
 
-@pytest.mark.parametrize("target,ids,bad", [
-    ("qwen3", [1, 17, 35], "[35]"),        # Qwen3 (36 layers) captures id+1 = 36: never produced
-    ("kimi25", [2, 30, 61], "[61]"),       # DeepSeek family, first id != 1: used as is, 61 >= 61
-    ("kimi25", [1, 29, 60], "[60]"),       # DeepSeek family, first id == 1: +1 -> 61
-    ("llama8b", [-1, 15, 28], "[-1]"),
-])
+@pytest.mark.parametrize(
+    "target,ids,bad",
+    [
+        ("qwen3", [1, 17, 35], "[35]"),  # Qwen3 (36 layers) captures id+1 = 36: never produced
+        ("kimi25", [2, 30, 61], "[61]"),  # DeepSeek family, first id != 1: used as is, 61 >= 61
+        ("kimi25", [1, 29, 60], "[60]"),  # DeepSeek family, first id == 1: +1 -> 61
+        ("llama8b", [-1, 15, 28], "[-1]"),
+    ],
+)
 def test_aux_layer_out_of_range(tmp_path: Path, dirs: dict[str, Path], target: str, ids: list[int], bad: str) -> None:
-    base = {"qwen3": md.qwen3_8b_drafter_config, "kimi25": md.kimi_drafter_config,
-            "llama8b": md.llama31_8b_drafter_config}[target]
+    base = {"qwen3": md.qwen3_8b_drafter_config, "kimi25": md.kimi_drafter_config, "llama8b": md.llama31_8b_drafter_config}[target]
     drafter = md.make_drafter(tmp_path / "d", base(aux_layer_ids=ids), provenance=md.provenance())
     f = finding(check(dirs[target], drafter), "AuxLayerOutOfRange")
     assert bad in f.message and f.severity == "error"
@@ -290,16 +305,18 @@ def test_drafter_without_any_weights(tmp_path: Path, dirs: dict[str, Path]) -> N
     assert "no model.safetensors" in finding(check(dirs["kimi25"], d), "MissingDrafterWeights").message
 
 
-@pytest.mark.parametrize("name,shape,expected", [
-    ("fc.weight", [7168, 2 * 7168], "fc.weight is [7168, 14336], expected [7168, 21504]"),
-    ("midlayer.self_attn.q_proj.weight", [8192, 7168], "expected [8192, 14336]"),
-    ("lm_head.weight", [163840, 7168], "lm_head.weight is [163840, 7168], expected [32000, 7168]"),
-    ("d2t", [31999], "d2t is [31999], expected [32000]"),
-    ("t2d", [129280], "t2d is [129280], expected [163840]"),
-    ("midlayer.mlp.gate_proj.weight", [11008, 7168], "expected [18432, 7168]"),
-])
-def test_drafter_weight_shape_mismatch(tmp_path: Path, dirs: dict[str, Path], name: str, shape: list[int],
-                                       expected: str) -> None:
+@pytest.mark.parametrize(
+    "name,shape,expected",
+    [
+        ("fc.weight", [7168, 2 * 7168], "fc.weight is [7168, 14336], expected [7168, 21504]"),
+        ("midlayer.self_attn.q_proj.weight", [8192, 7168], "expected [8192, 14336]"),
+        ("lm_head.weight", [163840, 7168], "lm_head.weight is [163840, 7168], expected [32000, 7168]"),
+        ("d2t", [31999], "d2t is [31999], expected [32000]"),
+        ("t2d", [129280], "t2d is [129280], expected [163840]"),
+        ("midlayer.mlp.gate_proj.weight", [11008, 7168], "expected [18432, 7168]"),
+    ],
+)
+def test_drafter_weight_shape_mismatch(tmp_path: Path, dirs: dict[str, Path], name: str, shape: list[int], expected: str) -> None:
     drafter = md.make_drafter(tmp_path / "d", md.kimi_drafter_config(), reshape={name: shape}, provenance=md.provenance())
     f = finding(check(dirs["kimi25"], drafter), "DrafterWeightShapeMismatch")
     assert expected in f.message
@@ -313,29 +330,45 @@ def test_d2t_must_be_integer(tmp_path: Path, dirs: dict[str, Path]) -> None:
 
 
 def test_mla_drafter_layout(tmp_path: Path, dirs: dict[str, Path]) -> None:
-    cfg = dict(md.kimi_drafter_config(), architectures=["Eagle3DeepseekV2ForCausalLM"], model_type="deepseek_v3",
-               q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    cfg = dict(
+        md.kimi_drafter_config(),
+        architectures=["Eagle3DeepseekV2ForCausalLM"],
+        model_type="deepseek_v3",
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    )
     h = 7168
     tensors = {
-        "fc.weight": ("BF16", [h, 3 * h]), "norm.weight": ("BF16", [h]), "lm_head.weight": ("BF16", [32000, h]),
-        "d2t": ("I64", [32000]), "t2d": ("BOOL", [163840]),
-        "layers.0.hidden_norm.weight": ("BF16", [h]), "layers.0.input_layernorm.weight": ("BF16", [h]),
+        "fc.weight": ("BF16", [h, 3 * h]),
+        "norm.weight": ("BF16", [h]),
+        "lm_head.weight": ("BF16", [32000, h]),
+        "d2t": ("I64", [32000]),
+        "t2d": ("BOOL", [163840]),
+        "layers.0.hidden_norm.weight": ("BF16", [h]),
+        "layers.0.input_layernorm.weight": ("BF16", [h]),
         "layers.0.post_attention_layernorm.weight": ("BF16", [h]),
         "layers.0.self_attn.q_a_proj.weight": ("BF16", [1536, 2 * h]),
         "layers.0.self_attn.kv_a_proj_with_mqa.weight": ("BF16", [576, 2 * h]),
         "layers.0.self_attn.kv_b_proj.weight": ("BF16", [64 * 256, 512]),
         "layers.0.self_attn.o_proj.weight": ("BF16", [h, 64 * 128]),
-        "layers.0.mlp.gate_proj.weight": ("BF16", [18432, h]), "layers.0.mlp.up_proj.weight": ("BF16", [18432, h]),
+        "layers.0.mlp.gate_proj.weight": ("BF16", [18432, h]),
+        "layers.0.mlp.up_proj.weight": ("BF16", [18432, h]),
         "layers.0.mlp.down_proj.weight": ("BF16", [h, 18432]),
     }
     good = check(dirs["kimi25"], md.make_drafter(tmp_path / "good", cfg, tensors=tensors, provenance=md.provenance()))
     assert good.compatible, good.findings
     no_lora = {k: v for k, v in cfg.items() if k != "q_lora_rank"}
-    incomplete = check(dirs["kimi25"], md.make_drafter(tmp_path / "nolora", no_lora, tensors=tensors,
-                                                       provenance=md.provenance()))
+    incomplete = check(dirs["kimi25"], md.make_drafter(tmp_path / "nolora", no_lora, tensors=tensors, provenance=md.provenance()))
     assert "q_lora_rank" in finding(incomplete, "DrafterConfigIncomplete").message
-    bad = check(dirs["kimi25"], md.make_drafter(tmp_path / "bad", cfg, tensors=tensors, provenance=md.provenance(),
-                                                 reshape={"layers.0.self_attn.q_a_proj.weight": [1536, h]}))
+    bad = check(
+        dirs["kimi25"],
+        md.make_drafter(
+            tmp_path / "bad", cfg, tensors=tensors, provenance=md.provenance(), reshape={"layers.0.self_attn.q_a_proj.weight": [1536, h]}
+        ),
+    )
     assert "q_a_proj" in finding(bad, "DrafterWeightShapeMismatch").message
 
 
@@ -393,21 +426,36 @@ def test_context_length_beyond_target(dirs: dict[str, Path]) -> None:
 # -- quantization ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("qc,label", [
-    (md.COMPRESSED_TENSORS_INT4, "int4"),
-    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "int4"),
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "int4"),
-    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "int8"),
-    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "fp8"),
-    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}, "fp8"),
-    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {
-        "weights": {"num_bits": 4, "type": "float", "group_size": 16}}}}, "fp4"),
-    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": None}, "fp4"),
-    ({"quant_method": "mxfp4"}, "fp4"),
-    ({"quant_method": "w8a8_int8"}, "int8"),
-    (None, "bf16"),
-])
+@pytest.mark.parametrize(
+    "qc,label",
+    [
+        (md.COMPRESSED_TENSORS_INT4, "int4"),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "int4"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "int4"),
+        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "int8"),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "fp8"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "float-quantized",
+                "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}},
+            },
+            "fp8",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "nvfp4-pack-quantized",
+                "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}},
+            },
+            "fp4",
+        ),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": None}, "fp4"),
+        ({"quant_method": "mxfp4"}, "fp4"),
+        ({"quant_method": "w8a8_int8"}, "int8"),
+        (None, "bf16"),
+    ],
+)
 def test_serving_quantization_from_quantization_config(tmp_path: Path, qc: dict[str, Any] | None, label: str) -> None:
     target = md.make_target(tmp_path / "t", md.with_quantization(md.LLAMA_31_8B, qc))
     meta = read_model_dir(str(target), role="target", weights="none")
@@ -417,8 +465,10 @@ def test_serving_quantization_from_quantization_config(tmp_path: Path, qc: dict[
 def test_modelopt_hf_quant_config_file(tmp_path: Path) -> None:
     # nvidia/*-FP4 checkpoints carry hf_quant_config.json instead of a quantization_config.
     target = md.make_target(tmp_path / "t", md.LLAMA_31_8B)
-    md.write_json(target / "hf_quant_config.json", {"producer": {"name": "modelopt", "version": "0.29.0"},
-                                                    "quantization": {"quant_algo": "NVFP4", "group_size": 16}})
+    md.write_json(
+        target / "hf_quant_config.json",
+        {"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16}},
+    )
     assert validator.checkpoint_quantization(read_model_dir(str(target), role="target", weights="none"))[0] == "fp4"
 
 
@@ -487,8 +537,12 @@ def test_cli_termination_log(dirs: dict[str, Path], tmp_path: Path) -> None:
 
 def test_termination_message_always_fits() -> None:
     many = [validator.Finding("warning" if i % 2 else "error", f"Code{i}", "x\u00e9" * 900, "f") for i in range(200)]
-    report = ValidationReport(algorithm="EAGLE3", serving_quantization="int4", checkpoint_quantization="int4",
-                              findings=sorted(many, key=lambda f: validator.SEVERITY_ORDER[f.severity]))
+    report = ValidationReport(
+        algorithm="EAGLE3",
+        serving_quantization="int4",
+        checkpoint_quantization="int4",
+        findings=sorted(many, key=lambda f: validator.SEVERITY_ORDER[f.severity]),
+    )
     text = report.termination_message()
     assert len(text.encode()) <= 4096
     doc = json.loads(text)
@@ -511,8 +565,10 @@ def test_validate_rejects_unknown_algorithm(dirs: dict[str, Path]) -> None:
 
 
 def test_validate_import_stays_light() -> None:
-    code = ("import sys; import specdec_operator.cli, specdec_operator.validator; "
-            "heavy = [m for m in ('kopf', 'kubernetes', 'torch', 'pydantic', 'aiohttp', 'numpy') if m in sys.modules]; "
-            "print(heavy)")
+    code = (
+        "import sys; import specdec_operator.cli, specdec_operator.validator; "
+        "heavy = [m for m in ('kopf', 'kubernetes', 'torch', 'pydantic', 'aiohttp', 'numpy') if m in sys.modules]; "
+        "print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert out.returncode == 0 and out.stdout.strip() == "[]", out

@@ -11,23 +11,22 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import model_dirs as md
 import pytest
+from hostile_dirs import CASES, good_drafter, spread_over_shards, write_raw_safetensors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import model_dirs as md
-from hostile_dirs import CASES, good_drafter, spread_over_shards, write_raw_safetensors
 from specdec_operator import validator
-from specdec_operator.validator import validate
 from specdec_operator.errors import InputError
+from specdec_operator.validator import validate
 from specdec_operator.validator.modelmeta import MetaReader, MiB, read_model_dir
 
 PEAK_MEMORY_LIMIT = 8 * MiB  # Python allocations while reading one hostile pair
 
 
 def run_cli(target: Path | bytes, drafter: Path | bytes, *extra: str) -> subprocess.CompletedProcess[bytes]:
-    args = [os.fsencode(a) for a in (sys.executable, "-m", "specdec_operator.cli", "validate",
-                                     "--target", target, "--drafter", drafter, *extra)]
+    args = [os.fsencode(a) for a in (sys.executable, "-m", "specdec_operator.cli", "validate", "--target", target, "--drafter", drafter, *extra)]
     # A hang (a FIFO read, a symlink chase) fails the test through the timeout.
     return subprocess.run(args, capture_output=True, timeout=60)
 
@@ -144,13 +143,24 @@ def test_random_safetensors_bytes(tmp_path: Path, blob: bytes) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(header=st.dictionaries(
-    st.text(max_size=12),
-    st.one_of(st.none(), st.integers(), st.text(max_size=8), st.fixed_dictionaries({
-        "dtype": st.sampled_from(["BF16", "I64", "F4", "BOOL", "bf16", "X"]),
-        "shape": st.lists(st.integers(min_value=-2, max_value=1 << 40), max_size=4),
-        "data_offsets": st.lists(st.integers(min_value=-1, max_value=1 << 62), max_size=3),
-    })), max_size=4))
+@given(
+    header=st.dictionaries(
+        st.text(max_size=12),
+        st.one_of(
+            st.none(),
+            st.integers(),
+            st.text(max_size=8),
+            st.fixed_dictionaries(
+                {
+                    "dtype": st.sampled_from(["BF16", "I64", "F4", "BOOL", "bf16", "X"]),
+                    "shape": st.lists(st.integers(min_value=-2, max_value=1 << 40), max_size=4),
+                    "data_offsets": st.lists(st.integers(min_value=-1, max_value=1 << 62), max_size=3),
+                }
+            ),
+        ),
+        max_size=4,
+    )
+)
 def test_random_safetensors_headers(tmp_path: Path, header: dict[str, Any]) -> None:
     path = tmp_path / "model.safetensors"
     write_raw_safetensors(path, header, 64)
@@ -163,28 +173,48 @@ def test_random_safetensors_headers(tmp_path: Path, header: dict[str, Any]) -> N
 
 
 JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-              st.text(max_size=10)),
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=10)),
     lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=8), children, max_size=3)),
     max_leaves=10,
 )
-CONFIG_KEYS = ["architectures", "hidden_size", "vocab_size", "num_hidden_layers", "draft_vocab_size", "target_hidden_size",
-               "eagle_config", "text_config", "quantization_config", "tie_word_embeddings", "max_position_embeddings",
-               "num_attention_heads", "num_key_value_heads", "head_dim", "num_aux_hidden_states", "rope_scaling",
-               "num_nextn_predict_layers"]
+CONFIG_KEYS = [
+    "architectures",
+    "hidden_size",
+    "vocab_size",
+    "num_hidden_layers",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_config",
+    "text_config",
+    "quantization_config",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_aux_hidden_states",
+    "rope_scaling",
+    "num_nextn_predict_layers",
+]
 TOKENIZER_KEYS = ["bos_token", "eos_token", "pad_token", "added_tokens_decoder", "chat_template"]
 PROVENANCE_KEYS = ["target_quantization", "hidden_state_source", "num_samples", "epochs"]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(target_patch=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON_VALUES, max_size=4),
-       drafter_patch=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON_VALUES, max_size=4),
-       tokenizer_patch=st.dictionaries(st.sampled_from(TOKENIZER_KEYS), JSON_VALUES, max_size=3),
-       provenance_patch=st.dictionaries(st.sampled_from(PROVENANCE_KEYS), JSON_VALUES, max_size=3),
-       algorithm=st.sampled_from(["EAGLE3", "EAGLE", "NEXTN"]))
+@given(
+    target_patch=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON_VALUES, max_size=4),
+    drafter_patch=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON_VALUES, max_size=4),
+    tokenizer_patch=st.dictionaries(st.sampled_from(TOKENIZER_KEYS), JSON_VALUES, max_size=3),
+    provenance_patch=st.dictionaries(st.sampled_from(PROVENANCE_KEYS), JSON_VALUES, max_size=3),
+    algorithm=st.sampled_from(["EAGLE3", "EAGLE", "NEXTN"]),
+)
 def test_arbitrary_config_values_give_a_report_or_an_input_error(
-    tmp_path_factory: pytest.TempPathFactory, target_patch: dict[str, Any], drafter_patch: dict[str, Any],
-    tokenizer_patch: dict[str, Any], provenance_patch: dict[str, Any], algorithm: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    target_patch: dict[str, Any],
+    drafter_patch: dict[str, Any],
+    tokenizer_patch: dict[str, Any],
+    provenance_patch: dict[str, Any],
+    algorithm: str,
 ) -> None:
     root = tmp_path_factory.mktemp("prop")
     t = md.make_target(root / "t", md.DEEPSEEK_V3, shards=1)

@@ -42,9 +42,7 @@ class _Classes:
                     bases = [ast.unparse(b).split(".")[-1] for b in node.bases]
                     methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
                     self.classes.setdefault(node.name, []).append((path.name, bases, methods))
-                elif isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets
-                ):
+                elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets):
                     value = node.value
                     elts = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
                     self.entry[path.name] = [ast.unparse(e) for e in elts]
@@ -76,8 +74,7 @@ def _is_draft_or_auxiliary(name: str) -> bool:
 
 def test_eagle3_target_architectures_match_set_eagle3_layers_to_capture(classes: _Classes) -> None:
     derived = {
-        name for name in classes.entry_classes()
-        if classes.defining_file(name, "set_eagle3_layers_to_capture") and not _is_draft_or_auxiliary(name)
+        name for name in classes.entry_classes() if classes.defining_file(name, "set_eagle3_layers_to_capture") and not _is_draft_or_auxiliary(name)
     }
     assert derived == tables.EAGLE3_TARGET_ARCHITECTURES, (
         f"missing from the table: {sorted(derived - tables.EAGLE3_TARGET_ARCHITECTURES)}; "
@@ -95,13 +92,10 @@ def test_deepseek_capture_convention(classes: _Classes) -> None:
     for path in MODELS.glob("*.py"):
         source = path.read_text()
         start = source.find("def set_eagle3_layers_to_capture")
-        if start >= 0 and "layer_ids[0] == 1" in source[start:start + 1500]:
+        if start >= 0 and "layer_ids[0] == 1" in source[start : start + 1500]:
             heuristic_files.add(path.name)
     assert heuristic_files, "the first-id-is-1 rule vanished from SGLang: revisit AuxLayerOutOfRange"
-    derived = {
-        name for name in tables.EAGLE3_TARGET_ARCHITECTURES
-        if classes.defining_file(name, "set_eagle3_layers_to_capture") in heuristic_files
-    }
+    derived = {name for name in tables.EAGLE3_TARGET_ARCHITECTURES if classes.defining_file(name, "set_eagle3_layers_to_capture") in heuristic_files}
     # Kimi-K2.5 delegates to its language model, a DeepseekV3ForCausalLM.
     kimi = (MODELS / "kimi_k25.py").read_text()
     assert "self.language_model = DeepseekV3ForCausalLM(" in kimi
@@ -112,16 +106,15 @@ def test_deepseek_capture_convention(classes: _Classes) -> None:
 def test_other_targets_add_one_to_layer_ids() -> None:
     for name in ("llama.py", "qwen3.py", "qwen2.py"):
         source = (MODELS / name).read_text()
-        body = source[source.find("def set_eagle3_layers_to_capture"):][:1200]
+        body = source[source.find("def set_eagle3_layers_to_capture") :][:1200]
         assert "[val + 1 for val in layer_ids]" in body, name
         assert "num_layers // 2" in body and "num_layers - 3" in body  # the default [2, L//2, L-3]
 
 
 def test_draft_architectures_are_registered(classes: _Classes) -> None:
     entries = classes.entry_classes()
-    assert set(tables.EAGLE3_DRAFT_ARCHITECTURES) == set(classes.entry["llama_eagle3.py"]) | set(
-        classes.entry["kimi_k25_eagle3.py"])
-    assert tables.EAGLE_DRAFT_ARCHITECTURES <= entries
+    assert set(tables.EAGLE3_DRAFT_ARCHITECTURES) == set(classes.entry["llama_eagle3.py"]) | set(classes.entry["kimi_k25_eagle3.py"])
+    assert entries >= tables.EAGLE_DRAFT_ARCHITECTURES
     # The names SGLang cannot load are really absent.
     assert "Eagle3LlamaForCausalLM" not in entries and "Eagle3Speculator" not in entries
 
@@ -154,9 +147,14 @@ def _config_draft_model_archs() -> set[str]:
 def test_nextn_targets_match_the_draft_rewrite_table() -> None:
     derived = _config_draft_model_archs()
     # Rewrites that are not NextN/MTP heads of a target checkpoint.
-    not_nextn = {"DSparkMiniMaxDraftModel", "NemotronH_Omni_Reasoning_V3", "InternS2PreviewForConditionalGeneration",
-                 "InternS2MobiusForConditionalGeneration", "Cosmos3ForConditionalGeneration"}
-    assert tables.NEXTN_TARGET_ARCHITECTURES <= derived, sorted(tables.NEXTN_TARGET_ARCHITECTURES - derived)
+    not_nextn = {
+        "DSparkMiniMaxDraftModel",
+        "NemotronH_Omni_Reasoning_V3",
+        "InternS2PreviewForConditionalGeneration",
+        "InternS2MobiusForConditionalGeneration",
+        "Cosmos3ForConditionalGeneration",
+    }
+    assert derived >= tables.NEXTN_TARGET_ARCHITECTURES, sorted(tables.NEXTN_TARGET_ARCHITECTURES - derived)
     unexplained = derived - tables.NEXTN_TARGET_ARCHITECTURES - not_nextn
     assert not unexplained, f"SGLang rewrites these to NextN/MTP drafts too: {sorted(unexplained)}"
 
@@ -164,7 +162,7 @@ def test_nextn_targets_match_the_draft_rewrite_table() -> None:
 def test_context_length_keys_match() -> None:
     source = (SGLANG / "srt" / "utils" / "hf_transformers" / "common.py").read_text()
     start = source.index("CONTEXT_LENGTH_KEYS = [")
-    keys = ast.literal_eval(source[start + len("CONTEXT_LENGTH_KEYS = "):source.index("]", start) + 1])
+    keys = ast.literal_eval(source[start + len("CONTEXT_LENGTH_KEYS = ") : source.index("]", start) + 1])
     assert tuple(keys) == tables.CONTEXT_LENGTH_KEYS
     model_config = (SGLANG / "srt" / "configs" / "model_config.py").read_text()
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in model_config  # the start-up refusal the warning cites

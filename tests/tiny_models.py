@@ -31,12 +31,17 @@ def make_tokenizer(directory: Path, vocab_size: int = 320):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
     )
     fast.chat_template = CHAT_TEMPLATE
     directory.mkdir(parents=True, exist_ok=True)
@@ -51,9 +56,16 @@ def make_model(directory: Path, family: str = "llama", layers: int = 4, hidden: 
     tokenizer = make_tokenizer(directory)
     vocab = len(tokenizer)
     common = dict(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
     )
     if family == "llama":
         from transformers import LlamaConfig
@@ -68,9 +80,20 @@ def make_model(directory: Path, family: str = "llama", layers: int = 4, hidden: 
 
         common["num_key_value_heads"] = 4
         cfg = DeepseekV3Config(
-            intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2, n_routed_experts=4, num_experts_per_tok=2,
-            n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=32,
-            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, **common,
+            intermediate_size=2 * hidden,
+            moe_intermediate_size=hidden // 2,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            **common,
         )
     else:
         raise ValueError(family)

@@ -20,7 +20,11 @@ import torch
 
 class TinyModelServer:
     def __init__(
-        self, model_dir: Path, *, capture_layers: list[int] | None = None, fail_first: int = 0,
+        self,
+        model_dir: Path,
+        *,
+        capture_layers: list[int] | None = None,
+        fail_first: int = 0,
         quantization: str | None = None,
     ) -> None:
         from transformers import AutoTokenizer
@@ -44,12 +48,11 @@ class TinyModelServer:
     def _generate(self, ids: list[int], max_new_tokens: int, temperature: float) -> list[int]:
         with self._lock, torch.no_grad():
             inp = torch.tensor([ids])
-            kwargs: dict[str, Any] = {"do_sample": temperature > 0, "max_new_tokens": max_new_tokens,
-                                      "pad_token_id": self.tokenizer.pad_token_id}
+            kwargs: dict[str, Any] = {"do_sample": temperature > 0, "max_new_tokens": max_new_tokens, "pad_token_id": self.tokenizer.pad_token_id}
             if temperature > 0:
                 kwargs["temperature"] = temperature
             out = self.model.generate(inp, attention_mask=torch.ones_like(inp), **kwargs)
-            new = out[0, len(ids):].tolist()
+            new = out[0, len(ids) :].tolist()
             eos = self.tokenizer.eos_token_id
             if eos in new:
                 new = new[: new.index(eos) + 1]
@@ -98,13 +101,14 @@ class TinyModelServer:
         out_text = self.tokenizer.decode(new, skip_special_tokens=True)
         finish = "stop" if new and new[-1] == self.tokenizer.eos_token_id else "length"
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(new), "total_tokens": len(ids) + len(new)}
-        common = {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "created": int(time.time()), "model": body.get("model"),
-                  "usage": usage}
+        common = {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "created": int(time.time()), "model": body.get("model"), "usage": usage}
         if chat:
-            return {**common, "object": "chat.completion", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": out_text}, "finish_reason": finish}]}
-        return {**common, "object": "text_completion", "choices": [
-            {"index": 0, "text": out_text, "finish_reason": finish}]}
+            return {
+                **common,
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": out_text}, "finish_reason": finish}],
+            }
+        return {**common, "object": "text_completion", "choices": [{"index": 0, "text": out_text, "finish_reason": finish}]}
 
     async def _native_generate(self, request):
         from aiohttp import web
@@ -114,25 +118,22 @@ class TinyModelServer:
         body = await request.json()
         ids = body.get("input_ids") or self.tokenizer(body["text"], add_special_tokens=False)["input_ids"]
         sp = body.get("sampling_params") or {}
-        new = await asyncio.to_thread(
-            self._generate, ids, int(sp.get("max_new_tokens", 16)), float(sp.get("temperature", 1.0))
-        )
+        new = await asyncio.to_thread(self._generate, ids, int(sp.get("max_new_tokens", 16)), float(sp.get("temperature", 1.0)))
         meta: dict[str, Any] = {
-            "id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": len(new),
+            "id": uuid.uuid4().hex,
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(new),
             "finish_reason": {"type": "stop" if new and new[-1] == self.tokenizer.eos_token_id else "length"},
         }
         if body.get("return_hidden_states"):
             if self.capture_layers is None:
-                return web.json_response({"error": "return_hidden_states needs --enable-return-hidden-states"},
-                                         status=400)
+                return web.json_response({"error": "return_hidden_states needs --enable-return-hidden-states"}, status=400)
             cap = await asyncio.to_thread(self._capture, ids, int(body.get("top_logprobs_num") or 1))
             meta["hidden_states"] = [cap["hidden"]]
             if body.get("return_logprob"):
                 meta["input_top_logprobs"] = cap["input_top"]
                 meta["output_top_logprobs"] = cap["output_top"]
-        return web.json_response(
-            {"text": self.tokenizer.decode(new, skip_special_tokens=True), "output_ids": new, "meta_info": meta}
-        )
+        return web.json_response({"text": self.tokenizer.decode(new, skip_special_tokens=True), "output_ids": new, "meta_info": meta})
 
     async def _health(self, _request):
         from aiohttp import web
@@ -155,7 +156,7 @@ class TinyModelServer:
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)
             await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - aiohttp exposes no public getter
+            port = site._server.sockets[0].getsockname()[1]
             self.base_url = f"http://127.0.0.1:{port}"
             ready.set()
 
@@ -178,7 +179,7 @@ class TinyModelServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
-    def __enter__(self) -> "TinyModelServer":
+    def __enter__(self) -> TinyModelServer:
         self.start()
         return self
 

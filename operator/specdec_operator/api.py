@@ -13,7 +13,7 @@ evaluates them, and the tests evaluate the same strings with cel-python.
 from __future__ import annotations
 
 import re
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -25,7 +25,7 @@ from .choices import Algorithm, Quantization
 # Shared vocabulary: phases, variants, condition types and reasons are constants, never ad-hoc strings.
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     PENDING = "Pending"
     VALIDATING = "Validating"
     DEPLOYING = "Deploying"
@@ -36,12 +36,12 @@ class Phase(str, Enum):
     FAILED = "Failed"
 
 
-class Variant(str, Enum):
+class Variant(StrEnum):
     BASE = "base"
     SPECULATIVE = "speculative"
 
 
-class ConditionType(str, Enum):
+class ConditionType(StrEnum):
     DRAFTER_COMPATIBLE = "DrafterCompatible"
     BASE_READY = "BaseReady"
     SPECULATIVE_READY = "SpeculativeReady"
@@ -168,11 +168,13 @@ def _cel(*rules: tuple[str, str, str | None]) -> dict[str, Any]:
 
 def _label_keys(field: str) -> dict[str, Any]:
     """CEL rule on a string map: every key is a Kubernetes label (or annotation) key."""
-    return _cel((
-        f"self.all(k, size(k) <= 317 && k.matches('{LABEL_KEY_PATTERN}'))",
-        f"{field} keys must be Kubernetes label keys: [prefix/]name, the name at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
-        None,
-    ))
+    return _cel(
+        (
+            f"self.all(k, size(k) <= 317 && k.matches('{LABEL_KEY_PATTERN}'))",
+            f"{field} keys must be Kubernetes label keys: [prefix/]name, the name at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            None,
+        )
+    )
 
 
 def _check_label_keys(value: dict[str, Any]) -> dict[str, Any]:
@@ -361,8 +363,15 @@ class Resources(_SpecModel):
         pattern=QUANTITY_PATTERN,
         max_length=32,
     )
-    cpu: str | None = Field(None, description="CPU request and limit of each server container (unset: none).", pattern=QUANTITY_PATTERN.replace("(Ki", "(m|Ki"), max_length=32)
-    memory: str | None = Field(None, description="Memory request and limit of each server container (unset: none).", pattern=QUANTITY_PATTERN, max_length=32)
+    cpu: str | None = Field(
+        None,
+        description="CPU request and limit of each server container (unset: none).",
+        pattern=QUANTITY_PATTERN.replace("(Ki", "(m|Ki"),
+        max_length=32,
+    )
+    memory: str | None = Field(
+        None, description="Memory request and limit of each server container (unset: none).", pattern=QUANTITY_PATTERN, max_length=32
+    )
 
 
 class SGLangSettings(_SpecModel):
@@ -485,7 +494,9 @@ class Rollout(_SpecModel):
             seen.add(workload.name)
         return value
 
-    max_rounds: int = Field(6, alias="maxRounds", description="Paired rounds before an undecided probe ends Inconclusive (which never promotes).", ge=1, le=50)
+    max_rounds: int = Field(
+        6, alias="maxRounds", description="Paired rounds before an undecided probe ends Inconclusive (which never promotes).", ge=1, le=50
+    )
     accept_length_floor: float = Field(
         1.1,
         alias="acceptLengthFloor",
@@ -515,11 +526,16 @@ class Monitor(_SpecModel):
 
 class PodMetadata(_SpecModel):
     labels: dict[str, LabelValue] = Field(
-        default_factory=dict, description="Extra labels on the server pods (the operator's own labels win).", max_length=64,
+        default_factory=dict,
+        description="Extra labels on the server pods (the operator's own labels win).",
+        max_length=64,
         json_schema_extra=_label_keys("podMetadata.labels"),
     )
     annotations: dict[str, str] = Field(
-        default_factory=dict, description="Extra annotations on the server pods.", max_length=64, json_schema_extra=_label_keys("podMetadata.annotations"),
+        default_factory=dict,
+        description="Extra annotations on the server pods.",
+        max_length=64,
+        json_schema_extra=_label_keys("podMetadata.annotations"),
     )
 
     _maps_drop_null = field_validator("labels", "annotations", mode="before")(_drop_null_values)
@@ -571,7 +587,11 @@ class SpeculativeServerSpec(_SpecModel):
     drafter: Drafter = Field(description="The draft model and the speculation shape.")
     resources: Resources = Field(default_factory=Resources, description="GPUs and memory of each server.")
     node_selector: dict[str, LabelValue] = Field(
-        default_factory=dict, alias="nodeSelector", description="Extra node selector of the server pods.", max_length=64, json_schema_extra=_label_keys("nodeSelector"),
+        default_factory=dict,
+        alias="nodeSelector",
+        description="Extra node selector of the server pods.",
+        max_length=64,
+        json_schema_extra=_label_keys("nodeSelector"),
     )
     _node_selector_drop_null = field_validator("node_selector", mode="before")(_drop_null_values)
     _node_selector_keys = field_validator("node_selector")(_check_label_keys)
@@ -586,7 +606,9 @@ class SpeculativeServerSpec(_SpecModel):
         max_length=64,
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
-    pod_metadata: PodMetadata = Field(default_factory=PodMetadata, alias="podMetadata", description="Extra labels and annotations of the server pods.")
+    pod_metadata: PodMetadata = Field(
+        default_factory=PodMetadata, alias="podMetadata", description="Extra labels and annotations of the server pods."
+    )
     sglang: SGLangSettings = Field(default_factory=SGLangSettings, description="SGLang server settings shared by both servers.")
     rollout: Rollout = Field(default_factory=Rollout, description="How the speculative server is measured against the base before it serves.")
     monitor: Monitor = Field(default_factory=Monitor, description="How a promoted speculative server is watched after promotion.")
@@ -622,14 +644,19 @@ class WorkloadResult(_Model):
     name: str = Field(description="Workload name.")
     concurrency: int = Field(description="Concurrent streams.")
     base_tokens_per_second: float | None = Field(None, alias="baseTokensPerSecond", description="Base server output tokens per second.")
-    speculative_tokens_per_second: float | None = Field(None, alias="speculativeTokensPerSecond", description="Speculative server output tokens per second.")
+    speculative_tokens_per_second: float | None = Field(
+        None, alias="speculativeTokensPerSecond", description="Speculative server output tokens per second."
+    )
     speedup: float | None = Field(None, description="Speculative over base throughput (point estimate from paired rounds).")
     speedup_low: float | None = Field(None, alias="speedupLow", description="Lower end of the speedup's confidence interval.")
     speedup_high: float | None = Field(None, alias="speedupHigh", description="Upper end of the speedup's confidence interval.")
 
 
 class BreakEvenStatus(_Model):
-    concurrency: float | None = Field(None, description="Concurrency where the speedup curve crosses 1.0 (interpolated between measured workloads); unset when it does not cross in the measured range.")
+    concurrency: float | None = Field(
+        None,
+        description="Concurrency where the speedup curve crosses 1.0 (interpolated between measured workloads); unset when it does not cross in the measured range.",
+    )
     low: float | None = Field(None, description="Lower end of its interval; unset when open (below the smallest measured concurrency).")
     high: float | None = Field(None, description="Upper end of its interval; unset when open (above the largest measured concurrency).")
     summary: str = Field("", description="For humans: '24 [16, 40]' or 'none in 1-128 (faster at every measured concurrency)'.")
@@ -643,11 +670,15 @@ class ProbeStatus(_Model):
     started_at: str | None = Field(None, alias="startedAt", description="When the probe started (RFC 3339).")
     finished_at: str | None = Field(None, alias="finishedAt", description="When the probe finished (RFC 3339).")
     accept_length: float | None = Field(None, alias="acceptLength", description="Mean acceptance length of the speculative server during the probe.")
-    speedup: float | None = Field(None, description="Overall speedup: the smallest workload speedup (AllWorkloads) or the weighted one (WeightedMix).")
+    speedup: float | None = Field(
+        None, description="Overall speedup: the smallest workload speedup (AllWorkloads) or the weighted one (WeightedMix)."
+    )
     revision: str | None = Field(None, description="Speculative revision this decision is for; a decided revision is never probed again.")
     workloads: list[WorkloadResult] | None = Field(None, description="Per-workload results.")
     break_even: BreakEvenStatus | None = Field(
-        None, alias="breakEven", description="Where speculation stops paying: the concurrency at which the speedup curve over the workloads crosses 1.0."
+        None,
+        alias="breakEven",
+        description="Where speculation stops paying: the concurrency at which the speedup curve over the workloads crosses 1.0.",
     )
 
 

@@ -7,8 +7,9 @@ the API server accepts too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import celpy
 

@@ -24,7 +24,7 @@ class Endpoints:
         self.domain = domain
 
     @classmethod
-    def from_file(cls, path: str, port: int = m.DEFAULT_PORT) -> "Endpoints":
+    def from_file(cls, path: str, port: int = m.DEFAULT_PORT) -> Endpoints:
         try:
             with open(path, encoding="utf-8") as fh:
                 data = yaml.safe_load(fh) or {}

@@ -27,18 +27,41 @@ PRINTER_COLUMNS = [
     {"name": "Accept", "type": "number", "jsonPath": ".status.acceptLength", "description": "Acceptance length of the drafter."},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "description": "Why the phase is what it is.", "priority": 1},
-    {"name": "Break-even", "type": "string", "jsonPath": ".status.probe.breakEven.summary",
-     "description": "Concurrency where the measured speedup crosses 1.0, with its interval.", "priority": 1},
+    {
+        "name": "Break-even",
+        "type": "string",
+        "jsonPath": ".status.probe.breakEven.summary",
+        "description": "Concurrency where the measured speedup crosses 1.0, with its interval.",
+        "priority": 1,
+    },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "description": "What is happening now.", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
 # Keys of JSON Schema that a structural OpenAPI v3 schema keeps as they are.
 _KEEP = {
-    "type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern",
-    "minItems", "maxItems", "minProperties", "maxProperties", "required", "format", "nullable",
-    "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
-    "x-kubernetes-list-map-keys", "x-kubernetes-int-or-string", "x-kubernetes-map-type",
+    "type",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "required",
+    "format",
+    "nullable",
+    "x-kubernetes-validations",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-map-type",
 }
 
 

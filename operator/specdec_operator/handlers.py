@@ -24,8 +24,9 @@ import json
 import logging
 import math
 import time
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import kopf
 from kubernetes import client as k8s
@@ -93,8 +94,15 @@ class ResourceState:
 class Runtime:
     """One operator process: the resources' states, the writer, the probe scheduler, the step slots."""
 
-    def __init__(self, config: OperatorConfig, metrics: OperatorMetrics, api_client: k8s.ApiClient | None = None,
-                 *, writer: KubernetesWriter | None = None, probes: ProbeScheduler | None = None) -> None:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        metrics: OperatorMetrics,
+        api_client: k8s.ApiClient | None = None,
+        *,
+        writer: KubernetesWriter | None = None,
+        probes: ProbeScheduler | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.writer = writer or KubernetesWriter(metrics, api_client)
@@ -142,8 +150,7 @@ class Runtime:
         self.metrics.forget(namespace, name)
 
     # --- one step: gather observed -> reconcile -> execute(plan)
-    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: Logger,
-                   scrape: Sample | None = None) -> Plan | None:
+    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: Logger, scrape: Sample | None = None) -> Plan | None:
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
         state = self.resource(key, body["metadata"]["uid"])
         if state.status is None:
@@ -154,7 +161,7 @@ class Runtime:
             return None
         observed = self.gather(key, state, body, pods, deployments, services, scrape)
         try:
-            plan = reconcile(spec, observed, state.status, datetime.now(timezone.utc), self.config.reconcile, rendered=state.rendered)
+            plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
             await self.fail(body, state, Reason.INVALID_SPEC, str(exc))
             return None
@@ -174,8 +181,7 @@ class Runtime:
             state.generation, state.rendered = generation, {}
         return state.spec
 
-    def gather(self, key: Key, state: ResourceState, body: Any, pods: list, deployments: list, services: list,
-               scrape: Sample | None) -> Observed:
+    def gather(self, key: Key, state: ResourceState, body: Any, pods: list, deployments: list, services: list, scrape: Sample | None) -> Observed:
         observed_deployments = {d["metadata"]["name"]: d for d in deployments}
         observed_services = {s["metadata"]["name"]: s for s in services}
         for child, obj in state.foreign_objects().items():
@@ -196,8 +202,9 @@ class Runtime:
             previous_scrape=state.last_scrape if scrape is not None else None,
         )
 
-    async def execute(self, key: Key, state: ResourceState, body: Any, spec: SpeculativeServerSpec, plan: Plan,
-                      observed: Observed, logger: Logger) -> None:
+    async def execute(
+        self, key: Key, state: ResourceState, body: Any, spec: SpeculativeServerSpec, plan: Plan, observed: Observed, logger: Logger
+    ) -> None:
         """Carry out a plan: apply children and the status patch, post its Events, start or stop its probe."""
         namespace, name = key
         # Creating a Service with a virtual IP (the stable one) is the slowest write there is: the API server
@@ -207,7 +214,9 @@ class Runtime:
         for obj in plan.apply:
             if creates_virtual_ip(obj, observed.services):
                 if state.creating is None:
-                    state.creating = asyncio.create_task(self._create_beside(key, state, obj, body, logger), name=f"create {namespace}/{obj['metadata']['name']}")
+                    state.creating = asyncio.create_task(
+                        self._create_beside(key, state, obj, body, logger), name=f"create {namespace}/{obj['metadata']['name']}"
+                    )
             else:
                 applying.append(obj)
         written = dump(plan.new_status)
@@ -415,8 +424,14 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                         started = time.monotonic()
                         runtime.metrics.reconcile_queue_seconds.observe(started - queued)
                         try:
-                            plan = await runtime.step(body, list(pods_index.get(key, [])), list(deployments_index.get(key, [])),
-                                                      list(services_index.get(key, [])), logger, scrape)
+                            plan = await runtime.step(
+                                body,
+                                list(pods_index.get(key, [])),
+                                list(deployments_index.get(key, [])),
+                                list(services_index.get(key, [])),
+                                logger,
+                                scrape,
+                            )
                         finally:
                             last_step = time.monotonic()
                             runtime.metrics.reconcile_seconds.observe(last_step - started)

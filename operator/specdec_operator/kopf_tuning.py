@@ -53,7 +53,11 @@ def slim_deployment(body: Any) -> dict[str, Any]:
 
 def slim_service(body: Any) -> dict[str, Any]:
     spec = body.get("spec") or {}
-    return {"kind": "Service", "metadata": _meta(body), "spec": {"selector": plain(spec.get("selector") or {}), "ports": plain(spec.get("ports") or [])}}
+    return {
+        "kind": "Service",
+        "metadata": _meta(body),
+        "spec": {"selector": plain(spec.get("selector") or {}), "ports": plain(spec.get("ports") or [])},
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -99,8 +103,13 @@ class LeanProgressStorage(kopf.SmartProgressStorage):
     def clear(self, *, essence: Any) -> Any:
         metadata = essence.get("metadata")
         annotations = (metadata or {}).get("annotations")
-        if ("status" in essence or metadata == {} or annotations == {} or (metadata or {}).get("labels") == {}
-                or any(key.startswith(self.prefixes) for key in annotations or ())):
+        if (
+            "status" in essence
+            or metadata == {}
+            or annotations == {}
+            or (metadata or {}).get("labels") == {}
+            or any(key.startswith(self.prefixes) for key in annotations or ())
+        ):
             return super().clear(essence=essence)
         return essence
 

@@ -58,8 +58,16 @@ class KubernetesWriter:
         self.metrics = metrics
         self.api_client = api_client
 
-    def request(self, method: str, path: str, path_params: dict[str, str], *, query: list[tuple[str, str]] | None = None,
-                content_type: str | None = None, body: Any = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        path_params: dict[str, str],
+        *,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str | None = None,
+        body: Any = None,
+    ) -> Any:
         """One blocking API request; the decoded JSON answer, or ApiException."""
         if self.api_client is None:
             self.api_client = k8s.ApiClient()
@@ -95,8 +103,12 @@ class KubernetesWriter:
         kopf.append_owner_reference(obj, owner=owner)
         # The body is serialized here (apply_body): the client would send json.dumps' ASCII output.
         self.request(
-            "PATCH", child_path(obj["kind"]), {"namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]},
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")], content_type="application/apply-patch+yaml", body=apply_body(obj),
+            "PATCH",
+            child_path(obj["kind"]),
+            {"namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]},
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+            body=apply_body(obj),
         )
         return None
 
@@ -110,8 +122,12 @@ class KubernetesWriter:
 
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await asyncio.to_thread(
-            self.request, "PATCH", STATUS_PATH, {"namespace": namespace, "name": name},
-            content_type="application/merge-patch+json", body={"status": patch},
+            self.request,
+            "PATCH",
+            STATUS_PATH,
+            {"namespace": namespace, "name": name},
+            content_type="application/merge-patch+json",
+            body={"status": patch},
         )
 
     async def post_event(self, owner: Any, event: Event) -> None:

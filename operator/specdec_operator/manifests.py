@@ -134,7 +134,7 @@ def _validator_memory_request(limit: str) -> str:
     """128Mi, or the limit when that is smaller (a request above its limit is refused by the API server)."""
     units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9, "": 1}
     number = limit.rstrip("KMGi")
-    unit = limit[len(number):]
+    unit = limit[len(number) :]
     try:
         limit_bytes = float(number) * units[unit]
     except (ValueError, KeyError):
@@ -170,8 +170,10 @@ def validator_container(spec: SpeculativeServerSpec, settings: ManifestSettings)
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}],
-        "resources": {"requests": {"cpu": "100m", "memory": _validator_memory_request(settings.validator_memory_limit)},
-                      "limits": {"cpu": "1", "memory": settings.validator_memory_limit}},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": _validator_memory_request(settings.validator_memory_limit)},
+            "limits": {"cpu": "1", "memory": settings.validator_memory_limit},
+        },
         "securityContext": {**_container_security(), "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
     }
 
@@ -272,8 +274,7 @@ def pod_template(
         "hostPID": False,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 60,
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-        + [copy.deepcopy(t) for t in spec.tolerations],
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] + [copy.deepcopy(t) for t in spec.tolerations],
         "volumes": [
             model_volume,
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
@@ -351,7 +352,9 @@ def deployment(
     }
 
 
-def service(name: str, namespace: str, variant: str | Variant | None, *, active: str | Variant = Variant.BASE, settings: ManifestSettings = ManifestSettings()) -> dict[str, Any]:
+def service(
+    name: str, namespace: str, variant: str | Variant | None, *, active: str | Variant = Variant.BASE, settings: ManifestSettings = ManifestSettings()
+) -> dict[str, Any]:
     """Service ``<name>-base``/``<name>-spec`` (variant given) or the stable ``<name>`` selecting ``active``."""
     selected = _v(variant if variant is not None else active)
     labels = dict(instance_labels(name))

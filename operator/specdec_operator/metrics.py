@@ -10,7 +10,8 @@ one process and read their metrics apart.
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -48,12 +49,15 @@ class ServerStatusCollector:
         return []  # nothing to check against other collectors' names at registration
 
     def collect(self) -> Iterator[Metric]:
-        speedup = GaugeMetricFamily("specdec_speedup", "Measured speedup of the speculative server over its base (last probe).",
-                                    labels=["namespace", "name"])
-        accept = GaugeMetricFamily("specdec_accept_length", "Acceptance length of the speculative server (probe, then drift monitor).",
-                                   labels=["namespace", "name"])
-        active = GaugeMetricFamily("specdec_active_variant", "1 for the variant the stable Service selects, 0 for the other.",
-                                   labels=["namespace", "name", "variant"])
+        speedup = GaugeMetricFamily(
+            "specdec_speedup", "Measured speedup of the speculative server over its base (last probe).", labels=["namespace", "name"]
+        )
+        accept = GaugeMetricFamily(
+            "specdec_accept_length", "Acceptance length of the speculative server (probe, then drift monitor).", labels=["namespace", "name"]
+        )
+        active = GaugeMetricFamily(
+            "specdec_active_variant", "1 for the variant the stable Service selects, 0 for the other.", labels=["namespace", "name", "variant"]
+        )
         phase = GaugeMetricFamily("specdec_phase", "1 for the current phase of each SpeculativeServer.", labels=["namespace", "name", "phase"])
         # Scrapes run on the HTTP server's thread: iterate over a copy (taken under the GIL) of the records.
         for (namespace, name), record in sorted(self.records.copy().items()):
@@ -80,8 +84,12 @@ class OperatorMetrics:
         self.servers = ServerStatusCollector()
         r.register(self.servers)
         # Counters carry namespace and name too, so an alert can say which server rolled back.
-        self.probes = Counter("specdec_probes_total", "Probes finished, by decision and reason.", ["namespace", "name", "decision", "reason"], registry=r)
-        self.rollbacks = Counter("specdec_rollbacks_total", "Rollbacks (probe decisions and drift), by reason.", ["namespace", "name", "reason"], registry=r)
+        self.probes = Counter(
+            "specdec_probes_total", "Probes finished, by decision and reason.", ["namespace", "name", "decision", "reason"], registry=r
+        )
+        self.rollbacks = Counter(
+            "specdec_rollbacks_total", "Rollbacks (probe decisions and drift), by reason.", ["namespace", "name", "reason"], registry=r
+        )
         self.reconcile_errors = Counter("specdec_reconcile_errors_total", "Reconcile steps that failed (retried).", ["kind"], registry=r)
         self.reconcile_seconds = Histogram(
             "specdec_reconcile_duration_seconds",

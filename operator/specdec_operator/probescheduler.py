@@ -10,9 +10,9 @@ names a host.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import UTC, datetime
 
 import aiohttp
 
@@ -136,7 +136,7 @@ class ProbeScheduler:
 
     async def scrape(self, key: Key) -> Sample:
         """One scrape of the speculative server's /metrics, reduced to what the drift rule reads."""
-        now = rfc3339(datetime.now(timezone.utc))
+        now = rfc3339(datetime.now(UTC))
         try:
             metrics = await scrape_metrics(await self.session(), self.url(key, Variant.SPECULATIVE), timeout=self.config.scrape_timeout)
         except ProbeRequestError as exc:

@@ -45,28 +45,110 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = ArgumentParser(prog="specdec run", description="Run the SpeculativeServer operator.")
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS", help="serve SpeculativeServers in this namespace (repeatable; glob patterns as in kopf)")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="serve SpeculativeServers in this namespace (repeatable; glob patterns as in kopf)",
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace (the default when no --namespace is given)")
-    p.add_argument("--endpoints", metavar="FILE", help="YAML/JSON mapping 'namespace/service' -> URL, for running outside the cluster (default: cluster DNS http://<service>.<namespace>.svc:<port>)")
-    p.add_argument("--metrics-port", type=int, default=8080, metavar="PORT", help="serve the operator's Prometheus metrics on this port at /metrics (0: off; default 8080)")
+    p.add_argument(
+        "--endpoints",
+        metavar="FILE",
+        help="YAML/JSON mapping 'namespace/service' -> URL, for running outside the cluster (default: cluster DNS http://<service>.<namespace>.svc:<port>)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        metavar="PORT",
+        help="serve the operator's Prometheus metrics on this port at /metrics (0: off; default 8080)",
+    )
     p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDR", help="address the metrics server binds (default 0.0.0.0)")
     p.add_argument("--liveness", metavar="URL", help="Kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     peering = p.add_mutually_exclusive_group()
-    peering.add_argument("--peering", metavar="NAME", help="leader election through this Kopf peering object (needs the KopfPeering CRDs); the oldest replica leads")
+    peering.add_argument(
+        "--peering", metavar="NAME", help="leader election through this Kopf peering object (needs the KopfPeering CRDs); the oldest replica leads"
+    )
     peering.add_argument("--standalone", action="store_true", help="no peering: the only replica (development, tests)")
     p.add_argument("--priority", type=int, help="peering priority (default: older replicas win, so a new replica never preempts a running one)")
-    p.add_argument("--peering-lifetime", type=_positive(int), default=60, metavar="S", help="how long this replica's peering record is trusted; after a crash the next replica takes over within it (default 60, Kopf's; at least 15)")
-    p.add_argument("--validator-image", default=DEFAULT_VALIDATOR_IMAGE, metavar="IMAGE", help=f"image of the drafter validator init container (default {DEFAULT_VALIDATOR_IMAGE})")
-    p.add_argument("--validator-memory-limit", type=_quantity, default="512Mi", metavar="QUANTITY", help="memory limit of the validator init container, e.g. 256Mi (default 512Mi)")
-    p.add_argument("--reconcile-interval", type=_positive(float), default=10.0, metavar="S", help="seconds between reconcile steps while a resource changes with time: servers loading, a probe running (events wake it earlier; default 10)")
-    p.add_argument("--resync-interval", type=_positive(float), default=300.0, metavar="S", help="seconds between steps of a settled resource (decided, its servers ready); events wake it at once (default 300)")
-    p.add_argument("--probe-timeout", type=_positive(float), default=3600.0, metavar="S", help="upper bound of one probe; Inconclusive when spent (default 3600)")
-    p.add_argument("--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)")
-    p.add_argument("--startup-allowance", type=_positive(int), default=STARTUP_ALLOWANCE_S, metavar="S", help=f"how long a server may load before its startup probe fails (default {STARTUP_ALLOWANCE_S})")
-    p.add_argument("--crash-restart-limit", type=_positive(int), default=3, metavar="N", help="restarts after which a crash-looping speculative server is given up (ProbeFailed) and scaled to 0 (default 3)")
-    p.add_argument("--max-concurrent-probes", type=_positive(int), default=8, metavar="N", help="probes run at once by this replica; more wait for a slot (each streams from two servers through this process, and a CPU-starved client would bias its measurements; default 8)")
-    p.add_argument("--max-concurrent-reconciles", type=_positive(int), default=16, metavar="N", help="reconcile steps making API calls at once; woken resources wait their turn (default 16)")
-    p.add_argument("--api-workers", type=_positive(int), default=32, metavar="N", help="Kubernetes API calls in flight at once (threads and connections of the API client; default 32)")
+    p.add_argument(
+        "--peering-lifetime",
+        type=_positive(int),
+        default=60,
+        metavar="S",
+        help="how long this replica's peering record is trusted; after a crash the next replica takes over within it (default 60, Kopf's; at least 15)",
+    )
+    p.add_argument(
+        "--validator-image",
+        default=DEFAULT_VALIDATOR_IMAGE,
+        metavar="IMAGE",
+        help=f"image of the drafter validator init container (default {DEFAULT_VALIDATOR_IMAGE})",
+    )
+    p.add_argument(
+        "--validator-memory-limit",
+        type=_quantity,
+        default="512Mi",
+        metavar="QUANTITY",
+        help="memory limit of the validator init container, e.g. 256Mi (default 512Mi)",
+    )
+    p.add_argument(
+        "--reconcile-interval",
+        type=_positive(float),
+        default=10.0,
+        metavar="S",
+        help="seconds between reconcile steps while a resource changes with time: servers loading, a probe running (events wake it earlier; default 10)",
+    )
+    p.add_argument(
+        "--resync-interval",
+        type=_positive(float),
+        default=300.0,
+        metavar="S",
+        help="seconds between steps of a settled resource (decided, its servers ready); events wake it at once (default 300)",
+    )
+    p.add_argument(
+        "--probe-timeout", type=_positive(float), default=3600.0, metavar="S", help="upper bound of one probe; Inconclusive when spent (default 3600)"
+    )
+    p.add_argument(
+        "--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)"
+    )
+    p.add_argument(
+        "--startup-allowance",
+        type=_positive(int),
+        default=STARTUP_ALLOWANCE_S,
+        metavar="S",
+        help=f"how long a server may load before its startup probe fails (default {STARTUP_ALLOWANCE_S})",
+    )
+    p.add_argument(
+        "--crash-restart-limit",
+        type=_positive(int),
+        default=3,
+        metavar="N",
+        help="restarts after which a crash-looping speculative server is given up (ProbeFailed) and scaled to 0 (default 3)",
+    )
+    p.add_argument(
+        "--max-concurrent-probes",
+        type=_positive(int),
+        default=8,
+        metavar="N",
+        help="probes run at once by this replica; more wait for a slot (each streams from two servers through this process, and a CPU-starved client would bias its measurements; default 8)",
+    )
+    p.add_argument(
+        "--max-concurrent-reconciles",
+        type=_positive(int),
+        default=16,
+        metavar="N",
+        help="reconcile steps making API calls at once; woken resources wait their turn (default 16)",
+    )
+    p.add_argument(
+        "--api-workers",
+        type=_positive(int),
+        default=32,
+        metavar="N",
+        help="Kubernetes API calls in flight at once (threads and connections of the API client; default 32)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p
@@ -94,8 +176,9 @@ def main(argv: list[str]) -> int:
     endpoints = Endpoints.from_file(args.endpoints) if args.endpoints else Endpoints()
     config = OperatorConfig(
         reconcile=Settings(
-            manifests=m.ManifestSettings(validator_image=args.validator_image, startup_allowance_s=args.startup_allowance,
-                                         validator_memory_limit=args.validator_memory_limit),
+            manifests=m.ManifestSettings(
+                validator_image=args.validator_image, startup_allowance_s=args.startup_allowance, validator_memory_limit=args.validator_memory_limit
+            ),
             crash_restart_limit=args.crash_restart_limit,
         ),
         endpoints=endpoints,
@@ -142,7 +225,9 @@ def main(argv: list[str]) -> int:
     runtime = Runtime(config, metrics, k8s.ApiClient(client_config))
     register(registry, runtime)
 
-    logging.getLogger("specdec").info(f"starting: {'all namespaces' if not args.namespace else ', '.join(args.namespace)}, endpoints from {args.endpoints or 'cluster DNS'}")
+    logging.getLogger("specdec").info(
+        f"starting: {'all namespaces' if not args.namespace else ', '.join(args.namespace)}, endpoints from {args.endpoints or 'cluster DNS'}"
+    )
 
     async def operate() -> None:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(args.api_workers, thread_name_prefix="kube-api"))

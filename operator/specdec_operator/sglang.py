@@ -17,13 +17,13 @@ import json
 import posixpath
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant
 from .cliparse import ArgumentParser
-from .resource import load_custom_resource
 from .errors import InputError
+from .resource import load_custom_resource
 
 # SGLang's own default port; the pods, Services and probes all use it.
 SERVER_PORT = 30000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 # Messages read back from pods or written into a status are bounded: a status is not a log.
@@ -17,7 +17,7 @@ def clip(text: Any, limit: int = MAX_TEXT) -> str:
 
 def rfc3339(t: datetime) -> str:
     """A time as Kubernetes writes it: UTC, seconds, a Z."""
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(value: str | None) -> datetime | None:

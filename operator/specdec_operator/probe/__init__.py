@@ -15,8 +15,8 @@ __all__ = [
     "ProbeResult",
     "WorkloadOutcome",
     "measure",
-    "parse_workload",
     "parse_sglang_metrics",
+    "parse_workload",
     "run_probe",
     "scrape_metrics",
 ]

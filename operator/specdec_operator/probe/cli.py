@@ -22,21 +22,33 @@ def build_parser() -> argparse.ArgumentParser:
         "2 for bad arguments, 3 when the base server cannot be reached.",
     )
     p.add_argument("--base", required=True, help="base SGLang server URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--speculative", "--candidate", dest="speculative", required=True,
-                   help="speculative SGLang server URL (--candidate: the same)")
-    p.add_argument("--workload", action="append", default=None, metavar="NAME:C:IN:OUT:REQ[:WEIGHT]",
-                   help="traffic shape (repeatable): name, concurrency, input tokens, output tokens, requests per "
-                   f"round and server, optional weight. Default: {' '.join(DEFAULT_WORKLOADS)}")
-    p.add_argument("--min-speedup", type=float, default=1.0,
-                   help="promote only when the interval's low end is above this (default 1.0)")
+    p.add_argument("--speculative", "--candidate", dest="speculative", required=True, help="speculative SGLang server URL (--candidate: the same)")
+    p.add_argument(
+        "--workload",
+        action="append",
+        default=None,
+        metavar="NAME:C:IN:OUT:REQ[:WEIGHT]",
+        help="traffic shape (repeatable): name, concurrency, input tokens, output tokens, requests per "
+        f"round and server, optional weight. Default: {' '.join(DEFAULT_WORKLOADS)}",
+    )
+    p.add_argument("--min-speedup", type=float, default=1.0, help="promote only when the interval's low end is above this (default 1.0)")
     p.add_argument("--max-rounds", type=int, default=6, help="paired rounds before Inconclusive (default 6)")
-    p.add_argument("--accept-length-floor", type=float, default=1.1,
-                   help="reject at once when the first round's acceptance length is at or below this (default 1.1)")
-    p.add_argument("--policy", default="all", choices=["all", "weighted"],
-                   help="all: every workload must pass; weighted: the weight-averaged speedup must pass")
-    p.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
-                   help=f"family-wise confidence of the intervals over all looks (default {DEFAULT_CONFIDENCE}: "
-                   "equal servers are promoted in under 0.1%% of probes)")
+    p.add_argument(
+        "--accept-length-floor",
+        type=float,
+        default=1.1,
+        help="reject at once when the first round's acceptance length is at or below this (default 1.1)",
+    )
+    p.add_argument(
+        "--policy", default="all", choices=["all", "weighted"], help="all: every workload must pass; weighted: the weight-averaged speedup must pass"
+    )
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help=f"family-wise confidence of the intervals over all looks (default {DEFAULT_CONFIDENCE}: "
+        "equal servers are promoted in under 0.1%% of probes)",
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="time budget of the whole probe in seconds")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=None, help="seed for the random prompts")
@@ -77,12 +89,22 @@ def main(argv: list[str]) -> int:
         parts = [f"{w.name} {w.speedup:.3f}x" for w in result.workloads if w.speedup is not None]
         print(f"specdec probe: round {result.rounds}: {', '.join(parts)}", file=sys.stderr, flush=True)
 
-    result = asyncio.run(run_probe(
-        args.base, args.speculative, workloads,
-        min_speedup=args.min_speedup, max_rounds=args.max_rounds, accept_length_floor=args.accept_length_floor,
-        policy=args.policy, confidence=args.confidence, timeout=args.timeout,
-        request_timeout=args.request_timeout, seed=args.seed, on_round=progress,
-    ))
+    result = asyncio.run(
+        run_probe(
+            args.base,
+            args.speculative,
+            workloads,
+            min_speedup=args.min_speedup,
+            max_rounds=args.max_rounds,
+            accept_length_floor=args.accept_length_floor,
+            policy=args.policy,
+            confidence=args.confidence,
+            timeout=args.timeout,
+            request_timeout=args.request_timeout,
+            seed=args.seed,
+            on_round=progress,
+        )
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -18,8 +18,9 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 from ..api import Workload
 from ..errors import InputError
 from .stats import percentile, weighted_percentile
+
 
 def _json_dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
@@ -51,17 +53,13 @@ def parse_workload(text: str) -> Workload:
     """The CLI form ``NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT]`` as the API's Workload."""
     parts = text.split(":")
     if len(parts) not in (5, 6):
-        raise InputError(
-            f"--workload {text!r}: expected NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT], "
-            "e.g. chat:16:1024:256:64"
-        )
+        raise InputError(f"--workload {text!r}: expected NAME:CONCURRENCY:INPUT_TOKENS:OUTPUT_TOKENS:REQUESTS[:WEIGHT], e.g. chat:16:1024:256:64")
     name, *nums = parts
     try:
         ints = [int(x) for x in nums[:4]]
         weight = float(nums[4]) if len(nums) == 5 else 1.0
     except ValueError:
-        raise InputError(f"--workload {text!r}: CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS and REQUESTS must "
-                         "be integers (WEIGHT a number)") from None
+        raise InputError(f"--workload {text!r}: CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS and REQUESTS must be integers (WEIGHT a number)") from None
     try:
         return Workload(name=name, concurrency=ints[0], input_tokens=ints[1], output_tokens=ints[2], requests=ints[3], weight=weight)
     except ValidationError as exc:
@@ -137,8 +135,7 @@ async def _one_request(
     final_meta: dict | None = None
     buf = b""
     try:
-        async with session.post(url, data=body, timeout=timeout,
-                                headers={"Content-Type": "application/json"}) as resp:
+        async with session.post(url, data=body, timeout=timeout, headers={"Content-Type": "application/json"}) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:200].replace("\n", " ")
                 raise ProbeRequestError(f"{url}: HTTP {resp.status}: {text}")
@@ -174,7 +171,7 @@ async def _one_request(
                     last_t, last_tokens = now, tokens
                     if meta.get("finish_reason") is not None:
                         final_meta = meta
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise ProbeRequestError(f"{url}: timed out after {time.perf_counter() - start:.1f}s") from None
     except aiohttp.ClientError as exc:
         raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
@@ -256,7 +253,7 @@ async def get_json(session: aiohttp.ClientSession, url: str, timeout: float = 10
             if resp.status != 200:
                 raise ProbeRequestError(f"{url}: HTTP {resp.status}")
             raw = await resp.read()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise ProbeRequestError(f"{url}: timed out after {timeout:g}s") from None
     except aiohttp.ClientError as exc:
         raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None

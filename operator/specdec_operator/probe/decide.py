@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from ..api import Decision, Reason
 from .stats import RatioInterval
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """Where one interval stands against the threshold."""
 
     PASS = "pass"  # the whole interval is above min_speedup

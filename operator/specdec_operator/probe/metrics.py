@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 
 import aiohttp
@@ -55,7 +54,7 @@ async def scrape_metrics(
                 if resp.status != 200:
                     raise ProbeRequestError(f"{url}: HTTP {resp.status} (is the server run with --enable-metrics?)")
                 return await resp.text()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ProbeRequestError(f"{url}: timed out after {timeout:g}s") from None
         except aiohttp.ClientError as exc:
             raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None

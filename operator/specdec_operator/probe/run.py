@@ -7,9 +7,10 @@ import dataclasses
 import inspect
 import math
 import random
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
@@ -188,8 +189,13 @@ OnRound = Callable[[ProbeResult], "Awaitable[None] | None"]
 
 
 def _check_arguments(
-    base_url: str, speculative_url: str, workloads: Sequence[Workload], min_speedup: float, max_rounds: int,
-    accept_length_floor: float, confidence: float,
+    base_url: str,
+    speculative_url: str,
+    workloads: Sequence[Workload],
+    min_speedup: float,
+    max_rounds: int,
+    accept_length_floor: float,
+    confidence: float,
 ) -> None:
     for flag, url in (("--base", base_url), ("--speculative", speculative_url)):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -250,8 +256,7 @@ async def run_probe(
     except ValueError as exc:
         raise InputError(f"--policy: {exc}") from None
     _check_arguments(base_url, speculative_url, wls, min_speedup, max_rounds, accept_length_floor, confidence)
-    result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence,
-                         started_at=datetime.now(timezone.utc))
+    result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence, started_at=datetime.now(UTC))
     result.workloads = [WorkloadOutcome(w.name, w.concurrency, w.weight) for w in wls]
     own_session = session is None
     connector_limit = max(w.concurrency for w in wls) + 8
@@ -259,11 +264,23 @@ async def run_probe(
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connector_limit))
     assert session is not None
     try:
-        outcome = await _probe(session, base_url.rstrip("/"), speculative_url.rstrip("/"), wls, result,
-                               min_speedup=float(min_speedup), max_rounds=max_rounds,
-                               floor=float(accept_length_floor), policy=policy_key, confidence=confidence,
-                               timeout=timeout, request_timeout=request_timeout, read_timeout=read_timeout,
-                               seed=seed, on_round=on_round)
+        outcome = await _probe(
+            session,
+            base_url.rstrip("/"),
+            speculative_url.rstrip("/"),
+            wls,
+            result,
+            min_speedup=float(min_speedup),
+            max_rounds=max_rounds,
+            floor=float(accept_length_floor),
+            policy=policy_key,
+            confidence=confidence,
+            timeout=timeout,
+            request_timeout=request_timeout,
+            read_timeout=read_timeout,
+            seed=seed,
+            on_round=on_round,
+        )
     except ProbeRequestError as exc:
         outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}")
     except asyncio.CancelledError:
@@ -274,7 +291,7 @@ async def run_probe(
         if own_session:
             await session.close()
     result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
-    result.finished_at = datetime.now(timezone.utc)
+    result.finished_at = datetime.now(UTC)
     return result
 
 
@@ -325,8 +342,7 @@ async def _probe(
         return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"speculative server unreachable: {exc}")
     result.base_max_running_requests = _max_running(base_info)
     result.speculative_max_running_requests = _max_running(speculative_info)
-    for label, cap in (("speculative", result.speculative_max_running_requests),
-                       ("base", result.base_max_running_requests)):
+    for label, cap in (("speculative", result.speculative_max_running_requests), ("base", result.base_max_running_requests)):
         if cap is None:
             continue
         for w in wls:
@@ -356,10 +372,11 @@ async def _probe(
     async def run_one(w: Workload, url: str, check: bool) -> Measurement:
         remaining = deadline - loop.time()
         if remaining <= 0:
-            raise asyncio.TimeoutError
+            raise TimeoutError
         return await asyncio.wait_for(
-            measure(session, url, w, rng=rng, request_timeout=request_timeout, read_timeout=read_timeout,
-                    stop_early=drafter_check(w) if check else None),
+            measure(
+                session, url, w, rng=rng, request_timeout=request_timeout, read_timeout=read_timeout, stop_early=drafter_check(w) if check else None
+            ),
             timeout=remaining,
         )
 
@@ -383,7 +400,8 @@ async def _probe(
                                 result.accept_length = accept
                                 result.rounds = 0
                                 return Outcome(
-                                    Decision.ROLLBACK, Reason.DRAFTER_NOT_ACCEPTING,
+                                    Decision.ROLLBACK,
+                                    Reason.DRAFTER_NOT_ACCEPTING,
                                     f"drafter not accepting: acceptance length {accept:.3f} <= floor {floor:g} "
                                     f"after {m.requests} request(s) of workload {w.name} (1.00 = no draft token "
                                     f"accepted); the base keeps serving",
@@ -392,10 +410,11 @@ async def _probe(
                         continue
                     tok_s[w.name][variant].append(m.tokens_per_second)
                     last[w.name][variant] = m
-        except asyncio.TimeoutError:
+        except TimeoutError:
             _summarize(wls, result, tok_s, last, level)
             return Outcome(
-                Decision.ROLLBACK, Reason.INCONCLUSIVE,
+                Decision.ROLLBACK,
+                Reason.INCONCLUSIVE,
                 f"probe time budget of {timeout:g}s spent after {result.rounds} complete round(s): "
                 + _detail(result.workloads, min_speedup, combined),
             )
@@ -418,21 +437,21 @@ async def _probe(
             estimates = [r for r in result.workloads if r.speedup is not None]
             if estimates:
                 worst = min(estimates, key=lambda r: r.speedup or 0.0)
-                result.speedup, result.speedup_low, result.speedup_high = (
-                    worst.speedup, worst.speedup_low, worst.speedup_high)
+                result.speedup, result.speedup_low, result.speedup_high = (worst.speedup, worst.speedup_low, worst.speedup_high)
             # A workload already confirmed needs no more GPU time; the undecided ones go on.
             active = [w for w in wls if verdicts[w.name] is not Verdict.PASS]
-        outcome = outcome_for(verdict, final=rnd == max_rounds,
-                              detail=_detail(result.workloads, min_speedup, combined))
+        outcome = outcome_for(verdict, final=rnd == max_rounds, detail=_detail(result.workloads, min_speedup, combined))
         if on_round is not None:
             maybe = on_round(result)
             if inspect.isawaitable(maybe):
                 await maybe
         if outcome is not None:
             if outcome.reason is Reason.INCONCLUSIVE and max_rounds < MIN_ROUNDS:
-                outcome = Outcome(outcome.decision, outcome.reason,
-                                  outcome.message + f" (max rounds {max_rounds} < {MIN_ROUNDS}: no interval "
-                                  "is trusted with fewer rounds)")
+                outcome = Outcome(
+                    outcome.decision,
+                    outcome.reason,
+                    outcome.message + f" (max rounds {max_rounds} < {MIN_ROUNDS}: no interval is trusted with fewer rounds)",
+                )
             return outcome
     raise AssertionError("unreachable: the last round always yields an outcome")
 

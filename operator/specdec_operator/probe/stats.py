@@ -18,8 +18,8 @@ Why this method (docs/probe.md has the longer argument):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 
 def _betacf(a: float, b: float, x: float) -> float:

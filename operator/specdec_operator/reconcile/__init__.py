@@ -27,8 +27,9 @@ The lifecycle (docs/operator.md)::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -59,8 +60,20 @@ from .model import Event, Observed, Plan, Settings, status_document
 from .pods import ServerState, parse_validator_report, server_state, validation_from_pods
 
 __all__ = [
-    "Event", "Observed", "Plan", "ServerState", "Settings", "merge_patch", "needs_apply", "owned_by",
-    "parse_validator_report", "read_status", "reconcile", "server_state", "status_document", "transition_events",
+    "Event",
+    "Observed",
+    "Plan",
+    "ServerState",
+    "Settings",
+    "merge_patch",
+    "needs_apply",
+    "owned_by",
+    "parse_validator_report",
+    "read_status",
+    "reconcile",
+    "server_state",
+    "status_document",
+    "transition_events",
     "validation_from_pods",
 ]
 
@@ -128,7 +141,8 @@ def reconcile(
         new_status=new_status,
         events=transition_events(prev, new_status, name=observed.name, workloads=[w.name for w in spec.rollout.workloads]),
         start_probe=outcome.probing and probe_running != revision,
-        cancel_probe=probe_running is not None and (probe_running != revision or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
+        cancel_probe=probe_running is not None
+        and (probe_running != revision or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
         monitor_due=monitor_due,
         next_scrape_in=next_scrape_in,
         settled=_settled(facts, outcome, to_apply, replicas),
@@ -144,8 +158,16 @@ def desired_children(facts: Facts, replicas: dict[Variant, int], active: Variant
     """The five children, Services first (see Plan.switch_first)."""
     name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
     deployments = [
-        m.deployment(name, namespace, facts.spec, variant.value, replicas=replicas[variant], revision=facts.revision, settings=ms,
-                     template=facts.templates[variant])
+        m.deployment(
+            name,
+            namespace,
+            facts.spec,
+            variant.value,
+            replicas=replicas[variant],
+            revision=facts.revision,
+            settings=ms,
+            template=facts.templates[variant],
+        )
         for variant in (BASE, SPECULATIVE)
     ]
     services = [

@@ -26,11 +26,20 @@ class Conditions:
         for i, cond in enumerate(self._items):
             if cond.type == ctype.value:
                 transition = self._now if cond.status != status else cond.last_transition_time
-                self._items[i] = Condition(type=ctype.value, status=status, reason=reason, message=message,
-                                           observed_generation=self._generation, last_transition_time=transition)
+                self._items[i] = Condition(
+                    type=ctype.value,
+                    status=status,
+                    reason=reason,
+                    message=message,
+                    observed_generation=self._generation,
+                    last_transition_time=transition,
+                )
                 return
-        self._items.append(Condition(type=ctype.value, status=status, reason=reason, message=message,
-                                     observed_generation=self._generation, last_transition_time=self._now))
+        self._items.append(
+            Condition(
+                type=ctype.value, status=status, reason=reason, message=message, observed_generation=self._generation, last_transition_time=self._now
+            )
+        )
 
     def get(self, ctype: ConditionType) -> Condition | None:
         return next((c for c in self._items if c.type == ctype.value), None)

@@ -20,8 +20,9 @@ def transition_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatu
     if new.probe is not None and new.probe.decision and _is_new_decision(prev.probe, new.probe):
         events.append(_decision_event(new.probe))
     if new.phase == Phase.PROBING and new.probe is not None and _is_new_probe(prev, new.probe):
-        events.append(Event("Normal", Reason.PROBE_STARTED,
-                            f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})"))
+        events.append(
+            Event("Normal", Reason.PROBE_STARTED, f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})")
+        )
     if prev.active_variant and new.active_variant and prev.active_variant != new.active_variant and new.reason != Reason.NAME_CONFLICT:
         events.append(Event("Normal", Reason.TRAFFIC_SWITCHED, f"stable Service {name} now selects the {new.active_variant} server"))
     if new.phase == Phase.FAILED and (prev.phase, prev.reason, prev.message) != (new.phase, new.reason, new.message):
@@ -36,10 +37,16 @@ def _validated(validation: ValidationStatus | None, revision: str | None) -> boo
 def _validation_event(validation: ValidationStatus) -> Event:
     if validation.compatible:
         warnings = finding_summary(validation, ("warning",))
-        return Event("Warning" if warnings else "Normal", Reason.DRAFTER_COMPATIBLE,
-                     f"drafter is compatible with the target{'; warnings: ' + warnings if warnings else ''}")
-    return Event("Warning", Reason.DRAFTER_INCOMPATIBLE,
-                 f"{finding_summary(validation, ('error',))}; speculative server scaled to 0, the base server keeps serving")
+        return Event(
+            "Warning" if warnings else "Normal",
+            Reason.DRAFTER_COMPATIBLE,
+            f"drafter is compatible with the target{'; warnings: ' + warnings if warnings else ''}",
+        )
+    return Event(
+        "Warning",
+        Reason.DRAFTER_INCOMPATIBLE,
+        f"{finding_summary(validation, ('error',))}; speculative server scaled to 0, the base server keeps serving",
+    )
 
 
 def _is_new_decision(prev: ProbeStatus | None, new: ProbeStatus) -> bool:

@@ -14,9 +14,10 @@ Each step answers one question and returns a typed answer; ``reconcile`` (``__in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from .. import manifests as m
 from ..api import (
@@ -91,7 +92,9 @@ def gather_facts(
     templates = {}
     for variant in (BASE, SPECULATIVE):
         if variant.value not in rendered:
-            rendered[variant.value] = m.pod_template(observed.name, spec, variant.value, render_argv(spec, variant.value), revision, settings.manifests)
+            rendered[variant.value] = m.pod_template(
+                observed.name, spec, variant.value, render_argv(spec, variant.value), revision, settings.manifests
+            )
         templates[variant] = rendered[variant.value]
     servers = {
         variant: server_state(pods_of(observed.pods, variant), templates[variant]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH])
@@ -111,7 +114,8 @@ def settle_validation(facts: Facts) -> ValidationStatus | None:
     drafter = facts.spec.drafter
     if not drafter.path:
         return ValidationStatus(
-            compatible=True, revision=facts.revision,
+            compatible=True,
+            revision=facts.revision,
             findings=[Finding(severity="info", code=Reason.NO_SEPARATE_DRAFTER, message=f"{drafter.algorithm} drafts with the target's own layers")],
         )
     return validation_from_pods(facts.observed.pods, facts.revision)
@@ -130,15 +134,27 @@ def settle_decision(facts: Facts, validation: ValidationStatus | None) -> ProbeS
         return None
     result = facts.observed.probe_result
     if result is not None and result.revision == facts.revision and result.decision:
-        return result.model_copy(update={
-            "finished_at": result.finished_at or facts.now_s,
-            "started_at": result.started_at or (stored.started_at if stored is not None else None),
-        })
+        return result.model_copy(
+            update={
+                "finished_at": result.finished_at or facts.now_s,
+                "started_at": result.started_at or (stored.started_at if stored is not None else None),
+            }
+        )
     speculative = facts.servers[SPECULATIVE]
-    if (validation is not None and validation.compatible and speculative.reason == Reason.CRASH_LOOP
-            and speculative.restarts >= facts.settings.crash_restart_limit):
-        return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, rounds=0, revision=facts.revision, finished_at=facts.now_s,
-                           message=f"speculative server never became ready: {speculative.message}")
+    if (
+        validation is not None
+        and validation.compatible
+        and speculative.reason == Reason.CRASH_LOOP
+        and speculative.restarts >= facts.settings.crash_restart_limit
+    ):
+        return ProbeStatus(
+            decision=Decision.ROLLBACK,
+            reason=Reason.PROBE_FAILED,
+            rounds=0,
+            revision=facts.revision,
+            finished_at=facts.now_s,
+            message=f"speculative server never became ready: {speculative.message}",
+        )
     return None
 
 
@@ -159,8 +175,13 @@ def apply_drift(facts: Facts, decision: ProbeStatus | None) -> tuple[ProbeStatus
         monitor = stored if stored is not None else MonitorStatus(below_floor_count=0)
         if facts.observed.scrape is None:
             return decision, monitor
-        verdict = observe(monitor, facts.observed.scrape, floor=monitor_spec.accept_length_floor, window=monitor_spec.window,
-                          previous=facts.observed.previous_scrape)
+        verdict = observe(
+            monitor,
+            facts.observed.scrape,
+            floor=monitor_spec.accept_length_floor,
+            window=monitor_spec.window,
+            previous=facts.observed.previous_scrape,
+        )
         if not verdict.drifted:
             return decision, verdict.status
         message = (
@@ -168,8 +189,9 @@ def apply_drift(facts: Facts, decision: ProbeStatus | None) -> tuple[ProbeStatus
             f"for {verdict.status.below_floor_count} consecutive scrapes (promoted at speedup {decision.speedup}); "
             "not promoted again for this revision"
         )
-        rollback = decision.model_copy(update={"decision": Decision.ROLLBACK.value, "reason": Reason.ACCEPTANCE_DRIFT.value,
-                                               "message": message, "finished_at": facts.now_s})
+        rollback = decision.model_copy(
+            update={"decision": Decision.ROLLBACK.value, "reason": Reason.ACCEPTANCE_DRIFT.value, "message": message, "finished_at": facts.now_s}
+        )
         return rollback, verdict.status
     if decision is not None and decision.reason == Reason.ACCEPTANCE_DRIFT:
         return decision, facts.prev.monitor  # the evidence of the drift rollback stays visible
@@ -213,12 +235,18 @@ def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: Pr
     base, speculative = facts.servers[BASE], facts.servers[SPECULATIVE]
     observed = facts.observed
     if facts.conflicts:
-        return PhaseOutcome(Phase.FAILED, Reason.NAME_CONFLICT,
-                            f"objects not owned by this SpeculativeServer already use its names: {', '.join(facts.conflicts)}; delete or rename them")
+        return PhaseOutcome(
+            Phase.FAILED,
+            Reason.NAME_CONFLICT,
+            f"objects not owned by this SpeculativeServer already use its names: {', '.join(facts.conflicts)}; delete or rename them",
+        )
     if validation is not None and is_invalid(validation):
         codes = error_codes(validation)
-        return PhaseOutcome(Phase.INVALID, codes[0] if codes else Reason.DRAFTER_INCOMPATIBLE,
-                            f"drafter incompatible ({', '.join(codes)}); the base server keeps serving")
+        return PhaseOutcome(
+            Phase.INVALID,
+            codes[0] if codes else Reason.DRAFTER_INCOMPATIBLE,
+            f"drafter incompatible ({', '.join(codes)}); the base server keeps serving",
+        )
     if decision is not None:
         promoted = is_promoted(decision)
         reason = decision.reason or (Reason.SPEEDUP_CONFIRMED if promoted else Reason.INCONCLUSIVE)
@@ -270,8 +298,12 @@ def build_conditions(
         conditions.set(ConditionType.DRAFTER_COMPATIBLE, "True", Reason.COMPATIBLE, f"compatible; warnings: {warnings}" if warnings else "compatible")
     else:
         codes = error_codes(validation)
-        conditions.set(ConditionType.DRAFTER_COMPATIBLE, "False", codes[0] if codes else Reason.DRAFTER_INCOMPATIBLE,
-                       finding_summary(validation, ("error", "warning")))
+        conditions.set(
+            ConditionType.DRAFTER_COMPATIBLE,
+            "False",
+            codes[0] if codes else Reason.DRAFTER_INCOMPATIBLE,
+            finding_summary(validation, ("error", "warning")),
+        )
 
     for ctype, variant in ((ConditionType.BASE_READY, BASE), (ConditionType.SPECULATIVE_READY, SPECULATIVE)):
         server = facts.servers[variant]
@@ -285,8 +317,12 @@ def build_conditions(
 
     if decision is not None:
         promoted = is_promoted(decision)
-        conditions.set(ConditionType.SPEEDUP_VERIFIED, "True" if promoted else "False",
-                       decision.reason or (Reason.SPEEDUP_CONFIRMED if promoted else Reason.INCONCLUSIVE), decision.message or "")
+        conditions.set(
+            ConditionType.SPEEDUP_VERIFIED,
+            "True" if promoted else "False",
+            decision.reason or (Reason.SPEEDUP_CONFIRMED if promoted else Reason.INCONCLUSIVE),
+            decision.message or "",
+        )
     elif invalid:
         conditions.set(ConditionType.SPEEDUP_VERIFIED, "False", Reason.NOT_PROBED, "the drafter is incompatible; nothing to measure")
     elif outcome.probing:
@@ -298,12 +334,18 @@ def build_conditions(
     # steps, so it can trail the servers under load) and the server it selects is ready.
     name = facts.name
     if name not in facts.conflicts and name not in facts.observed.services:
-        conditions.set(ConditionType.READY, "False", Reason.SERVICE_PENDING, f"stable Service {name} is being created; it will select the {active.value} server")
+        conditions.set(
+            ConditionType.READY, "False", Reason.SERVICE_PENDING, f"stable Service {name} is being created; it will select the {active.value} server"
+        )
     else:
         serving = facts.servers[active].any_ready and name not in facts.conflicts
         detail = "" if serving else f", which is not ready ({facts.servers[active].message})"
-        conditions.set(ConditionType.READY, "True" if serving else "False", Reason.SERVING if serving else Reason.NO_READY_SERVER,
-                       f"stable Service {name} selects the {active.value} server{detail}")
+        conditions.set(
+            ConditionType.READY,
+            "True" if serving else "False",
+            Reason.SERVING if serving else Reason.NO_READY_SERVER,
+            f"stable Service {name} selects the {active.value} server{detail}",
+        )
     return conditions
 
 

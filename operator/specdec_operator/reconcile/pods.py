@@ -133,8 +133,14 @@ def parse_validator_report(exit_code: int, message: str | None, revision: str) -
             if not isinstance(raw, dict) or not raw.get("code"):
                 continue
             severity = raw.get("severity") if raw.get("severity") in ("error", "warning", "info") else "error"
-            findings.append(Finding(severity=severity, code=clip(raw["code"], 128), message=clip(raw.get("message")),
-                                    field=clip(raw["field"], 256) if raw.get("field") else None))
+            findings.append(
+                Finding(
+                    severity=severity,
+                    code=clip(raw["code"], 128),
+                    message=clip(raw.get("message")),
+                    field=clip(raw["field"], 256) if raw.get("field") else None,
+                )
+            )
     compatible = exit_code == 0 and not (isinstance(data, dict) and data.get("compatible") is False)
     if not compatible and not any(f.severity == "error" for f in findings):
         if exit_code == 1:
@@ -161,10 +167,13 @@ def validation_from_pods(pods: list[dict[str, Any]], revision: str) -> Validatio
                 term = state.get("terminated")
                 if term and term.get("reason") == "OOMKilled":
                     # Killed by the kernel: no termination message, and exit code 137 alone says nothing.
-                    message = (f"the validator was killed for exceeding its memory limit (OOMKilled, exit code "
-                               f"{term.get('exitCode')}); raise the operator's --validator-memory-limit")
-                    return ValidationStatus(compatible=False, revision=revision,
-                                            findings=[Finding(severity="error", code=Reason.VALIDATOR_OOM_KILLED, message=message)])
+                    message = (
+                        f"the validator was killed for exceeding its memory limit (OOMKilled, exit code "
+                        f"{term.get('exitCode')}); raise the operator's --validator-memory-limit"
+                    )
+                    return ValidationStatus(
+                        compatible=False, revision=revision, findings=[Finding(severity="error", code=Reason.VALIDATOR_OOM_KILLED, message=message)]
+                    )
                 if term and term.get("exitCode") is not None:
                     return parse_validator_report(int(term["exitCode"]), term.get("message"), revision)
     return None

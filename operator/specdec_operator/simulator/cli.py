@@ -20,29 +20,34 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Serve SGLang {SGLANG_VERSION}'s HTTP API (/generate, /v1/*, /metrics, /server_info, /health) over a "
         "continuous-batching performance model. Not a GPU server: a simulator for tests and demos.",
     )
-    parser.add_argument("--profile", required=True,
-                        help=f"profile JSON file, or a shipped profile name: {', '.join(shipped_profiles())}")
+    parser.add_argument("--profile", required=True, help=f"profile JSON file, or a shipped profile name: {', '.join(shipped_profiles())}")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a pod)")
     parser.add_argument("--port", type=int, default=30000, help="port to bind (default 30000, as SGLang; 0 = any)")
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="run the simulated clock S times faster than wall time (tok/s scale by S)")
-    parser.add_argument("--load-seconds", type=float, default=None,
-                        help="override the profile's load_seconds (simulated; health is 503 while loading)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="run the simulated clock S times faster than wall time (tok/s scale by S)")
+    parser.add_argument(
+        "--load-seconds", type=float, default=None, help="override the profile's load_seconds (simulated; health is 503 while loading)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed for jitter, acceptance draws and faults")
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> None:
     profile = load_profile(args.profile)
-    server = SimulatorServer(profile, host=args.host, port=args.port, time_scale=args.time_scale, seed=args.seed,
-                             load_seconds=args.load_seconds, on_death=exit_process_on_death)
+    server = SimulatorServer(
+        profile,
+        host=args.host,
+        port=args.port,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        load_seconds=args.load_seconds,
+        on_death=exit_process_on_death,
+    )
     try:
         url = await server.start()
     except OSError as exc:
         raise InputError(f"--host/--port: cannot bind {args.host}:{args.port} ({exc.strerror or exc})") from None
     # process.SimulatorProcess reads the URL from this line.
-    print(f"specdec simulate: profile {profile.name} serving SGLang API at {url} "
-          f"(time scale {args.time_scale:g})", flush=True)
+    print(f"specdec simulate: profile {profile.name} serving SGLang API at {url} (time scale {args.time_scale:g})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

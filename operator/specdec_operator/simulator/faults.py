@@ -61,9 +61,7 @@ def error_config_from_dict(raw: Any, source: str) -> ErrorConfig:
         if key == "die_after_requests":
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise InputError(f"{source}: errors.die_after_requests must be null or an integer >= 0")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-            key.endswith("_rate") and value > 1
-        ):
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key.endswith("_rate") and value > 1):
             raise InputError(f"{source}: errors.{key} must be a number (rates within 0..1), got {value!r}")
     return ErrorConfig(**raw)
 

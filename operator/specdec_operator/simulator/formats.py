@@ -48,8 +48,7 @@ def error_response(message: str, status: int = 400) -> web.Response:
 class GenerateFormat:
     """SGLang's /generate body for one request; streamed, each event is the body so far."""
 
-    def __init__(self, tape: OutputTape, rid: str, req: SimRequest, *, time_scale: float,
-                 speculative: SpeculativeConfig | None) -> None:
+    def __init__(self, tape: OutputTape, rid: str, req: SimRequest, *, time_scale: float, speculative: SpeculativeConfig | None) -> None:
         self.tape = tape
         self.rid = rid.encode()
         self.req = req
@@ -61,8 +60,7 @@ class GenerateFormat:
         finish = b'{"type":"length","length":%d}' % n if em.finished else b"null"
         meta = (
             b'{"id":"%s","finish_reason":%s,"prompt_tokens":%d,"weight_version":"default","num_retractions":0,'
-            b'"reasoning_tokens":0,"completion_tokens":%d,"cached_tokens":0'
-            % (self.rid, finish, self.req.prompt_tokens, n)
+            b'"reasoning_tokens":0,"completion_tokens":%d,"cached_tokens":0' % (self.rid, finish, self.req.prompt_tokens, n)
         )
         if em.finished:
             e2e = ((self.req.finished_at or 0.0) - self.req.arrival) / self.time_scale
@@ -105,9 +103,16 @@ class OpenAIFormat:
         else:
             choice["text"] = text
         choice.update({"logprobs": None, "finish_reason": "length", "matched_stop": None})
-        return dumps({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                      "created": self.created, "model": self.model, "choices": [choice],
-                      "usage": usage(self.prompt_tokens, em.completion_tokens)})
+        return dumps(
+            {
+                "id": self.id,
+                "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice],
+                "usage": usage(self.prompt_tokens, em.completion_tokens),
+            }
+        )
 
     def chunk(self, em: Emission) -> bytes:
         """The SSE event of the tokens emitted since the previous chunk."""
@@ -123,13 +128,24 @@ class OpenAIFormat:
             choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish, "matched_stop": None}
         else:
             choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}
-        return sse_event(dumps({"id": self.id, "object": self.chunk_object, "created": self.created,
-                                "model": self.model, "choices": [choice], "usage": None}))
+        return sse_event(
+            dumps({"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model, "choices": [choice], "usage": None})
+        )
 
     def usage_chunk(self) -> bytes:
         """The last SSE event when the client asked for stream_options.include_usage."""
-        return sse_event(dumps({"id": self.id, "object": self.chunk_object, "created": self.created,
-                                "model": self.model, "choices": [], "usage": usage(self.prompt_tokens, self.sent)}))
+        return sse_event(
+            dumps(
+                {
+                    "id": self.id,
+                    "object": self.chunk_object,
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": usage(self.prompt_tokens, self.sent),
+                }
+            )
+        )
 
     def malformed_chunk(self) -> bytes:
         """An event cut inside its JSON (the malformed_json fault)."""
@@ -137,5 +153,10 @@ class OpenAIFormat:
 
 
 def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None, "reasoning_tokens": 0}
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }

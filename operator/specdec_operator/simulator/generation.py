@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from aiohttp import web
 
@@ -83,8 +83,9 @@ class Generation:
         self.req.cancelled = True
 
 
-async def respond_generate(request: web.Request, generation: Generation, fmt: GenerateFormat, fault: Fault,
-                           stall_seconds: float) -> web.StreamResponse:
+async def respond_generate(
+    request: web.Request, generation: Generation, fmt: GenerateFormat, fault: Fault, stall_seconds: float
+) -> web.StreamResponse:
     if not generation.ask.stream:
         return await whole_response(request, fmt.body(await generation.final()), fault, stall_seconds)
     resp = web.StreamResponse(headers=SSE_HEADERS)
@@ -95,8 +96,9 @@ async def respond_generate(request: web.Request, generation: Generation, fmt: Ge
     return await _stream_generate_from_engine(request, resp, generation, fmt, fault)
 
 
-async def _stream_generate_from_engine(request: web.Request, resp: web.StreamResponse, generation: Generation,
-                                       fmt: GenerateFormat, fault: Fault) -> web.StreamResponse:
+async def _stream_generate_from_engine(
+    request: web.Request, resp: web.StreamResponse, generation: Generation, fmt: GenerateFormat, fault: Fault
+) -> web.StreamResponse:
     """Write each event as an HTTP chunk from the engine's step: no task wake-up per event."""
     transport = request.transport
     if transport is None:  # the client left while the headers were sent
@@ -143,8 +145,7 @@ async def _stream_generate_from_engine(request: web.Request, resp: web.StreamRes
     return resp
 
 
-async def _stream_generate_stalled(resp: web.StreamResponse, generation: Generation, fmt: GenerateFormat,
-                                   stall_seconds: float) -> web.StreamResponse:
+async def _stream_generate_stalled(resp: web.StreamResponse, generation: Generation, fmt: GenerateFormat, stall_seconds: float) -> web.StreamResponse:
     """Stream through the request's queue, which lets the stream pause half-way: the stall fault."""
     stalled = False
     try:
@@ -160,8 +161,7 @@ async def _stream_generate_stalled(resp: web.StreamResponse, generation: Generat
     return resp
 
 
-async def respond_openai(request: web.Request, generation: Generation, fmt: OpenAIFormat, fault: Fault,
-                         stall_seconds: float) -> web.StreamResponse:
+async def respond_openai(request: web.Request, generation: Generation, fmt: OpenAIFormat, fault: Fault, stall_seconds: float) -> web.StreamResponse:
     if not generation.ask.stream:
         return await whole_response(request, fmt.body(await generation.final()), fault, stall_seconds)
     resp = web.StreamResponse(headers=SSE_HEADERS)

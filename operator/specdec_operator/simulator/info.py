@@ -33,9 +33,16 @@ def server_args(sim: Simulator) -> dict[str, Any]:
     }
     argv = ["sglang", "serve", "--model-path", p.model_path, "--tp-size", str(p.tp_size)]
     if spec:
-        argv += ["--speculative-algorithm", spec.algorithm, "--speculative-num-steps", str(spec.num_steps),
-                 "--speculative-eagle-topk", str(spec.eagle_topk),
-                 "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+        argv += [
+            "--speculative-algorithm",
+            spec.algorithm,
+            "--speculative-num-steps",
+            str(spec.num_steps),
+            "--speculative-eagle-topk",
+            str(spec.eagle_topk),
+            "--speculative-num-draft-tokens",
+            str(spec.num_draft_tokens),
+        ]
     args["launch_command"] = " ".join(argv)
     return args
 
@@ -75,12 +82,14 @@ def model_info(sim: Simulator) -> dict[str, Any]:
 def models(sim: Simulator) -> dict[str, Any]:
     return {
         "object": "list",
-        "data": [{
-            "id": sim.served_model_name,
-            "object": "model",
-            "created": int(sim.startup_time),
-            "owned_by": "sglang",
-            "root": sim.served_model_name,
-            "max_model_len": sim.profile.context_length,
-        }],
+        "data": [
+            {
+                "id": sim.served_model_name,
+                "object": "model",
+                "created": int(sim.startup_time),
+                "owned_by": "sglang",
+                "root": sim.served_model_name,
+                "max_model_len": sim.profile.context_length,
+            }
+        ],
     }

@@ -50,8 +50,13 @@ def parse_generate(body: dict[str, Any]) -> GenerateInput:
         raise RequestError("sampling_params must be an object")
     max_new = _int_param(params, "max_new_tokens", 128)
     interval = _optional_int_param(params, "stream_interval")
-    return GenerateInput(prompt_tokens=prompt_tokens, max_new_tokens=max_new, stream=bool(body.get("stream", False)),
-                         rid=str(body.get("rid") or uuid.uuid4().hex), stream_interval=interval)
+    return GenerateInput(
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new,
+        stream=bool(body.get("stream", False)),
+        rid=str(body.get("rid") or uuid.uuid4().hex),
+        stream_interval=interval,
+    )
 
 
 def parse_completions(body: dict[str, Any], served_model_name: str) -> OpenAIInput:
@@ -62,8 +67,7 @@ def parse_completions(body: dict[str, Any], served_model_name: str) -> OpenAIInp
         prompt_tokens = text_tokens(prompt)
     else:
         raise RequestError("prompt must be a string or a list of token ids")
-    return _openai_input(body, served_model_name, chat=False, prompt_tokens=prompt_tokens,
-                         max_new_tokens=_int_param(body, "max_tokens", 16))
+    return _openai_input(body, served_model_name, chat=False, prompt_tokens=prompt_tokens, max_new_tokens=_int_param(body, "max_tokens", 16))
 
 
 def parse_chat_completions(body: dict[str, Any], served_model_name: str) -> OpenAIInput:
@@ -80,13 +84,16 @@ def text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode()) / 4))
 
 
-def _openai_input(body: dict[str, Any], served_model_name: str, *, chat: bool, prompt_tokens: int,
-                  max_new_tokens: int) -> OpenAIInput:
+def _openai_input(body: dict[str, Any], served_model_name: str, *, chat: bool, prompt_tokens: int, max_new_tokens: int) -> OpenAIInput:
     opts = body.get("stream_options") or {}
-    return OpenAIInput(prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
-                       stream=bool(body.get("stream", False)), chat=chat,
-                       model=str(body.get("model") or served_model_name),
-                       include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")))
+    return OpenAIInput(
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new_tokens,
+        stream=bool(body.get("stream", False)),
+        chat=chat,
+        model=str(body.get("model") or served_model_name),
+        include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+    )
 
 
 def _generate_prompt_tokens(body: dict[str, Any]) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
@@ -44,13 +45,10 @@ class SGLangMetrics:
         yield gauge("token_usage", "The token usage.", min(1.0, running / max(profile.max_running_requests, 1)))
         yield gauge("cache_hit_rate", "The prefix cache hit rate.", 0.0)
         if profile.speculative is not None:
-            yield gauge("spec_accept_length", "The average acceptance length of speculative decoding.",
-                        engine.last_accept_length)
-            yield gauge("spec_accept_rate", "The average acceptance rate of speculative decoding.",
-                        engine.last_accept_rate)
+            yield gauge("spec_accept_length", "The average acceptance length of speculative decoding.", engine.last_accept_length)
+            yield gauge("spec_accept_rate", "The average acceptance rate of speculative decoding.", engine.last_accept_rate)
             yield gauge("spec_num_steps", "The number of speculative steps.", profile.speculative.num_steps)
-            yield gauge("spec_num_draft_tokens", "The number of speculative draft tokens.",
-                        profile.speculative.num_draft_tokens)
+            yield gauge("spec_num_draft_tokens", "The number of speculative draft tokens.", profile.speculative.num_draft_tokens)
 
     def _tokenizer_counters(self) -> Iterator[Metric]:
         engine = self.sim.engine
@@ -69,8 +67,7 @@ class SGLangMetrics:
         for name, doc, hist in (
             ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", engine.ttft_seconds),
             ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", engine.itl_seconds),
-            ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-             engine.e2e_seconds),
+            ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", engine.e2e_seconds),
         ):
             fam = HistogramMetricFamily(f"sglang:{name}", doc, labels=TOKENIZER_LABELS)
             buckets = [(b if b == "+Inf" else repr(float(b)), c) for b, c in hist.cumulative()]

@@ -27,14 +27,14 @@ import bisect
 import dataclasses
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 from ..errors import InputError
 from .faults import ErrorConfig, error_config_from_dict
-
 
 
 @dataclass(frozen=True)
@@ -122,10 +122,10 @@ class Profile:
 def _field(data: dict, key: str, source: str, kind: type | tuple, *, minimum: float | None = None) -> Any:
     if key not in data:
         raise InputError(f"{source}: missing key {key!r}; see docs/probe.md for the profile format")
-    value = data[key]
+    value: Any = data[key]
     if isinstance(value, bool) or not isinstance(value, kind):
         raise InputError(f"{source}: {key!r} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
-    if minimum is not None and value < minimum:
+    if minimum is not None and cast(float, value) < minimum:  # a number: checked just above
         raise InputError(f"{source}: {key!r} must be >= {minimum}, got {value!r}")
     return value
 
@@ -246,8 +246,7 @@ def load_profile(ref: str | Path) -> Profile:
 
 # Bucket bounds as in SGLang's metrics collector (seconds).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1,
-               0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800)
 
 

@@ -15,8 +15,7 @@ class SimulatorProcess:
     """
 
     def __init__(self, profile: str, *args: str, **popen: Any) -> None:
-        self.argv = [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", profile, "--port", "0",
-                     *args]
+        self.argv = [sys.executable, "-m", "specdec_operator.cli", "simulate", "--profile", profile, "--port", "0", *args]
         self.popen = popen
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""

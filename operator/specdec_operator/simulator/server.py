@@ -11,8 +11,9 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client.exposition import generate_latest
@@ -118,7 +119,7 @@ class Simulator:
             req = self.engine.submit(1, 1)
             try:
                 await asyncio.wait_for(req.out.get(), timeout=20)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 req.cancelled = True
                 return web.Response(status=503)
         return web.Response(status=200)
@@ -136,13 +137,14 @@ class Simulator:
         return web.json_response(info.models(self))
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         self.engine.lifetime_tokens = self.engine.lifetime_verify = 0
-        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
-                                 "running or waiting requests, the operation will not be performed.)\n")
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n"
+        )
 
     # --- generation ----------------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -156,14 +158,11 @@ class Simulator:
         parse = partial(parse_chat_completions, served_model_name=self.served_model_name)
         return await self._serve_generation(request, parse, self._respond_openai)
 
-    async def _respond_generate(self, request: web.Request, ask: GenerateInput, generation: Generation,
-                                fault: Fault) -> web.StreamResponse:
-        fmt = GenerateFormat(self.tape, ask.rid, generation.req, time_scale=self.time_scale,
-                             speculative=self.profile.speculative)
+    async def _respond_generate(self, request: web.Request, ask: GenerateInput, generation: Generation, fault: Fault) -> web.StreamResponse:
+        fmt = GenerateFormat(self.tape, ask.rid, generation.req, time_scale=self.time_scale, speculative=self.profile.speculative)
         return await respond_generate(request, generation, fmt, fault, self.profile.errors.stall_seconds)
 
-    async def _respond_openai(self, request: web.Request, ask: OpenAIInput, generation: Generation,
-                              fault: Fault) -> web.StreamResponse:
+    async def _respond_openai(self, request: web.Request, ask: OpenAIInput, generation: Generation, fault: Fault) -> web.StreamResponse:
         fmt = OpenAIFormat(self.tape, ask)
         return await respond_openai(request, generation, fmt, fault, self.profile.errors.stall_seconds)
 
@@ -238,8 +237,7 @@ class SimulatorServer:
     ) -> None:
         self.host = host
         self.port = port
-        self.sim = Simulator(profile, time_scale=time_scale, seed=seed, load_seconds=load_seconds,
-                             on_death=on_death, port=port, host=host)
+        self.sim = Simulator(profile, time_scale=time_scale, seed=seed, load_seconds=load_seconds, on_death=on_death, port=port, host=host)
         self._runner: web.AppRunner | None = None
         self.url = ""
 

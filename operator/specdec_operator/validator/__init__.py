@@ -18,7 +18,20 @@ from .quantization import checkpoint_quantization, normalize_quantization
 from .report import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding, ValidationReport, format_text, unusable_message
 
 __all__ = [
-    "ERROR", "INFO", "SEVERITY_ORDER", "SGLANG_VERSION", "WARNING", "Finding", "ValidationReport", "build_parser",
-    "checkpoint_quantization", "derived_context_length", "format_text", "main", "normalize_quantization", "run",
-    "unusable_message", "validate",
+    "ERROR",
+    "INFO",
+    "SEVERITY_ORDER",
+    "SGLANG_VERSION",
+    "WARNING",
+    "Finding",
+    "ValidationReport",
+    "build_parser",
+    "checkpoint_quantization",
+    "derived_context_length",
+    "format_text",
+    "main",
+    "normalize_quantization",
+    "run",
+    "unusable_message",
+    "validate",
 ]

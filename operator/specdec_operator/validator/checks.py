@@ -33,12 +33,12 @@ from .tables import (
 MIN_TRAINING_SAMPLES = 100_000
 
 CONVERT_EAGLE3_LLAMA = (
-    "vLLM's name for the same layout: set architectures to [\"LlamaForCausalLMEagle3\"] in config.json "
+    'vLLM\'s name for the same layout: set architectures to ["LlamaForCausalLMEagle3"] in config.json '
     "(the weights midlayer.*, fc, lm_head, d2t, t2d load unchanged)"
 )
 CONVERT_SPECULATORS = (
     "the speculators format, which SGLang cannot load: export it in SGLang format (config.json with "
-    "architectures [\"LlamaForCausalLMEagle3\"], the fields of transformer_layer_config, draft_vocab_size, "
+    'architectures ["LlamaForCausalLMEagle3"], the fields of transformer_layer_config, draft_vocab_size, '
     "target_hidden_size and eagle_config.eagle_aux_hidden_state_layer_ids); only valid when "
     "norm_before_residual is false, else retrain in SGLang format (SpecForge or specdec-train)"
 )
@@ -96,17 +96,19 @@ def validate(
     if quantization in (None, "auto"):
         serving_q = ckpt_q
         if ckpt_q is None:
-            c.add(WARNING, "QuantizationUnrecognized",
-                  f"target quantization_config is not one this validator knows ({ckpt_how}); pass "
-                  "--quantization to say what the server runs, so the hidden-state source can be checked",
-                  "target.config.quantization_config")
+            c.add(
+                WARNING,
+                "QuantizationUnrecognized",
+                f"target quantization_config is not one this validator knows ({ckpt_how}); pass "
+                "--quantization to say what the server runs, so the hidden-state source can be checked",
+                "target.config.quantization_config",
+            )
     else:
         if quantization not in QUANTIZATIONS:
             raise InputError(f"--quantization {quantization}: must be one of {', '.join(QUANTIZATIONS)}")
         serving_q = "bf16" if quantization == "none" else quantization
         if ckpt_q is not None and serving_q != ckpt_q:
-            c.add(INFO, "QuantizationOverridden",
-                  f"serving as {serving_q} while the checkpoint is {ckpt_q} ({ckpt_how})", "target.quantization")
+            c.add(INFO, "QuantizationOverridden", f"serving as {serving_q} while the checkpoint is {ckpt_q} ({ckpt_how})", "target.quantization")
 
     t_hidden = target.text_int("hidden_size", required=True, minimum=1)
     t_vocab = target.text_int("vocab_size", required=True, minimum=1)
@@ -146,8 +148,12 @@ def _draft_layout(c: _Checks, *, expected: str) -> str | None:
     arch = d.architecture
     where = "drafter.config.architectures"
     if arch is None:
-        c.add(ERROR, "DrafterArchitectureUnsupported",
-              f"{d.config_file} has no architectures; an EAGLE-3 draft for SGLang declares [\"LlamaForCausalLMEagle3\"]", where)
+        c.add(
+            ERROR,
+            "DrafterArchitectureUnsupported",
+            f'{d.config_file} has no architectures; an EAGLE-3 draft for SGLang declares ["LlamaForCausalLMEagle3"]',
+            where,
+        )
         return None
     if arch == "Eagle3Speculator" or "speculators_model_type" in d.config:
         c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is {arch}: {CONVERT_SPECULATORS}", where)
@@ -159,24 +165,25 @@ def _draft_layout(c: _Checks, *, expected: str) -> str | None:
             c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is Eagle3LlamaForCausalLM, {CONVERT_EAGLE3_LLAMA}", where)
             return "llama"
         if arch in EAGLE_DRAFT_ARCHITECTURES:
-            c.add(ERROR, "AlgorithmMismatch",
-                  f"drafter is an EAGLE (v1/v2) draft ({arch}); serve it with --algorithm EAGLE, not EAGLE3", where)
+            c.add(ERROR, "AlgorithmMismatch", f"drafter is an EAGLE (v1/v2) draft ({arch}); serve it with --algorithm EAGLE, not EAGLE3", where)
             return None
     else:  # EAGLE
         if arch in EAGLE_DRAFT_ARCHITECTURES:
             return "eagle"
         if arch in EAGLE3_DRAFT_ARCHITECTURES or arch == "Eagle3LlamaForCausalLM":
-            c.add(ERROR, "AlgorithmMismatch",
-                  f"drafter is an EAGLE-3 draft ({arch}); launched as EAGLE its fc layer is skipped and it "
-                  "accepts nothing: use --algorithm EAGLE3", where)
+            c.add(
+                ERROR,
+                "AlgorithmMismatch",
+                f"drafter is an EAGLE-3 draft ({arch}); launched as EAGLE its fc layer is skipped and it accepts nothing: use --algorithm EAGLE3",
+                where,
+            )
             return None
     if arch in EAGLE3_TARGET_ARCHITECTURES or arch in NEXTN_TARGET_ARCHITECTURES:
         hint = "; for a model's own MTP layers use --algorithm NEXTN" if d.text.get("num_nextn_predict_layers") else ""
         c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is a full model ({arch}), not a draft{hint}", where)
         return None
     names = " or ".join(EAGLE3_DRAFT_ARCHITECTURES) if expected == "EAGLE3" else ", ".join(sorted(EAGLE_DRAFT_ARCHITECTURES))
-    c.add(ERROR, "DrafterArchitectureUnsupported",
-          f"SGLang {SGLANG_VERSION} has no {expected} draft class {arch}; it loads {names}", where)
+    c.add(ERROR, "DrafterArchitectureUnsupported", f"SGLang {SGLANG_VERSION} has no {expected} draft class {arch}; it loads {names}", where)
     return None
 
 
@@ -186,10 +193,14 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
     if t_arch is None:
         c.add(ERROR, "TargetArchitectureUnsupported", f"{t.config_file} has no architectures", "target.config.architectures")
     elif t_arch not in EAGLE3_TARGET_ARCHITECTURES:
-        c.add(ERROR, "TargetArchitectureUnsupported",
-              f"SGLang {SGLANG_VERSION}'s {t_arch} cannot capture auxiliary hidden states "
-              "(no set_eagle3_layers_to_capture), so EAGLE-3 fails at start-up; use a supported target "
-              "or --algorithm NEXTN/EAGLE", "target.config.architectures")
+        c.add(
+            ERROR,
+            "TargetArchitectureUnsupported",
+            f"SGLang {SGLANG_VERSION}'s {t_arch} cannot capture auxiliary hidden states "
+            "(no set_eagle3_layers_to_capture), so EAGLE-3 fails at start-up; use a supported target "
+            "or --algorithm NEXTN/EAGLE",
+            "target.config.architectures",
+        )
 
     layout = _draft_layout(c, expected="EAGLE3")
     if layout is None:
@@ -203,62 +214,101 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
 
     if fed_width != t_hidden:
         source = "target_hidden_size" if d_target_hidden else "hidden_size (no target_hidden_size)"
-        c.add(ERROR, "HiddenSizeMismatch",
-              f"drafter expects target hidden states of width {fed_width} ({source}) but the target's "
-              f"hidden_size is {t_hidden}: it was trained for another model",
-              f"drafter.config.{'target_hidden_size' if d_target_hidden else 'hidden_size'}")
+        c.add(
+            ERROR,
+            "HiddenSizeMismatch",
+            f"drafter expects target hidden states of width {fed_width} ({source}) but the target's "
+            f"hidden_size is {t_hidden}: it was trained for another model",
+            f"drafter.config.{'target_hidden_size' if d_target_hidden else 'hidden_size'}",
+        )
     if d_vocab != t_vocab:
-        c.add(ERROR, "VocabSizeMismatch",
-              f"drafter vocab_size {d_vocab} != target vocab_size {t_vocab}: different tokenizer; its token ids "
-              "would map to the wrong target tokens", "drafter.config.vocab_size")
+        c.add(
+            ERROR,
+            "VocabSizeMismatch",
+            f"drafter vocab_size {d_vocab} != target vocab_size {t_vocab}: different tokenizer; its token ids would map to the wrong target tokens",
+            "drafter.config.vocab_size",
+        )
     if layout == "llama" and "draft_vocab_size" not in d.config and not d.config.get("tie_word_embeddings", False):
         # llama_eagle3 reads config.draft_vocab_size directly; transformers' LlamaConfig has no default.
-        c.add(ERROR, "DrafterConfigIncomplete",
-              "config.json has no draft_vocab_size and untied embeddings: SGLang's LlamaForCausalLMEagle3 then "
-              "fails at start-up (AttributeError); set draft_vocab_size (null = full vocabulary, lm_head from the target)",
-              "drafter.config.draft_vocab_size")
+        c.add(
+            ERROR,
+            "DrafterConfigIncomplete",
+            "config.json has no draft_vocab_size and untied embeddings: SGLang's LlamaForCausalLMEagle3 then "
+            "fails at start-up (AttributeError); set draft_vocab_size (null = full vocabulary, lm_head from the target)",
+            "drafter.config.draft_vocab_size",
+        )
     if "model_type" not in d.config:
-        c.add(ERROR, "DrafterConfigIncomplete",
-              "config.json has no model_type: transformers' AutoConfig cannot load it (an SGLang-format EAGLE-3 "
-              "draft says \"llama\")", "drafter.config.model_type")
+        c.add(
+            ERROR,
+            "DrafterConfigIncomplete",
+            'config.json has no model_type: transformers\' AutoConfig cannot load it (an SGLang-format EAGLE-3 draft says "llama")',
+            "drafter.config.model_type",
+        )
     if layout == "mla":
         # kimi_k25_eagle3: one MLA decoder layer, and q_lora_rank is required (ValueError otherwise).
         if d.top_int("num_hidden_layers", minimum=0) not in (None, 1):
-            c.add(ERROR, "DrafterConfigIncomplete",
-                  f"Eagle3DeepseekV2ForCausalLM supports exactly 1 layer; num_hidden_layers is {d.config.get('num_hidden_layers')}",
-                  "drafter.config.num_hidden_layers")
-        missing_mla = [k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-                       if d.top_int(k, minimum=1) is None]
+            c.add(
+                ERROR,
+                "DrafterConfigIncomplete",
+                f"Eagle3DeepseekV2ForCausalLM supports exactly 1 layer; num_hidden_layers is {d.config.get('num_hidden_layers')}",
+                "drafter.config.num_hidden_layers",
+            )
+        missing_mla = [
+            k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if d.top_int(k, minimum=1) is None
+        ]
         if missing_mla:
-            c.add(ERROR, "DrafterConfigIncomplete",
-                  f"Eagle3DeepseekV2ForCausalLM needs the MLA fields {', '.join(missing_mla)} in config.json",
-                  f"drafter.config.{missing_mla[0]}")
+            c.add(
+                ERROR,
+                "DrafterConfigIncomplete",
+                f"Eagle3DeepseekV2ForCausalLM needs the MLA fields {', '.join(missing_mla)} in config.json",
+                f"drafter.config.{missing_mla[0]}",
+            )
     if draft_vocab is not None and draft_vocab > min(d_vocab, t_vocab):
-        c.add(ERROR, "DraftVocabTooLarge",
-              f"draft_vocab_size {draft_vocab} exceeds the vocabulary ({min(d_vocab, t_vocab)}); the d2t map "
-              "would point past the target's tokens", "drafter.config.draft_vocab_size")
+        c.add(
+            ERROR,
+            "DraftVocabTooLarge",
+            f"draft_vocab_size {draft_vocab} exceeds the vocabulary ({min(d_vocab, t_vocab)}); the d2t map would point past the target's tokens",
+            "drafter.config.draft_vocab_size",
+        )
 
     eagle_cfg = d.eagle_config
     use_aux = eagle_cfg.get("use_aux_hidden_state", True)
     if use_aux is False:
-        c.add(ERROR, "AuxHiddenStatesDisabled",
-              "eagle_config.use_aux_hidden_state is false: SGLang then feeds only the last hidden state, the fc "
-              "layer is skipped and an EAGLE-3 draft accepts nothing", "drafter.config.eagle_config.use_aux_hidden_state")
+        c.add(
+            ERROR,
+            "AuxHiddenStatesDisabled",
+            "eagle_config.use_aux_hidden_state is false: SGLang then feeds only the last hidden state, the fc "
+            "layer is skipped and an EAGLE-3 draft accepts nothing",
+            "drafter.config.eagle_config.use_aux_hidden_state",
+        )
     ids = d.aux_layer_ids()
     num_aux_cfg = d.top_int("num_aux_hidden_states", minimum=1)
     num_aux = num_aux_cfg or (len(ids) if ids else 3)
     _check_aux_layers(c, ids, num_aux_cfg, t_layers)
 
     if d.weight_format == "bin":
-        c.add(WARNING, "WeightsNotInspected",
-              f"drafter weights are pickled ({', '.join(d.weight_files[:2])}); convert them to safetensors so "
-              "their names and shapes can be checked without loading", "drafter.weights")
+        c.add(
+            WARNING,
+            "WeightsNotInspected",
+            f"drafter weights are pickled ({', '.join(d.weight_files[:2])}); convert them to safetensors so "
+            "their names and shapes can be checked without loading",
+            "drafter.weights",
+        )
         return
     if d.weight_format == "none" or d.tensors is None:
         c.add(ERROR, "MissingDrafterWeights", f"{d.path} has no model.safetensors, index, or pytorch_model.bin", "drafter.weights")
         return
-    _check_draft_weights(c, layout, d_hidden=d_hidden, fed_width=fed_width, num_aux=num_aux,
-                         d_vocab=d_vocab, t_vocab=t_vocab, draft_vocab=draft_vocab, use_aux=use_aux is not False)
+    _check_draft_weights(
+        c,
+        layout,
+        d_hidden=d_hidden,
+        fed_width=fed_width,
+        num_aux=num_aux,
+        d_vocab=d_vocab,
+        t_vocab=t_vocab,
+        draft_vocab=draft_vocab,
+        use_aux=use_aux is not False,
+    )
 
 
 def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None, t_layers: int) -> None:
@@ -266,27 +316,35 @@ def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None
     where = "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids"
     if ids is None:
         captured = [2, t_layers // 2, t_layers - 3]
-        c.add(INFO, "AuxLayersDefaulted",
-              f"drafter config names no eagle_aux_hidden_state_layer_ids; SGLang captures the inputs of target "
-              f"layers {captured}, which must be the layers it was trained on", where)
+        c.add(
+            INFO,
+            "AuxLayersDefaulted",
+            f"drafter config names no eagle_aux_hidden_state_layer_ids; SGLang captures the inputs of target "
+            f"layers {captured}, which must be the layers it was trained on",
+            where,
+        )
         if num_aux_cfg is not None and num_aux_cfg != 3:
-            c.add(ERROR, "AuxLayerOutOfRange",
-                  f"num_aux_hidden_states is {num_aux_cfg} but SGLang captures 3 layers when no layer ids are given", where)
+            c.add(
+                ERROR, "AuxLayerOutOfRange", f"num_aux_hidden_states is {num_aux_cfg} but SGLang captures 3 layers when no layer ids are given", where
+            )
         return
     if not ids:
         c.add(ERROR, "AuxLayerOutOfRange", "eagle_aux_hidden_state_layer_ids is empty", where)
         return
     if num_aux_cfg is not None and num_aux_cfg != len(ids):
-        c.add(ERROR, "AuxLayerOutOfRange",
-              f"num_aux_hidden_states {num_aux_cfg} != {len(ids)} layer ids: fc's input width cannot match", where)
+        c.add(ERROR, "AuxLayerOutOfRange", f"num_aux_hidden_states {num_aux_cfg} != {len(ids)} layer ids: fc's input width cannot match", where)
     plus_one = not (t_arch in DEEPSEEK_CAPTURE_CONVENTION and ids[0] != 1)
     captured = [i + 1 if plus_one else i for i in ids]
     bad = [i for i, cap in zip(ids, captured) if i < 0 or cap >= t_layers]
     if bad:
         rule = "id + 1" if plus_one else "id"
-        c.add(ERROR, "AuxLayerOutOfRange",
-              f"layer ids {bad} are out of range: {t_arch or 'the target'} captures the input of layer {rule}, "
-              f"and the target has {t_layers} layers (0..{t_layers - 1}); that hidden state is never produced", where)
+        c.add(
+            ERROR,
+            "AuxLayerOutOfRange",
+            f"layer ids {bad} are out of range: {t_arch or 'the target'} captures the input of layer {rule}, "
+            f"and the target has {t_layers} layers (0..{t_layers - 1}); that hidden state is never produced",
+            where,
+        )
     elif len(set(captured)) != len(captured):
         c.add(WARNING, "AuxLayersDuplicated", f"layer ids {ids} capture the same layer twice", where)
     else:
@@ -298,7 +356,7 @@ def _draft_weight_name(name: str) -> str:
     llama_eagle3.load_weights maps midlayer -> layers.0 and adds a missing "model." prefix; kimi_k25_eagle3
     maps layers.0 -> midlayer and keeps lm_head at the top level, so both accept either spelling."""
     if name.startswith("model."):
-        name = name[len("model."):]
+        name = name[len("model.") :]
     return name.replace("midlayer.", "layers.0.")
 
 
@@ -320,8 +378,16 @@ class _DraftWeights:
 
 
 def _check_draft_weights(
-    c: _Checks, layout: str, *, d_hidden: int, fed_width: int, num_aux: int, d_vocab: int, t_vocab: int,
-    draft_vocab: int | None, use_aux: bool,
+    c: _Checks,
+    layout: str,
+    *,
+    d_hidden: int,
+    fed_width: int,
+    num_aux: int,
+    d_vocab: int,
+    t_vocab: int,
+    draft_vocab: int | None,
+    use_aux: bool,
 ) -> None:
     d = c.d
     assert d.tensors is not None
@@ -348,13 +414,16 @@ def _check_draft_weights(
         _expect_mla_layer(w, d_hidden)
 
     if w.missing:
-        c.add(ERROR, "MissingDrafterWeights",
-              f"drafter checkpoint lacks {', '.join(w.missing[:6])}{' ...' if len(w.missing) > 6 else ''}; SGLang skips "
-              "missing names silently, so it would load and then accept nothing", "drafter.weights")
+        c.add(
+            ERROR,
+            "MissingDrafterWeights",
+            f"drafter checkpoint lacks {', '.join(w.missing[:6])}{' ...' if len(w.missing) > 6 else ''}; SGLang skips "
+            "missing names silently, so it would load and then accept nothing",
+            "drafter.weights",
+        )
     _check_token_maps(w, draft_vocab, t_vocab)
     if w.bad_shapes:
-        c.add(ERROR, "DrafterWeightShapeMismatch",
-              "; ".join(w.bad_shapes[:4]) + (" ..." if len(w.bad_shapes) > 4 else ""), "drafter.weights")
+        c.add(ERROR, "DrafterWeightShapeMismatch", "; ".join(w.bad_shapes[:4]) + (" ..." if len(w.bad_shapes) > 4 else ""), "drafter.weights")
     _check_unused_weights(c, w.tensors)
 
 
@@ -371,8 +440,9 @@ def _expect_llama_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int) -> None:
         if info is None:
             w.missing.append(name)
         elif len(info.shape) != 2 or info.shape[1] != 2 * d_hidden or (rows is not None and info.shape[0] != rows):
-            w.bad_shapes.append(f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] "
-                                "(input is 2 x hidden: embedding and fc output)")
+            w.bad_shapes.append(
+                f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] (input is 2 x hidden: embedding and fc output)"
+            )
     # transformers' LlamaConfig defaults intermediate_size to 11008 when absent; SGLang's weight
     # loader then asserts on the first MLP tensor, after the target has loaded.
     inter = d.top_int("intermediate_size", minimum=1) or 11008
@@ -418,9 +488,13 @@ _KNOWN_DRAFT_WEIGHT = re.compile(
 def _check_unused_weights(c: _Checks, tensors: dict[str, TensorInfo]) -> None:
     unused = sorted(n for n in tensors if not _KNOWN_DRAFT_WEIGHT.match(n))
     if unused:
-        c.add(WARNING, "UnusedDrafterWeights",
-              f"SGLang ignores {len(unused)} tensor(s) it has no parameter for: {', '.join(unused[:4])}"
-              f"{' ...' if len(unused) > 4 else ''} (a format mix-up?)", "drafter.weights")
+        c.add(
+            WARNING,
+            "UnusedDrafterWeights",
+            f"SGLang ignores {len(unused)} tensor(s) it has no parameter for: {', '.join(unused[:4])}"
+            f"{' ...' if len(unused) > 4 else ''} (a format mix-up?)",
+            "drafter.weights",
+        )
 
 
 def _check_eagle(c: _Checks, t_hidden: int, t_vocab: int) -> None:
@@ -430,8 +504,7 @@ def _check_eagle(c: _Checks, t_hidden: int, t_vocab: int) -> None:
     d_hidden = d.top_int("hidden_size", required=True, minimum=1)
     d_vocab = d.top_int("vocab_size", required=True, minimum=1)
     if d_hidden != t_hidden:
-        c.add(ERROR, "HiddenSizeMismatch",
-              f"EAGLE drafter hidden_size {d_hidden} != target hidden_size {t_hidden}", "drafter.config.hidden_size")
+        c.add(ERROR, "HiddenSizeMismatch", f"EAGLE drafter hidden_size {d_hidden} != target hidden_size {t_hidden}", "drafter.config.hidden_size")
     if d_vocab != t_vocab:
         c.add(ERROR, "VocabSizeMismatch", f"drafter vocab_size {d_vocab} != target vocab_size {t_vocab}", "drafter.config.vocab_size")
     if d.tensors is None:
@@ -451,13 +524,20 @@ def _check_nextn(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> None
     t_arch = t.architecture
     nextn = t.text_int("num_nextn_predict_layers")
     if t_arch not in NEXTN_TARGET_ARCHITECTURES:
-        c.add(ERROR, "TargetArchitectureUnsupported",
-              f"SGLang {SGLANG_VERSION} has no NextN/MTP draft for {t_arch or 'a config without architectures'}",
-              "target.config.architectures")
+        c.add(
+            ERROR,
+            "TargetArchitectureUnsupported",
+            f"SGLang {SGLANG_VERSION} has no NextN/MTP draft for {t_arch or 'a config without architectures'}",
+            "target.config.architectures",
+        )
     if not nextn:
-        c.add(ERROR, "NextNLayersMissing",
-              f"target {t.field_path('num_nextn_predict_layers')} is {nextn or 0}: the checkpoint has no MTP layers "
-              "to draft with; use an EAGLE-3 drafter", f"target.config.{t.field_path('num_nextn_predict_layers')}")
+        c.add(
+            ERROR,
+            "NextNLayersMissing",
+            f"target {t.field_path('num_nextn_predict_layers')} is {nextn or 0}: the checkpoint has no MTP layers "
+            "to draft with; use an EAGLE-3 drafter",
+            f"target.config.{t.field_path('num_nextn_predict_layers')}",
+        )
     if not _same_dir(t, d):
         d_hidden = d.text_int("hidden_size", required=True, minimum=1)
         d_vocab = d.text_int("vocab_size", required=True, minimum=1)
@@ -470,9 +550,13 @@ def _check_nextn(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> None
         # The MTP layers follow the last decoder layer: model.layers.{L}.* for L = num_hidden_layers.
         prefix = f"model.layers.{t_layers}."
         if t.has_tensor_prefix(prefix) is False:
-            c.add(ERROR, "MissingDrafterWeights",
-                  f"the checkpoint has no {prefix}* tensors although num_nextn_predict_layers is {nextn}: the MTP "
-                  "layers were dropped (common in quantized re-exports)", "target.weights")
+            c.add(
+                ERROR,
+                "MissingDrafterWeights",
+                f"the checkpoint has no {prefix}* tensors although num_nextn_predict_layers is {nextn}: the MTP "
+                "layers were dropped (common in quantized re-exports)",
+                "target.weights",
+            )
 
 
 def _check_provenance(c: _Checks, serving_q: str | None) -> None:
@@ -480,28 +564,40 @@ def _check_provenance(c: _Checks, serving_q: str | None) -> None:
     quantized = serving_q not in ("bf16", None)
     if prov is None:
         if quantized:
-            c.add(WARNING, "ProvenanceMissing",
-                  f"the target serves {serving_q} and the drafter has no training_provenance.json: nothing says its "
-                  "hidden states came from the same quantization (bf16-trained drafters on INT4 targets accept ~nothing)",
-                  "drafter.provenance")
+            c.add(
+                WARNING,
+                "ProvenanceMissing",
+                f"the target serves {serving_q} and the drafter has no training_provenance.json: nothing says its "
+                "hidden states came from the same quantization (bf16-trained drafters on INT4 targets accept ~nothing)",
+                "drafter.provenance",
+            )
         return
     source = normalize_quantization(prov.get("target_quantization")) or normalize_quantization(prov.get("hidden_state_source"))
     if source is None:
         if quantized:
-            c.add(WARNING, "ProvenanceMissing",
-                  "training_provenance.json does not say which quantization the hidden states came from "
-                  "(target_quantization)", "drafter.provenance.target_quantization")
+            c.add(
+                WARNING,
+                "ProvenanceMissing",
+                "training_provenance.json does not say which quantization the hidden states came from (target_quantization)",
+                "drafter.provenance.target_quantization",
+            )
     elif serving_q is not None and source != serving_q:
-        c.add(WARNING, "HiddenStateSourceMismatch",
-              f"the drafter was trained on hidden states of the target served as {source} "
-              f"({prov.get('hidden_state_source') or prov.get('target_quantization')}) but this server runs {serving_q}: "
-              f"acceptance can collapse; retrain on hidden states captured from the {serving_q} server",
-              "drafter.provenance.target_quantization")
+        c.add(
+            WARNING,
+            "HiddenStateSourceMismatch",
+            f"the drafter was trained on hidden states of the target served as {source} "
+            f"({prov.get('hidden_state_source') or prov.get('target_quantization')}) but this server runs {serving_q}: "
+            f"acceptance can collapse; retrain on hidden states captured from the {serving_q} server",
+            "drafter.provenance.target_quantization",
+        )
     samples = prov.get("num_samples")
     if isinstance(samples, int) and samples < MIN_TRAINING_SAMPLES:
-        c.add(WARNING, "SmallTrainingSet",
-              f"trained on {samples:,} samples; good public drafters use 500k-2M (below {MIN_TRAINING_SAMPLES:,} "
-              "acceptance is usually poor)", "drafter.provenance.num_samples")
+        c.add(
+            WARNING,
+            "SmallTrainingSet",
+            f"trained on {samples:,} samples; good public drafters use 500k-2M (below {MIN_TRAINING_SAMPLES:,} acceptance is usually poor)",
+            "drafter.provenance.num_samples",
+        )
 
 
 def _token_text(value: Any) -> str | None:
@@ -540,35 +636,52 @@ def _check_tokenizers(c: _Checks) -> None:
         return  # SGLang serves with the target's tokenizer; a drafter without one has nothing to compare
     t_named, t_added = _special_tokens(t_tc)
     d_named, d_added = _special_tokens(d_tc)
-    diffs = [f"{k} {d_named[k]!r} vs target {t_named[k]!r}" for k in t_named
-             if t_named[k] is not None and d_named[k] is not None and t_named[k] != d_named[k]]
+    diffs = [
+        f"{k} {d_named[k]!r} vs target {t_named[k]!r}"
+        for k in t_named
+        if t_named[k] is not None and d_named[k] is not None and t_named[k] != d_named[k]
+    ]
     if t_added and d_added and t_added != d_added:
         only_d, only_t = sorted(d_added - t_added), sorted(t_added - d_added)
         diffs.append(f"added special tokens differ (drafter only: {only_d[:3]}, target only: {only_t[:3]})")
     if diffs:
-        c.add(WARNING, "SpecialTokensDiffer",
-              "drafter tokenizer_config.json differs from the target's: " + "; ".join(diffs[:3]) +
-              " (trained with another tokenizer or template)", "drafter.tokenizer_config")
+        c.add(
+            WARNING,
+            "SpecialTokensDiffer",
+            "drafter tokenizer_config.json differs from the target's: " + "; ".join(diffs[:3]) + " (trained with another tokenizer or template)",
+            "drafter.tokenizer_config",
+        )
     t_tpl, d_tpl = _chat_template(c.t), _chat_template(c.d)
     if t_tpl is not None and d_tpl is not None and t_tpl.strip() != d_tpl.strip():
-        c.add(WARNING, "ChatTemplateDiffers",
-              "the drafter's chat template differs from the target's: it was trained on differently formatted "
-              "prompts (thinking vs non-thinking templates cut acceptance)", "drafter.tokenizer_config.chat_template")
+        c.add(
+            WARNING,
+            "ChatTemplateDiffers",
+            "the drafter's chat template differs from the target's: it was trained on differently formatted "
+            "prompts (thinking vs non-thinking templates cut acceptance)",
+            "drafter.tokenizer_config.chat_template",
+        )
 
 
 def _check_context(c: _Checks, context_length: int | None) -> None:
     t_ctx = derived_context_length(c.t.text)
     served = context_length or t_ctx
     if context_length is not None and t_ctx is not None and context_length > t_ctx:
-        c.add(WARNING, "ContextLengthExceedsTarget",
-              f"--context-length {context_length} exceeds the target's {t_ctx}; SGLang {SGLANG_VERSION} refuses to "
-              "start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1", "target.contextLength")
+        c.add(
+            WARNING,
+            "ContextLengthExceedsTarget",
+            f"--context-length {context_length} exceeds the target's {t_ctx}; SGLang {SGLANG_VERSION} refuses to "
+            "start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+            "target.contextLength",
+        )
     if _same_dir(c.t, c.d):
         return
     d_ctx = derived_context_length(c.d.text)
     if served is not None and d_ctx is not None and served > d_ctx:
-        c.add(WARNING, "ContextLengthExceedsDrafter",
-              f"the server runs with context {served} but the drafter was built for {d_ctx} "
-              f"(max_position_embeddings): SGLang {SGLANG_VERSION} refuses to start unless "
-              "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, and acceptance degrades on long prompts",
-              "drafter.config.max_position_embeddings")
+        c.add(
+            WARNING,
+            "ContextLengthExceedsDrafter",
+            f"the server runs with context {served} but the drafter was built for {d_ctx} "
+            f"(max_position_embeddings): SGLang {SGLANG_VERSION} refuses to start unless "
+            "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, and acceptance degrades on long prompts",
+            "drafter.config.max_position_embeddings",
+        )

@@ -18,8 +18,7 @@ from .tables import EAGLE3_DRAFT_ARCHITECTURES, EAGLE_DRAFT_ARCHITECTURES
 
 # The draft classes whose weights the checks inspect (Eagle3LlamaForCausalLM is vLLM's name for
 # SGLang's layout): only these have their safetensors headers read.
-DRAFT_CLASSES_WITH_CHECKED_WEIGHTS = frozenset(EAGLE3_DRAFT_ARCHITECTURES) | EAGLE_DRAFT_ARCHITECTURES | {
-    "Eagle3LlamaForCausalLM"}
+DRAFT_CLASSES_WITH_CHECKED_WEIGHTS = frozenset(EAGLE3_DRAFT_ARCHITECTURES) | EAGLE_DRAFT_ARCHITECTURES | {"Eagle3LlamaForCausalLM"}
 
 
 def _one_line(text: str) -> str:
@@ -44,16 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
         "safetensors headers, training_provenance.json). Exit 0 compatible, 1 incompatible, 2 unusable input.",
     )
     p.add_argument("--target", required=True, metavar="DIR", help="the target model directory")
-    p.add_argument("--drafter", required=True, metavar="DIR",
-                   help="the draft model directory (for NEXTN: the target directory itself, or a separate MTP checkpoint)")
-    p.add_argument("--quantization", default="auto", type=str.lower, choices=QUANTIZATIONS,
-                   help="serving precision; auto (default) reads the target's quantization_config")
+    p.add_argument(
+        "--drafter",
+        required=True,
+        metavar="DIR",
+        help="the draft model directory (for NEXTN: the target directory itself, or a separate MTP checkpoint)",
+    )
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        type=str.lower,
+        choices=QUANTIZATIONS,
+        help="serving precision; auto (default) reads the target's quantization_config",
+    )
     p.add_argument("--context-length", type=_positive_int, metavar="N", help="the server's --context-length, if set")
-    p.add_argument("--algorithm", default="EAGLE3", type=lambda s: "NEXTN" if s.upper() == "MTP" else s.upper(),
-                   choices=ALGORITHMS, help="speculative algorithm (default EAGLE3; MTP is an alias of NEXTN)")
+    p.add_argument(
+        "--algorithm",
+        default="EAGLE3",
+        type=lambda s: "NEXTN" if s.upper() == "MTP" else s.upper(),
+        choices=ALGORITHMS,
+        help="speculative algorithm (default EAGLE3; MTP is an alias of NEXTN)",
+    )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
-    p.add_argument("--termination-log", metavar="PATH",
-                   help="also write a compact JSON summary (<= 4096 bytes) here, e.g. /dev/termination-log")
+    p.add_argument("--termination-log", metavar="PATH", help="also write a compact JSON summary (<= 4096 bytes) here, e.g. /dev/termination-log")
     return p
 
 
@@ -64,8 +76,7 @@ def _write_termination_log(path: str | None, text: str) -> None:
         with open(path, "w", encoding="ascii") as fh:
             fh.write(text)
     except OSError as exc:
-        print(f"specdec validate: warning: cannot write termination log {display_path(path)}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+        print(f"specdec validate: warning: cannot write termination log {display_path(path)}: {exc.strerror or exc}", file=sys.stderr)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -80,8 +91,7 @@ def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[Val
     reader = reader or MetaReader()
     if args.algorithm == "NEXTN":
         target = read_model_dir(args.target, role="target", weights="names", reader=reader)
-        drafter = target if _same_file(args.target, args.drafter) else read_model_dir(
-            args.drafter, role="drafter", weights="none", reader=reader)
+        drafter = target if _same_file(args.target, args.drafter) else read_model_dir(args.drafter, role="drafter", weights="none", reader=reader)
     else:
         target = read_model_dir(args.target, role="target", weights="none", reader=reader)
         drafter = read_model_dir(args.drafter, role="drafter", weights="none", reader=reader)
@@ -89,8 +99,7 @@ def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[Val
         # from its config without parsing hundreds of shard headers.
         if drafter.config.get("architectures") and drafter.architecture in DRAFT_CLASSES_WITH_CHECKED_WEIGHTS:
             read_weights(drafter, "headers", reader)
-    report = validate(target, drafter, quantization=args.quantization, context_length=args.context_length,
-                      algorithm=args.algorithm)
+    report = validate(target, drafter, quantization=args.quantization, context_length=args.context_length, algorithm=args.algorithm)
     return report, reader
 
 

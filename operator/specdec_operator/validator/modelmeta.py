@@ -56,10 +56,26 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 # Bits per element of every dtype the safetensors format defines (F4/F6 are packed sub-byte types).
 SAFETENSORS_DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
-    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 # Sub-configs where vision-language wrappers keep their language model's fields, in the order
@@ -198,9 +214,7 @@ class MetaReader:
             self._account(8, shown)
             prefix = self._pread_exact(fd, 8, 0, shown, what)
             if prefix.startswith(b"version "):
-                raise InputError(
-                    f"{shown}: is a Git LFS pointer, not the weights; run `git lfs pull` in the model directory"
-                )
+                raise InputError(f"{shown}: is a Git LFS pointer, not the weights; run `git lfs pull` in the model directory")
             header_len = int.from_bytes(prefix, "little")
             if header_len > MAX_SAFETENSORS_HEADER_BYTES:
                 raise InputError(
@@ -209,8 +223,7 @@ class MetaReader:
                 )
             if 8 + header_len > size:
                 raise InputError(
-                    f"{shown}: truncated safetensors file (header claims {header_len} bytes, "
-                    f"file has {size - 8} after the length); download it again"
+                    f"{shown}: truncated safetensors file (header claims {header_len} bytes, file has {size - 8} after the length); download it again"
                 )
             self._account(header_len, shown)
             raw = self._pread_exact(fd, header_len, 8, shown, what)
@@ -220,10 +233,7 @@ class MetaReader:
         header = _parse_json_object(raw, shown, "safetensors header", strip_padding=True)
         self.tensors_parsed += len(header)
         if self.tensors_parsed > MAX_TENSORS:
-            raise InputError(
-                f"{shown}: the headers read so far declare more than {MAX_TENSORS:,} tensors; "
-                "that is a full model, not a draft"
-            )
+            raise InputError(f"{shown}: the headers read so far declare more than {MAX_TENSORS:,} tensors; that is a full model, not a draft")
         data_len = size - 8 - header_len
         name = os.path.basename(path)
         tensors: dict[str, TensorInfo] = {}
@@ -298,24 +308,14 @@ def _check_tensor_entry(key: str, entry: Any, data_len: int, shown: str, file_na
         raise InputError(f"{where} has unknown dtype {str(dtype)[:20]!r}; the file is corrupt or from a newer format")
     if not isinstance(shape, list) or not all(_is_nonneg_int(d) for d in shape) or len(shape) > 8:
         raise InputError(f"{where} has a malformed shape; the file is corrupt")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(_is_nonneg_int(o) for o in offsets)
-        or offsets[0] > offsets[1]
-    ):
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_nonneg_int(o) for o in offsets) or offsets[0] > offsets[1]:
         raise InputError(f"{where} has malformed data_offsets; the file is corrupt")
     numel = math.prod(shape)
     expected = (numel * SAFETENSORS_DTYPE_BITS[dtype] + 7) // 8
     if offsets[1] - offsets[0] != expected:
-        raise InputError(
-            f"{where} declares shape {shape} {dtype} ({expected} bytes) but spans "
-            f"{offsets[1] - offsets[0]} bytes; the file is corrupt"
-        )
+        raise InputError(f"{where} declares shape {shape} {dtype} ({expected} bytes) but spans {offsets[1] - offsets[0]} bytes; the file is corrupt")
     if offsets[1] > data_len:
-        raise InputError(
-            f"{where} ends at byte {offsets[1]} of a {data_len}-byte data area: the file is truncated; download it again"
-        )
+        raise InputError(f"{where} ends at byte {offsets[1]} of a {data_len}-byte data area: the file is truncated; download it again")
     return TensorInfo(dtype=dtype, shape=tuple(shape), file=file_name)
 
 
@@ -379,9 +379,7 @@ class ModelMeta:
                 raise InputError(f"{self.config_file}: missing {shown_name}; a model config needs it")
             return None
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise InputError(
-                f"{self.config_file}: {shown_name} must be an integer >= {minimum}, got {_short(value)}"
-            )
+            raise InputError(f"{self.config_file}: {shown_name} must be an integer >= {minimum}, got {_short(value)}")
         return value
 
     @property
@@ -445,6 +443,7 @@ class ModelMeta:
 
     def facts(self) -> dict[str, Any]:
         """The facts `specdec validate --json` reports for this model."""
+
         def number(cfg: dict[str, Any], key: str) -> Any:
             value = cfg.get(key)
             return value if isinstance(value, (int, float, type(None))) else _short(value)
@@ -630,9 +629,7 @@ def _read_weights(meta: ModelMeta, path: str, weights: str, reader: MetaReader) 
             for shard in shards:
                 shard_path = join(path, shard)
                 if not _exists(shard_path):
-                    raise InputError(
-                        f"{meta.path}/{display_path(shard)}: listed in {SAFETENSORS_INDEX} but missing; the download is incomplete"
-                    )
+                    raise InputError(f"{meta.path}/{display_path(shard)}: listed in {SAFETENSORS_INDEX} but missing; the download is incomplete")
                 shard_tensors, _ = reader.read_safetensors_header(shard_path)
                 tensors.update(shard_tensors)
             meta.tensors = tensors

@@ -71,6 +71,7 @@ class ValidationReport:
 
 def _fit_json(base: dict[str, Any], key: str, items: list[Any], limit: int) -> str:
     """Put as many of `items` under `key` as fit in `limit` bytes, with "truncated": n for the rest."""
+
     def dump(doc: dict[str, Any]) -> str:
         return json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
 
@@ -90,8 +91,7 @@ def unusable_message(line: str, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
     reader of `findings` (the operator's status.validation) shows it."""
     clipped = clip(line, 1800)
     while True:  # non-ASCII text grows sixfold as \uXXXX escapes
-        doc = {"compatible": False, "unusable": clipped,
-               "findings": [{"severity": ERROR, "code": "ValidatorInputError", "message": clipped}]}
+        doc = {"compatible": False, "unusable": clipped, "findings": [{"severity": ERROR, "code": "ValidatorInputError", "message": clipped}]}
         text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
         if len(text) <= limit:
             return text
@@ -102,14 +102,20 @@ def format_text(report: ValidationReport) -> str:
     """The human-readable report."""
     n_err, n_warn = len(report.codes(ERROR)), len(report.codes(WARNING))
     verdict = "compatible" if report.compatible else "INCOMPATIBLE"
-    lines = [f"{verdict}: {n_err} error(s), {n_warn} warning(s) ({report.algorithm}, serving "
-             f"{report.serving_quantization or 'unknown'} on SGLang {SGLANG_VERSION})"]
+    lines = [
+        f"{verdict}: {n_err} error(s), {n_warn} warning(s) ({report.algorithm}, serving "
+        f"{report.serving_quantization or 'unknown'} on SGLang {SGLANG_VERSION})"
+    ]
     for f in report.findings:
         lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
     t, d = report.target, report.drafter
     arch = lambda facts: (facts.get("architectures") or ["?"])[0]  # noqa: E731
-    lines.append(f"target:  {arch(t)} hidden {t.get('hidden_size')}, vocab {t.get('vocab_size')}, "
-                 f"{t.get('num_hidden_layers')} layers, {t.get('quantization') or 'unknown'} ({t.get('path')})")
-    lines.append(f"drafter: {arch(d)} hidden {d.get('hidden_size')}, vocab {d.get('vocab_size')}, draft vocab "
-                 f"{d.get('draft_vocab_size', '-')}, {d.get('tensors', '?')} tensors ({d.get('path')})")
+    lines.append(
+        f"target:  {arch(t)} hidden {t.get('hidden_size')}, vocab {t.get('vocab_size')}, "
+        f"{t.get('num_hidden_layers')} layers, {t.get('quantization') or 'unknown'} ({t.get('path')})"
+    )
+    lines.append(
+        f"drafter: {arch(d)} hidden {d.get('hidden_size')}, vocab {d.get('vocab_size')}, draft vocab "
+        f"{d.get('draft_vocab_size', '-')}, {d.get('tensors', '?')} tensors ({d.get('path')})"
+    )
     return "\n".join(lines)
