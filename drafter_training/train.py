@@ -80,7 +80,7 @@ def load_target_tensors(target_dir: str | Path, suffixes: tuple[str, ...]) -> di
     found: dict[str, torch.Tensor] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as handle:
-            for name in handle:
+            for name in handle.keys():  # noqa: SIM118  (safe_open is not iterable)
                 for suffix in suffixes:
                     if suffix not in found and (name == suffix or name.endswith("." + suffix)):
                         found[suffix] = handle.get_tensor(name)
