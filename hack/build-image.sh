@@ -59,10 +59,11 @@ ca_volume() {
 }
 
 build() {
-  local tool tag="" dockerfile="" arg prev=""
+  local tool tag="" dockerfile="" base="" arg prev=""
   for arg in "$@"; do
     [[ "$prev" == "-t" ]] && tag="$arg"
     [[ "$prev" == "-f" ]] && dockerfile="$arg"
+    [[ "$prev" == "--build-arg" && "$arg" == BASE_IMAGE=* ]] && base="${arg#BASE_IMAGE=}"
     prev="$arg"
   done
   [[ -n "$tag" ]] || die "no -t NAME:TAG given"
@@ -73,6 +74,11 @@ build() {
     DOCKER_BUILDKIT=1 docker build "$@"
   else
     mkdir -p "$IMAGES_DIR"
+    # The base must be here or pullable; say so in one line rather than in buildah's retry log.
+    if [[ -n "$base" ]] && ! "${BUILDAH[@]}" inspect --type image "$base" >/dev/null 2>&1 \
+       && ! timeout 120 "${BUILDAH[@]}" pull --quiet "$base" >/dev/null 2>&1; then
+      die "base image $base is neither built here nor pullable (no registry reachable?): run make images-local"
+    fi
     # chroot isolation: no nested user namespaces or cgroups needed; the host network, so pip reaches PyPI.
     # The VM's hard limits are below buildah's default ulimits.
     local -a extra=(--layers --isolation chroot --network host --format oci

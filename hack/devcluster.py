@@ -894,6 +894,21 @@ def _stop_node(name: str, state: dict) -> None:
     for component in ("kubelet", "coredns", "kube-proxy"):
         if component in pids:
             _stop_pid(int(pids[component]), directory, grace=5.0)
+    owner = realnode.machine_owner()
+    if owner is not None and owner != directory:
+        # A stale record (its owner died, and another cluster's real node has the machine since): stop only what
+        # is ours by pid; the kubepods cgroups, the chains and the sysctls are the other node's now.
+        if "containerd" in pids:
+            _stop_pid(int(pids["containerd"]), directory, grace=5.0)
+        realnode.unmount_all(nd)
+        if realnode.link_exists(node.get("bridge") or realnode.bridge_name(name)):
+            subprocess.run(["ip", "link", "delete", node.get("bridge") or realnode.bridge_name(name)], capture_output=True)
+        if not realnode.unmount_all(nd):
+            shutil.rmtree(nd, ignore_errors=True)
+        state["real_node"] = {"ports": node.get("ports")}
+        if _state_path(name).exists():
+            _write_state(name, state)
+        return
     # Container processes and their shims: everything in the kubepods cgroups, then the shims of our containerd.
     realnode.kill_cgroup_processes()
     sock = str(nd / "containerd" / "containerd.sock")

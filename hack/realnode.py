@@ -589,6 +589,14 @@ def claim_machine(cluster_directory: Path, alive: Callable[[Path], bool]) -> Non
     MACHINE_LOCK.write_text(f"{cluster_directory}\n")
 
 
+def machine_owner() -> Path | None:
+    """The cluster directory that runs (or last ran) the machine's real node, None when none is recorded."""
+    try:
+        return Path(MACHINE_LOCK.read_text().strip())
+    except OSError:
+        return None
+
+
 def release_machine(cluster_directory: Path) -> None:
     with contextlib.suppress(OSError):
         if Path(MACHINE_LOCK.read_text().strip()) == cluster_directory:
