@@ -29,9 +29,9 @@ attention cost does not grow with the context here; at these lengths (<= 400) at
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
-import statistics
 import subprocess
 import sys
 import time
@@ -285,7 +285,7 @@ def timed_loop(dec: Decoder, calls: list, iters: int) -> dict[str, float]:
         total = (time.perf_counter() - start) * 1e3
     out = {"total_ms": total}
     names = ["draft_ms", "verify_ms"] if n == 2 else ["verify_ms"]
-    for name, xs in zip(names, per):
+    for name, xs in zip(names, per, strict=True):
         out[name] = sum(xs)
     return out
 
@@ -383,10 +383,11 @@ def analyze(path: Path) -> str:
     steps_list = sorted({r["steps"] for r in rows if r["steps"]})
     for kind in ("natural", "random"):
         for s in steps_list:
-            lines.append(f"\n{kind}, {s} steps (CUDA graphs)")
+            graphs = all(r["cuda_graphs"] for r in rows if r["data"] == kind and r["steps"] in (0, s))
+            lines.append(f"\n{kind}, {s} steps ({'CUDA graphs' if graphs else 'eager, at least in part'})")
             lines.append("| batch | target-only tok/s | speculative tok/s | speedup | accept len | base step ms | "
-                         "spec iteration ms (draft + verify) |")
-            lines.append("|---|---|---|---|---|---|---|")
+                         "spec iteration ms (draft + verify) | eager: target-only, speculative tok/s, speedup |")
+            lines.append("|---|---|---|---|---|---|---|---|")
             for b in batches:
                 base, spec = by.get((kind, b, 0)), by.get((kind, b, s))
                 if not base or not spec:
@@ -395,7 +396,10 @@ def analyze(path: Path) -> str:
                     f"| {b} | {base['tokens_per_second']:,.0f} | {spec['tokens_per_second']:,.0f} | "
                     f"{spec['tokens_per_second'] / base['tokens_per_second']:.2f} | {spec['accept_length']:.2f} | "
                     f"{base['iteration_ms']:.3f} | {spec['iteration_ms']:.3f} "
-                    f"({spec['draft_ms_per_iteration']:.3f} + {spec['verify_ms_per_iteration']:.3f}) |")
+                    f"({spec['draft_ms_per_iteration']:.3f} + {spec['verify_ms_per_iteration']:.3f}) | "
+                    + (f"{base['eager']['tokens_per_second']:,.0f}, {spec['eager']['tokens_per_second']:,.0f}, "
+                       f"{spec['eager']['tokens_per_second'] / base['eager']['tokens_per_second']:.2f} |"
+                       if "eager" in base and "eager" in spec else "– |"))
     # The simulator: step_ms(batch) interpolated linearly, accept_length_mean independent of batch.
     lines.append("\nsimulator check: profiles from two measured points (batch 1 and the largest), as the shipped "
                  "Kimi profiles are built, against the measured points between")
@@ -406,7 +410,7 @@ def analyze(path: Path) -> str:
     lo, hi = batches[0], batches[-1]
     for kind in ("natural", "random"):
         for s in steps_list:
-            def prof(mode, pts, accept=None):
+            def prof(mode, pts, accept=None, kind=kind, s=s):
                 return profile_from_dict({
                     "name": f"{kind}-{mode}", "load_seconds": 0, "max_running_requests": 4096,
                     "prefill_tokens_per_s": 1e9, "jitter": 0.0,
@@ -429,7 +433,7 @@ def analyze(path: Path) -> str:
             # crossover: where the measured speedup crosses 1, linear in batch between measured points
             sp = [(b, by[(kind, b, s)]["tokens_per_second"] / by[(kind, b, 0)]["tokens_per_second"]) for b in batches]
             cross = "none in the measured range"
-            for (x0, y0), (x1, y1) in zip(sp, sp[1:]):
+            for (x0, y0), (x1, y1) in itertools.pairwise(sp):
                 if (y0 - 1) * (y1 - 1) <= 0 and y0 != y1:
                     cross = f"{x0 + (1 - y0) * (x1 - x0) / (y1 - y0):.0f}"
                     break
@@ -503,10 +507,10 @@ def main() -> int:
             smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,"
                                   "clocks.max.sm,power.limit", "--format=csv"], capture_output=True, text=True,
                                  timeout=20).stdout
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             smi = repr(exc)
     RESULTS.update({
-        "command": " ".join(["python3", "benchmarks/speculation_h200.py"] + sys.argv[1:]),
+        "command": " ".join(["python3", "benchmarks/speculation_h200.py", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
         "nvidia_smi": smi,
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
@@ -629,7 +633,7 @@ def main() -> int:
         pk = prompts[kind].to(device)
         for b in batches:
             groups = max(1, args.min_sequences // b)
-            for s in [0] + steps_list:
+            for s in [0, *steps_list]:
                 iters = args.base_iters if s == 0 else args.spec_tokens // (s + 1)
                 t = time.time()
                 r = run_config(target, draft, pk, b, s, iters, groups, args.reps, max_len, aux_ids, use_graphs,
@@ -644,13 +648,13 @@ def main() -> int:
                     n_cmp = [min(args.base_iters, int(x)) for x in elogs[(kind, b, s)].sum(0).tolist()]
                     div = first_divergence(seqs[(kind, b, 0)], seqs[(kind, b, s)], args.prompt_len + 1, n_cmp)
                     r["lossless_check"] = {"compared_tokens": n_cmp,
-                                           "sequences_identical": sum(d == n for d, n in zip(div, n_cmp)),
+                                           "sequences_identical": sum(d == n for d, n in zip(div, n_cmp, strict=True)),
                                            "sequences": len(div), "first_divergence": div}
                 RESULTS["throughput"].append(r)
                 log(f"{kind} B={b} steps={s}: {r['tokens_per_second']:,.0f} tok/s accept {r['accept_length']:.3f} "
                     f"iter {r['iteration_ms']:.3f} ms (draft {r['draft_ms_per_iteration']:.3f}, "
                     f"verify {r['verify_ms_per_iteration']:.3f}) graphs={r['cuda_graphs']} "
-                    f"{('eager %.0f tok/s' % r['eager']['tokens_per_second']) if 'eager' in r else ''}")
+                    f"{'eager {:.0f} tok/s'.format(r['eager']['tokens_per_second']) if 'eager' in r else ''}")
                 save(out)
 
     # -- (a) acceptance: natural vs random, from the largest batch's runs (its sequences), plus the library loop
@@ -674,7 +678,7 @@ def main() -> int:
             lib = evaluate_drafter(target, Eagle3Proposer(draft32), pl, aux_ids, num_steps=s,
                                    max_new_tokens=args.library_tokens, eos_ids=set(), seed=5)
             # the cached decoder at batch 1 ran these prompts first (groups of one): compare verify by verify
-            el = elogs[(kind, 1, s)] if (kind, 1, s) in elogs else None
+            el = elogs.get((kind, 1, s))
             lib["seconds"] = time.time() - t
             if el is not None:
                 ours = el[:, : args.library_prompts].double()
