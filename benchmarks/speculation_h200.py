@@ -112,8 +112,9 @@ class Decoder:
         if draft is not None:
             dc = draft.cfg
             self.dkvh, self.dhd = dc.num_key_value_heads, dc.resolved_head_dim
-            self.dk = z(batch, self.dkvh, max_len, self.dhd, dt=self.dtype)
-            self.dv = z(batch, self.dkvh, max_len, self.dhd, dt=self.dtype)
+            ddt = next(draft.parameters()).dtype  # the draft may run in another precision than the target
+            self.dk = z(batch, self.dkvh, max_len, self.dhd, dt=ddt)
+            self.dv = z(batch, self.dkvh, max_len, self.dhd, dt=ddt)
             self.drot = Rotary(self.dhd, dc.rope_theta).to(self.dev)  # float32 frequencies
             self.draft_len, self.pend_v = z(batch), z(batch)
             self.pend_ids = z(batch, steps + 1)
@@ -157,7 +158,7 @@ class Decoder:
         d = self.d
         layer, attn = d.midlayer, d.midlayer.self_attn
         if first:
-            hidden = d.fc(hidden)
+            hidden = d.fc(hidden.to(d.fc.weight.dtype))
         residual = hidden
         x = torch.cat([layer.input_layernorm(d.embed_tokens(ids)), layer.hidden_norm(hidden)], dim=-1)
         B, T, _ = x.shape
@@ -401,33 +402,34 @@ def analyze(path: Path) -> str:
                        f"{spec['eager']['tokens_per_second'] / base['eager']['tokens_per_second']:.2f} |"
                        if "eager" in base and "eager" in spec else "– |"))
     # The simulator: step_ms(batch) interpolated linearly, accept_length_mean independent of batch.
-    lines.append("\nsimulator check: profiles from two measured points (batch 1 and the largest), as the shipped "
-                 "Kimi profiles are built, against the measured points between")
-    lines.append("| data | steps | batch | measured speedup | simulator (2-point profiles, accept at batch 1) | "
-                 "simulator (all points, accept per batch) | base step: 2-pt interp / measured | "
-                 "spec step: 2-pt interp / measured |")
-    lines.append("|---|---|---|---|---|---|---|---|")
-    lo, hi = batches[0], batches[-1]
+    # A profile of two measured points (batch 1 and batch 128, as the shipped Kimi profiles are built from two
+    # points) and one accept length (batch 1's), against what was measured between and beyond those points.
+    lo = batches[0]
+    hi = 128 if 128 in batches else batches[-1]
+    lines.append(f"\nsimulator check: Profile.step_seconds from two measured points (batch {lo} and {hi}), "
+                 f"accept_length_mean from batch {lo}; beyond {hi} the simulator extrapolates linearly")
+    lines.append("| data | steps | batch | measured speedup | simulator speedup | base step: simulator / measured | "
+                 "spec step: simulator / measured |")
+    lines.append("|---|---|---|---|---|---|---|")
     for kind in ("natural", "random"):
         for s in steps_list:
-            def prof(mode, pts, accept=None, kind=kind, s=s):
+            def prof(mode, pts, kind=kind, s=s):
                 return profile_from_dict({
                     "name": f"{kind}-{mode}", "load_seconds": 0, "max_running_requests": 4096,
                     "prefill_tokens_per_s": 1e9, "jitter": 0.0,
                     "step_ms": [[b, by[(kind, b, mode)]["iteration_ms"]] for b in pts],
                     "speculative": None if mode == 0 else {
                         "algorithm": "EAGLE3", "num_steps": s, "eagle_topk": 1, "num_draft_tokens": s + 1,
-                        "accept_length_mean": accept if accept is not None else by[(kind, lo, s)]["accept_length"]},
+                        "accept_length_mean": by[(kind, lo, s)]["accept_length"]},
                 })
             b2, s2 = prof(0, [lo, hi]), prof(s, [lo, hi])
-            ball = prof(0, batches)
+
+            def sim(b, b2=b2, s2=s2):
+                return s2.mean_tokens_per_step * b2.step_seconds(b) / s2.step_seconds(b)
             for b in batches:
                 base, spec = by[(kind, b, 0)], by[(kind, b, s)]
                 meas = spec["tokens_per_second"] / base["tokens_per_second"]
-                sim2 = s2.mean_tokens_per_step * b2.step_seconds(b) / s2.step_seconds(b)
-                sall = prof(s, batches, spec["accept_length"])
-                simall = sall.mean_tokens_per_step * ball.step_seconds(b) / sall.step_seconds(b)
-                lines.append(f"| {kind} | {s} | {b} | {meas:.2f} | {sim2:.2f} | {simall:.2f} | "
+                lines.append(f"| {kind} | {s} | {b} | {meas:.2f} | {sim(b):.2f} | "
                              f"{b2.step_seconds(b) * 1e3 / base['iteration_ms']:.2f} | "
                              f"{s2.step_seconds(b) * 1e3 / spec['iteration_ms']:.2f} |")
             # crossover: where the measured speedup crosses 1, linear in batch between measured points
@@ -437,7 +439,8 @@ def analyze(path: Path) -> str:
                 if (y0 - 1) * (y1 - 1) <= 0 and y0 != y1:
                     cross = f"{x0 + (1 - y0) * (x1 - x0) / (y1 - y0):.0f}"
                     break
-            lines.append(f"| {kind} | {s} | crossover (speedup = 1) | {cross} | | | | |")
+            sim_cross = next((str(b) for b in range(1, 4097) if sim(b) < 1), "none up to 4096")
+            lines.append(f"| {kind} | {s} | crossover (speedup = 1) | {cross} | {sim_cross} | | |")
     return "\n".join(lines)
 
 
@@ -686,6 +689,37 @@ def main() -> int:
             RESULTS["library_acceptance"][f"{kind}_steps{s}"] = lib
             log(f"library {kind} steps={s}: accept {lib['acceptance_length']:.3f} {lib['acceptance_length_ci95']}"
                 f" (cached decoder, same prompts: {lib.get('cached_decoder_batch1_accept_length_same_prompts')})")
+            save(out)
+    # Verify by verify: the library's loop (drafter_training.evaluate.speculative_generate, float32 draft, the
+    # target recomputed over the whole sequence each verify) against the cached decoder with the bf16 draft and
+    # with the float32 draft, on the library's prompts, over exactly the verifies the library made per prompt.
+    from drafter_training.evaluate import speculative_generate
+
+    RESULTS["verify_by_verify_check"] = {}
+    for kind in ("natural", "random"):
+        for s in steps_list:
+            pl = prompts[kind][: args.library_prompts]
+            lib = [speculative_generate(target, Eagle3Proposer(draft32), pr, aux_ids, num_steps=s,
+                                        max_new_tokens=args.library_tokens).accept_lengths for pr in pl.tolist()]
+            span = max(len(x) for x in lib)
+            row: dict[str, Any] = {"prompts": len(lib), "verifies": sum(len(x) for x in lib),
+                                   "library_fp32_draft": sum(map(sum, lib)) / sum(len(x) for x in lib)}
+            for name, dr in (("cached_bf16_draft", draft), ("cached_fp32_draft", draft32)):
+                ml = int(math.ceil((args.prompt_len + (span + 1) * (s + 1) + s + 2) / 16) * 16)
+                dec = Decoder(target, dr, len(lib), s, ml, aux_ids, span + 1)
+                dec.prefill(pl.to(device))
+                for _ in range(span):
+                    dec.draft_phase()
+                    dec.verify_phase()
+                el = dec.elog[:span].cpu()
+                ours = [el[: len(x), i].tolist() for i, x in enumerate(lib)]
+                row[name] = sum(map(sum, ours)) / row["verifies"]
+                row[f"{name}_prompts_identical"] = sum(a == b for a, b in zip(ours, lib, strict=True))
+                row[f"{name}_verifies_equal"] = sum(int(u == v) for a, b in zip(ours, lib, strict=True)
+                                                    for u, v in zip(a, b, strict=True))
+                del dec
+            RESULTS["verify_by_verify_check"][f"{kind}_steps{s}"] = row
+            log(f"verify by verify {kind} steps={s}: {row}")
             save(out)
     if args.smoke:
         # fp32 on the CPU: the library loop and the cached decoder must agree verify by verify
