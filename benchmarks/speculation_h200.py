@@ -441,6 +441,25 @@ def analyze(path: Path) -> str:
                     break
             sim_cross = next((str(b) for b in range(1, 4097) if sim(b) < 1), "none up to 4096")
             lines.append(f"| {kind} | {s} | crossover (speedup = 1) | {cross} | {sim_cross} | | |")
+    # The simulator's per-verify token count: a chain in which each draft is accepted with one probability p
+    # (SpeculativeConfig.chain_accept_probability), against the measured histogram at the largest batch.
+    from specdec_operator.simulator.model import SpeculativeConfig
+
+    big = batches[-1]
+    lines.append(f"\nsimulator check: tokens per verify, measured histogram (batch {big}) against the simulator's "
+                 "chain of equal per-draft acceptance with the same mean")
+    lines.append("| data | steps | accept len | k = 1, 2, ... measured | simulator |")
+    lines.append("|---|---|---|---|---|")
+    for kind in ("natural", "random"):
+        for s in steps_list:
+            r = by[(kind, big, s)]
+            hist = [r["accept_length_histogram"][str(k)] for k in range(1, s + 2)]
+            tot = sum(hist)
+            cfg = SpeculativeConfig("EAGLE3", s, 1, s + 1, r["accept_length"])
+            p = cfg.chain_accept_probability
+            sim = [p ** (k - 1) * (1 - p) for k in range(1, s + 1)] + [p ** s]
+            lines.append(f"| {kind} | {s} | {r['accept_length']:.2f} | {' '.join(f'{h / tot:.3f}' for h in hist)} | "
+                         f"{' '.join(f'{x:.3f}' for x in sim)} (p = {p:.3f}) |")
     return "\n".join(lines)
 
 
