@@ -45,7 +45,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from benchmarks.drafter_h200 import (  # noqa: E402
+from benchmarks.drafter_h200 import (
     build_target,
     encode_corpus,
     heldout_quality,
@@ -54,12 +54,12 @@ from benchmarks.drafter_h200 import (  # noqa: E402
     train_target,
     train_tokenizer,
 )
-from drafter_training.capture import capture_hf  # noqa: E402
-from drafter_training.evaluate import Eagle3Proposer, bootstrap_ci, evaluate_drafter  # noqa: E402
-from drafter_training.model import Eagle3Draft, Rotary, rotate_half  # noqa: E402
-from drafter_training.target import LoadedTarget, read_config  # noqa: E402
-from drafter_training.train import TrainConfig, load_trained, train  # noqa: E402
-from drafter_training.vocab import build_vocab  # noqa: E402
+from drafter_training.capture import capture_hf
+from drafter_training.evaluate import Eagle3Proposer, bootstrap_ci, evaluate_drafter
+from drafter_training.model import Eagle3Draft, Rotary, rotate_half
+from drafter_training.target import LoadedTarget, read_config
+from drafter_training.train import TrainConfig, load_trained, train
+from drafter_training.vocab import build_vocab
 
 RESULTS: dict[str, Any] = {}
 T0 = time.time()
@@ -77,6 +77,7 @@ def save(out: Path) -> None:
 
 # ---- the KV-cached decoder ----------------------------------------------------------------------------
 
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotate_half(x) * sin
 
@@ -89,8 +90,9 @@ class Decoder:
     target's captured layers at position t with token t+1 (SGLang's draft-extend), slot == rotary position.
     """
 
-    def __init__(self, target: torch.nn.Module, draft: Eagle3Draft | None, batch: int, steps: int, max_len: int,
-                 aux_ids: list[int], iters: int) -> None:
+    def __init__(
+        self, target: torch.nn.Module, draft: Eagle3Draft | None, batch: int, steps: int, max_len: int, aux_ids: list[int], iters: int
+    ) -> None:
         p = next(target.parameters())
         self.dev, self.dtype = p.device, p.dtype
         self.t, self.d = target, draft
@@ -119,8 +121,9 @@ class Decoder:
             self.draft_len, self.pend_v = z(batch), z(batch)
             self.pend_ids = z(batch, steps + 1)
             self.pend_aux = z(batch, steps + 1, len(aux_ids) * cfg.hidden_size, dt=self.dtype)
-        self._state_names = [n for n in ("tgt_len", "last_tok", "seq", "drafts", "it", "elog", "draft_len",
-                                         "pend_v", "pend_ids", "pend_aux") if hasattr(self, n)]
+        self._state_names = [
+            n for n in ("tgt_len", "last_tok", "seq", "drafts", "it", "elog", "draft_len", "pend_v", "pend_ids", "pend_aux") if hasattr(self, n)
+        ]
         self._snap: dict[str, torch.Tensor] = {}
 
     # -- model pieces
@@ -145,8 +148,7 @@ class Decoder:
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             self.tk[i].scatter_(2, slot, k)
             self.tv[i].scatter_(2, slot, v)
-            o = F.scaled_dot_product_attention(q, self.tk[i], self.tv[i], attn_mask=mask,
-                                               enable_gqa=self.kvh != q.shape[1])
+            o = F.scaled_dot_product_attention(q, self.tk[i], self.tv[i], attn_mask=mask, enable_gqa=self.kvh != q.shape[1])
             h = h + a.o_proj(o.transpose(1, 2).reshape(B, T, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i in self.aux_ids:
@@ -169,8 +171,7 @@ class Decoder:
         slot = pos[:, None, :, None].expand(B, self.dkvh, T, self.dhd)
         self.dk.scatter_(2, slot, k)
         self.dv.scatter_(2, slot, v)
-        o = F.scaled_dot_product_attention(q, self.dk, self.dv, attn_mask=self._mask(pos),
-                                           enable_gqa=self.dkvh != q.shape[1])
+        o = F.scaled_dot_product_attention(q, self.dk, self.dv, attn_mask=self._mask(pos), enable_gqa=self.dkvh != q.shape[1])
         hidden = attn.o_proj(o.transpose(1, 2).reshape(B, T, -1)) + residual
         hidden = layer.mlp(layer.post_attention_layernorm(hidden)) + hidden
         return d.lm_head(d.norm(hidden)), hidden
@@ -291,11 +292,22 @@ def timed_loop(dec: Decoder, calls: list, iters: int) -> dict[str, float]:
     return out
 
 
-def run_config(target, draft, prompts: torch.Tensor, batch: int, steps: int, iters: int, groups: int, reps: int,
-               max_len: int, aux_ids: list[int], use_graphs: bool, eager: bool) -> dict[str, Any]:
+def run_config(
+    target,
+    draft,
+    prompts: torch.Tensor,
+    batch: int,
+    steps: int,
+    iters: int,
+    groups: int,
+    reps: int,
+    max_len: int,
+    aux_ids: list[int],
+    use_graphs: bool,
+    eager: bool,
+) -> dict[str, Any]:
     dec = Decoder(target, draft if steps else None, batch, steps, max_len, aux_ids, iters)
-    res: dict[str, Any] = {"batch": batch, "steps": steps, "iters": iters, "groups": groups, "reps": reps,
-                           "sequences": batch * groups}
+    res: dict[str, Any] = {"batch": batch, "steps": steps, "iters": iters, "groups": groups, "reps": reps, "sequences": batch * groups}
     dec.prefill(prompts[:batch])
     calls = dec.phases()
     graphs_ok = False
@@ -312,7 +324,7 @@ def run_config(target, draft, prompts: torch.Tensor, batch: int, steps: int, ite
     totals, drafts_ms, verifies_ms, tokens = [], [], [], 0
     elogs, seqs = [], []
     for g in range(groups):
-        dec.prefill(prompts[g * batch:(g + 1) * batch])
+        dec.prefill(prompts[g * batch : (g + 1) * batch])
         reps_t = []
         for r in range(reps):
             dec.restore()
@@ -329,15 +341,20 @@ def run_config(target, draft, prompts: torch.Tensor, batch: int, steps: int, ite
         seqs.append(dec.seq.cpu().clone())
         tokens += int(el.sum())
     total_ms = sum(totals)
-    res.update({
-        "tokens": tokens, "total_ms": total_ms, "draft_ms": sum(drafts_ms), "verify_ms": sum(verifies_ms),
-        "tokens_per_second": tokens / (total_ms / 1e3),
-        "iteration_ms": total_ms / (groups * iters),
-        "draft_ms_per_iteration": sum(drafts_ms) / (groups * iters),
-        "verify_ms_per_iteration": sum(verifies_ms) / (groups * iters),
-        "accept_length": tokens / (batch * groups * iters),
-        "group_total_ms": totals,
-    })
+    res.update(
+        {
+            "tokens": tokens,
+            "total_ms": total_ms,
+            "draft_ms": sum(drafts_ms),
+            "verify_ms": sum(verifies_ms),
+            "tokens_per_second": tokens / (total_ms / 1e3),
+            "iteration_ms": total_ms / (groups * iters),
+            "draft_ms_per_iteration": sum(drafts_ms) / (groups * iters),
+            "verify_ms_per_iteration": sum(verifies_ms) / (groups * iters),
+            "accept_length": tokens / (batch * groups * iters),
+            "group_total_ms": totals,
+        }
+    )
     elog = torch.cat(elogs, 1)  # [iters, sequences]
     per_seq = elog.sum(0).double() / iters
     res["accept_length_per_sequence"] = per_seq.tolist()
@@ -351,10 +368,13 @@ def run_config(target, draft, prompts: torch.Tensor, batch: int, steps: int, ite
         dec.prefill(prompts[:batch])
         dec.restore()
         te = timed_loop(dec, calls, iters)
-        res["eager"] = {"total_ms": te["total_ms"], "tokens_per_second": int(dec.elog[:iters].sum()) / (te["total_ms"] / 1e3),
-                        "draft_ms": te.get("draft_ms", 0.0), "verify_ms": te["verify_ms"],
-                        "same_tokens_as_graphs": bool(torch.equal(dec.elog[:iters].cpu(), elogs[0])
-                                                      and torch.equal(dec.seq.cpu(), seqs[0]))}
+        res["eager"] = {
+            "total_ms": te["total_ms"],
+            "tokens_per_second": int(dec.elog[:iters].sum()) / (te["total_ms"] / 1e3),
+            "draft_ms": te.get("draft_ms", 0.0),
+            "verify_ms": te["verify_ms"],
+            "same_tokens_as_graphs": bool(torch.equal(dec.elog[:iters].cpu(), elogs[0]) and torch.equal(dec.seq.cpu(), seqs[0])),
+        }
     del dec
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -366,12 +386,13 @@ def first_divergence(a: torch.Tensor, b: torch.Tensor, start: int, lengths: list
     """Per row: index (from start) of the first differing token within that row's length, else the length."""
     out = []
     for i, n in enumerate(lengths):
-        nz = (a[i, start:start + n] != b[i, start:start + n]).nonzero()
+        nz = (a[i, start : start + n] != b[i, start : start + n]).nonzero()
         out.append(int(nz[0]) if nz.numel() else n)
     return out
 
 
 # ---- analysis (no GPU): tables and the simulator check --------------------------------------------------
+
 
 def analyze(path: Path) -> str:
     from specdec_operator.simulator.model import profile_from_dict
@@ -386,8 +407,10 @@ def analyze(path: Path) -> str:
         for s in steps_list:
             graphs = all(r["cuda_graphs"] for r in rows if r["data"] == kind and r["steps"] in (0, s))
             lines.append(f"\n{kind}, {s} steps ({'CUDA graphs' if graphs else 'eager, at least in part'})")
-            lines.append("| batch | target-only tok/s | speculative tok/s | speedup | accept len | base step ms | "
-                         "spec iteration ms (draft + verify) | eager: target-only, speculative tok/s, speedup |")
+            lines.append(
+                "| batch | target-only tok/s | speculative tok/s | speedup | accept len | base step ms | "
+                "spec iteration ms (draft + verify) | eager: target-only, speculative tok/s, speedup |"
+            )
             lines.append("|---|---|---|---|---|---|---|---|")
             for b in batches:
                 base, spec = by.get((kind, b, 0)), by.get((kind, b, s))
@@ -398,40 +421,63 @@ def analyze(path: Path) -> str:
                     f"{spec['tokens_per_second'] / base['tokens_per_second']:.2f} | {spec['accept_length']:.2f} | "
                     f"{base['iteration_ms']:.3f} | {spec['iteration_ms']:.3f} "
                     f"({spec['draft_ms_per_iteration']:.3f} + {spec['verify_ms_per_iteration']:.3f}) | "
-                    + (f"{base['eager']['tokens_per_second']:,.0f}, {spec['eager']['tokens_per_second']:,.0f}, "
-                       f"{spec['eager']['tokens_per_second'] / base['eager']['tokens_per_second']:.2f} |"
-                       if "eager" in base and "eager" in spec else "– |"))
+                    + (
+                        f"{base['eager']['tokens_per_second']:,.0f}, {spec['eager']['tokens_per_second']:,.0f}, "
+                        f"{spec['eager']['tokens_per_second'] / base['eager']['tokens_per_second']:.2f} |"
+                        if "eager" in base and "eager" in spec
+                        else "– |"
+                    )
+                )
     # The simulator: step_ms(batch) interpolated linearly, accept_length_mean independent of batch.
     # A profile of two measured points (batch 1 and batch 128, as the shipped Kimi profiles are built from two
     # points) and one accept length (batch 1's), against what was measured between and beyond those points.
     lo = batches[0]
     hi = 128 if 128 in batches else batches[-1]
-    lines.append(f"\nsimulator check: Profile.step_seconds from two measured points (batch {lo} and {hi}), "
-                 f"accept_length_mean from batch {lo}; beyond {hi} the simulator extrapolates linearly")
-    lines.append("| data | steps | batch | measured speedup | simulator speedup | base step: simulator / measured | "
-                 "spec step: simulator / measured |")
+    lines.append(
+        f"\nsimulator check: Profile.step_seconds from two measured points (batch {lo} and {hi}), "
+        f"accept_length_mean from batch {lo}; beyond {hi} the simulator extrapolates linearly"
+    )
+    lines.append(
+        "| data | steps | batch | measured speedup | simulator speedup | base step: simulator / measured | spec step: simulator / measured |"
+    )
     lines.append("|---|---|---|---|---|---|---|")
     for kind in ("natural", "random"):
         for s in steps_list:
+
             def prof(mode, pts, kind=kind, s=s):
-                return profile_from_dict({
-                    "name": f"{kind}-{mode}", "load_seconds": 0, "max_running_requests": 4096,
-                    "prefill_tokens_per_s": 1e9, "jitter": 0.0,
-                    "step_ms": [[b, by[(kind, b, mode)]["iteration_ms"]] for b in pts],
-                    "speculative": None if mode == 0 else {
-                        "algorithm": "EAGLE3", "num_steps": s, "eagle_topk": 1, "num_draft_tokens": s + 1,
-                        "accept_length_mean": by[(kind, lo, s)]["accept_length"]},
-                })
+                return profile_from_dict(
+                    {
+                        "name": f"{kind}-{mode}",
+                        "load_seconds": 0,
+                        "max_running_requests": 4096,
+                        "prefill_tokens_per_s": 1e9,
+                        "jitter": 0.0,
+                        "step_ms": [[b, by[(kind, b, mode)]["iteration_ms"]] for b in pts],
+                        "speculative": None
+                        if mode == 0
+                        else {
+                            "algorithm": "EAGLE3",
+                            "num_steps": s,
+                            "eagle_topk": 1,
+                            "num_draft_tokens": s + 1,
+                            "accept_length_mean": by[(kind, lo, s)]["accept_length"],
+                        },
+                    }
+                )
+
             b2, s2 = prof(0, [lo, hi]), prof(s, [lo, hi])
 
             def sim(b, b2=b2, s2=s2):
                 return s2.mean_tokens_per_step * b2.step_seconds(b) / s2.step_seconds(b)
+
             for b in batches:
                 base, spec = by[(kind, b, 0)], by[(kind, b, s)]
                 meas = spec["tokens_per_second"] / base["tokens_per_second"]
-                lines.append(f"| {kind} | {s} | {b} | {meas:.2f} | {sim(b):.2f} | "
-                             f"{b2.step_seconds(b) * 1e3 / base['iteration_ms']:.2f} | "
-                             f"{s2.step_seconds(b) * 1e3 / spec['iteration_ms']:.2f} |")
+                lines.append(
+                    f"| {kind} | {s} | {b} | {meas:.2f} | {sim(b):.2f} | "
+                    f"{b2.step_seconds(b) * 1e3 / base['iteration_ms']:.2f} | "
+                    f"{s2.step_seconds(b) * 1e3 / spec['iteration_ms']:.2f} |"
+                )
             # crossover: where the measured speedup crosses 1, linear in batch between measured points
             sp = [(b, by[(kind, b, s)]["tokens_per_second"] / by[(kind, b, 0)]["tokens_per_second"]) for b in batches]
             cross = "none in the measured range"
@@ -446,8 +492,10 @@ def analyze(path: Path) -> str:
     from specdec_operator.simulator.model import SpeculativeConfig
 
     big = batches[-1]
-    lines.append(f"\nsimulator check: tokens per verify, measured histogram (batch {big}) against the simulator's "
-                 "chain of equal per-draft acceptance with the same mean")
+    lines.append(
+        f"\nsimulator check: tokens per verify, measured histogram (batch {big}) against the simulator's "
+        "chain of equal per-draft acceptance with the same mean"
+    )
     lines.append("| data | steps | accept len | k = 1, 2, ... measured | simulator |")
     lines.append("|---|---|---|---|---|")
     for kind in ("natural", "random"):
@@ -457,13 +505,16 @@ def analyze(path: Path) -> str:
             tot = sum(hist)
             cfg = SpeculativeConfig("EAGLE3", s, 1, s + 1, r["accept_length"])
             p = cfg.chain_accept_probability
-            sim = [p ** (k - 1) * (1 - p) for k in range(1, s + 1)] + [p ** s]
-            lines.append(f"| {kind} | {s} | {r['accept_length']:.2f} | {' '.join(f'{h / tot:.3f}' for h in hist)} | "
-                         f"{' '.join(f'{x:.3f}' for x in sim)} (p = {p:.3f}) |")
+            sim = [p ** (k - 1) * (1 - p) for k in range(1, s + 1)] + [p**s]
+            lines.append(
+                f"| {kind} | {s} | {r['accept_length']:.2f} | {' '.join(f'{h / tot:.3f}' for h in hist)} | "
+                f"{' '.join(f'{x:.3f}' for x in sim)} (p = {p:.3f}) |"
+            )
     return "\n".join(lines)
 
 
 # ---- main ----------------------------------------------------------------------------------------------
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -526,19 +577,30 @@ def main() -> int:
     smi = ""
     if device.type == "cuda":
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,"
-                                  "clocks.max.sm,power.limit", "--format=csv"], capture_output=True, text=True,
-                                 timeout=20).stdout
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,clocks.max.sm,power.limit", "--format=csv"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout
         except Exception as exc:
             smi = repr(exc)
-    RESULTS.update({
-        "command": " ".join(["python3", "benchmarks/speculation_h200.py", *sys.argv[1:]]),
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "nvidia_smi": smi,
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__, "python": sys.version.split()[0]},
-        "args": vars(args), "stages": {},
-    })
+    RESULTS.update(
+        {
+            "command": " ".join(["python3", "benchmarks/speculation_h200.py", *sys.argv[1:]]),
+            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+            "nvidia_smi": smi,
+            "versions": {
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "transformers": transformers.__version__,
+                "tokenizers": tokenizers.__version__,
+                "python": sys.version.split()[0],
+            },
+            "args": vars(args),
+            "stages": {},
+        }
+    )
     stages = RESULTS["stages"]
 
     # -- corpus + tokenizer (drafter_h200's)
@@ -557,9 +619,14 @@ def main() -> int:
     tokenizer = train_tokenizer(tok_texts, args.vocab, tdir)
     train_tokens = encode_corpus(tokenizer, [x for _, x in train_files])
     held_tokens = encode_corpus(tokenizer, [x for _, x in held])
-    RESULTS["corpus"] = {"files": len(files), "heldout_files": len(held), "bytes": sum(len(x) for _, x in files),
-                         "train_tokens": int(train_tokens.size), "heldout_tokens": int(held_tokens.size),
-                         "vocab": len(tokenizer)}
+    RESULTS["corpus"] = {
+        "files": len(files),
+        "heldout_files": len(held),
+        "bytes": sum(len(x) for _, x in files),
+        "train_tokens": int(train_tokens.size),
+        "heldout_tokens": int(held_tokens.size),
+        "vocab": len(tokenizer),
+    }
     stages["corpus_and_tokenizer_seconds"] = time.time() - t
     log(f"corpus {RESULTS['corpus']}")
     save(out)
@@ -572,10 +639,9 @@ def main() -> int:
     q = heldout_quality(model, held_tokens, device)
     model.to(torch.bfloat16).save_pretrained(str(tdir))
     del model
-    RESULTS["target"] = {"params": n_params, "layers": args.layers, "hidden": args.hidden, **tr,
-                         "heldout_loss": q["loss"], "heldout_top1": q["top1"]}
+    RESULTS["target"] = {"params": n_params, "layers": args.layers, "hidden": args.hidden, **tr, "heldout_loss": q["loss"], "heldout_top1": q["top1"]}
     stages["target_train_seconds"] = time.time() - t
-    log(f"target: {n_params/1e6:.1f}M params, held-out loss {q['loss']:.3f} top1 {q['top1']:.3f}")
+    log(f"target: {n_params / 1e6:.1f}M params, held-out loss {q['loss']:.3f} top1 {q['top1']:.3f}")
     save(out)
 
     from transformers import AutoModelForCausalLM
@@ -589,32 +655,50 @@ def main() -> int:
 
     def windows(tokens: np.ndarray, n: int) -> list[list[int]]:
         starts = rng.integers(0, len(tokens) - args.prompt_len - 1, n)
-        return [tokens[s: s + args.prompt_len].astype(np.int64).tolist() for s in starts]
+        return [tokens[s : s + args.prompt_len].astype(np.int64).tolist() for s in starts]
 
     # -- drafter data: regenerate (T=0.7) + capture + vocab, then one TTT-7 drafter
     t = time.time()
     samples = work / "samples.jsonl"
-    rg = regenerate_local(target, windows(train_tokens, args.samples), args.gen_len, args.regen_temperature,
-                          tokenizer.eos_token_id, args.regen_batch, samples, seed=3)
+    rg = regenerate_local(
+        target, windows(train_tokens, args.samples), args.gen_len, args.regen_temperature, tokenizer.eos_token_id, args.regen_batch, samples, seed=3
+    )
     t_regen = time.time() - t
     t = time.time()
     cap = work / "capture"
-    capture_hf(samples, tdir, cap, capture_layers=layers, loaded=loaded, shard_samples=1024,
-               max_batch_tokens=65536, progress=False)
+    capture_hf(samples, tdir, cap, capture_layers=layers, loaded=loaded, shard_samples=1024, max_batch_tokens=65536, progress=False)
     t_cap = time.time() - t
     vstats = build_vocab(cap, cap, args.draft_vocab)
     RESULTS["data"] = {**rg, "regenerate_seconds": t_regen, "capture_seconds": t_cap, "vocab": vstats}
     log(f"data: {RESULTS['data']}")
     t = time.time()
-    s = train(TrainConfig(
-        capture_dir=str(cap), target_dir=str(tdir), out_dir=str(work / "run-ttt7"), ttt_steps=7,
-        epochs=args.draft_epochs, lr=args.draft_lr, batch_size=args.draft_batch, warmup_ratio=0.03,
-        max_length=args.prompt_len + args.gen_len, eval_fraction=0.03, eval_max_samples=128, progress=False,
-    ))
-    RESULTS["drafter"] = {"ttt_steps": 7, "samples": s["num_samples"], "steps": s["steps"],
-                          "seconds": s["wall_seconds_this_run"], "tokens_per_second": s["tokens_per_second"],
-                          "first_loss": s["first_loss"], "last_loss": s["last_loss"], "evals": s["evals"],
-                          "stage_seconds": time.time() - t}
+    s = train(
+        TrainConfig(
+            capture_dir=str(cap),
+            target_dir=str(tdir),
+            out_dir=str(work / "run-ttt7"),
+            ttt_steps=7,
+            epochs=args.draft_epochs,
+            lr=args.draft_lr,
+            batch_size=args.draft_batch,
+            warmup_ratio=0.03,
+            max_length=args.prompt_len + args.gen_len,
+            eval_fraction=0.03,
+            eval_max_samples=128,
+            progress=False,
+        )
+    )
+    RESULTS["drafter"] = {
+        "ttt_steps": 7,
+        "samples": s["num_samples"],
+        "steps": s["steps"],
+        "seconds": s["wall_seconds_this_run"],
+        "tokens_per_second": s["tokens_per_second"],
+        "first_loss": s["first_loss"],
+        "last_loss": s["last_loss"],
+        "evals": s["evals"],
+        "stage_seconds": time.time() - t,
+    }
     log(f"drafter: eval {s['evals'][-1] if s['evals'] else None}")
     save(out)
     draft32 = load_trained(work / "run-ttt7" / "final", tdir).to(device)
@@ -632,8 +716,13 @@ def main() -> int:
     prompts = {"natural": torch.tensor(windows(held_tokens, n_prompts)), "random": rand}
     max_gen = max(args.base_iters, max((args.spec_tokens // (s + 1)) * (s + 1) for s in steps_list))
     max_len = int(math.ceil((args.prompt_len + max_gen + max(steps_list) + 2) / 16) * 16)
-    RESULTS["decoder"] = {"max_len": max_len, "aux_layer_ids": aux_ids, "draft_dtype": str(dtype),
-                          "target_dtype": str(dtype), "prompt_len": args.prompt_len}
+    RESULTS["decoder"] = {
+        "max_len": max_len,
+        "aux_layer_ids": aux_ids,
+        "draft_dtype": str(dtype),
+        "target_dtype": str(dtype),
+        "prompt_len": args.prompt_len,
+    }
 
     # -- check: the cached target forward against transformers' own forward
     with torch.no_grad():
@@ -641,8 +730,10 @@ def main() -> int:
         ref = target(input_ids=p8, use_cache=False).logits.float()
         dec = Decoder(target, draft, 4, 1, max_len, aux_ids, 4)
         mine = dec.prefill(p8).float()
-        RESULTS["checks"] = {"prefill_logits_rel_err_vs_transformers": float((mine - ref).norm() / ref.norm()),
-                             "prefill_argmax_agreement": float((mine.argmax(-1) == ref.argmax(-1)).float().mean())}
+        RESULTS["checks"] = {
+            "prefill_logits_rel_err_vs_transformers": float((mine - ref).norm() / ref.norm()),
+            "prefill_argmax_agreement": float((mine.argmax(-1) == ref.argmax(-1)).float().mean()),
+        }
         del dec
     log(f"checks: {RESULTS['checks']}")
 
@@ -658,8 +749,9 @@ def main() -> int:
             for s in [0, *steps_list]:
                 iters = args.base_iters if s == 0 else args.spec_tokens // (s + 1)
                 t = time.time()
-                r = run_config(target, draft, pk, b, s, iters, groups, args.reps, max_len, aux_ids, use_graphs,
-                               eager=time.time() - T0 < args.deadline_seconds)
+                r = run_config(
+                    target, draft, pk, b, s, iters, groups, args.reps, max_len, aux_ids, use_graphs, eager=time.time() - T0 < args.deadline_seconds
+                )
                 seqs[(kind, b, s)] = r.pop("_seqs")
                 elogs[(kind, b, s)] = r.pop("_elog")
                 r["data"] = kind
@@ -669,14 +761,19 @@ def main() -> int:
                     # with the target-only run over the tokens both committed
                     n_cmp = [min(args.base_iters, int(x)) for x in elogs[(kind, b, s)].sum(0).tolist()]
                     div = first_divergence(seqs[(kind, b, 0)], seqs[(kind, b, s)], args.prompt_len + 1, n_cmp)
-                    r["lossless_check"] = {"compared_tokens": n_cmp,
-                                           "sequences_identical": sum(d == n for d, n in zip(div, n_cmp, strict=True)),
-                                           "sequences": len(div), "first_divergence": div}
+                    r["lossless_check"] = {
+                        "compared_tokens": n_cmp,
+                        "sequences_identical": sum(d == n for d, n in zip(div, n_cmp, strict=True)),
+                        "sequences": len(div),
+                        "first_divergence": div,
+                    }
                 RESULTS["throughput"].append(r)
-                log(f"{kind} B={b} steps={s}: {r['tokens_per_second']:,.0f} tok/s accept {r['accept_length']:.3f} "
+                log(
+                    f"{kind} B={b} steps={s}: {r['tokens_per_second']:,.0f} tok/s accept {r['accept_length']:.3f} "
                     f"iter {r['iteration_ms']:.3f} ms (draft {r['draft_ms_per_iteration']:.3f}, "
                     f"verify {r['verify_ms_per_iteration']:.3f}) graphs={r['cuda_graphs']} "
-                    f"{'eager {:.0f} tok/s'.format(r['eager']['tokens_per_second']) if 'eager' in r else ''}")
+                    f"{'eager {:.0f} tok/s'.format(r['eager']['tokens_per_second']) if 'eager' in r else ''}"
+                )
                 save(out)
 
     # -- (a) acceptance: natural vs random, from the largest batch's runs (its sequences), plus the library loop
@@ -686,19 +783,23 @@ def main() -> int:
         for s in steps_list:
             r = next(x for x in RESULTS["throughput"] if x["data"] == kind and x["batch"] == big and x["steps"] == s)
             RESULTS["acceptance"][f"{kind}_steps{s}"] = {
-                "sequences": r["sequences"], "verifies_per_sequence": r["iters"], "accept_length": r["accept_length"],
-                "ci95": r["accept_length_ci95"], "histogram": r["accept_length_histogram"],
+                "sequences": r["sequences"],
+                "verifies_per_sequence": r["iters"],
+                "accept_length": r["accept_length"],
+                "ci95": r["accept_length_ci95"],
+                "histogram": r["accept_length_histogram"],
                 "accept_rate": (r["accept_length"] - 1) / s,
                 "first_quarter": float(np.mean(r["accept_length_by_iteration"][: max(1, r["iters"] // 4)])),
-                "last_quarter": float(np.mean(r["accept_length_by_iteration"][-max(1, r["iters"] // 4):])),
+                "last_quarter": float(np.mean(r["accept_length_by_iteration"][-max(1, r["iters"] // 4) :])),
             }
     RESULTS["library_acceptance"] = {}
     for kind in ("natural", "random"):
         for s in steps_list:
             t = time.time()
             pl = prompts[kind][: args.library_prompts].tolist()
-            lib = evaluate_drafter(target, Eagle3Proposer(draft32), pl, aux_ids, num_steps=s,
-                                   max_new_tokens=args.library_tokens, eos_ids=set(), seed=5)
+            lib = evaluate_drafter(
+                target, Eagle3Proposer(draft32), pl, aux_ids, num_steps=s, max_new_tokens=args.library_tokens, eos_ids=set(), seed=5
+            )
             # the cached decoder at batch 1 ran these prompts first (groups of one): compare verify by verify
             el = elogs.get((kind, 1, s))
             lib["seconds"] = time.time() - t
@@ -706,8 +807,10 @@ def main() -> int:
                 ours = el[:, : args.library_prompts].double()
                 lib["cached_decoder_batch1_accept_length_same_prompts"] = float(ours.mean())
             RESULTS["library_acceptance"][f"{kind}_steps{s}"] = lib
-            log(f"library {kind} steps={s}: accept {lib['acceptance_length']:.3f} {lib['acceptance_length_ci95']}"
-                f" (cached decoder, same prompts: {lib.get('cached_decoder_batch1_accept_length_same_prompts')})")
+            log(
+                f"library {kind} steps={s}: accept {lib['acceptance_length']:.3f} {lib['acceptance_length_ci95']}"
+                f" (cached decoder, same prompts: {lib.get('cached_decoder_batch1_accept_length_same_prompts')})"
+            )
             save(out)
     # Verify by verify: the library's loop (drafter_training.evaluate.speculative_generate, float32 draft, the
     # target recomputed over the whole sequence each verify) against the cached decoder with the bf16 draft and
@@ -718,11 +821,16 @@ def main() -> int:
     for kind in ("natural", "random"):
         for s in steps_list:
             pl = prompts[kind][: args.library_prompts]
-            lib = [speculative_generate(target, Eagle3Proposer(draft32), pr, aux_ids, num_steps=s,
-                                        max_new_tokens=args.library_tokens).accept_lengths for pr in pl.tolist()]
+            lib = [
+                speculative_generate(target, Eagle3Proposer(draft32), pr, aux_ids, num_steps=s, max_new_tokens=args.library_tokens).accept_lengths
+                for pr in pl.tolist()
+            ]
             span = max(len(x) for x in lib)
-            row: dict[str, Any] = {"prompts": len(lib), "verifies": sum(len(x) for x in lib),
-                                   "library_fp32_draft": sum(map(sum, lib)) / sum(len(x) for x in lib)}
+            row: dict[str, Any] = {
+                "prompts": len(lib),
+                "verifies": sum(len(x) for x in lib),
+                "library_fp32_draft": sum(map(sum, lib)) / sum(len(x) for x in lib),
+            }
             for name, dr in (("cached_bf16_draft", draft), ("cached_fp32_draft", draft32)):
                 ml = int(math.ceil((args.prompt_len + (span + 1) * (s + 1) + s + 2) / 16) * 16)
                 dec = Decoder(target, dr, len(lib), s, ml, aux_ids, span + 1)
@@ -734,8 +842,7 @@ def main() -> int:
                 ours = [el[: len(x), i].tolist() for i, x in enumerate(lib)]
                 row[name] = sum(map(sum, ours)) / row["verifies"]
                 row[f"{name}_prompts_identical"] = sum(a == b for a, b in zip(ours, lib, strict=True))
-                row[f"{name}_verifies_equal"] = sum(int(u == v) for a, b in zip(ours, lib, strict=True)
-                                                    for u, v in zip(a, b, strict=True))
+                row[f"{name}_verifies_equal"] = sum(int(u == v) for a, b in zip(ours, lib, strict=True) for u, v in zip(a, b, strict=True))
                 del dec
             RESULTS["verify_by_verify_check"][f"{kind}_steps{s}"] = row
             log(f"verify by verify {kind} steps={s}: {row}")
@@ -750,8 +857,7 @@ def main() -> int:
                 for i, pr in enumerate(pl):
                     from drafter_training.evaluate import speculative_generate
 
-                    res = speculative_generate(target, Eagle3Proposer(draft32), pr, aux_ids, num_steps=s,
-                                               max_new_tokens=args.library_tokens)
+                    res = speculative_generate(target, Eagle3Proposer(draft32), pr, aux_ids, num_steps=s, max_new_tokens=args.library_tokens)
                     n = min(len(res.accept_lengths) - 1, el.shape[0])  # the last verify may be truncated
                     agree.append(res.accept_lengths[:n] == el[:n, i].tolist())
         RESULTS["checks"]["smoke_library_vs_cached_verify_by_verify"] = f"{sum(agree)}/{len(agree)}"
