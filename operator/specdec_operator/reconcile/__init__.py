@@ -134,13 +134,15 @@ def reconcile(
     desired = desired_children(facts, replicas, active)
     to_apply = [obj for obj in desired if obj["metadata"]["name"] not in facts.conflicts and needs_apply(obj, _observed_child(facts.observed, obj))]
     probe_running = observed.probe_running
+    start_probe = outcome.probing and probe_running != revision
     monitor_due, next_scrape_in = _scrape_schedule(facts, new_status)
+    workloads = [w.name for w in spec.rollout.workloads]
     return Plan(
         revision=revision,
         apply=to_apply,
         new_status=new_status,
-        events=transition_events(prev, new_status, name=observed.name, workloads=[w.name for w in spec.rollout.workloads]),
-        start_probe=outcome.probing and probe_running != revision,
+        events=transition_events(prev, new_status, name=observed.name, workloads=workloads, probe_starting=start_probe),
+        start_probe=start_probe,
         cancel_probe=probe_running is not None
         and (probe_running != revision or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
         monitor_due=monitor_due,

@@ -3,6 +3,10 @@
 An Event announces a transition: something in the new status that the stored status did not say yet. Because
 the stored status is what a restarted operator reads back, a restart repeats no Event (a decision already
 stored is not announced again), and a step that changes nothing announces nothing.
+
+One Event announces an action instead: ProbeStarted, when this step starts a probe. A probe started again (by a
+restarted operator, or by the replica that took over from a leader) is new GPU time and is announced, even when
+it starts within the second the stored probe started, which the status cannot tell apart (times are seconds).
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from .model import Event
 from .pods import finding_summary
 
 
-def transition_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus, *, name: str, workloads: list[str]) -> list[Event]:
-    """The Events for the step from ``prev`` (stored) to ``new``; ``name`` and ``workloads`` only word them."""
+def transition_events(
+    prev: SpeculativeServerStatus, new: SpeculativeServerStatus, *, name: str, workloads: list[str], probe_starting: bool = False
+) -> list[Event]:
+    """The Events for the step from ``prev`` (stored) to ``new``; ``probe_starting``: the step starts a probe.
+
+    ``name`` and ``workloads`` only word them."""
     events: list[Event] = []
     if new.validation is not None and not _validated(prev.validation, new.validation.revision):
         events.append(_validation_event(new.validation))
     if new.probe is not None and new.probe.decision and _is_new_decision(prev.probe, new.probe):
         events.append(_decision_event(new.probe))
-    if new.phase == Phase.PROBING and new.probe is not None and _is_new_probe(prev, new.probe):
+    if probe_starting and new.probe is not None:
         events.append(
             Event("Normal", Reason.PROBE_STARTED, f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})")
         )
@@ -61,9 +69,3 @@ def _decision_event(decision: ProbeStatus) -> Event:
         return Event("Warning", Reason.ACCEPTANCE_DRIFT, f"rolled back: {detail}", rollback=True)
     text = f"rolled back: {detail}; the base server keeps serving" if detail else "rolled back: the base server keeps serving"
     return Event("Warning", decision.reason or Reason.INCONCLUSIVE, text, rollback=True)
-
-
-def _is_new_probe(prev: SpeculativeServerStatus, probe: ProbeStatus) -> bool:
-    """A probe starts: none was running for this revision, or a new one (after a restart) has a new start time."""
-    stored = prev.probe
-    return stored is None or (stored.revision, stored.started_at) != (probe.revision, probe.started_at)
