@@ -406,6 +406,8 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self.sim_now = 0.0
+        # Simulated seconds spent in prefills and decode steps (not idle): throughput that no host delay reaches.
+        self.busy_seconds = 0.0
         self._p = profile.speculative.chain_accept_probability if profile.speculative else 0.0
         # Adaptive speculation: the per-bucket step slots, and the steps the last decode batch ran at (SGLang's
         # sglang:spec_num_steps gauge reports the worker's active steps, which is that batch's).
@@ -517,7 +519,7 @@ class Engine:
             if admitted:
                 del self.waiting[: len(admitted)]
                 tokens = sum(r.prompt_tokens for r in admitted)
-                self.sim_now += tokens / self.profile.prefill_tokens_per_s * self._jitter()
+                self._busy(tokens / self.profile.prefill_tokens_per_s * self._jitter())
                 await self._sleep_until(self.sim_now)
                 for req in admitted:
                     req.first_token_at = self.sim_now
@@ -528,7 +530,7 @@ class Engine:
                 await self._adaptive_decode_step(self.adaptive)
             else:
                 batch = list(self.running)
-                self.sim_now += self.profile.step_seconds(len(batch)) * self._jitter()
+                self._busy(self.profile.step_seconds(len(batch)) * self._jitter())
                 step_tokens = step_verify = 0
                 await self._sleep_until(self.sim_now)
                 for req in batch:
@@ -551,7 +553,7 @@ class Engine:
         num_steps = adaptive.steps_for_batch(len(batch))
         self.active_num_steps = num_steps
         self.recent_adaptive_steps.append((len(batch), num_steps))
-        self.sim_now += self.profile.verify_step_seconds(len(batch), num_steps) * self._jitter()
+        self._busy(self.profile.verify_step_seconds(len(batch), num_steps) * self._jitter())
         await self._sleep_until(self.sim_now)
         step_tokens = 0
         correct_drafts: list[int] = []
@@ -565,6 +567,11 @@ class Engine:
         if adaptive.on_verify_complete(correct_drafts, len(batch)):
             self.active_num_steps = adaptive.steps_for_batch(len(batch))  # SGLang switches the state right away
         self._account(step_tokens, len(correct_drafts))
+
+    def _busy(self, seconds: float) -> None:
+        """Advance the simulated clock by a prefill or a decode step."""
+        self.sim_now += seconds
+        self.busy_seconds += seconds
 
     async def _sleep_until(self, sim_time: float) -> None:
         delay = self.sim_to_wall(sim_time) - self._loop.time()
