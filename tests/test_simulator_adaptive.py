@@ -13,13 +13,15 @@ import argparse
 import asyncio
 import json
 import random
+from types import SimpleNamespace
+from typing import cast
 
 import aiohttp
 import pytest
 
 from specdec_operator.cli import main as specdec_main
 from specdec_operator.errors import InputError
-from specdec_operator.simulator import Engine, SimulatorServer, profile_from_dict
+from specdec_operator.simulator import Engine, Simulator, SimulatorServer, profile_from_dict
 from specdec_operator.simulator.adaptive import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveSteps,
@@ -284,8 +286,13 @@ def test_steps_zero_counts_as_a_verify_with_nothing_accepted_and_reports_sglangs
     assert "sglang:spec_accept_length{" in metrics
 
 
+def simulator_of(profile) -> Simulator:
+    """What info.server_args reads of a Simulator, without an event loop."""
+    return cast(Simulator, SimpleNamespace(profile=profile, served_model_name="m", host="127.0.0.1", port=30000))
+
+
 def test_a_profile_without_adaptive_reports_it_off():
-    args = server_args(type("Sim", (), {"profile": MIXED, "served_model_name": "m", "host": "h", "port": 1})())  # type: ignore[arg-type]
+    args = server_args(simulator_of(MIXED))
     assert args["speculative_adaptive"] is False and args["speculative_adaptive_config"] is None
     assert "--speculative-adaptive" not in args["launch_command"]
 
@@ -367,7 +374,7 @@ def test_topk_4_falls_back_to_static_speculation_with_sglangs_reason(tmp_path, c
         return Engine(p)
 
     assert asyncio.run(engine_of(profile)).adaptive is None
-    args = server_args(type("Sim", (), {"profile": profile, "served_model_name": "m", "host": "h", "port": 1})())  # type: ignore[arg-type]
+    args = server_args(simulator_of(profile))
     assert args["speculative_adaptive"] is False and args["speculative_num_draft_tokens"] == 8
     base = resolve_profile(parse("--profile", "llama31-8b-base", "--speculative-adaptive"))
     assert base.adaptive_unsupported_reason == "speculative_algorithm=None (only EAGLE/EAGLE3 are supported)"

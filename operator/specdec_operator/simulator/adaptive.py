@@ -101,12 +101,11 @@ def adaptive_config_from_dict(data: Any, source: str, path: str | None = None) -
         if not isinstance(entry, dict):
             raise InputError(f"{source}: BS {key}: must be an object with candidate_steps, got {entry!r}")
         steps = entry.get("candidate_steps")
-        valid = isinstance(steps, list) and steps and all(isinstance(s, int) and s >= 0 for s in steps)
-        if not valid:
+        if not isinstance(steps, list) or not steps or not all(isinstance(s, int) and s >= 0 for s in steps):
             # SGLang's own message (adaptive_spec_params._load_adaptive_config).
             raise InputError(f"{source}: BS {key}: candidate_steps must be a list of non-negative ints, got {steps!r}")
         knobs = {**top, **_knobs(entry, f"{source}: BS {key}")}
-        buckets.append((int(key), SlotConfig(candidate_steps=tuple(sorted(set(steps))), **knobs)))  # type: ignore[arg-type]
+        buckets.append((int(key), SlotConfig(candidate_steps=tuple(sorted(set(steps))), **knobs)))
     if not buckets:
         raise InputError(
             f"{source}: speculative_adaptive_config must contain at least one integer-string BS key, "
