@@ -13,6 +13,10 @@ mechanics that produce it on a GPU, not out of a sleep per request.
   probability ``p``, ``p`` solved so that the mean of ``k`` is ``accept_length_mean``. That is the shape
   EAGLE acceptance has (a rejected draft ends the chain) and it makes ``accept_length_mean = 1`` mean
   "nothing is ever accepted", as in SGLang's own log line.
+* With SGLang's adaptive speculation (``--speculative-adaptive``, a profile's ``adaptive``; adaptive.py) each decode
+  batch runs at the steps its batch-size bucket's slot has chosen: the chain then has steps + 1 tokens with the same
+  ``p``, steps 0 is a one-token step at ``target_step_ms``, and the step time is linear in the steps in between
+  (:meth:`Profile.verify_step_seconds`).
 
 The clock is simulated time; ``time_scale`` S maps it onto wall time (S simulated seconds per wall
 second). Everything the server reports (latencies, throughput gauges) is in wall-clock units, as a real
