@@ -5,12 +5,14 @@ runs one as a process, and ``SimulatorProcess`` runs that as a child. Profiles d
 (see docs/probe.md).
 """
 
+from .adaptive import AdaptiveConfig, adaptive_config_from_dict, load_adaptive_config
 from .faults import ErrorConfig
 from .model import Engine, Profile, SpeculativeConfig, load_profile, profile_from_dict, shipped_profiles
 from .process import SimulatorProcess
 from .server import Simulator, SimulatorServer
 
 __all__ = [
+    "AdaptiveConfig",
     "Engine",
     "ErrorConfig",
     "Profile",
@@ -18,6 +20,8 @@ __all__ = [
     "SimulatorProcess",
     "SimulatorServer",
     "SpeculativeConfig",
+    "adaptive_config_from_dict",
+    "load_adaptive_config",
     "load_profile",
     "profile_from_dict",
     "shipped_profiles",

@@ -10,7 +10,8 @@ import sys
 from .. import SGLANG_VERSION
 from ..cliparse import ArgumentParser
 from ..errors import InputError
-from .model import load_profile, shipped_profiles
+from .adaptive import AdaptiveConfig, adaptive_unsupported_reason, default_adaptive_config, disabled_warning, load_adaptive_config
+from .model import Profile, load_profile, shipped_profiles
 from .server import SimulatorServer, exit_process_on_death
 
 
@@ -28,11 +29,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--load-seconds", type=float, default=None, help="override the profile's load_seconds (simulated; health is 503 while loading)"
     )
     parser.add_argument("--seed", type=int, default=None, help="seed for jitter, acceptance draws and faults")
+    parser.add_argument(
+        "--speculative-adaptive",
+        action="store_true",
+        help="SGLang's adaptive speculation: num_steps per batch-size bucket, from the config below, else the "
+        "profile's 'adaptive', else SGLang's default config (EAGLE/EAGLE3 with topk 1 only, as SGLang)",
+    )
+    parser.add_argument(
+        "--speculative-adaptive-config",
+        default=None,
+        metavar="PATH",
+        help="JSON config for --speculative-adaptive in SGLang's format (integer-string batch-size keys with candidate_steps)",
+    )
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> None:
+def resolve_profile(args: argparse.Namespace) -> Profile:
+    """The profile with the adaptive flags applied as SGLang applies them; warns when SGLang would switch it off."""
     profile = load_profile(args.profile)
+    if args.speculative_adaptive:
+        path = args.speculative_adaptive_config
+        spec = profile.speculative
+        unsupported = adaptive_unsupported_reason(spec.algorithm if spec else None, spec.eagle_topk if spec else None)
+        if path is None:
+            config = profile.adaptive or default_adaptive_config()
+        elif unsupported is not None:
+            # SGLang checks support first and reads the file only when the mode stays on (speculative_hook.py).
+            config = AdaptiveConfig(buckets=(), source=path, path=path)
+        else:
+            config = load_adaptive_config(path)
+        profile = profile.with_adaptive(config)
+    reason = profile.adaptive_unsupported_reason
+    if reason is not None:
+        print(f"specdec simulate: warning: {disabled_warning(reason)}", file=sys.stderr, flush=True)
+    return profile
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    profile = resolve_profile(args)
     server = SimulatorServer(
         profile,
         host=args.host,

@@ -29,7 +29,10 @@ def server_args(sim: Simulator) -> dict[str, Any]:
         "speculative_draft_model_path": f"{p.model_path}-draft" if spec else None,
         "speculative_num_steps": spec.num_steps if spec else None,
         "speculative_eagle_topk": spec.eagle_topk if spec else None,
-        "speculative_num_draft_tokens": spec.num_draft_tokens if spec else None,
+        "speculative_num_draft_tokens": p.resolved_num_draft_tokens,
+        # SGLang reports the resolved flag: False when it switched the mode off (see Profile.adaptive_unsupported_reason).
+        "speculative_adaptive": p.adaptive_active,
+        "speculative_adaptive_config": p.adaptive.path if p.adaptive else None,
     }
     argv = ["sglang", "serve", "--model-path", p.model_path, "--tp-size", str(p.tp_size)]
     if spec:
@@ -43,6 +46,10 @@ def server_args(sim: Simulator) -> dict[str, Any]:
             "--speculative-num-draft-tokens",
             str(spec.num_draft_tokens),
         ]
+    if p.adaptive is not None:
+        argv.append("--speculative-adaptive")
+        if p.adaptive.path is not None:
+            argv += ["--speculative-adaptive-config", p.adaptive.path]
     args["launch_command"] = " ".join(argv)
     return args
 
@@ -60,8 +67,19 @@ def server_info(sim: Simulator) -> dict[str, Any]:
         "version": SGLANG_VERSION,
         "frontend": "python",
         # Not in SGLang: says plainly that this is a simulator, and which model it runs.
-        "simulator": {"profile": sim.profile.name, "time_scale": sim.time_scale},
+        "simulator": {"profile": sim.profile.name, "time_scale": sim.time_scale, **adaptive_state(sim)},
     }
+
+
+def adaptive_state(sim: Simulator) -> dict[str, Any]:
+    """Not in SGLang: the adaptive config's source, each bucket's current steps, or why SGLang would not run it."""
+    config = sim.profile.adaptive
+    if config is None:
+        return {}
+    state: dict[str, Any] = {"source": config.source, "disabled_reason": sim.profile.adaptive_unsupported_reason}
+    adaptive = sim.engine.adaptive
+    state["steps_by_batch_size"] = adaptive.steps_by_bucket() if adaptive is not None else None
+    return {"adaptive": state}
 
 
 def model_info(sim: Simulator) -> dict[str, Any]:

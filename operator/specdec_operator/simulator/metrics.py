@@ -47,8 +47,13 @@ class SGLangMetrics:
         if profile.speculative is not None:
             yield gauge("spec_accept_length", "The average acceptance length of speculative decoding.", engine.last_accept_length)
             yield gauge("spec_accept_rate", "The average acceptance rate of speculative decoding.", engine.last_accept_rate)
-            yield gauge("spec_num_steps", "The number of speculative steps.", profile.speculative.num_steps)
-            yield gauge("spec_num_draft_tokens", "The number of speculative draft tokens.", profile.speculative.num_draft_tokens)
+            if engine.adaptive is not None:
+                # SGLang reports the active runtime state: the steps the last decode batch ran at, steps + 1 tokens.
+                yield gauge("spec_num_steps", "Currently active speculative_num_steps.", engine.active_num_steps)
+                yield gauge("spec_num_draft_tokens", "Currently active speculative_num_draft_tokens.", engine.active_num_steps + 1)
+            else:
+                yield gauge("spec_num_steps", "The number of speculative steps.", profile.speculative.num_steps)
+                yield gauge("spec_num_draft_tokens", "The number of speculative draft tokens.", profile.speculative.num_draft_tokens)
 
     def _tokenizer_counters(self) -> Iterator[Metric]:
         engine = self.sim.engine

@@ -13,6 +13,10 @@ mechanics that produce it on a GPU, not out of a sleep per request.
   probability ``p``, ``p`` solved so that the mean of ``k`` is ``accept_length_mean``. That is the shape
   EAGLE acceptance has (a rejected draft ends the chain) and it makes ``accept_length_mean = 1`` mean
   "nothing is ever accepted", as in SGLang's own log line.
+* With SGLang's adaptive speculation (``--speculative-adaptive``, a profile's ``adaptive``; adaptive.py) each decode
+  batch runs at the steps its batch-size bucket's slot has chosen: the chain then has steps + 1 tokens with the same
+  ``p``, steps 0 is a one-token step at ``target_step_ms``, and the step time is linear in the steps in between
+  (:meth:`Profile.verify_step_seconds`).
 
 The clock is simulated time; ``time_scale`` S maps it onto wall time (S simulated seconds per wall
 second). Everything the server reports (latencies, throughput gauges) is in wall-clock units, as a real
@@ -27,6 +31,7 @@ import bisect
 import dataclasses
 import json
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -34,6 +39,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..errors import InputError
+from .adaptive import (
+    AdaptiveConfig,
+    AdaptiveSteps,
+    adaptive_config_from_dict,
+    adaptive_unsupported_reason,
+    default_adaptive_config,
+    speculative_cuda_graph_batch_sizes,
+)
 from .faults import ErrorConfig, error_config_from_dict
 
 
@@ -85,21 +98,55 @@ class Profile:
     stream_interval: int = 1
     context_length: int = 131072
     description: str = ""
+    # Adaptive speculation (SGLang's --speculative-adaptive; simulator/adaptive.py). ``target_step_ms`` is the step
+    # time without drafting (steps 0), in step_ms's format; None: the same as step_ms.
+    target_step_ms: tuple[tuple[int, float], ...] | None = None
+    adaptive: AdaptiveConfig | None = None
 
     def step_seconds(self, batch: int) -> float:
         """Decode step time for a running batch, linearly interpolated (and extrapolated past the ends)."""
-        points = self.step_ms
-        batches = [b for b, _ in points]
-        if len(points) == 1:
-            return points[0][1] / 1000.0
-        if batch <= batches[0]:
-            return points[0][1] / 1000.0
-        i = bisect.bisect_left(batches, batch)
-        if i >= len(points):
-            i = len(points) - 1
-        (b0, m0), (b1, m1) = points[i - 1], points[i]
-        ms = m0 + (m1 - m0) * (batch - b0) / (b1 - b0)
-        return max(ms, 1e-3) / 1000.0
+        return _interpolate_ms(self.step_ms, batch) / 1000.0
+
+    def target_step_seconds(self, batch: int) -> float:
+        """A decode step without drafting (adaptive steps 0): ``target_step_ms``, else ``step_ms``."""
+        return _interpolate_ms(self.target_step_ms or self.step_ms, batch) / 1000.0
+
+    def verify_step_seconds(self, batch: int, num_steps: int) -> float:
+        """A speculative decode step at ``num_steps`` draft steps (adaptive mode).
+
+        Linear in the number of draft tokens: ``target + (step - target) * num_steps / speculative.num_steps``,
+        so steps 0 costs ``target_step_ms``, the configured steps cost ``step_ms``, and more steps than configured
+        extrapolate the same line (topk 1: each step is one more drafter forward and one more verified token).
+        """
+        spec = self.speculative
+        assert spec is not None, "verify_step_seconds: a base server does not verify"
+        target, full = self.target_step_seconds(batch), self.step_seconds(batch)
+        return max(target + (full - target) * num_steps / spec.num_steps, 1e-6)
+
+    @property
+    def adaptive_unsupported_reason(self) -> str | None:
+        """Why SGLang would switch this profile's adaptive mode off (it serves statically then), or None."""
+        if self.adaptive is None:
+            return None
+        spec = self.speculative
+        return adaptive_unsupported_reason(spec.algorithm if spec else None, spec.eagle_topk if spec else None)
+
+    @property
+    def adaptive_active(self) -> bool:
+        return self.adaptive is not None and self.adaptive_unsupported_reason is None
+
+    @property
+    def resolved_num_draft_tokens(self) -> int | None:
+        """SGLang's resolved speculative_num_draft_tokens: num_steps + 1 under adaptive (speculative_hook.py)."""
+        if self.speculative is None:
+            return None
+        return self.speculative.num_steps + 1 if self.adaptive_active else self.speculative.num_draft_tokens
+
+    def with_adaptive(self, config: AdaptiveConfig) -> Profile:
+        """This profile served with ``--speculative-adaptive`` and ``config`` (InputError as SGLang's startup check)."""
+        profile = dataclasses.replace(self, adaptive=config)
+        _check_adaptive_steps(profile)
+        return profile
 
     @property
     def mean_tokens_per_step(self) -> float:
@@ -117,6 +164,42 @@ class Profile:
         decode_steps = max(output_tokens - 1, 0) / self.mean_tokens_per_step
         wave_s = prefill_s + decode_steps * self.step_seconds(batch)
         return batch * output_tokens / wave_s
+
+
+def _interpolate_ms(points: tuple[tuple[int, float], ...], batch: int) -> float:
+    batches = [b for b, _ in points]
+    if len(points) == 1:
+        return points[0][1]
+    if batch <= batches[0]:
+        return points[0][1]
+    i = bisect.bisect_left(batches, batch)
+    if i >= len(points):
+        i = len(points) - 1
+    (b0, m0), (b1, m1) = points[i - 1], points[i]
+    ms = m0 + (m1 - m0) * (batch - b0) / (b1 - b0)
+    return max(ms, 1e-3)
+
+
+def _check_adaptive_steps(profile: Profile) -> None:
+    """SGLang's startup check (speculative_hook._init_adaptive_speculative_params), when the mode is on."""
+    config, spec = profile.adaptive, profile.speculative
+    if config is None or spec is None or not profile.adaptive_active:
+        return
+    if spec.num_steps not in config.candidate_steps:
+        raise InputError(
+            f"{config.source}: --speculative-num-steps={spec.num_steps} is not in the adaptive config "
+            f"candidate_steps {config.candidate_steps}. Pass one of those values."
+        )
+
+
+def _adaptive_config(data: dict, source: str) -> AdaptiveConfig | None:
+    """The profile's optional ``adaptive`` key: null/absent (off), true (SGLang's default config), or a config."""
+    raw = data.get("adaptive")
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return default_adaptive_config()
+    return adaptive_config_from_dict(raw, f"{source}: adaptive")
 
 
 def _field(data: dict, key: str, source: str, kind: type | tuple, *, minimum: float | None = None) -> Any:
@@ -143,6 +226,10 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         raise InputError(f"{source}: 'prefill_tokens_per_s' must be > 0")
     steps = _step_points(data, source)
     spec = _speculative_config(data, source)
+    target_steps = _step_points(data, source, "target_step_ms") if data.get("target_step_ms") is not None else None
+    if target_steps is not None and spec is None:
+        raise InputError(f"{source}: 'target_step_ms' is the step time without drafting; a base server has only step_ms")
+    adaptive = _adaptive_config(data, source)
     jitter = float(_field(data, "jitter", source, num, minimum=0))
     errors = error_config_from_dict(data.get("errors", {}) or {}, source)
     optional: dict[str, Any] = {}
@@ -158,7 +245,7 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
             optional[key] = _field(data, key, source, kind)
     if optional.get("stream_interval", 1) < 1:
         raise InputError(f"{source}: 'stream_interval' must be >= 1")
-    return Profile(
+    profile = Profile(
         name=name,
         load_seconds=load_seconds,
         max_running_requests=max_running,
@@ -167,14 +254,18 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         speculative=spec,
         jitter=jitter,
         errors=errors,
+        target_step_ms=target_steps,
+        adaptive=adaptive,
         **optional,
     )
+    _check_adaptive_steps(profile)
+    return profile
 
 
-def _step_points(data: dict, source: str) -> tuple[tuple[int, float], ...]:
-    """The profile's ``step_ms``: [batch, ms] points, sorted by batch, one per batch size."""
+def _step_points(data: dict, source: str, key: str = "step_ms") -> tuple[tuple[int, float], ...]:
+    """The profile's ``step_ms`` (or ``target_step_ms``): [batch, ms] points, sorted by batch, one per batch size."""
     steps: list[tuple[int, float]] = []
-    for point in _field(data, "step_ms", source, list):
+    for point in _field(data, key, source, list):
         ok = (
             isinstance(point, list)
             and len(point) == 2
@@ -185,13 +276,13 @@ def _step_points(data: dict, source: str) -> tuple[tuple[int, float], ...]:
             and point[1] > 0
         )
         if not ok:
-            raise InputError(f"{source}: 'step_ms' entries must be [batch >= 1, ms > 0], got {point!r}")
+            raise InputError(f"{source}: '{key}' entries must be [batch >= 1, ms > 0], got {point!r}")
         steps.append((point[0], float(point[1])))
     if not steps:
-        raise InputError(f"{source}: 'step_ms' needs at least one [batch, ms] point")
+        raise InputError(f"{source}: '{key}' needs at least one [batch, ms] point")
     steps.sort()
     if len({b for b, _ in steps}) != len(steps):
-        raise InputError(f"{source}: 'step_ms' has two points for the same batch size")
+        raise InputError(f"{source}: '{key}' has two points for the same batch size")
     return tuple(steps)
 
 
@@ -319,7 +410,21 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self.sim_now = 0.0
+        # Simulated seconds spent in prefills and decode steps (not idle): throughput that no host delay reaches.
+        self.busy_seconds = 0.0
         self._p = profile.speculative.chain_accept_probability if profile.speculative else 0.0
+        # Adaptive speculation: the per-bucket step slots, and the steps the last decode batch ran at (SGLang's
+        # sglang:spec_num_steps gauge reports the worker's active steps, which is that batch's).
+        self.adaptive: AdaptiveSteps | None = None
+        self.active_num_steps = profile.speculative.num_steps if profile.speculative else 0
+        if profile.adaptive is not None and profile.adaptive_active:
+            self.adaptive = AdaptiveSteps(
+                profile.adaptive,
+                initial_steps=self.active_num_steps,
+                cuda_graph_batch_sizes=speculative_cuda_graph_batch_sizes(profile.max_running_requests),
+            )
+        # (batch size, steps) of recent decode batches under adaptive: what tests and demos read the rule from.
+        self.recent_adaptive_steps: deque[tuple[int, int]] = deque(maxlen=10000)
         # Counters and gauges for /metrics and /server_info.
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -388,12 +493,18 @@ class Engine:
             return 1.0
         return max(0.05, self.rng.gauss(1.0, self.profile.jitter))
 
-    def _draw_tokens(self) -> int:
+    def _draw_tokens(self, num_draft_tokens: int | None = None) -> int:
+        """Tokens one request gains in a decode step: 1 + the accepted prefix of a chain of draft tokens.
+
+        ``num_draft_tokens`` (adaptive: the batch's steps + 1) defaults to the profile's; ``p`` stays the one the
+        profile's accept_length_mean implies at its own configuration.
+        """
         spec = self.profile.speculative
         if spec is None:
             return 1
+        depth = spec.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         k = 1
-        while k < spec.num_draft_tokens and self.rng.random() < self._p:
+        while k < depth and self.rng.random() < self._p:
             k += 1
         return k
 
@@ -412,16 +523,18 @@ class Engine:
             if admitted:
                 del self.waiting[: len(admitted)]
                 tokens = sum(r.prompt_tokens for r in admitted)
-                self.sim_now += tokens / self.profile.prefill_tokens_per_s * self._jitter()
+                self._busy(tokens / self.profile.prefill_tokens_per_s * self._jitter())
                 await self._sleep_until(self.sim_now)
                 for req in admitted:
                     req.first_token_at = self.sim_now
                     # The prefill's token is not a verify step: SGLang counts spec_verify_ct in decode only.
                     self._advance(req, 1, verify=False)
                     self.running.append(req)
+            elif self.adaptive is not None:
+                await self._adaptive_decode_step(self.adaptive)
             else:
                 batch = list(self.running)
-                self.sim_now += self.profile.step_seconds(len(batch)) * self._jitter()
+                self._busy(self.profile.step_seconds(len(batch)) * self._jitter())
                 step_tokens = step_verify = 0
                 await self._sleep_until(self.sim_now)
                 for req in batch:
@@ -432,6 +545,37 @@ class Engine:
                     step_verify += 1
                 self._account(step_tokens, step_verify)
             self.running = [r for r in self.running if r.finished_at is None]
+
+    async def _adaptive_decode_step(self, adaptive: AdaptiveSteps) -> None:
+        """One decode batch under SGLang's adaptive rule (eagle_worker_v2.py forward_batch_generation).
+
+        The batch's slot picks the steps; steps 0 is a one-token verify (no drafting, the target's step time),
+        which SGLang still counts as a verify with 0 accepted drafts. Afterwards the slot gets every request's
+        accepted draft count, as batch_result_processor.py feeds on_verify_complete.
+        """
+        batch = list(self.running)
+        num_steps = adaptive.steps_for_batch(len(batch))
+        self.active_num_steps = num_steps
+        self.recent_adaptive_steps.append((len(batch), num_steps))
+        self._busy(self.profile.verify_step_seconds(len(batch), num_steps) * self._jitter())
+        await self._sleep_until(self.sim_now)
+        step_tokens = 0
+        correct_drafts: list[int] = []
+        for req in batch:
+            if req.cancelled:
+                continue
+            k = self._draw_tokens(num_steps + 1)
+            # The slot sees what the verify accepted, before max_new_tokens trims the output.
+            correct_drafts.append(k - 1)
+            step_tokens += self._advance(req, k, verify=True)
+        if adaptive.on_verify_complete(correct_drafts, len(batch)):
+            self.active_num_steps = adaptive.steps_for_batch(len(batch))  # SGLang switches the state right away
+        self._account(step_tokens, len(correct_drafts))
+
+    def _busy(self, seconds: float) -> None:
+        """Advance the simulated clock by a prefill or a decode step."""
+        self.sim_now += seconds
+        self.busy_seconds += seconds
 
     async def _sleep_until(self, sim_time: float) -> None:
         delay = self.sim_to_wall(sim_time) - self._loop.time()
@@ -479,7 +623,8 @@ class Engine:
             self.last_gen_throughput = self._window_tokens / elapsed * self.time_scale if elapsed > 0 else 0.0
             if self.profile.speculative is not None and self._window_verify:
                 self.last_accept_length = self._window_tokens / self._window_verify
-                drafts = self._window_verify * (self.profile.speculative.num_draft_tokens - 1)
+                # SGLang divides by the configured draft tokens, whatever steps adaptive ran at.
+                drafts = self._window_verify * ((self.profile.resolved_num_draft_tokens or 1) - 1)
                 self.last_accept_rate = (self._window_tokens - self._window_verify) / drafts
             self._window_tokens = self._window_verify = 0
             self._window_start = self.sim_now

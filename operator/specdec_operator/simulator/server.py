@@ -8,6 +8,7 @@ faults, info.py and metrics.py answer what the server says about itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -61,6 +62,10 @@ class Simulator:
         self.port = port
         self.host = host
         self.served_model_name = profile.served_model_name or profile.model_path
+        # What /generate's meta_info divides proposed drafts by: SGLang's resolved speculative_num_draft_tokens.
+        self.reported_speculative = profile.speculative
+        if profile.speculative is not None and profile.adaptive_active:
+            self.reported_speculative = dataclasses.replace(profile.speculative, num_draft_tokens=profile.speculative.num_steps + 1)
         self.faults = FaultInjector(profile.errors, seed)
         self.tape = OutputTape()
         self.engine: Engine  # created in on_startup, on the serving event loop
@@ -159,7 +164,7 @@ class Simulator:
         return await self._serve_generation(request, parse, self._respond_openai)
 
     async def _respond_generate(self, request: web.Request, ask: GenerateInput, generation: Generation, fault: Fault) -> web.StreamResponse:
-        fmt = GenerateFormat(self.tape, ask.rid, generation.req, time_scale=self.time_scale, speculative=self.profile.speculative)
+        fmt = GenerateFormat(self.tape, ask.rid, generation.req, time_scale=self.time_scale, speculative=self.reported_speculative)
         return await respond_generate(request, generation, fmt, fault, self.profile.errors.stall_seconds)
 
     async def _respond_openai(self, request: web.Request, ask: OpenAIInput, generation: Generation, fault: Fault) -> web.StreamResponse:
