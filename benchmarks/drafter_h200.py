@@ -113,6 +113,33 @@ def encode_corpus(tokenizer, texts: list[str]) -> np.ndarray:
 # ---- the target ------------------------------------------------------------------------------------------
 
 
+def corpus_and_tokenizer(args: Any, tdir: Path) -> tuple[Any, np.ndarray, np.ndarray, dict[str, int]]:
+    """A tokenizer trained into ``tdir`` on the training files, the training and held-out token streams, and
+    what they hold (one file in 50 is held out, whole)."""
+    files = python_sources(args.corpus_bytes, seed=0)
+    n_held = max(2, len(files) // 50)
+    held, train_files = files[:n_held], files[n_held:]
+    tdir.mkdir(exist_ok=True)
+    tok_texts, acc = [], 0
+    for _, text in train_files:
+        tok_texts.append(text)
+        acc += len(text)
+        if acc > args.tokenizer_bytes:
+            break
+    tokenizer = train_tokenizer(tok_texts, args.vocab, tdir)
+    train_tokens = encode_corpus(tokenizer, [x for _, x in train_files])
+    held_tokens = encode_corpus(tokenizer, [x for _, x in held])
+    info = {
+        "files": len(files),
+        "heldout_files": len(held),
+        "bytes": sum(len(x) for _, x in files),
+        "train_tokens": int(train_tokens.size),
+        "heldout_tokens": int(held_tokens.size),
+        "vocab": len(tokenizer),
+    }
+    return tokenizer, train_tokens, held_tokens, info
+
+
 def build_target(args, vocab: int, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -298,28 +325,8 @@ def main() -> int:
 
     # -- corpus + tokenizer
     t = time.time()
-    files = python_sources(args.corpus_bytes, seed=0)
-    n_held = max(2, len(files) // 50)
-    held, train_files = files[:n_held], files[n_held:]
     tdir = work / "target"
-    tdir.mkdir(exist_ok=True)
-    tok_texts, acc = [], 0
-    for _, text in train_files:
-        tok_texts.append(text)
-        acc += len(text)
-        if acc > args.tokenizer_bytes:
-            break
-    tokenizer = train_tokenizer(tok_texts, args.vocab, tdir)
-    train_tokens = encode_corpus(tokenizer, [x for _, x in train_files])
-    held_tokens = encode_corpus(tokenizer, [x for _, x in held])
-    RESULTS["corpus"] = {
-        "files": len(files),
-        "heldout_files": len(held),
-        "bytes": sum(len(x) for _, x in files),
-        "train_tokens": int(train_tokens.size),
-        "heldout_tokens": int(held_tokens.size),
-        "vocab": len(tokenizer),
-    }
+    tokenizer, train_tokens, held_tokens, RESULTS["corpus"] = corpus_and_tokenizer(args, tdir)
     stages["corpus_and_tokenizer_seconds"] = time.time() - t
     log(f"corpus {RESULTS['corpus']}")
     save(out)

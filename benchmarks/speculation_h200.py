@@ -47,12 +47,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from benchmarks.drafter_h200 import (
     build_target,
-    encode_corpus,
+    corpus_and_tokenizer,
     heldout_quality,
-    python_sources,
     regenerate_local,
     train_target,
-    train_tokenizer,
 )
 from drafter_training.capture import capture_hf
 from drafter_training.evaluate import Eagle3Proposer, bootstrap_ci, evaluate_drafter
@@ -603,30 +601,10 @@ def main() -> int:
     )
     stages = RESULTS["stages"]
 
-    # -- corpus + tokenizer (drafter_h200's)
+    # -- corpus + tokenizer
     t = time.time()
-    files = python_sources(args.corpus_bytes, seed=0)
-    n_held = max(2, len(files) // 50)
-    held, train_files = files[:n_held], files[n_held:]
     tdir = work / "target"
-    tdir.mkdir(exist_ok=True)
-    tok_texts, acc = [], 0
-    for _, text in train_files:
-        tok_texts.append(text)
-        acc += len(text)
-        if acc > args.tokenizer_bytes:
-            break
-    tokenizer = train_tokenizer(tok_texts, args.vocab, tdir)
-    train_tokens = encode_corpus(tokenizer, [x for _, x in train_files])
-    held_tokens = encode_corpus(tokenizer, [x for _, x in held])
-    RESULTS["corpus"] = {
-        "files": len(files),
-        "heldout_files": len(held),
-        "bytes": sum(len(x) for _, x in files),
-        "train_tokens": int(train_tokens.size),
-        "heldout_tokens": int(held_tokens.size),
-        "vocab": len(tokenizer),
-    }
+    tokenizer, train_tokens, held_tokens, RESULTS["corpus"] = corpus_and_tokenizer(args, tdir)
     stages["corpus_and_tokenizer_seconds"] = time.time() - t
     log(f"corpus {RESULTS['corpus']}")
     save(out)

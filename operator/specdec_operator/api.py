@@ -70,6 +70,7 @@ class Reason(StrEnum):
     INCONCLUSIVE = "Inconclusive"
     PROBE_FAILED = "ProbeFailed"
     ACCEPTANCE_DRIFT = "AcceptanceDrift"
+    NO_LOAD_WITH_SPEEDUP = "NoLoadWithSpeedup"
     # Phases before a decision, and failures
     CREATING = "Creating"
     VALIDATING = "Validating"

@@ -83,6 +83,8 @@ SPECULATIVE_FLAGS = (
     "--speculative-num-steps",
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
+    "--speculative-adaptive",
+    "--speculative-adaptive-config",
 )
 
 
@@ -151,12 +153,13 @@ def _check_extra_args(spec: SpeculativeServerSpec, release: Release) -> None:
             )
 
 
-def speculative_args(spec: SpeculativeServerSpec) -> list[str]:
+def speculative_args(spec: SpeculativeServerSpec, adaptive_config_path: str | None = None) -> list[str]:
     """The speculative flags, all explicit.
 
     SGLang asserts at start-up when --speculative-eagle-topk or --speculative-num-draft-tokens is given without
     --speculative-num-steps, and picks its own shape (5/4/8 for Llama) when none is given: passing all three
-    makes the served shape the one in the spec.
+    makes the served shape the one in the spec. ``adaptive_config_path``: serve load-aware, drafting per batch
+    size as that file says (loadaware.py renders it).
     """
     drafter = spec.drafter
     args = ["--speculative-algorithm", drafter.algorithm]
@@ -168,10 +171,12 @@ def speculative_args(spec: SpeculativeServerSpec) -> list[str]:
         "--speculative-eagle-topk", str(drafter.eagle_topk),
         "--speculative-num-draft-tokens", str(drafter.draft_tokens),
     ]  # fmt: skip
+    if adaptive_config_path is not None:
+        args += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_config_path]
     return args
 
 
-def render_argv(spec: SpeculativeServerSpec, variant: Variant | str) -> list[str]:
+def render_argv(spec: SpeculativeServerSpec, variant: Variant | str, *, adaptive_config_path: str | None = None) -> list[str]:
     """The full container command of the base or the speculative server.
 
     Always explicit: --host 0.0.0.0 (SGLang binds 127.0.0.1 by default), --port, --tp-size (= resources.gpus),
@@ -201,7 +206,7 @@ def render_argv(spec: SpeculativeServerSpec, variant: Variant | str) -> list[str
     if spec.sglang.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", repr(spec.sglang.mem_fraction_static)]
     if variant is Variant.SPECULATIVE:
-        argv += speculative_args(spec)
+        argv += speculative_args(spec, adaptive_config_path)
     argv += list(spec.sglang.extra_args)
     return argv
 

@@ -62,9 +62,9 @@ def combine_all(verdicts: dict[str, Verdict]) -> Verdict:
     return Verdict.UNDECIDED
 
 
-def drafter_not_accepting(accept_length: float | None, floor: float) -> bool:
-    """True when the speculative server's measured acceptance length is at or below the floor."""
-    return accept_length is not None and math.isfinite(accept_length) and accept_length <= floor
+def drafter_not_accepting(accept_length: float | None, floor: float | None) -> bool:
+    """True when the speculative server's measured acceptance length is at or below the floor (None: no floor)."""
+    return floor is not None and accept_length is not None and math.isfinite(accept_length) and accept_length <= floor
 
 
 @dataclass(frozen=True)

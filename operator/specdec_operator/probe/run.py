@@ -194,7 +194,7 @@ def _check_arguments(
     workloads: Sequence[Workload],
     min_speedup: float,
     max_rounds: int,
-    accept_length_floor: float,
+    accept_length_floor: float | None,
     confidence: float,
 ) -> None:
     for flag, url in (("--base", base_url), ("--speculative", speculative_url)):
@@ -209,7 +209,7 @@ def _check_arguments(
         raise InputError(f"--min-speedup {min_speedup!r}: must be > 0 (1.0 = at least as fast as base)")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise InputError(f"--max-rounds {max_rounds!r}: must be an integer >= 1 ({MIN_ROUNDS}+ to decide on speed)")
-    if not (isinstance(accept_length_floor, (int, float)) and accept_length_floor >= 1.0):
+    if accept_length_floor is not None and not (isinstance(accept_length_floor, (int, float)) and accept_length_floor >= 1.0):
         raise InputError(f"--accept-length-floor {accept_length_floor!r}: must be >= 1.0 (1.0 = nothing accepted)")
     if not 0.5 <= confidence < 1.0:
         raise InputError(f"confidence {confidence!r}: must be within [0.5, 1)")
@@ -227,7 +227,7 @@ async def run_probe(
     *,
     min_speedup: float = 1.0,
     max_rounds: int = 6,
-    accept_length_floor: float = 1.1,
+    accept_length_floor: float | None = 1.1,
     policy: str = "all",
     confidence: float = DEFAULT_CONFIDENCE,
     timeout: float = 3600.0,
@@ -272,7 +272,7 @@ async def run_probe(
             result,
             min_speedup=float(min_speedup),
             max_rounds=max_rounds,
-            floor=float(accept_length_floor),
+            floor=float(accept_length_floor) if accept_length_floor is not None else None,
             policy=policy_key,
             confidence=confidence,
             timeout=timeout,
@@ -317,7 +317,7 @@ async def _probe(
     *,
     min_speedup: float,
     max_rounds: int,
-    floor: float,
+    floor: float | None,
     policy: str,
     confidence: float,
     timeout: float,

@@ -1,0 +1,137 @@
+"""Load-aware speculation: SGLang's adaptive mode configured from the measured speedup curve (pure).
+
+SGLang 0.5.23 can choose the number of draft steps per batch size (``--speculative-adaptive`` with
+``--speculative-adaptive-config``: candidate steps per batch-size bucket, 0 = no drafting). Neither SGLang nor vLLM
+ships a table for it, because the right one depends on the hardware, the drafter and the traffic. Here it is
+derived from a probe's own measurements:
+
+* ``adaptive_config(break_even, num_steps)``: the spec's numSteps below the first batch size where speculation may
+  stop paying, 0 from there up. Each bucket has a single candidate, so SGLang's EMA never moves it: a bucket that
+  also listed 1 would go back to drafting for one update interval out of two, probing, even when nothing is
+  accepted (simulator/adaptive.py reproduces SGLang's rule; tests/test_simulator_adaptive.py checks it against
+  SGLang's own). The start of the no-draft range is the low end of the break-even interval when it is bounded:
+  speculation is switched off wherever the measurements cannot rule out a loss.
+* ``adaptive_unsupported_reason(spec)``: why SGLang would not run adaptive for this spec, in SGLang's words. SGLang
+  does not refuse such a server: it logs a warning and serves with static steps, which is exactly the silent
+  fallback the operator must see before it spends a probe.
+* ``never_slower(probe, min_speedup)``: the decision on the adaptive server's probe. It is promoted only when no
+  workload is measurably slower than the base (every interval's high end at least 1) and at least one is
+  measurably faster (its low end above ``min_speedup``); otherwise it rolls back with NoLoadWithSpeedup.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from .api import Decision, ProbeStatus, Reason, SpeculativeServerSpec
+from .cliparse import ArgumentParser
+from .errors import InputError
+from .probe.curve import BreakEven
+
+# Flags of sglang.extraArgs under which SGLang 0.5.23's adaptive_unsupported_reason says no
+# (sglang/srt/speculative/adaptive_spec_params.py in the installed wheel).
+_UNSUPPORTED_FLAGS = {
+    "--enable-dp-attention": "attention DP is not supported (adaptive tier decisions are not synchronized across DP ranks)",
+    "--enable-multi-layer-eagle": "enable_multi_layer_eagle=True is not supported (MultiLayerEagleWorkerV2 does not implement adaptive)",
+    "--enable-two-batch-overlap": "enable_two_batch_overlap=True is not supported (adaptive state swap would discard the TboAttnBackend wrapper)",
+    "--enable-pdmux": "enable_pdmux=True is not supported (adaptive state swap does not update decode_attn_backend_group)",
+}
+
+
+def adaptive_unsupported_reason(spec: SpeculativeServerSpec) -> str | None:
+    """SGLang's reason for not running adaptive speculation with this spec's server, or None when it can."""
+    drafter = spec.drafter
+    if drafter.algorithm not in ("EAGLE", "EAGLE3"):
+        return f"speculative_algorithm={drafter.algorithm} (only EAGLE/EAGLE3 are supported)"
+    if drafter.eagle_topk != 1:
+        return f"speculative_eagle_topk={drafter.eagle_topk} (only topk=1 is supported)"
+    for arg in spec.sglang.extra_args:
+        reason = _UNSUPPORTED_FLAGS.get(arg.split("=", 1)[0])
+        if reason is not None:
+            return reason
+    return None
+
+
+@dataclass(frozen=True)
+class AdaptivePlan:
+    no_draft_from: int  # the smallest batch size served without drafting
+    config: dict[str, Any]  # SGLang's --speculative-adaptive-config document
+
+
+def adaptive_config(break_even: BreakEven, num_steps: int) -> AdaptivePlan | None:
+    """The adaptive table for a curve that wins at low load and loses at high; None when there is no such range.
+
+    The table needs a drafting bucket at batch size 1 (SGLang refuses to start unless numSteps is a candidate of
+    some bucket), so a break-even below 2 leaves nothing to speculate on.
+    """
+    start = break_even.low if break_even.low is not None else break_even.concurrency
+    if start is None or num_steps < 1:
+        return None
+    no_draft_from = math.ceil(start)
+    if no_draft_from < 2:
+        return None
+    config = {"1": {"candidate_steps": [num_steps]}, str(no_draft_from): {"candidate_steps": [0]}}
+    return AdaptivePlan(no_draft_from, config)
+
+
+def never_slower(probe: ProbeStatus, min_speedup: float) -> tuple[Decision, Reason, str]:
+    """The decision on an adaptive server's probe (see the module docstring)."""
+    workloads = probe.workloads or []
+    slower = [w for w in workloads if w.speedup_high is not None and w.speedup_high < 1.0]
+    faster = [w for w in workloads if w.speedup_low is not None and w.speedup_low > min_speedup]
+    if not workloads:
+        return Decision.ROLLBACK, Reason.NO_LOAD_WITH_SPEEDUP, "no workload was measured"
+    if slower:
+        names = ", ".join(f"{w.name} (c={w.concurrency}) {w.speedup}x [.., {w.speedup_high}]" for w in slower)
+        return Decision.ROLLBACK, Reason.NO_LOAD_WITH_SPEEDUP, f"slower than the base at {names}"
+    if not faster:
+        return Decision.ROLLBACK, Reason.NO_LOAD_WITH_SPEEDUP, f"not slower at any workload, but faster than {min_speedup:g}x at none"
+    names = ", ".join(f"{w.name} (c={w.concurrency}) {w.speedup}x [{w.speedup_low}, ..]" for w in faster)
+    return Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"never slower than the base, faster at {names}"
+
+
+# --------------------------------------------------------------------------------------------------
+# `specdec adaptive-config`
+
+
+def _break_even_of(document: Any, source: str) -> BreakEven:
+    found = document.get("break_even") if isinstance(document, dict) else None
+    if not isinstance(found, dict) or not isinstance(found.get("summary"), str):
+        raise InputError(f"{source}: no break_even in it: give the `specdec probe --json` document of a probe with two or more workloads")
+    numbers = {key: found.get(key) for key in ("concurrency", "low", "high")}
+    if any(value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))) for value in numbers.values()):
+        raise InputError(f"{source}: break_even.concurrency, .low and .high must be numbers or null")
+    return BreakEven(numbers["concurrency"], numbers["low"], numbers["high"], found["summary"])
+
+
+def main(argv: list[str]) -> int:
+    """Print SGLang's --speculative-adaptive-config for the curve a `specdec probe --json` run measured."""
+    parser = ArgumentParser(
+        prog="specdec adaptive-config",
+        description="Derive SGLang's --speculative-adaptive-config from a measured speedup curve: the given number of "
+        "draft steps below the first batch size where speculation may stop paying (the low end of the break-even "
+        "interval), no drafting from there up. Exit 0 with the JSON on stdout; 1 when the curve has no such range.",
+    )
+    parser.add_argument("--probe-json", required=True, metavar="FILE", help="the output of `specdec probe --json`")
+    parser.add_argument("--num-steps", required=True, type=int, help="draft steps where speculation pays (the spec's drafter.numSteps)")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.probe_json, encoding="utf-8") as fh:
+            document = json.load(fh)
+    except OSError as exc:
+        raise InputError(f"--probe-json {args.probe_json}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InputError(f"--probe-json {args.probe_json}: not JSON: {exc}") from None
+    if args.num_steps < 1:
+        raise InputError(f"--num-steps {args.num_steps}: must be >= 1")
+    found = _break_even_of(document, args.probe_json)
+    plan = adaptive_config(found, args.num_steps)
+    if plan is None:
+        print(f"specdec adaptive-config: no load range to speculate on: break-even {found.summary}", file=sys.stderr)
+        return 1
+    print(json.dumps(plan.config, indent=2))
+    return 0
