@@ -254,7 +254,9 @@ def validator_spec(cluster: Any, api: Any, pod_name: str) -> dict[str, Any]:
 
 
 def server(name: str, drafter: str, *, target: str = "llama", env: dict[str, str] | None = None) -> dict[str, Any]:
-    sim_env = {"SIMULATOR_TIME_SCALE": "20", "SIMULATOR_LOAD_SECONDS": "4", **(env or {})}
+    # Time scale 5, not faster: each simulator pod has half a core (cpu: 500m), and at 20 its own event loop, not
+    # its model, set the pace of some rounds (one CI run's intervals were [0.47, 4.8] and the probe Inconclusive).
+    sim_env = {"SIMULATOR_TIME_SCALE": "5", "SIMULATOR_LOAD_SECONDS": "4", **(env or {})}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SpeculativeServer",
@@ -269,8 +271,9 @@ def server(name: str, drafter: str, *, target: str = "llama", env: dict[str, str
             "sglang": {"maxRunningRequests": 64, "env": [{"name": k, "value": v} for k, v in sim_env.items()]},
             "rollout": {
                 "policy": "WeightedMix",
+                "maxRounds": 10,
                 "workloads": [
-                    {"name": "chat", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 4, "weight": 3},
+                    {"name": "chat", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 8, "weight": 3},
                     {"name": "batch-8", "concurrency": 8, "inputTokens": 128, "outputTokens": 64, "requests": 16, "weight": 1},
                 ],
             },
