@@ -95,9 +95,9 @@ class FakeProbes:
         self.settled += 1
         self.result = self.revision = None
 
-    def start(self, key, spec, revision, on_done):
+    def start(self, key, spec, revision, on_done, *, probe_id=None, load_aware=None):
         self.started.append(revision)
-        self.revision = revision
+        self.revision = probe_id or revision
 
     def cancel(self, key):
         self.cancelled += 1

@@ -142,7 +142,7 @@ def test_a_table_derived_from_the_first_probe_makes_the_adaptive_server_never_sl
     adaptive = profile("mixed-adaptive", [[1, 12.0], [128, 400.0]], 2.5, target_step_ms=BASE_STEPS, adaptive=plan.config)
     second = probe(base, adaptive, seed=5, adaptive=True)
     decision, reason, message = never_slower(second.to_status("rev"), 1.0)
-    assert (decision, reason) == ("promote", "SpeedupConfirmed"), (message, second.message)
+    assert (decision, reason) == ("promote", "LoadAwareSpeedup"), (message, second.message)
     by_name = {w.name: w for w in second.workloads}
     assert by_name["c1"].speedup_low is not None and by_name["c1"].speedup_low > 1.0  # the win at one stream stays
     assert by_name["c128"].speedup == pytest.approx(1.0, abs=0.1)  # the base's rate where drafting lost

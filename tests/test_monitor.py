@@ -69,6 +69,26 @@ def test_idle_server_stale_gauge_is_not_evidence() -> None:
     assert v3.drifted
 
 
+def test_an_adaptive_server_serving_without_drafting_is_not_evidence() -> None:
+    """Load-aware speculation: at a batch size with steps 0, tokens are generated but no verify step runs; the
+    accept-length gauge is the last drafted batch's and says nothing about the drafter now."""
+    floor, window = 1.5, 1
+    drafted = Sample(time="t0", accept_length=2.5, verify_calls=50.0, generated_tokens=130.0)
+    first = observe(None, drafted, floor=floor, window=window)
+    not_drafting = Sample(time="t1", accept_length=1.2, verify_calls=50.0, generated_tokens=9000.0)
+    verdict = observe(first.status, not_drafting, floor=floor, window=window, previous=drafted)
+    assert not verdict.evidence and not verdict.drifted
+    # Without the verify-call counter, moving tokens still count (an older server that exports no counter).
+    bare = observe(
+        first.status,
+        Sample(time="t2", accept_length=1.2, generated_tokens=9500.0),
+        floor=floor,
+        window=window,
+        previous=Sample(time="t1", accept_length=2.5, generated_tokens=9000.0),
+    )
+    assert bare.evidence and bare.drifted
+
+
 def test_impossible_values_below_one_are_not_evidence() -> None:
     v = observe(MonitorStatus(below_floor_count=2), Sample(time="t", accept_length=0.0), floor=1.5, window=3)
     assert not v.evidence and not v.drifted and v.status.below_floor_count == 2

@@ -40,6 +40,7 @@ class World:
         self.status: dict = {}
         self.deployments: dict = {}
         self.services: dict = {}
+        self.config_maps: dict = {}
         self.pods: list = []
         self.probe_running: str | None = None
 
@@ -55,6 +56,7 @@ class World:
             generation=self.generation,
             deployments=copy.deepcopy(self.deployments),
             services=copy.deepcopy(self.services),
+            config_maps=copy.deepcopy(self.config_maps),
             pods=copy.deepcopy(self.pods),
             probe_running=observed.pop("probe_running", self.probe_running),
             **observed,
@@ -63,7 +65,7 @@ class World:
         for obj in plan.apply:
             obj = copy.deepcopy(obj)
             obj["metadata"]["ownerReferences"] = [{"uid": UID, "kind": "SpeculativeServer", "name": self.name}]
-            (self.deployments if obj["kind"] == "Deployment" else self.services)[obj["metadata"]["name"]] = obj
+            {"Deployment": self.deployments, "ConfigMap": self.config_maps}.get(obj["kind"], self.services)[obj["metadata"]["name"]] = obj
         self.status = plan.status
         return plan
 
@@ -502,9 +504,9 @@ def test_pod_templates_are_rendered_once_per_generation_when_the_caller_keeps_th
     world = World(llama_spec())
     calls = []
 
-    def counting_render(spec, variant):
+    def counting_render(spec, variant, **options):
         calls.append(variant)
-        return _default_render(spec, variant)
+        return _default_render(spec, variant, **options)
 
     rendered: dict = {}
     obs = Observed(name="llama", namespace="ns", uid=UID, generation=1, deployments={}, services={}, pods=[])

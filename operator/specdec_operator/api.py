@@ -56,6 +56,13 @@ class Decision(StrEnum):
     ROLLBACK = "rollback"
 
 
+# rollout.loadAware. Auto: when plain speculation wins at low load and loses at high, try SGLang's adaptive
+# speculation with a table derived from the measured curve (docs/operator.md); Off: the plain decision only.
+class LoadAware(StrEnum):
+    AUTO = "Auto"
+    OFF = "Off"
+
+
 class Reason(StrEnum):
     """Every reason the operator writes: status.reason, condition reasons, status.probe.reason, Event reasons.
 
@@ -64,6 +71,7 @@ class Reason(StrEnum):
     """
 
     # Decisions (status.probe.reason, SpeedupVerified, phase Promoted/RolledBack)
+    LOAD_AWARE_SPEEDUP = "LoadAwareSpeedup"  # the adaptive server is never slower than the base and faster somewhere
     SPEEDUP_CONFIRMED = "SpeedupConfirmed"
     SPEEDUP_BELOW_THRESHOLD = "SpeedupBelowThreshold"
     DRAFTER_NOT_ACCEPTING = "DrafterNotAccepting"
@@ -71,6 +79,9 @@ class Reason(StrEnum):
     PROBE_FAILED = "ProbeFailed"
     ACCEPTANCE_DRIFT = "AcceptanceDrift"
     NO_LOAD_WITH_SPEEDUP = "NoLoadWithSpeedup"
+    # Load-aware speculation (status.probe.loadAware.reason; LoadAwareTrial is also the Event of its start)
+    LOAD_AWARE_TRIAL = "LoadAwareTrial"
+    LOAD_AWARE_UNSUPPORTED = "LoadAwareUnsupported"
     # Phases before a decision, and failures
     CREATING = "Creating"
     VALIDATING = "Validating"
@@ -510,6 +521,13 @@ class Rollout(_SpecModel):
         alias="keepBaseWarm",
         description="Keep the losing server running after the decision (instant rollback/promotion) instead of scaling it to 0 to free its GPUs.",
     )
+    load_aware: Literal["Auto", "Off"] = Field(
+        LoadAware.AUTO.value,
+        alias="loadAware",
+        description="Auto: when the speculative server wins at low concurrency and loses at high, restart it with SGLang's adaptive "
+        "speculation (no drafting from the measured break-even batch size up; EAGLE/EAGLE3 with eagleTopk 1 only) and promote it if it is "
+        "never slower than the base. Off: promote or roll back on the plain probe only.",
+    )
 
 
 class Monitor(_SpecModel):
@@ -663,7 +681,8 @@ class BreakEvenStatus(_Model):
     summary: str = Field("", description="For humans: '24 [16, 40]' or 'none in 1-128 (faster at every measured concurrency)'.")
 
 
-class ProbeStatus(_Model):
+# One probe's measurements and decision (status.probe, and the plain probe of a load-aware trial).
+class ProbeMeasurement(_Model):
     decision: Decision | None = Field(None, description="promote or rollback.")
     reason: str | None = Field(None, description="SpeedupConfirmed, SpeedupBelowThreshold, DrafterNotAccepting, Inconclusive or ProbeFailed.")
     message: str | None = Field(None, description="Human-readable summary of the decision.")
@@ -679,7 +698,30 @@ class ProbeStatus(_Model):
     break_even: BreakEvenStatus | None = Field(
         None,
         alias="breakEven",
-        description="Where speculation stops paying: the concurrency at which the speedup curve over the workloads crosses 1.0.",
+        description="Where speculation stops paying: the concurrency at which the speedup curve over the workloads crosses 1.0 "
+        "(for a load-aware decision, the plain probe's curve, which the adaptive table comes from).",
+    )
+
+
+class LoadAwareStatus(_Model):
+    summary: str = Field("", description="For humans: 'drafts below batch 16' or 'unsupported: speculative_eagle_topk=4 ...'.")
+    reason: str | None = Field(
+        None, description="LoadAwareTrial (the adaptive server is measured), LoadAwareSpeedup, NoLoadWithSpeedup or LoadAwareUnsupported."
+    )
+    message: str | None = Field(None, description="Human-readable explanation.")
+    no_draft_from: int | None = Field(
+        None, alias="noDraftFrom", description="Smallest batch size the adaptive server serves without drafting (steps 0 from there up)."
+    )
+    config: str | None = Field(None, description="The --speculative-adaptive-config document (JSON) the speculative server runs with.")
+    plain_probe: ProbeMeasurement | None = Field(
+        None, alias="plainProbe", description="The first probe, of the plain speculative server, whose curve the adaptive table comes from."
+    )
+
+
+# status.probe: the decision in force for the revision; with load-aware speculation, that of the second probe.
+class ProbeStatus(ProbeMeasurement):
+    load_aware: LoadAwareStatus | None = Field(
+        None, alias="loadAware", description="Load-aware speculation: the adaptive table, the first (plain) probe, or why it was not tried."
     )
 
 

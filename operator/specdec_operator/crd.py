@@ -34,6 +34,12 @@ PRINTER_COLUMNS = [
         "description": "Concurrency where the measured speedup crosses 1.0, with its interval.",
         "priority": 1,
     },
+    {
+        "name": "Load-aware",
+        "type": "string",
+        "jsonPath": ".status.probe.loadAware.summary",
+        "description": "Load-aware speculation: the batch sizes the speculative server drafts at, or why it does not run.",
+    },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "description": "What is happening now.", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

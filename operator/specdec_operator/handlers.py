@@ -2,7 +2,7 @@
 
 One Kopf daemon per SpeculativeServer runs the loop: ``step`` = gather observed -> ``reconcile.reconcile`` ->
 ``execute(plan)``. It wakes up on any event of the resource or of its children (pods, Deployments, Services,
-watched through label-filtered Kopf indexes, so a step lists nothing), every ``reconcile_interval`` seconds while
+and the adaptive table's ConfigMap, watched through label-filtered Kopf indexes, so a step lists nothing), every ``reconcile_interval`` seconds while
 its status changes with time (servers loading, a probe running), and every ``resync_interval`` seconds once it is
 settled.
 
@@ -37,7 +37,7 @@ from . import manifests as m
 from .api import Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus
 from .config import OperatorConfig
 from .errors import InputError
-from .kopf_tuning import plain, slim_deployment, slim_pod, slim_service
+from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_pod, slim_service
 from .kubewriter import KubernetesWriter
 from .metrics import OperatorMetrics
 from .monitor import Sample
@@ -150,7 +150,16 @@ class Runtime:
         self.metrics.forget(namespace, name)
 
     # --- one step: gather observed -> reconcile -> execute(plan)
-    async def step(self, body: Any, pods: list, deployments: list, services: list, logger: Logger, scrape: Sample | None = None) -> Plan | None:
+    async def step(
+        self,
+        body: Any,
+        pods: list,
+        deployments: list,
+        services: list,
+        logger: Logger,
+        scrape: Sample | None = None,
+        config_maps: list | None = None,
+    ) -> Plan | None:
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
         state = self.resource(key, body["metadata"]["uid"])
         if state.status is None:
@@ -159,7 +168,7 @@ class Runtime:
         spec = await self._spec(body, state)
         if spec is None:
             return None
-        observed = self.gather(key, state, body, pods, deployments, services, scrape)
+        observed = self.gather(key, state, body, pods, deployments, services, scrape, config_maps or [])
         try:
             plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
@@ -181,12 +190,15 @@ class Runtime:
             state.generation, state.rendered = generation, {}
         return state.spec
 
-    def gather(self, key: Key, state: ResourceState, body: Any, pods: list, deployments: list, services: list, scrape: Sample | None) -> Observed:
+    def gather(
+        self, key: Key, state: ResourceState, body: Any, pods: list, deployments: list, services: list, scrape: Sample | None, config_maps: list
+    ) -> Observed:
         observed_deployments = {d["metadata"]["name"]: d for d in deployments}
         observed_services = {s["metadata"]["name"]: s for s in services}
+        observed_config_maps = {c["metadata"]["name"]: c for c in config_maps}
+        by_kind = {"Deployment": observed_deployments, "ConfigMap": observed_config_maps}
         for child, obj in state.foreign_objects().items():
-            target = observed_deployments if obj.get("kind") == "Deployment" else observed_services
-            target.setdefault(child, obj)
+            by_kind.get(obj.get("kind") or "", observed_services).setdefault(child, obj)
         return Observed(
             name=key[1],
             namespace=key[0],
@@ -194,6 +206,7 @@ class Runtime:
             generation=int(body["metadata"].get("generation") or 1),
             deployments=observed_deployments,
             services=observed_services,
+            config_maps=observed_config_maps,
             pods=list(pods),
             probe_running=self.probes.running(key),
             probe_result=self.probes.finished(key),
@@ -249,7 +262,8 @@ class Runtime:
         if plan.cancel_probe:
             self.probes.cancel(key)
         if plan.start_probe:
-            self.probes.start(key, spec, plan.revision, on_done=lambda: self.wake(namespace, name))
+            load_aware = plan.new_status.probe.load_aware if plan.adaptive_probe and plan.new_status.probe else None
+            self.probes.start(key, spec, plan.revision, on_done=lambda: self.wake(namespace, name), probe_id=plan.probe_id, load_aware=load_aware)
         if observed.scrape is not None:
             state.last_scrape = observed.scrape
         state.monitor_due = plan.monitor_due
@@ -339,7 +353,8 @@ def _api_message(exc: ApiException) -> str:
 
 def _known(obj: dict[str, Any], observed: Observed) -> bool:
     """Whether a child is in the operator's (label-filtered) index, i.e. known to be ours."""
-    return obj["metadata"]["name"] in (observed.deployments if obj["kind"] == "Deployment" else observed.services)
+    index = {"Deployment": observed.deployments, "ConfigMap": observed.config_maps}.get(obj["kind"], observed.services)
+    return obj["metadata"]["name"] in index
 
 
 def creates_virtual_ip(obj: dict[str, Any], observed_services: dict[str, Any]) -> bool:
@@ -388,6 +403,10 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     def specdec_services(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_service(body)} if labels.get(instance) else None
 
+    @kopf.index("v1", "configmaps", id="specdec_config_maps", labels=MANAGED, registry=registry)
+    def specdec_config_maps(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
+        return {(namespace, labels[instance]): slim_config_map(body)} if labels.get(instance) else None
+
     @kopf.on.event("pods", id="pod_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("apps", "v1", "deployments", id="deployment_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("v1", "services", id="service_changed", labels=MANAGED, registry=registry)
@@ -405,6 +424,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         pods_index: kopf.Index = indexes["specdec_pods"]
         deployments_index: kopf.Index = indexes["specdec_deployments"]
         services_index: kopf.Index = indexes["specdec_services"]
+        config_maps_index: kopf.Index = indexes["specdec_config_maps"]
         wake = runtime.resource(key, body["metadata"]["uid"]).wake
         failures = 0
         last_step = -math.inf
@@ -431,6 +451,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                                 list(services_index.get(key, [])),
                                 logger,
                                 scrape,
+                                list(config_maps_index.get(key, [])),
                             )
                         finally:
                             last_step = time.monotonic()

@@ -60,6 +60,10 @@ def slim_service(body: Any) -> dict[str, Any]:
     }
 
 
+def slim_config_map(body: Any) -> dict[str, Any]:
+    return {"kind": "ConfigMap", "metadata": _meta(body), "data": plain(body.get("data") or {})}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Storages
 
@@ -117,7 +121,7 @@ class LeanProgressStorage(kopf.SmartProgressStorage):
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator needs: server-side label filters on the children's watches, Event names."""
     selector = f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"
-    for resource in ("pods", "deployments", "services"):
+    for resource in ("pods", "deployments", "services", "configmaps"):
         settings.watching.label_selectors[resource] = selector
     settings.posting.reporting_component = FIELD_MANAGER
     # Kopf's own log lines are not Events; the operator posts its Events explicitly.

@@ -47,8 +47,15 @@ def apply_body(obj: dict[str, Any]) -> bytes:
     return _NOT_YAML_PRINTABLE.sub(lambda c: f"\\u{ord(c.group()):04x}", text).encode("utf-8")
 
 
+_CHILD_PATHS = {
+    "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    "Service": "/api/v1/namespaces/{namespace}/services/{name}",
+    "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
+}
+
+
 def child_path(kind: str) -> str:
-    return "/apis/apps/v1/namespaces/{namespace}/deployments/{name}" if kind == "Deployment" else "/api/v1/namespaces/{namespace}/services/{name}"
+    return _CHILD_PATHS[kind]
 
 
 class KubernetesWriter:

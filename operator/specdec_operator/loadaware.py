@@ -21,13 +21,14 @@ derived from a probe's own measurements:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .api import Decision, ProbeStatus, Reason, SpeculativeServerSpec
+from .api import BreakEvenStatus, Decision, LoadAwareStatus, ProbeMeasurement, Reason, SpeculativeServerSpec
 from .cliparse import ArgumentParser
 from .errors import InputError
 from .probe.curve import BreakEven
@@ -78,7 +79,7 @@ def adaptive_config(break_even: BreakEven, num_steps: int) -> AdaptivePlan | Non
     return AdaptivePlan(no_draft_from, config)
 
 
-def never_slower(probe: ProbeStatus, min_speedup: float) -> tuple[Decision, Reason, str]:
+def never_slower(probe: ProbeMeasurement, min_speedup: float) -> tuple[Decision, Reason, str]:
     """The decision on an adaptive server's probe (see the module docstring)."""
     workloads = probe.workloads or []
     slower = [w for w in workloads if w.speedup_high is not None and w.speedup_high < 1.0]
@@ -91,7 +92,84 @@ def never_slower(probe: ProbeStatus, min_speedup: float) -> tuple[Decision, Reas
     if not faster:
         return Decision.ROLLBACK, Reason.NO_LOAD_WITH_SPEEDUP, f"not slower at any workload, but faster than {min_speedup:g}x at none"
     names = ", ".join(f"{w.name} (c={w.concurrency}) {w.speedup}x [{w.speedup_low}, ..]" for w in faster)
-    return Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"never slower than the base, faster at {names}"
+    return Decision.PROMOTE, Reason.LOAD_AWARE_SPEEDUP, f"never slower than the base, faster at {names}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The operator's load-aware trial: when to run one, and what it runs
+
+
+# Plain decisions that may hide a win at low load: the measured speedup did not clear the bar everywhere. A drafter
+# that accepts nothing (DrafterNotAccepting) or a server that could not be measured (ProbeFailed) has no curve.
+_TRIAL_REASONS = (Reason.SPEEDUP_BELOW_THRESHOLD, Reason.INCONCLUSIVE)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A load-aware trial: the adaptive table derived from the plain probe, which the speculative server runs."""
+
+    plan: AdaptivePlan
+    plain: ProbeMeasurement  # the plain probe's decision and curve
+
+    @property
+    def config_json(self) -> str:
+        return json.dumps(self.plan.config, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.config_json.encode()).hexdigest()[:12]
+
+    @property
+    def summary(self) -> str:
+        return f"drafts below batch {self.plan.no_draft_from}"
+
+    def status(self, reason: Reason = Reason.LOAD_AWARE_TRIAL, message: str | None = None) -> LoadAwareStatus:
+        break_even = self.plain.break_even.summary if self.plain.break_even else "unknown"
+        return LoadAwareStatus(
+            summary=self.summary,
+            reason=reason,
+            message=message
+            or f"plain speculation stops paying at concurrency {break_even}: the speculative server runs SGLang's adaptive speculation "
+            f"with {self.plan.config['1']['candidate_steps'][0]} draft steps below batch size {self.plan.no_draft_from} and none from there up",
+            no_draft_from=self.plan.no_draft_from,
+            config=self.config_json,
+            plain_probe=ProbeMeasurement.model_validate(self.plain.model_dump(include=set(ProbeMeasurement.model_fields))),
+        )
+
+
+def _break_even(found: BreakEvenStatus | None) -> BreakEven | None:
+    if found is None or found.concurrency is None:
+        return None
+    return BreakEven(found.concurrency, found.low, found.high, found.summary)
+
+
+def trial_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -> Trial | str | None:
+    """What load-aware speculation makes of a plain probe's decision.
+
+    A Trial when plain speculation was rolled back for its speed, wins at the lowest measured concurrency and stops
+    paying at a break-even that leaves batch sizes to draft on; SGLang's reason (a string) when such a curve was
+    measured but SGLang cannot run adaptive speculation for this spec; None when there is nothing to try.
+    """
+    if plain.decision != Decision.ROLLBACK or plain.reason not in _TRIAL_REASONS:
+        return None
+    curve = sorted((w for w in plain.workloads or [] if w.speedup is not None), key=lambda w: w.concurrency)
+    found = _break_even(plain.break_even)
+    if not curve or found is None or (curve[0].speedup or 0.0) <= 1.0:
+        return None  # no curve that falls through 1.0 from a win at low load
+    plan = adaptive_config(found, spec.drafter.num_steps)
+    if plan is None:
+        return None
+    unsupported = adaptive_unsupported_reason(spec)
+    return unsupported if unsupported is not None else Trial(plan, plain)
+
+
+def unsupported_note(reason: str) -> LoadAwareStatus:
+    return LoadAwareStatus(
+        summary=f"unsupported: {reason}",
+        reason=Reason.LOAD_AWARE_UNSUPPORTED,
+        message=f"plain speculation wins at low load and loses at high, but SGLang's adaptive speculation does not run with this spec: {reason}; "
+        "the plain decision stands",
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The Kubernetes objects of one SpeculativeServer, as pure functions of its spec.
 
-Five children, all named after the custom resource and owned by it:
+Five children, all named after the custom resource and owned by it (six during load-aware speculation):
 
 * Deployments ``<name>-base`` and ``<name>-spec``: one SGLang pod each (the base server and the speculative
   server). The speculative pod runs ``specdec validate`` as an init container, so an incompatible drafter is
@@ -8,6 +8,9 @@ Five children, all named after the custom resource and owned by it:
 * Services ``<name>-base`` and ``<name>-spec``: one per variant; the probe and the monitor talk to these.
 * Service ``<name>``: the stable Service clients use. Its selector names the active variant; switching it is
   promotion and rollback (nothing restarts).
+* ConfigMap ``<name>-adaptive`` (load-aware speculation only): SGLang's ``--speculative-adaptive-config``
+  document, mounted into the speculative pod; its hash is a pod template annotation, so a new table restarts the
+  speculative server (and only it).
 
 Nothing here talks to the API server; ``reconcile`` decides replicas and the active variant and the handlers
 apply what these functions return (server-side apply, so fields dropped from the spec are dropped from the
@@ -40,6 +43,7 @@ APP_NAME = "sglang"
 ANNOTATION_REVISION = "specdec.io/revision"
 ANNOTATION_TEMPLATE_HASH = "specdec.io/template-hash"
 ANNOTATION_ACTIVE_VARIANT = "specdec.io/active-variant"
+ANNOTATION_ADAPTIVE_CONFIG = "specdec.io/adaptive-config-hash"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_FAMILY_LABEL = "nvidia.com/gpu.family"
@@ -55,6 +59,10 @@ SHM_VOLUME = "dshm"
 TMP_VOLUME = "tmp"
 CACHE_VOLUME = "cache"
 CACHE_DIR = "/cache"
+ADAPTIVE_VOLUME = "adaptive-config"
+ADAPTIVE_CONFIG_DIR = "/etc/specdec/adaptive"
+ADAPTIVE_CONFIG_KEY = "config.json"
+ADAPTIVE_CONFIG_PATH = f"{ADAPTIVE_CONFIG_DIR}/{ADAPTIVE_CONFIG_KEY}"
 
 DEFAULT_VALIDATOR_IMAGE = "ghcr.io/specdec/specdec-operator:0.1.0"
 
@@ -70,6 +78,10 @@ SUFFIX = {Variant.BASE.value: "base", Variant.SPECULATIVE.value: "spec"}
 def child_name(name: str, variant: str | None) -> str:
     """``<name>-base``, ``<name>-spec``, or the stable ``<name>`` when variant is None."""
     return name if variant is None else f"{name}-{SUFFIX[_v(variant)]}"
+
+
+def adaptive_config_map_name(name: str) -> str:
+    return f"{name}-adaptive"
 
 
 def _v(variant: str | Variant) -> str:
@@ -256,8 +268,13 @@ def pod_template(
     command: list[str],
     revision: str,
     settings: ManifestSettings,
+    adaptive_config_hash: str | None = None,
 ) -> dict[str, Any]:
-    """The pod template of one variant, annotated with its revision and its own hash."""
+    """The pod template of one variant, annotated with its revision and its own hash.
+
+    ``adaptive_config_hash``: the speculative server runs SGLang's adaptive speculation with the table of the
+    ``<name>-adaptive`` ConfigMap (its command line says so; ``command`` names ADAPTIVE_CONFIG_PATH).
+    """
     variant = _v(variant)
     labels = {**spec.pod_metadata.labels, **instance_labels(name), **selector_labels(name, variant)}
     annotations = dict(spec.pod_metadata.annotations)
@@ -294,6 +311,10 @@ def pod_template(
             pod_spec["initContainers"] = [init]
         if spec.drafter.algorithm != "NEXTN":
             _allow_longer_draft_context(pod_spec["containers"][0])
+        if adaptive_config_hash is not None:
+            annotations[ANNOTATION_ADAPTIVE_CONFIG] = adaptive_config_hash
+            pod_spec["volumes"].append({"name": ADAPTIVE_VOLUME, "configMap": {"name": adaptive_config_map_name(name)}})
+            pod_spec["containers"][0]["volumeMounts"].append({"name": ADAPTIVE_VOLUME, "mountPath": ADAPTIVE_CONFIG_DIR, "readOnly": True})
     template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
     template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash(template)
     return template
@@ -377,6 +398,16 @@ def service(
         # broke first at 1,000 resources: the API server allocated a few per second (benchmarks/scale.py).
         spec["clusterIP"] = "None"
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
+
+
+def adaptive_config_map(name: str, namespace: str, config_json: str) -> dict[str, Any]:
+    """ConfigMap ``<name>-adaptive``: the speculative server's --speculative-adaptive-config (owner reference added by the caller)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": adaptive_config_map_name(name), "namespace": namespace, "labels": dict(instance_labels(name))},
+        "data": {ADAPTIVE_CONFIG_KEY: config_json},
+    }
 
 
 def service_variant(svc: dict[str, Any]) -> str | None:

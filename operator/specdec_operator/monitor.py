@@ -7,8 +7,9 @@ seconds and feeds each scrape to :func:`observe`. The rule, with its hysteresis:
   counter of consecutive low scrapes; a scrape **at or above** the floor resets the counter to 0.
 * A scrape that carries no evidence leaves the counter unchanged: the scrape failed, the gauge is missing,
   the value is below 1.0 (impossible for a server that decoded anything: the bonus token alone makes 1.0),
-  or the server was idle since the previous scrape (no new verify steps or generated tokens, so the gauge
-  is a stale value).
+  or no verify step ran since the previous scrape, so the gauge is a stale value: the server was idle, or it
+  is a load-aware (adaptive) server serving a batch size it does not draft at (without the verify-call
+  counter, generated tokens tell idle from working).
 * The server is rolled back (AcceptanceDrift) exactly when the counter reaches ``monitor.window``: ``window``
   consecutive low scrapes, with no good scrape between them.
 * No flapping: the rollback is recorded as the decision for the speculative revision (status.probe), and a
@@ -73,16 +74,20 @@ class Verdict:
     drifted: bool  # the counter has reached the window: roll back
 
 
-def _idle(previous: Sample | None, sample: Sample) -> bool:
+def _no_new_verify_steps(previous: Sample | None, sample: Sample) -> bool:
+    """Nothing since the previous scrape says anything about the drafter: no verify step ran.
+
+    Either the server was idle, or it served without drafting: SGLang's adaptive speculation runs steps 0 (no
+    draft, no verify) at the batch sizes where it does not pay, and the accept-length gauge then keeps its
+    value from the last drafted batch. Without a verify-call counter, generated tokens tell idle from working.
+    """
     if previous is None or previous.error:
         return False
-    for old, new in ((previous.verify_calls, sample.verify_calls), (previous.generated_tokens, sample.generated_tokens)):
-        if old is not None and new is not None and new > old:
-            return False
-    # Idle only if we could see a counter and none moved.
-    return any(v is not None for v in (sample.verify_calls, sample.generated_tokens)) and any(
-        v is not None for v in (previous.verify_calls, previous.generated_tokens)
-    )
+    if previous.verify_calls is not None and sample.verify_calls is not None:
+        return sample.verify_calls <= previous.verify_calls
+    if previous.generated_tokens is not None and sample.generated_tokens is not None:
+        return sample.generated_tokens <= previous.generated_tokens
+    return False
 
 
 def observe(monitor: MonitorStatus | None, sample: Sample, *, floor: float, window: int, previous: Sample | None = None) -> Verdict:
@@ -90,7 +95,7 @@ def observe(monitor: MonitorStatus | None, sample: Sample, *, floor: float, wind
     count = monitor.below_floor_count if monitor is not None else 0
     last_accept = monitor.accept_length if monitor is not None else None
     value = sample.accept_length
-    if sample.error or value is None or value < 1.0 or _idle(previous, sample):
+    if sample.error or value is None or value < 1.0 or _no_new_verify_steps(previous, sample):
         return Verdict(MonitorStatus(last_scrape_time=sample.time, below_floor_count=count, accept_length=last_accept), evidence=False, drifted=False)
     count = count + 1 if value < floor else 0
     status = MonitorStatus(last_scrape_time=sample.time, below_floor_count=count, accept_length=round(value, 4))

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from . import manifests as m
-from .api import Decision, ProbeStatus, Reason, SpeculativeServerSpec, Variant
+from .api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeServerSpec, Variant
 from .config import OperatorConfig
 from .monitor import Sample, sample_from_metrics
 from .probe import ProbeRequestError, run_probe, scrape_metrics
@@ -30,6 +30,8 @@ Key = tuple[str, str]  # (namespace, name)
 class _Probe:
     key: Key
     revision: str
+    probe_id: str  # the revision, or "<revision>/adaptive-<hash>" for the load-aware server (Facts.probe_id)
+    load_aware: LoadAwareStatus | None = None  # set for the adaptive server's probe; its result carries it
     task: asyncio.Task[ProbeStatus] | None = None
     progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
 
@@ -56,9 +58,9 @@ class ProbeScheduler:
         return probe if probe is not None and probe.task is not None and not probe.task.done() else None
 
     def running(self, key: Key) -> str | None:
-        """The revision being probed for this resource, if a probe is still running."""
+        """What is being probed for this resource (its probe id), if a probe is still running."""
         probe = self._running(key)
-        return probe.revision if probe is not None else None
+        return probe.probe_id if probe is not None else None
 
     def finished(self, key: Key) -> ProbeStatus | None:
         """The result of this resource's finished probe, kept until ``settle`` (a step recorded it)."""
@@ -70,8 +72,11 @@ class ProbeScheduler:
             return None
         exc = probe.task.exception()
         if exc is not None:  # run() catches everything; belt and braces
-            return probe_failed(probe.revision, f"probe failed: {exc}")
-        return probe.task.result()
+            result = probe_failed(probe.revision, f"probe failed: {exc}")
+        else:
+            result = probe.task.result()
+        # The adaptive server's result says so: reconcile judges it by the never-slower rule, not as a plain probe.
+        return result.model_copy(update={"load_aware": probe.load_aware}) if probe.load_aware is not None else result
 
     def settle(self, key: Key) -> None:
         """Forget a finished probe whose result a step has recorded."""
@@ -82,9 +87,21 @@ class ProbeScheduler:
         probe = self._running(key)
         return probe.progress if probe is not None else None
 
-    def start(self, key: Key, spec: SpeculativeServerSpec, revision: str, on_done: Callable[[], None]) -> None:
-        """Probe ``revision`` of this resource; ``on_done`` is called when it finishes (and when it waits for a slot)."""
-        probe = self._probes[key] = _Probe(key, revision)
+    def start(
+        self,
+        key: Key,
+        spec: SpeculativeServerSpec,
+        revision: str,
+        on_done: Callable[[], None],
+        *,
+        probe_id: str | None = None,
+        load_aware: LoadAwareStatus | None = None,
+    ) -> None:
+        """Probe ``revision`` of this resource; ``on_done`` is called when it finishes (and when it waits for a slot).
+
+        ``load_aware``: the speculative server runs the load-aware trial's adaptive table. An adaptive server does not
+        draft from its no-draft batch size up, so the acceptance-length floor does not apply to it."""
+        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware)
         probe.task = asyncio.create_task(self._run(probe, spec, on_done), name=f"probe {key[0]}/{key[1]}")
         probe.task.add_done_callback(lambda _t: on_done())
 
@@ -116,7 +133,7 @@ class ProbeScheduler:
                     rollout.workloads,
                     min_speedup=rollout.min_speedup,
                     max_rounds=rollout.max_rounds,
-                    accept_length_floor=rollout.accept_length_floor,
+                    accept_length_floor=None if probe.load_aware is not None else rollout.accept_length_floor,
                     policy=rollout.policy,
                     timeout=self.config.probe_timeout,
                     request_timeout=self.config.probe_request_timeout,

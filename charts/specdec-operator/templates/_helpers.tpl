@@ -100,6 +100,11 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# <name>-adaptive, owned by its SpeculativeServer: the --speculative-adaptive-config table of load-aware
+# speculation, server-side applied, read before taking the name, watched through Kopf's label-filtered index.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Read-only, through Kopf's watch: readiness, load time, the validator init container's termination message.
 - apiGroups: [""]
   resources: ["pods"]

@@ -54,7 +54,9 @@ from .lifecycle import (
     plan_replicas,
     settle_decision,
     settle_phase,
+    settle_trial,
     settle_validation,
+    stored_probe,
 )
 from .model import Event, Observed, Plan, Settings, status_document
 from .pods import ServerState, parse_validator_report, server_state, validation_from_pods
@@ -99,10 +101,10 @@ def read_status(stored: SpeculativeServerStatus | Mapping[str, Any] | None) -> S
         return SpeculativeServerStatus.model_validate(readable)
 
 
-def _default_render(spec: SpeculativeServerSpec, variant: str) -> list[str]:
+def _default_render(spec: SpeculativeServerSpec, variant: str, adaptive_config_path: str | None = None) -> list[str]:
     from ..sglang import render_argv
 
-    return render_argv(spec, Variant(variant))
+    return render_argv(spec, Variant(variant), adaptive_config_path=adaptive_config_path)
 
 
 def reconcile(
@@ -111,7 +113,7 @@ def reconcile(
     status: SpeculativeServerStatus | Mapping[str, Any] | None,
     now: datetime,
     settings: Settings = Settings(),
-    render_argv: Callable[[SpeculativeServerSpec, str], list[str]] = _default_render,
+    render_argv: Callable[..., list[str]] = _default_render,
     rendered: dict[str, Any] | None = None,
 ) -> Plan:
     """Compute the next step for one SpeculativeServer (see the module docstring).
@@ -121,7 +123,10 @@ def reconcile(
     """
     prev = read_status(status)
     revision = speculative_revision(spec)
-    facts = gather_facts(spec, observed, prev, now, revision, settings, render_argv, rendered if rendered is not None else {})
+    trial = settle_trial(
+        spec, stored_probe(prev, revision), observed.probe_result if observed.probe_result and observed.probe_result.revision == revision else None
+    )
+    facts = gather_facts(spec, observed, prev, now, revision, settings, render_argv, rendered if rendered is not None else {}, trial)
     validation = settle_validation(facts)
     decision = settle_decision(facts, validation)
     decision, monitor = apply_drift(facts, decision)
@@ -134,7 +139,7 @@ def reconcile(
     desired = desired_children(facts, replicas, active)
     to_apply = [obj for obj in desired if obj["metadata"]["name"] not in facts.conflicts and needs_apply(obj, _observed_child(facts.observed, obj))]
     probe_running = observed.probe_running
-    start_probe = outcome.probing and probe_running != revision
+    start_probe = outcome.probing and probe_running != facts.probe_id
     monitor_due, next_scrape_in = _scrape_schedule(facts, new_status)
     workloads = [w.name for w in spec.rollout.workloads]
     return Plan(
@@ -144,7 +149,7 @@ def reconcile(
         events=transition_events(prev, new_status, name=observed.name, workloads=workloads, probe_starting=start_probe),
         start_probe=start_probe,
         cancel_probe=probe_running is not None
-        and (probe_running != revision or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
+        and (probe_running != facts.probe_id or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
         monitor_due=monitor_due,
         next_scrape_in=next_scrape_in,
         settled=_settled(facts, outcome, to_apply, replicas),
@@ -153,11 +158,14 @@ def reconcile(
         switch_first=any(o["kind"] == "Deployment" for o in to_apply)
         and any(o["kind"] == "Service" and o["metadata"]["name"] in observed.services for o in to_apply),
         desired=desired,
+        probe_id=facts.probe_id,
+        adaptive_probe=trial is not None,
     )
 
 
 def desired_children(facts: Facts, replicas: dict[Variant, int], active: Variant) -> list[dict[str, Any]]:
-    """The five children, Services first (see Plan.switch_first)."""
+    """The five children, Services first (see Plan.switch_first), and during load-aware speculation the adaptive
+    table's ConfigMap before them all (the speculative pod mounts it)."""
     name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
     deployments = [
         m.deployment(
@@ -177,11 +185,12 @@ def desired_children(facts: Facts, replicas: dict[Variant, int], active: Variant
         m.service(name, namespace, SPECULATIVE.value, settings=ms),
         m.service(name, namespace, None, active=active.value, settings=ms),
     ]
-    return services + deployments
+    config_maps = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
+    return config_maps + services + deployments
 
 
 def _observed_child(observed: Observed, obj: dict[str, Any]) -> dict[str, Any] | None:
-    children = observed.deployments if obj["kind"] == "Deployment" else observed.services
+    children = {"Deployment": observed.deployments, "ConfigMap": observed.config_maps}.get(obj["kind"], observed.services)
     return children.get(obj["metadata"]["name"])
 
 

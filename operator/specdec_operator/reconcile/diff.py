@@ -29,6 +29,8 @@ def needs_apply(desired: dict[str, Any], observed: dict[str, Any] | None) -> boo
         return True
     if not _subset(labels_of(desired), labels_of(observed)) or not _subset(annotations_of(desired), annotations_of(observed)):
         return True
+    if desired["kind"] == "ConfigMap":
+        return desired.get("data") != observed.get("data")
     want, have = desired.get("spec") or {}, observed.get("spec") or {}
     if desired["kind"] == "Deployment":
         if want.get("replicas") != have.get("replicas"):

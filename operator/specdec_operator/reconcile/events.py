@@ -25,6 +25,9 @@ def transition_events(
     events: list[Event] = []
     if new.validation is not None and not _validated(prev.validation, new.validation.revision):
         events.append(_validation_event(new.validation))
+    if _trial_started(prev.probe, new.probe):
+        assert new.probe is not None and new.probe.load_aware is not None
+        events.append(Event("Normal", Reason.LOAD_AWARE_TRIAL, f"{new.probe.load_aware.message}; restarting it to measure it against the base again"))
     if new.probe is not None and new.probe.decision and _is_new_decision(prev.probe, new.probe):
         events.append(_decision_event(new.probe))
     if probe_starting and new.probe is not None:
@@ -55,6 +58,15 @@ def _validation_event(validation: ValidationStatus) -> Event:
         Reason.DRAFTER_INCOMPATIBLE,
         f"{finding_summary(validation, ('error',))}; speculative server scaled to 0, the base server keeps serving",
     )
+
+
+def _trial_started(prev: ProbeStatus | None, new: ProbeStatus | None) -> bool:
+    """A load-aware trial begins: the new status has the plain probe of a trial that the stored one did not."""
+    trial = new.load_aware if new is not None else None
+    if trial is None or trial.plain_probe is None or trial.reason != Reason.LOAD_AWARE_TRIAL:
+        return False
+    before = prev.load_aware if prev is not None and prev.revision == new.revision else None  # type: ignore[union-attr]
+    return before is None or before.plain_probe is None or before.config != trial.config
 
 
 def _is_new_decision(prev: ProbeStatus | None, new: ProbeStatus) -> bool:

@@ -2,6 +2,7 @@
 
 Each step answers one question and returns a typed answer; ``reconcile`` (``__init__.py``) runs them in order:
 
+    settle_trial       is a load-aware trial on? (plain probe won at low load, lost at high; loadaware.py)
     gather_facts       what exists: desired pod templates, each server's state, names taken by others
     settle_validation  is the drafter compatible with the target? (stored, read from the validator, or unknown)
     settle_decision    what was decided for this revision? (stored, just measured, or forced by a crash loop)
@@ -24,6 +25,7 @@ from ..api import (
     ConditionType,
     Decision,
     Finding,
+    LoadAware,
     MonitorStatus,
     Phase,
     ProbeStatus,
@@ -33,6 +35,7 @@ from ..api import (
     ValidationStatus,
     Variant,
 )
+from ..loadaware import Trial, never_slower, trial_for, unsupported_note
 from ..monitor import observe
 from ..textutil import clip, rfc3339
 from .conditions import Conditions
@@ -56,6 +59,12 @@ class Facts:
     templates: dict[Variant, dict[str, Any]]  # the pod template of each server, rendered for this generation
     servers: dict[Variant, ServerState]
     conflicts: list[str]  # names of children that objects not owned by this resource already use
+    trial: Trial | None = None  # a load-aware trial: the speculative server runs SGLang's adaptive speculation
+
+    @property
+    def probe_id(self) -> str:
+        """What the probe of this step measures: the revision, or the revision's adaptive server (its table's hash)."""
+        return self.revision if self.trial is None else f"{self.revision}/adaptive-{self.trial.config_hash}"
 
     @property
     def now_s(self) -> str:
@@ -66,8 +75,7 @@ class Facts:
         return self.observed.name
 
     def prev_probe_for_revision(self) -> ProbeStatus | None:
-        probe = self.prev.probe
-        return probe if probe is not None and probe.revision == self.revision else None
+        return stored_probe(self.prev, self.revision)
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,34 @@ class PhaseOutcome:
     probe_started_at: str | None = None
 
 
+def stored_probe(prev: SpeculativeServerStatus, revision: str) -> ProbeStatus | None:
+    probe = prev.probe
+    return probe if probe is not None and probe.revision == revision else None
+
+
+def settle_trial(spec: SpeculativeServerSpec, stored: ProbeStatus | None, result: ProbeStatus | None) -> Trial | None:
+    """The load-aware trial in force for this revision, if any (loadaware.trial_for says when there is one).
+
+    It comes from the plain probe: the one stored with a trial already under way (or decided), a plain decision
+    stored earlier (loadAware turned on after it), or the plain result that just arrived.
+    """
+    if spec.rollout.load_aware == LoadAware.OFF:
+        return None
+    if stored is not None and stored.load_aware is not None and stored.load_aware.plain_probe is not None:
+        plain: ProbeStatus | None = ProbeStatus.model_validate(stored.load_aware.plain_probe.model_dump())
+    elif stored is not None and stored.decision:
+        plain = stored
+    elif result is not None and result.decision and result.load_aware is None:
+        plain = result
+    else:
+        plain = None
+    found = trial_for(spec, plain) if plain is not None else None
+    return found if isinstance(found, Trial) else None
+
+
+RenderArgv = Callable[..., list[str]]  # (spec, variant, adaptive_config_path=None) -> the server's command line
+
+
 def gather_facts(
     spec: SpeculativeServerSpec,
     observed: Observed,
@@ -86,24 +122,37 @@ def gather_facts(
     now: datetime,
     revision: str,
     settings: Settings,
-    render_argv: Callable[[SpeculativeServerSpec, str], list[str]],
+    render_argv: RenderArgv,
     rendered: dict[str, Any],
+    trial: Trial | None = None,
 ) -> Facts:
     templates = {}
     for variant in (BASE, SPECULATIVE):
-        if variant.value not in rendered:
-            rendered[variant.value] = m.pod_template(
-                observed.name, spec, variant.value, render_argv(spec, variant.value), revision, settings.manifests
+        adaptive = trial is not None and variant == SPECULATIVE
+        key = f"{variant.value}/adaptive-{trial.config_hash}" if adaptive and trial is not None else variant.value
+        if key not in rendered:
+            argv = render_argv(spec, variant.value, adaptive_config_path=m.ADAPTIVE_CONFIG_PATH) if adaptive else render_argv(spec, variant.value)
+            rendered[key] = m.pod_template(
+                observed.name,
+                spec,
+                variant.value,
+                argv,
+                revision,
+                settings.manifests,
+                adaptive_config_hash=trial.config_hash if adaptive and trial is not None else None,
             )
-        templates[variant] = rendered[variant.value]
+        templates[variant] = rendered[key]
     servers = {
         variant: server_state(pods_of(observed.pods, variant), templates[variant]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH])
         for variant in (BASE, SPECULATIVE)
     }
     children = {**observed.deployments, **observed.services}
-    own_names = (m.child_name(observed.name, BASE.value), m.child_name(observed.name, SPECULATIVE.value), observed.name)
+    children.update(observed.config_maps)
+    own_names = (m.child_name(observed.name, BASE.value), m.child_name(observed.name, SPECULATIVE.value), observed.name) + (
+        (m.adaptive_config_map_name(observed.name),) if trial is not None else ()
+    )
     conflicts = sorted(n for n in own_names if n in children and not owned_by(children[n], observed.uid))
-    return Facts(spec, observed, prev, now, revision, settings, templates, servers, conflicts)
+    return Facts(spec, observed, prev, now, revision, settings, templates, servers, conflicts, trial)
 
 
 def settle_validation(facts: Facts) -> ValidationStatus | None:
@@ -128,18 +177,32 @@ def is_invalid(validation: ValidationStatus | None) -> bool:
 def settle_decision(facts: Facts, validation: ValidationStatus | None) -> ProbeStatus | None:
     """The decision for this revision: stored, just measured by the probe, or forced by a crash-looping server."""
     stored = facts.prev_probe_for_revision()
-    if stored is not None and stored.decision:
+    if facts.trial is None and stored is not None and stored.load_aware is not None and stored.load_aware.plain_probe is not None:
+        # loadAware turned Off (or SGLang can no longer run it for this spec): the plain probe's decision is in force.
+        return ProbeStatus.model_validate(stored.load_aware.plain_probe.model_dump())
+    # A stored decision stands; a plain one stored before loadAware was turned on gives way to the trial it asks for.
+    if (
+        stored is not None
+        and stored.decision
+        and (facts.trial is None or (stored.load_aware is not None and stored.load_aware.plain_probe is not None))
+    ):
         return stored
     if is_invalid(validation) or facts.conflicts:
         return None
     result = facts.observed.probe_result
     if result is not None and result.revision == facts.revision and result.decision:
-        return result.model_copy(
+        result = result.model_copy(
             update={
                 "finished_at": result.finished_at or facts.now_s,
                 "started_at": result.started_at or (stored.started_at if stored is not None else None),
             }
         )
+        adaptive = result.load_aware is not None
+        if facts.trial is not None:
+            # The plain result that opened the trial decides nothing: the adaptive server is measured next.
+            return _adaptive_decision(facts, facts.trial, result) if adaptive else None
+        if not adaptive:
+            return _with_unsupported_note(facts.spec, result)
     speculative = facts.servers[SPECULATIVE]
     if (
         validation is not None
@@ -156,6 +219,34 @@ def settle_decision(facts: Facts, validation: ValidationStatus | None) -> ProbeS
             message=f"speculative server never became ready: {speculative.message}",
         )
     return None
+
+
+def _adaptive_decision(facts: Facts, trial: Trial, result: ProbeStatus) -> ProbeStatus:
+    """The decision on the adaptive server's probe: never slower than the base, faster somewhere (loadaware.never_slower)."""
+    if result.reason == Reason.PROBE_FAILED:
+        decision, reason, message = Decision.ROLLBACK, Reason.PROBE_FAILED, result.message or "the adaptive server could not be measured"
+    else:
+        decision, reason, message = never_slower(result, facts.spec.rollout.min_speedup)
+    message = f"load-aware ({trial.summary}): {message}"
+    return result.model_copy(
+        update={
+            "decision": decision,
+            "reason": reason,
+            "message": message,
+            # What kubectl shows as the break-even is where plain speculation stops paying: the table's origin.
+            "break_even": trial.plain.break_even,
+            "load_aware": trial.status(reason, message),
+        }
+    )
+
+
+def _with_unsupported_note(spec: SpeculativeServerSpec, result: ProbeStatus) -> ProbeStatus:
+    """A plain decision whose curve asked for a trial SGLang cannot run: say why in status (loadAware Auto only)."""
+    found = trial_for(spec, result) if spec.rollout.load_aware == LoadAware.AUTO else None
+    if not isinstance(found, str):
+        return result
+    note = unsupported_note(found)
+    return result.model_copy(update={"load_aware": note, "message": f"{result.message or result.reason}; load-aware speculation not tried: {found}"})
 
 
 def is_promoted(decision: ProbeStatus | None) -> bool:
@@ -261,13 +352,14 @@ def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: Pr
         else:  # the validator has not started: say why (no node with free GPUs, image pull, ...)
             message = f"validating the drafter: speculative pod {speculative.message}; base: {base.message}"
         return PhaseOutcome(Phase.VALIDATING, Reason.VALIDATING, message)
+    trial = f"load-aware trial ({facts.trial.summary}): " if facts.trial is not None else ""
     if not (base.ready and speculative.ready):
-        return PhaseOutcome(Phase.DEPLOYING, Reason.LOADING, f"base: {base.message}; speculative: {speculative.message}")
+        return PhaseOutcome(Phase.DEPLOYING, Reason.LOADING, f"{trial}base: {base.message}; speculative: {speculative.message}")
     # A probe running in this process keeps its start time; a new one (first, or after a restart) starts now.
     stored = facts.prev_probe_for_revision()
-    running = observed.probe_running == facts.revision
+    running = observed.probe_running == facts.probe_id
     started = (stored.started_at if stored is not None and running else None) or facts.now_s
-    message = f"measuring the speculative server against the base ({len(facts.spec.rollout.workloads)} workloads) since {started}"
+    message = f"{trial}measuring the speculative server against the base ({len(facts.spec.rollout.workloads)} workloads) since {started}"
     if observed.probe_progress and running:
         message += f"; {observed.probe_progress}"
     return PhaseOutcome(Phase.PROBING, Reason.PROBING, message, probing=True, probe_started_at=started)
@@ -276,6 +368,8 @@ def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: Pr
 def probe_status(facts: Facts, decision: ProbeStatus | None, outcome: PhaseOutcome) -> ProbeStatus | None:
     if decision is not None:
         return decision
+    if facts.trial is not None:  # stored at once: a restarted operator resumes the trial, not the plain probe
+        return ProbeStatus(revision=facts.revision, started_at=outcome.probe_started_at if outcome.probing else None, load_aware=facts.trial.status())
     if outcome.probing:
         return ProbeStatus(revision=facts.revision, started_at=outcome.probe_started_at)
     return facts.prev_probe_for_revision()

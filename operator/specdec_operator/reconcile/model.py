@@ -33,9 +33,10 @@ class Observed:
     generation: int
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
     services: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
+    config_maps: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name (the adaptive table's)
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods labelled with this instance
-    probe_running: str | None = None  # revision of the probe task running in this process, if any
-    probe_result: ProbeStatus | None = None  # a probe that just finished (its revision set)
+    probe_running: str | None = None  # what the probe task running in this process measures (Facts.probe_id), if any
+    probe_result: ProbeStatus | None = None  # a probe that just finished (its revision set; loadAware set: the adaptive server's)
     probe_progress: str | None = None  # what the running probe has done so far ("round 2 of up to 6")
     scrape: Sample | None = None  # a metrics scrape of the speculative server taken for this step
     previous_scrape: Sample | None = None  # the scrape before it (tells an idle server from a working one)
@@ -62,8 +63,8 @@ class Plan:
     apply: list[dict[str, Any]]  # children to create or update (server-side apply; owner reference added by the caller)
     new_status: SpeculativeServerStatus  # the complete new status
     events: list[Event]  # derived from the stored and the new status (events.transition_events)
-    start_probe: bool  # start a probe of `revision` (none is running in this process)
-    cancel_probe: bool  # the running probe is for another revision or must not go on
+    start_probe: bool  # start a probe of `probe_id` (none is running in this process)
+    cancel_probe: bool  # the running probe measures something else (another revision, the plain server) or must not go on
     monitor_due: bool  # the speculative server should be scraped now (checked before the next step)
     next_scrape_in: float | None = None  # seconds until the next scrape is due (None: no monitoring)
     # Decided, and every server that should run is ready: nothing in the status changes with time alone, so only
@@ -73,6 +74,8 @@ class Plan:
     # (traffic must leave a server before it is scaled to 0). Otherwise everything is applied at once.
     switch_first: bool = False
     desired: list[dict[str, Any]] = field(default_factory=list)  # all children this object should have
+    probe_id: str = ""  # what a probe started now measures: the revision, or "<revision>/adaptive-<table hash>"
+    adaptive_probe: bool = False  # the probe to start measures the load-aware (adaptive) speculative server
 
     @cached_property
     def status(self) -> dict[str, Any]:
