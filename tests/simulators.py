@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from specdec_operator.simulator import SimulatorServer, load_profile
+from specdec_operator.simulator import Profile, SimulatorServer, load_profile
 
 TIME_SCALE = 20.0  # simulated seconds per wall second, unless a test asks for another
 
@@ -32,15 +32,22 @@ class Simulators:
     def run(self, coro: Any, timeout: float = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def start(self, profile: str, time_scale: float = TIME_SCALE, seed: int = 7) -> SimulatorServer:
+    def start(self, profile: str | Profile, time_scale: float = TIME_SCALE, seed: int = 7, port: int = 0) -> SimulatorServer:
+        """A simulator of a shipped profile (by name) or of a Profile; ``port`` 0 binds a free one."""
+
         async def go() -> SimulatorServer:
-            server = SimulatorServer(load_profile(profile), port=0, time_scale=time_scale, seed=seed, load_seconds=0)
+            loaded = load_profile(profile) if isinstance(profile, str) else profile
+            server = SimulatorServer(loaded, port=port, time_scale=time_scale, seed=seed, load_seconds=0)
             await server.start()
             return server
 
         server = self.run(go())
         self.servers.append(server)
         return server
+
+    def stop(self, server: SimulatorServer) -> None:
+        self.run(server.stop(), timeout=10)
+        self.servers.remove(server)
 
     def close(self) -> None:
         for server in self.servers:

@@ -585,6 +585,102 @@ def test_a_child_the_api_server_refuses_is_explained_in_status(operator: Operato
     assert st["reason"] == "InvalidSpec" and "0.4.0 is not supported" in st["message"]
 
 
+# Load-aware speculation: a drafter that wins at one stream (2.1x) and loses at 128 (0.5x), as tests/test_loadaware.py.
+LOAD_AWARE_WORKLOADS = [
+    {"name": "c1", "concurrency": 1, "inputTokens": 32, "outputTokens": 64, "requests": 16},
+    {"name": "c128", "concurrency": 128, "inputTokens": 32, "outputTokens": 64, "requests": 128},
+]
+
+
+def _mixed_profile(name: str, **extra: Any) -> Any:
+    from specdec_operator.simulator import profile_from_dict
+
+    speculative = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "accept_length_mean": 2.5}
+    if name == "base":
+        speculative, extra = None, {"step_ms": [[1, 10.0], [128, 80.0]]}
+    return profile_from_dict(
+        {"name": name, "load_seconds": 0, "max_running_requests": 256, "prefill_tokens_per_s": 200000,
+         "step_ms": [[1, 12.0], [128, 400.0]], "speculative": speculative, "jitter": 0.01, "errors": {}, "stream_interval": 8, **extra}
+    )  # fmt: skip
+
+
+def test_a_drafter_that_wins_low_and_loses_high_is_promoted_load_aware_across_a_restart_and_loadaware_off_restores_it(
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any, kubectl: Any
+) -> None:
+    from specdec_operator.simulator.adaptive import adaptive_config_from_dict
+
+    name = "mixed"
+    spec_port = free_port()
+    plain = sims.start(_mixed_profile("mixed"), time_scale=2.0, port=spec_port)
+    operator.map(f"{name}-base", sims.start(_mixed_profile("base"), time_scale=2.0).url)
+    operator.map(f"{name}-spec", plain.url)
+    operator.start()
+    # New pods become ready 5 s after they start: time for this test, standing in for the kubelet, to start the
+    # server the operator's new pod template describes behind <name>-spec.
+    cr = example(
+        "llama31-8b-eagle3.yaml",
+        name,
+        namespace,
+        annotations=compatible_annotations(ready_after="5s"),
+        workloads=LOAD_AWARE_WORKLOADS,
+        rollout__policy="AllWorkloads",
+    )
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+
+    def config_map() -> Any:
+        found = [c for c in core_v1.list_namespaced_config_map(namespace).items if c.metadata.name == f"{name}-adaptive"]
+        return found[0] if found else None
+
+    def trial_or_decision() -> Any:
+        return config_map() or (status(custom_objects, namespace, name).get("phase") in ("Promoted", "RolledBack", "Failed") and "decided")
+
+    table = wait_until(trial_or_decision, timeout=240, message="the adaptive table's ConfigMap after the plain probe")
+    assert table != "decided", status(custom_objects, namespace, name)
+    assert table.metadata.owner_references[0].kind == "SpeculativeServer"
+    config = json.loads(table.data["config.json"])
+    adaptive_profile = _mixed_profile("mixed-adaptive", target_step_ms=[[1, 10.0], [128, 80.0]]).with_adaptive(
+        adaptive_config_from_dict(config, "ConfigMap mixed-adaptive")
+    )
+    sims.stop(plain)  # the plain server's pod is replaced by the adaptive one: same Service, same port
+    adaptive_here = sims.start(adaptive_profile, time_scale=2.0, port=spec_port)
+    st = status(custom_objects, namespace, name)
+    trial = st["probe"]["loadAware"]
+    assert trial["reason"] == "LoadAwareTrial" and trial["plainProbe"]["decision"] == "rollback" and st["activeVariant"] == "base"
+    command = apps_v1.read_namespaced_deployment(f"{name}-spec", namespace).spec.template.spec.containers[0].command
+    assert "--speculative-adaptive" in command and command[command.index("--speculative-adaptive-config") + 1] == "/etc/specdec/adaptive/config.json"
+    base_template = apps_v1.read_namespaced_deployment(f"{name}-base", namespace).spec.template.metadata.annotations["specdec.io/template-hash"]
+
+    # The operator dies during the second probe: the restarted one measures the adaptive server again, decides once.
+    wait_until(lambda: adaptive_here.sim.generate_count > 0, timeout=60, message="the second probe sending requests")
+    operator.kill()
+    assert status(custom_objects, namespace, name)["phase"] == "Probing"
+    operator.start()
+    st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=180)
+    assert st["phase"] == "Promoted" and st["reason"] == "LoadAwareSpeedup", st.get("message")
+    assert st["probe"]["loadAware"]["summary"].startswith("drafts below batch ") and st["activeVariant"] == "speculative"
+    assert stable_variant(core_v1, namespace, name) == "speculative"
+    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, name)).count("LoadAwareSpeedup") and r, timeout=10, message="decision Event")
+    assert reasons.count("LoadAwareTrial") == 1 and reasons.count("LoadAwareSpeedup") == 1 and "SpeedupBelowThreshold" not in reasons
+    assert (
+        apps_v1.read_namespaced_deployment(f"{name}-base", namespace).spec.template.metadata.annotations["specdec.io/template-hash"] == base_template
+    )
+    wide = kubectl("get", "sps", name, "-o", "wide").stdout
+    assert "LOAD-AWARE" in wide and "drafts below batch" in wide and st["probe"]["breakEven"]["summary"] in wide
+
+    # loadAware Off: the plain probe's decision and the plain speculative server, nothing measured again.
+    custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"rollout": {"loadAware": "Off"}}})
+    st = wait_phase(custom_objects, namespace, name, {"RolledBack"}, timeout=30)
+    assert st["reason"] == "SpeedupBelowThreshold" and st["activeVariant"] == "base"
+    wait_until(
+        lambda: (
+            "--speculative-adaptive" not in apps_v1.read_namespaced_deployment(f"{name}-spec", namespace).spec.template.spec.containers[0].command
+        ),
+        timeout=20,
+        message="the plain speculative server",
+    )
+    assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 3  # plain, adaptive, adaptive after the restart
+
+
 def teardown_module() -> None:
     if TIMINGS:
         lines = [f"  {k}: {v:.1f}s" for k, v in TIMINGS.items()]

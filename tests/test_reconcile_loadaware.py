@@ -189,3 +189,15 @@ def test_a_plain_win_everywhere_needs_no_trial() -> None:
     result = plain_rollback(plan.revision) | {"decision": "promote", "reason": "SpeedupConfirmed", "speedup": 1.4}
     promoted = world.step(probe_result=result)
     assert promoted.status["phase"] == "Promoted" and promoted.status["probe"].get("loadAware") is None and not world.config_maps
+
+
+def test_a_point_estimate_above_one_at_one_stream_is_no_win_to_try_for() -> None:
+    """The seed's public drafter: 1.005x at one stream is within noise of 1, so load-aware has nothing to keep."""
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    plan = world.step()
+    result = plain_rollback(plan.revision)
+    result["workloads"][0] = workload("c1", 1, 1.005, 0.96, 1.05)
+    decided = world.step(probe_result=result)
+    assert decided.status["phase"] == "RolledBack" and decided.status["reason"] == "SpeedupBelowThreshold" and not world.config_maps

@@ -146,7 +146,7 @@ def _break_even(found: BreakEvenStatus | None) -> BreakEven | None:
 def trial_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -> Trial | str | None:
     """What load-aware speculation makes of a plain probe's decision.
 
-    A Trial when plain speculation was rolled back for its speed, wins at the lowest measured concurrency and stops
+    A Trial when plain speculation was rolled back for its speed, wins measurably at the lowest concurrency and stops
     paying at a break-even that leaves batch sizes to draft on; SGLang's reason (a string) when such a curve was
     measured but SGLang cannot run adaptive speculation for this spec; None when there is nothing to try.
     """
@@ -154,7 +154,9 @@ def trial_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -> Trial | s
         return None
     curve = sorted((w for w in plain.workloads or [] if w.speedup is not None), key=lambda w: w.concurrency)
     found = _break_even(plain.break_even)
-    if not curve or found is None or (curve[0].speedup or 0.0) <= 1.0:
+    # A measured win at the lowest concurrency (its interval's low end above minSpeedup), not a point estimate:
+    # the seed's public drafter (1.005x at one stream, 0.43x at 128) has nothing to win back.
+    if not curve or found is None or (curve[0].speedup_low or 0.0) <= spec.rollout.min_speedup:
         return None  # no curve that falls through 1.0 from a win at low load
     plan = adaptive_config(found, spec.drafter.num_steps)
     if plan is None:
