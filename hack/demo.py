@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -41,6 +42,11 @@ CLUSTER = "specdec-demo"
 # stream, 128 concurrent streams), 128-token prompts, 64 generated tokens.
 KIMI_WORKLOADS = [
     {"name": "single-stream", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 2},
+    {"name": "concurrent-128", "concurrency": 128, "inputTokens": 128, "outputTokens": 64, "requests": 128},
+]
+# The load-aware case: one stream and 128 streams, judged on every workload (the plain probe rolls it back).
+LOAD_AWARE_WORKLOADS = [
+    {"name": "single-stream", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 8},
     {"name": "concurrent-128", "concurrency": 128, "inputTokens": 128, "outputTokens": 64, "requests": 128},
 ]
 LLAMA_WORKLOADS = [
@@ -110,10 +116,20 @@ CASES = [
         "llama31-8b",
         "llama31-8b-base",
         "llama31-8b-eagle3",
-        20.0,
+        10.0,
         "Llama-3.1-8B-Instruct + its EAGLE-3 drafter (a drafter that pays off)",
         "8s",
         LLAMA_WORKLOADS,
+    ),
+    Case(
+        "llama31-8b-eagle3.yaml",
+        "llama31-8b-wide-drafter",
+        "llama31-8b-base",
+        "llama31-8b-eagle3-wide",
+        5.0,
+        "Llama-3.1-8B-Instruct + a drafter that wins at one stream and loses at 128 (promoted load-aware)",
+        "6s",
+        LOAD_AWARE_WORKLOADS,
     ),
     Case(
         None,
@@ -151,6 +167,7 @@ def validator_verdicts(workdir: Path) -> None:
         "kimi-k25": (kimi, custom, "int4"),
         "kimi-k25-public-drafter": (kimi, public, "int4"),
         "llama31-8b": (llama, llama_draft, "auto"),
+        "llama31-8b-wide-drafter": (llama, llama_draft, "auto"),
         "llama31-8b-wrong-drafter": (llama, custom, "auto"),
     }
     for case in CASES:
@@ -165,6 +182,29 @@ def validator_verdicts(workdir: Path) -> None:
         case.verdict = (proc.returncode, log.read_text() if log.exists() else proc.stderr.strip())
 
 
+def start_simulator(workdir: Path, case: Case, suffix: str, profile: str, port: int, *extra: str) -> subprocess.Popen:
+    log = open(workdir / f"sim-{case.name}-{suffix}.log", "a")
+    argv = specdec("simulate", "--profile", profile, "--port", str(port), "--time-scale", str(case.time_scale), "--load-seconds", "0", "--seed", "1")
+    return subprocess.Popen([*argv, *extra], stdout=log, stderr=subprocess.STDOUT)
+
+
+def follow_adaptive_table(kubectl: Any, workdir: Path, case: Case, port: int | None, procs: list[subprocess.Popen]) -> subprocess.Popen | None:
+    """Stand in for the kubelet: once the operator has written <name>-adaptive (load-aware speculation), the new
+    speculative pod runs SGLang with --speculative-adaptive and that table; restart the simulator the same way."""
+    if port is None or case.spec_profile is None:
+        return None
+    found = kubectl("get", "configmap", f"{case.name}-adaptive", "-n", NAMESPACE, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None
+    table = workdir / f"{case.name}-adaptive.json"
+    table.write_text(json.loads(found.stdout)["data"]["config.json"])
+    for proc in procs:  # the plain speculative server's simulator: the only one listening on its port
+        if str(port) in proc.args and proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+    return start_simulator(workdir, case, "spec", case.spec_profile, port, "--speculative-adaptive", "--speculative-adaptive-config", str(table))
+
+
 def custom_resource(case: Case) -> dict:
     cr = yaml.safe_load((REPO / "examples" / (case.file or "llama31-8b-eagle3.yaml")).read_text())
     cr["metadata"] = {"name": case.name, "namespace": NAMESPACE}
@@ -175,6 +215,8 @@ def custom_resource(case: Case) -> dict:
     spec["model"]["volume"] = {"hostPath": {"path": "/data/models", "type": "Directory"}}
     if case.workloads:
         spec.setdefault("rollout", {})["workloads"] = case.workloads
+    if case.name == "llama31-8b-wide-drafter":
+        spec["rollout"]["policy"] = "AllWorkloads"  # every load must win, so the plain probe rolls it back
     if case.name.startswith("kimi"):
         # 8 GPUs per server, 24 Blackwell GPUs in the cluster: a losing speculative server gives its GPUs back.
         spec["rollout"]["keepBaseWarm"] = False
@@ -262,31 +304,15 @@ def main(argv: list[str] | None = None) -> int:
         # 2. simulators
         say("\n[2/5] SGLang simulators (same HTTP API and /metrics as SGLang 0.5.23; throughput from a batching model)")
         endpoints: dict[str, str] = {}
+        ports: dict[str, int] = {}  # each case's speculative simulator
         for case in CASES:
             for suffix, profile in (("base", case.base_profile), ("spec", case.spec_profile)):
                 if profile is None:
                     continue
                 port = free_port()
-                log = open(workdir / f"sim-{case.name}-{suffix}.log", "w")
-                procs.append(
-                    subprocess.Popen(
-                        specdec(
-                            "simulate",
-                            "--profile",
-                            profile,
-                            "--port",
-                            str(port),
-                            "--time-scale",
-                            str(case.time_scale),
-                            "--load-seconds",
-                            "0",
-                            "--seed",
-                            "1",
-                        ),
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
+                procs.append(start_simulator(workdir, case, suffix, profile, port))
+                if suffix == "spec":
+                    ports[case.name] = port
                 endpoints[f"{NAMESPACE}/{case.name}-{suffix}"] = f"http://127.0.0.1:{port}"
                 say(f"      {case.name}-{suffix:<4} -> {profile:<24} on :{port} ({case.time_scale:g}x time)")
         (workdir / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
@@ -328,8 +354,14 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         shown: dict[str, str] = {}
         done = {"Promoted", "RolledBack", "Invalid", "Failed"}
+        adaptive_started: set[str] = set()
         while True:
             items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+            for case in CASES:
+                if case.name not in adaptive_started and (proc := follow_adaptive_table(kubectl, workdir, case, ports.get(case.name), procs)):
+                    adaptive_started.add(case.name)
+                    procs.append(proc)
+                    say(f"      {time.monotonic() - started:5.1f}s  {case.name:<26} (simulator restarted with the operator's adaptive table)")
             for item in items:
                 st = item.get("status") or {}
                 name = item["metadata"]["name"]
@@ -345,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
 
         # 5. result
-        say("\n[5/5] kubectl get sps:")
-        say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE).stdout.rstrip().splitlines()))
+        say("\n[5/5] kubectl get sps -o wide:")
+        say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE, "-o", "wide").stdout.rstrip().splitlines()))
         show_table(items)
         events = kubectl(
             "get",
@@ -361,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout
         say("Events posted by the operator:")
         say("\n".join("      " + line for line in events.rstrip().splitlines()))
-        say("\nThe base servers kept serving throughout: the stable Service <name> selects the speculative pods only for llama31-8b.")
+        say("\nThe base servers kept serving throughout: the stable Service <name> selects the speculative pods only where they were promoted.")
         return 0
     except devcluster.ClusterError as exc:
         say(f"demo: {exc}")
