@@ -8,6 +8,7 @@ pod made the fleet request more than the budget and that no deletion left fewer 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -34,20 +35,26 @@ class Deployment:
     def active(self) -> list[Pod]:
         return [p for p in self.pods if p.gone_at is None]
 
-    def state(self, now: int) -> VariantState:
+    def state(self, now: int, ordered: bool = False) -> VariantState:
         ready = sum(1 for p in self.active() if p.ready_at <= now)
-        return VariantState(desired=self.desired, pods=len(self.pods), ready=ready, terminating=len(self.pods) - len(self.active()))
+        by_index = tuple(p.ready_at <= now for p in self.active()) if ordered else None
+        return VariantState(
+            desired=self.desired, pods=len(self.pods), ready=ready, terminating=len(self.pods) - len(self.active()), ready_by_index=by_index
+        )
 
 
 class Fleet:
-    def __init__(self, rng: random.Random, base: int = 0, speculative: int = 0, max_ready_delay: int = 4, max_term_delay: int = 3):
-        self.rng, self.now = rng, 0
+    def __init__(
+        self, rng: random.Random, base: int = 0, speculative: int = 0, max_ready_delay: int = 4, max_term_delay: int = 3, ordered: bool = False
+    ):
+        # ordered: LeaderWorkerSet groups (a scale-down removes the highest indexes, Ready or not).
+        self.rng, self.now, self.ordered = rng, 0, ordered
         self.max_ready_delay, self.max_term_delay = max_ready_delay, max_term_delay
         self.deps = {BASE: Deployment(base, [Pod(0) for _ in range(base)]), SPEC: Deployment(speculative, [Pod(0) for _ in range(speculative)])}
         self.created = 0
 
     def state(self) -> FleetState:
-        return FleetState(base=self.deps[BASE].state(self.now), speculative=self.deps[SPEC].state(self.now))
+        return FleetState(base=self.deps[BASE].state(self.now, self.ordered), speculative=self.deps[SPEC].state(self.now, self.ordered))
 
     def ready(self) -> int:
         return sum(self.deps[v].state(self.now).ready for v in (BASE, SPEC))
@@ -63,8 +70,10 @@ class Fleet:
             active = dep.active()
             surplus = len(active) - dep.desired
             if surplus > 0:
-                # Not-Ready first, then the youngest Ready (the ReplicaSet controller's ranking).
-                for pod in sorted(active, key=lambda p: (p.ready_at <= self.now, -p.ready_at))[:surplus]:
+                # Not-Ready first, then the youngest Ready (the ReplicaSet controller's ranking); for groups the
+                # highest indexes (the last created).
+                ranked = active[::-1] if self.ordered else sorted(active, key=lambda p: (p.ready_at <= self.now, -p.ready_at))
+                for pod in ranked[:surplus]:
                     pod.gone_at = self.now + self.rng.randint(0, self.max_term_delay)
             for _ in range(-surplus):
                 dep.pods.append(Pod(self.now + self.rng.randint(1, self.max_ready_delay)))
@@ -94,8 +103,8 @@ def walk(fleet: Fleet, goal: Counts, *, replicas: int, surge: int, unavailable: 
         assert counts.base >= 0 and counts.speculative >= 0
         # Idempotent: asked again with its own answer written, the planner stands still.
         again = FleetState(
-            base=VariantState(counts.base, state.base.pods, state.base.ready, state.base.terminating),
-            speculative=VariantState(counts.speculative, state.speculative.pods, state.speculative.ready, state.speculative.terminating),
+            base=dataclasses.replace(state.base, desired=counts.base),
+            speculative=dataclasses.replace(state.speculative, desired=counts.speculative),
         )
         assert plan_step(goal, again, replicas=replicas, max_surge=surge, max_unavailable=unavailable) == counts
         ready_before, requested_before = fleet.ready(), fleet.requested()
@@ -113,11 +122,12 @@ def walk(fleet: Fleet, goal: Counts, *, replicas: int, surge: int, unavailable: 
 COMBOS = [(n, s, u) for n, s, u in itertools.product(range(0, 10), range(0, 4), range(0, 4)) if s or u]
 
 
+@pytest.mark.parametrize("ordered", [False, True], ids=["deployment", "leaderworkerset"])
 @pytest.mark.parametrize(("replicas", "surge", "unavailable"), COMBOS)
-def test_promotion_rollback_and_canary_keep_the_invariants(replicas: int, surge: int, unavailable: int) -> None:
-    for seed in range(6):
+def test_promotion_rollback_and_canary_keep_the_invariants(replicas: int, surge: int, unavailable: int, ordered: bool) -> None:
+    for seed in range(6 if not ordered else 3):
         rng = random.Random(f"{replicas}-{surge}-{unavailable}-{seed}")
-        fleet = Fleet(rng, base=replicas)
+        fleet = Fleet(rng, base=replicas, ordered=ordered)
         kw = {"replicas": replicas, "surge": surge, "unavailable": unavailable}
         # The canary, then the walk to speculative (a promotion), then back (a rollback).
         walk(fleet, canary_goal(replicas, surge), **kw)
@@ -131,7 +141,7 @@ def test_promotion_rollback_and_canary_keep_the_invariants(replicas: int, surge:
 def test_rollback_mid_walk_and_scale_mid_walk(replicas: int, surge: int, unavailable: int) -> None:
     for seed in range(8):
         rng = random.Random(f"mid-{replicas}-{surge}-{unavailable}-{seed}")
-        fleet = Fleet(rng, base=replicas)
+        fleet = Fleet(rng, base=replicas, ordered=seed % 2 == 1)
         kw = {"surge": surge, "unavailable": unavailable}
         flip_at, scale_at, new_replicas = rng.randint(0, 12), rng.randint(0, 20), rng.randint(0, 12)
 
@@ -209,3 +219,15 @@ def test_bad_parameters_are_refused() -> None:
 def test_progress() -> None:
     state = FleetState(base=VariantState(5, 5, 5), speculative=VariantState(3, 3, 3))
     assert progress(8, state) == "3/8 speculative"
+
+
+def test_a_leaderworkerset_scale_down_takes_the_highest_group_ready_or_not() -> None:
+    # Group 1 of 3 is not Ready. A Deployment would delete it first; a LeaderWorkerSet deletes group 2, a Ready
+    # one, which the floor (3 - 1) forbids while group 1 is down.
+    goal = walk_goal(3, SPEC)
+    deployment = FleetState(base=VariantState(3, 3, 2), speculative=VariantState(0, 0, 0))
+    groups = FleetState(base=VariantState(3, 3, 2, ready_by_index=(True, False, True)), speculative=VariantState(0, 0, 0))
+    assert plan_step(goal, deployment, replicas=3, max_surge=0, max_unavailable=1) == Counts(base=2, speculative=0)
+    assert plan_step(goal, groups, replicas=3, max_surge=0, max_unavailable=1) == Counts(base=3, speculative=0)
+    last_down = FleetState(base=VariantState(3, 3, 2, ready_by_index=(True, True, False)), speculative=VariantState(0, 0, 0))
+    assert plan_step(goal, last_down, replicas=3, max_surge=0, max_unavailable=1) == Counts(base=2, speculative=0)

@@ -126,6 +126,11 @@ MANAGED_SGLANG_FLAGS = (
     "context-length",
     "mem-fraction-static",
     "quantization",
+    # Multi-node servers (resources.nodes): rendered per rank of the LeaderWorkerSet group.
+    "nnodes",
+    "node-rank",
+    "dist-init-addr",
+    "nccl-init-addr",
 )
 
 
@@ -429,7 +434,7 @@ class SGLangSettings(_SpecModel):
                     f"self.all(a, !a.matches('{_MANAGED_FLAG_RE}'))",
                     "sglang.extraArgs must not set flags the operator manages (--speculative-*, --tp, --host, --port, "
                     "--model-path, --max-running-requests, --enable-metrics, --context-length, --mem-fraction-static, "
-                    "--quantization): use the matching spec field",
+                    "--quantization, --nnodes, --node-rank, --dist-init-addr): use the matching spec field",
                     None,
                 )
             ),

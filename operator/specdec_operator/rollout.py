@@ -11,7 +11,8 @@ rolling update, but counted over both Deployments and over pods that exist rathe
   never exceed the budget (spec.replicas + rollout.maxSurge). A new server is only asked for once an old one's pod
   is gone, so with maxSurge 0 a full node is never oversubscribed, not even for a moment;
 * available: Ready servers never drop below spec.replicas - rollout.maxUnavailable because of a scale-down. A
-  scale-down removes not-Ready servers first (as the ReplicaSet controller does), so losing those is always allowed.
+  Deployment's scale-down removes not-Ready servers first (as the ReplicaSet controller does), so losing those is
+  always allowed; a LeaderWorkerSet removes its highest group indexes, Ready or not (VariantState.ready_by_index).
 
 With the defaults (maxSurge 0, maxUnavailable 1) one old server goes, its pod terminates, one new server comes,
 and the next old one goes only when the new one is Ready. A change of spec.replicas mid-walk changes the goal and
@@ -54,10 +55,22 @@ class VariantState:
     pods: int
     ready: int
     terminating: int = 0
+    # LeaderWorkerSet groups (multi-node servers): whether each group, by group index, is Ready. A LeaderWorkerSet
+    # scales down like a StatefulSet, the highest indexes first, Ready or not; None: a Deployment, which deletes
+    # not-Ready pods first.
+    ready_by_index: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         if min(self.desired, self.pods, self.ready, self.terminating) < 0 or self.terminating > self.pods:
             raise ValueError(f"impossible counts in {self}")
+
+    def ready_kept(self, desired: int) -> int:
+        """Ready servers left once the controller has scaled this variant to `desired` (a pod already asked to go
+        is counted gone even while it still reports Ready)."""
+        if self.ready_by_index is not None:
+            return sum(self.ready_by_index[:desired])
+        # A Deployment deletes not-Ready pods (and never-created slots) first.
+        return min(self.ready, desired)
 
 
 @dataclass(frozen=True)
@@ -107,12 +120,6 @@ def _footprint(state: VariantState, desired: int) -> int:
     return state.terminating + max(desired, state.pods - state.terminating)
 
 
-def _ready_kept(state: VariantState, desired: int) -> int:
-    # Ready servers a Deployment keeps at `desired` replicas: it deletes not-Ready pods (and never-created slots)
-    # first, and a pod already asked to go is counted gone even while it still reports Ready.
-    return min(state.ready, desired)
-
-
 def plan_step(goal: Counts, state: FleetState, *, replicas: int, max_surge: int, max_unavailable: int) -> Counts:
     """The next spec.replicas of the two Deployments, one step of the walk from `state` toward `goal`.
 
@@ -132,9 +139,9 @@ def plan_step(goal: Counts, state: FleetState, *, replicas: int, max_surge: int,
     shrinking = sorted((v for v in variants if desired[v] > goal[v]), key=lambda v: goal[v] > 0)
     for variant in shrinking:
         for _ in range(desired[variant] - goal[variant]):
-            before = sum(_ready_kept(state[v], desired[v]) for v in variants)
+            before = sum(state[v].ready_kept(desired[v]) for v in variants)
             trial = {**desired, variant: desired[variant] - 1}
-            after = sum(_ready_kept(state[v], trial[v]) for v in variants)
+            after = sum(state[v].ready_kept(trial[v]) for v in variants)
             if after < before and after < min_ready:
                 break
             desired = trial
