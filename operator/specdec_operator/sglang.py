@@ -205,9 +205,7 @@ def multi_node_args(spec: SpeculativeServerSpec, *, worker: bool) -> list[str]:
     ]  # fmt: skip
 
 
-def render_argv(
-    spec: SpeculativeServerSpec, variant: Variant | str, *, adaptive_config_path: str | None = None, worker: bool = False
-) -> list[str]:
+def render_argv(spec: SpeculativeServerSpec, variant: Variant | str, *, adaptive_config_path: str | None = None, worker: bool = False) -> list[str]:
     """The full container command of the base or the speculative server (of its leader, or with worker=True of
     the other ranks of a multi-node server: the same command but for --node-rank).
 
