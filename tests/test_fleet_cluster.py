@@ -39,7 +39,7 @@ def test_kubectl_scale_sets_spec_replicas_and_reads_the_status(kubectl, custom_o
     assert custom_objects.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, "fleet")["spec"]["replicas"] == 6
 
     # What the operator writes, read back through the scale subresource (HPA and KEDA read the same).
-    selector = "app.kubernetes.io/instance=fleet,app.kubernetes.io/name=sglang"
+    selector = m.fleet_selector("fleet")
     status = {"replicas": 5, "readyReplicas": 4, "speculativeReplicas": 2, "rolloutProgress": "2/6 speculative", "selector": selector}
     custom_objects.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, "fleet", {"status": status})
     scale = json.loads(kubectl("get", f"{PLURAL}/fleet", "--subresource=scale", "-o", "json").stdout)

@@ -16,7 +16,19 @@ from dataclasses import dataclass, field
 import pytest
 
 from specdec_operator.api import Variant
-from specdec_operator.rollout import Counts, FleetState, VariantState, budget, canary_goal, floor, plan_step, progress, walk_done, walk_goal
+from specdec_operator.rollout import (
+    Counts,
+    FleetState,
+    VariantState,
+    budget,
+    canary_goal,
+    floor,
+    plan_step,
+    progress,
+    status_fields,
+    walk_done,
+    walk_goal,
+)
 
 BASE, SPEC = Variant.BASE, Variant.SPECULATIVE
 
@@ -231,3 +243,16 @@ def test_a_leaderworkerset_scale_down_takes_the_highest_group_ready_or_not() -> 
     assert plan_step(goal, groups, replicas=3, max_surge=0, max_unavailable=1) == Counts(base=3, speculative=0)
     last_down = FleetState(base=VariantState(3, 3, 2, ready_by_index=(True, True, False)), speculative=VariantState(0, 0, 0))
     assert plan_step(goal, last_down, replicas=3, max_surge=0, max_unavailable=1) == Counts(base=2, speculative=0)
+
+
+def test_status_fields() -> None:
+    from specdec_operator.manifests import fleet_selector
+
+    state = FleetState(base=VariantState(5, 6, 5, terminating=1), speculative=VariantState(3, 3, 2))
+    assert status_fields(8, state, fleet_selector("kimi")) == {
+        "replicas": 8,
+        "readyReplicas": 7,
+        "speculativeReplicas": 2,
+        "rolloutProgress": "2/8 speculative",
+        "selector": "app.kubernetes.io/instance=kimi,app.kubernetes.io/name=sglang",
+    }

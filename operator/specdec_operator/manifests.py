@@ -86,6 +86,13 @@ def selector_labels(name: str, variant: str | Variant) -> dict[str, str]:
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_VARIANT: _v(variant)}
 
 
+def fleet_selector(name: str) -> str:
+    """status.selector: every server pod of one SpeculativeServer, both variants (the scale subresource's
+    labelSelectorPath, for HPA), as a label selector string."""
+    labels = {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
 @dataclass(frozen=True)
 class ManifestSettings:
     """Operator configuration that shapes the children (not part of any custom resource)."""

@@ -165,3 +165,15 @@ def walk_done(goal: Counts, state: FleetState) -> bool:
 def progress(replicas: int, state: FleetState) -> str:
     """status.rolloutProgress: Ready speculative servers out of spec.replicas, e.g. '3/8 speculative'."""
     return f"{min(state.speculative.ready, replicas)}/{replicas} speculative"
+
+
+def status_fields(replicas: int, state: FleetState, selector: str) -> dict[str, object]:
+    """The fleet's part of the status (camelCase, as written): the scale subresource's replicas and selector, the
+    Ready counts and the walk's progress."""
+    return {
+        "replicas": state.base.pods - state.base.terminating + state.speculative.pods - state.speculative.terminating,
+        "readyReplicas": state.base.ready + state.speculative.ready,
+        "speculativeReplicas": state.speculative.ready,
+        "rolloutProgress": progress(replicas, state),
+        "selector": selector,
+    }
