@@ -88,8 +88,11 @@ def test_the_leaderworkerset_controller_runs_a_rendered_two_node_group_with_its_
 ) -> None:
     from sglang.srt.server_args import ServerArgs
 
-    # 4 GPUs per node: two ranks would fit on one 8-GPU node, so only the anti-affinity keeps them apart.
-    spec = parse_spec({**copy.deepcopy(SPEC), "resources": {"gpus": 4, "nodes": 2}}, check_rules=True)
+    # 4 GPUs per node and two nodes for two groups: two ranks of one group would fit on one node, so only the
+    # anti-affinity keeps them apart (each node then holds one rank of each group).
+    two_nodes = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["b200-0", "b200-1"]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [two_nodes]}]}}}
+    spec = parse_spec({**copy.deepcopy(SPEC), "resources": {"gpus": 4, "nodes": 2}, "affinity": affinity}, check_rules=True)
     obj = m.leader_worker_set(
         "kimi",
         namespace,
@@ -120,6 +123,13 @@ def test_the_leaderworkerset_controller_runs_a_rendered_two_node_group_with_its_
         assert leader.spec.node_name != worker.spec.node_name
         for pod in members:
             assert core_v1.read_node(pod.spec.node_name).metadata.labels["nvidia.com/gpu.family"] == "blackwell"
+            # The API server merged matchLabelKeys with the group key the webhook had set: the anti-affinity is
+            # against this group's pods.
+            (term,) = pod.spec.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution
+            group_key = pod.metadata.labels[m.LWS_LABEL_GROUP_KEY]
+            assert any(
+                e.key == m.LWS_LABEL_GROUP_KEY and e.operator == "In" and e.values == [group_key] for e in term.label_selector.match_expressions
+            )
         # The controller's webhook injected the rank and the leader's address; the kubelet's expansion of our
         # command with them is a command line SGLang accepts, with the rank of the pod.
         for rank, pod in by_rank.items():

@@ -357,7 +357,8 @@ class Resources(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
-                "self.nodes == 1 || self.gpus <= 8",
+                # has(): the API server also checks the rule on the object's default ({}), before its fields default.
+                "!has(self.nodes) || self.nodes == 1 || !has(self.gpus) || self.gpus <= 8",
                 "resources.gpus is per node when resources.nodes is above 1: at most 8 (a node's GPUs)",
                 ".gpus",
             ),
@@ -493,7 +494,8 @@ class Rollout(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
-                "self.maxSurge > 0 || self.maxUnavailable > 0",
+                # has(): the API server also checks the rule on the object's default ({}), before its fields default.
+                "!has(self.maxSurge) || !has(self.maxUnavailable) || self.maxSurge > 0 || self.maxUnavailable > 0",
                 "rollout.maxSurge and rollout.maxUnavailable must not both be 0: the walk from one variant to the "
                 "other could never replace a replica (as in a Deployment)",
                 ".maxUnavailable",
