@@ -19,6 +19,7 @@ help:
 	@echo "make tools        build kube-apiserver/controller-manager/scheduler, etcd, kwok, helm into $(SPECDEC_TOOLS_DIR)"
 	@echo "make cluster-up   start the local control plane with simulated GPU nodes (cluster-down stops it)"
 	@echo "                  REAL_NODE=1: plus one real node running real containers (images: make images-local)"
+	@echo "                  LWS=1: plus the LeaderWorkerSet controller (multi-node servers)"
 	@echo "make crd          regenerate crds/, the chart's copy and docs/api.md from the pydantic API"
 	@echo "make manifests    render dist/install.yaml for users without Helm"
 	@echo "make images       build the operator, drafter-training and sglang-simulator images (docker or buildah; images/images.env)"
@@ -39,7 +40,10 @@ venv: $(VENV)/.installed
 # cluster-up one real node beside the kwok nodes (containerd, runc and the CNI plugins come from the machine:
 # `make node-deps` installs them with apt-get).
 REAL_NODE ?=
-TOOL_GROUPS := kube etcd helm $(if $(REAL_NODE),node)
+# LWS=1: also the LeaderWorkerSet controller (hack/tools.sh group `lws`, built from hack/go/lws), and with
+# cluster-up running against the local control plane (multi-node servers, resources.nodes > 1).
+LWS ?=
+TOOL_GROUPS := kube etcd helm $(if $(REAL_NODE),node) $(if $(LWS),lws)
 
 tools:
 	hack/tools.sh $(TOOL_GROUPS)
@@ -48,7 +52,7 @@ node-deps:
 	hack/node-deps.sh
 
 cluster-up: tools venv $(if $(REAL_NODE),node-deps)
-	$(PY) hack/devcluster.py up $(if $(REAL_NODE),--real-node --load-images)
+	$(PY) hack/devcluster.py up $(if $(REAL_NODE),--real-node --load-images) $(if $(LWS),--lws)
 
 cluster-down:
 	$(PY) hack/devcluster.py down

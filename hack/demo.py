@@ -199,7 +199,7 @@ def follow_adaptive_table(kubectl: Any, workdir: Path, case: Case, port: int | N
     table = workdir / f"{case.name}-adaptive.json"
     table.write_text(json.loads(found.stdout)["data"]["config.json"])
     for proc in procs:  # the plain speculative server's simulator: the only one listening on its port
-        if str(port) in proc.args and proc.poll() is None:
+        if isinstance(proc.args, list) and str(port) in proc.args and proc.poll() is None:
             proc.terminate()
             proc.wait(10)
     return start_simulator(workdir, case, "spec", case.spec_profile, port, "--speculative-adaptive", "--speculative-adaptive-config", str(table))

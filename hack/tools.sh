@@ -5,6 +5,7 @@
 #   etcd                                                               (the apiserver's store)
 #   helm                                                               (chart tests, manifests)
 #   kubelet, kube-proxy, coredns  (group `node`, only when asked)     (the real node: devcluster --real-node)
+#   lws-controller                (group `lws`, only when asked)      (the LeaderWorkerSet controller: devcluster --lws)
 # Versions are pinned in hack/versions.env; the Go consumer modules that build them live in hack/go/.
 #
 # Idempotent: each group of binaries carries a stamp (a hash of the pinned versions and of its go.mod/go.sum);
@@ -19,7 +20,8 @@
 # Usage: hack/tools.sh [--print-dir | --check] [GROUP...]
 #   --print-dir  print the tools directory and exit
 #   --check      exit 0 when every binary is present and stamped, 1 otherwise (builds nothing)
-#   GROUP...     which groups (default: kube etcd helm; `node` adds the real node's kubelet, kube-proxy, coredns)
+#   GROUP...     which groups (default: kube etcd helm; `node` adds the real node's kubelet, kube-proxy, coredns;
+#                `lws` the LeaderWorkerSet controller, built from its source in hack/go/lws)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,11 +35,13 @@ while IFS='=' read -r key value; do
 done < <(grep -E '^[A-Z_]+=' "$HACK_DIR/versions.env")
 : "${KUBERNETES_VERSION:?missing in hack/versions.env}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}"
 : "${NODE_KUBERNETES_VERSION:?missing in hack/versions.env}" "${COREDNS_VERSION:?missing in hack/versions.env}"
+: "${LWS_VERSION:?missing in hack/versions.env}"
 
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl)
 ETCD_BINS=(etcd)
 HELM_BINS=(helm)
 NODE_BINS=(kubelet kube-proxy coredns pause)
+LWS_BINS=(lws-controller)
 
 log() { printf 'tools: %s\n' "$*" >&2; }
 die() { printf 'tools: error: %s\n' "$*" >&2; exit 1; }
@@ -48,8 +52,8 @@ for arg in "$@"; do
   case "$arg" in
     --print-dir) echo "$TOOLS_DIR"; exit 0 ;;
     --check) CHECK_ONLY=1 ;;
-    kube|etcd|helm|node) GROUPS_WANTED+=("$arg") ;;
-    *) die "unknown argument '$arg' (use --print-dir, --check, or groups among: kube etcd helm node)" ;;
+    kube|etcd|helm|node|lws) GROUPS_WANTED+=("$arg") ;;
+    *) die "unknown argument '$arg' (use --print-dir, --check, or groups among: kube etcd helm node lws)" ;;
   esac
 done
 (( ${#GROUPS_WANTED[@]} )) || GROUPS_WANTED=(kube etcd helm)
@@ -63,10 +67,13 @@ stamp_of() {
       etcd) echo "$ETCD_VERSION" ;;
       helm) echo "$HELM_VERSION" ;;
       node) echo "$NODE_KUBERNETES_VERSION $COREDNS_VERSION" ;;
+      lws) echo "$LWS_VERSION" ;;
     esac
     cat "$HACK_DIR/go/$group/go.mod" "$HACK_DIR/go/$group/go.sum"
-    # The node module has main packages of its own (coredns' plugin set, pause).
+    # The node module has main packages of its own (coredns' plugin set, pause); lws is the controller's source.
     [[ "$group" == node ]] && cat "$HACK_DIR"/go/node/*/*.go
+    [[ "$group" == lws ]] && find "$HACK_DIR/go/lws" -name '*.go' -print0 | LC_ALL=C sort -z | xargs -0 cat
+    true
   } | sha256sum | cut -c1-16
 }
 
@@ -79,6 +86,7 @@ pkgs_of() {
     etcd) echo go.etcd.io/etcd/server/v3 ;;
     helm) echo helm.sh/helm/v4/cmd/helm ;;
     node) echo k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy specdec.io/hack/node/coredns specdec.io/hack/node/pause ;;
+    lws) echo sigs.k8s.io/lws/cmd ;;
   esac
 }
 
@@ -88,6 +96,7 @@ bins_of() {
     etcd) echo "${ETCD_BINS[@]}" ;;
     helm) echo "${HELM_BINS[@]}" ;;
     node) echo "${NODE_BINS[@]}" ;;
+    lws) echo "${LWS_BINS[@]}" ;;
   esac
 }
 
@@ -159,7 +168,7 @@ try_reuse() {
   local group="$1" bin found
   local -a links=()
   [[ "$REUSE" == 1 ]] || return 1
-  [[ "$group" == node ]] && return 1  # built here always: the kubelet must be exactly the pinned minor
+  [[ "$group" == node || "$group" == lws ]] && return 1  # built here always (the kubelet must be exactly the pinned minor)
   for bin in $(bins_of "$group"); do
     found="$(find_existing "$bin")" || return 1
     links+=("$bin=$found")
@@ -223,6 +232,9 @@ build_group() {
     helm)
       ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
       ;;
+    lws)
+      ldflags="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=${LWS_VERSION} -X sigs.k8s.io/lws/pkg/version.BuildDate=1970-01-01T00:00:00Z"
+      ;;
   esac
   local scratch
   scratch="$(mktemp -d "$TOOLS_DIR/.build-$group.XXXXXX")"
@@ -235,6 +247,8 @@ build_group() {
   ) >"$logfile" 2>&1 || { rm -rf "$scratch"; return 1; }
   # go names the binary of go.etcd.io/etcd/server/v3 after the element before the major-version suffix.
   if [[ "$group" == etcd && ! -e "$scratch/etcd" ]]; then mv "$scratch/server" "$scratch/etcd"; fi
+  # ... and sigs.k8s.io/lws/cmd after its last element.
+  if [[ "$group" == lws ]]; then mv "$scratch/cmd" "$scratch/lws-controller"; fi
   for bin in $(bins_of "$group"); do
     [[ -x "$scratch/$bin" ]] || { rm -rf "$scratch"; echo "expected binary $bin was not produced" >>"$logfile"; return 1; }
     mv -f "$scratch/$bin" "$TOOLS_DIR/$bin"
@@ -253,6 +267,15 @@ check_pins() {
     grep -qE "^[[:space:]]*(require[[:space:]]+)?${pin//./\\.}([[:space:]]|$)" "$file" \
       || die "hack/versions.env pins '${pin}' but $file does not require it: update both (then go mod tidy there)"
   done
+  # hack/go/lws is the controller's own source, of the tag its VERSION file names. It is not in the repository: the
+  # Go module proxy serves sigs.k8s.io/lws's go.mod but refuses its module zip (403), and the project does not carry
+  # copies of other projects' source. Group lws builds only where someone put that tag's source there.
+  if [[ " ${GROUPS_WANTED[*]} " == *" lws "* ]]; then
+    [[ -f "$HACK_DIR/go/lws/VERSION" ]] \
+      || die "group lws needs the LeaderWorkerSet $LWS_VERSION source in hack/go/lws (the module proxy refuses sigs.k8s.io/lws's zip): check it out there, or leave LWS unset"
+    [[ "$(cat "$HACK_DIR/go/lws/VERSION")" == "$LWS_VERSION" ]] \
+      || die "hack/versions.env pins LWS_VERSION=$LWS_VERSION but hack/go/lws holds $(cat "$HACK_DIR/go/lws/VERSION"): copy that tag's source there"
+  fi
 }
 
 # progress: one line every 30 seconds per running build (packages compiled so far, out of the total).

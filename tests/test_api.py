@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import pathlib
 
 import pytest
@@ -77,11 +79,19 @@ def test_schema_is_structural_and_documented(part):
             assert node.get("description"), f"{path} has no description"
 
 
+def columns_of(version):
+    return {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+
+
 def test_crd_names_columns_and_subresource():
     obj = crd.custom_resource_definition()
     assert obj["spec"]["names"]["shortNames"] == ["specserver", "sps"]
     version = obj["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas", "labelSelectorPath": ".status.selector"},
+    }
+    assert columns_of(version)["Fleet"] == ".status.rolloutProgress"
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Active"] == ".status.activeVariant"
     assert columns["Phase"] == ".status.phase"
@@ -227,3 +237,31 @@ def test_revision_ignores_unrelated_edits():
     rev = resource.speculative_revision
     assert rev(base) == rev(relabelled) == rev(monitored)
     assert len({rev(base), rev(new_drafter), rev(steps)}) == 3
+
+
+def test_fleet_fields_default_and_validate():
+    spec = resource.parse_spec(copy.deepcopy(MINIMAL), check_rules=True)
+    assert (spec.replicas, spec.rollout.max_surge, spec.rollout.max_unavailable, spec.resources.nodes) == (1, 0, 1, 1)
+    with pytest.raises(InputError, match=r"spec\.rollout\.maxUnavailable: rollout\.maxSurge and rollout\.maxUnavailable must not both be 0"):
+        resource.parse_spec(with_("rollout", {"maxSurge": 0, "maxUnavailable": 0}), check_rules=True)
+    resource.parse_spec(with_("rollout", {"maxSurge": 1, "maxUnavailable": 0}), check_rules=True)
+    with pytest.raises(InputError, match=r"spec\.resources\.gpus: resources\.gpus is per node"):
+        resource.parse_spec(with_("resources", {"nodes": 2, "gpus": 16}), check_rules=True)
+    with pytest.raises(InputError, match=r"spec\.replicas"):
+        resource.parse_spec({**MINIMAL, "replicas": -1})
+    two = resource.parse_spec(with_("resources", {"nodes": 2}), check_rules=True)
+    assert two.resources.nodes == 2
+
+
+def test_revision_is_unchanged_by_the_new_fields_at_their_defaults():
+    # A spec written before resources.nodes existed keeps its revision (an operator upgrade probes nothing again);
+    # a multi-node server is a different server; replicas and the walk's limits are not part of the revision.
+    rev = resource.speculative_revision
+    base = api.SpeculativeServerSpec.model_validate(MINIMAL)
+    scaled = api.SpeculativeServerSpec.model_validate({**MINIMAL, "replicas": 8, "rollout": {"maxSurge": 2}})
+    two_nodes = api.SpeculativeServerSpec.model_validate(with_("resources", {"nodes": 2}))
+    assert rev(base) == rev(scaled) != rev(two_nodes)
+    data = resource.dump(base)
+    relevant = {k: data.get(k) for k in ("image", "sglangVersion", "model", "target", "drafter", "resources", "sglang")}
+    relevant["resources"].pop("nodes")
+    assert rev(base) == hashlib.sha256(json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]

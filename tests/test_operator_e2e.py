@@ -358,7 +358,7 @@ def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
     # Blackwell only: the 8-GPU pods are on the B200 / RTX PRO 6000 nodes.
     for variant in ("base", "speculative"):
         for pod in variant_pods(core_v1, namespace, name, variant):
-            assert pod.spec.node_name in {"b200-0", "b200-1", "rtxpro6000-0"}, pod.spec.node_name
+            assert pod.spec.node_name.startswith(("b200-", "rtxpro6000-")), pod.spec.node_name
 
 
 def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_everything(

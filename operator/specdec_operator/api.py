@@ -137,6 +137,11 @@ MANAGED_SGLANG_FLAGS = (
     "context-length",
     "mem-fraction-static",
     "quantization",
+    # Multi-node servers (resources.nodes): rendered per rank of the LeaderWorkerSet group.
+    "nnodes",
+    "node-rank",
+    "dist-init-addr",
+    "nccl-init-addr",
 )
 
 
@@ -360,8 +365,22 @@ class Drafter(_SpecModel):
 
 
 class Resources(_SpecModel):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                # has(): the API server also checks the rule on the object's default ({}), before its fields default.
+                "!has(self.nodes) || self.nodes == 1 || !has(self.gpus) || self.gpus <= 8",
+                "resources.gpus is per node when resources.nodes is above 1: at most 8 (a node's GPUs)",
+                ".gpus",
+            ),
+        )
+    )
     gpus: Literal[1, 2, 4, 8, 16] = Field(
-        8, description="GPUs per server, which is also its tensor-parallel size (--tp). Each server runs in one pod."
+        8,
+        description=(
+            "GPUs per pod. With resources.nodes 1 each server is one pod and this is its tensor-parallel size "
+            "(--tp); with more nodes the tensor-parallel size is gpus * nodes."
+        ),
     )
     gpu_family: GpuFamily = Field(
         "blackwell",
@@ -383,6 +402,17 @@ class Resources(_SpecModel):
     )
     memory: str | None = Field(
         None, description="Memory request and limit of each server container (unset: none).", pattern=QUANTITY_PATTERN, max_length=32
+    )
+    nodes: int = Field(
+        1,
+        description=(
+            "Nodes per server. 1: each server is one pod (a Deployment replica). Above 1: each server is one "
+            "LeaderWorkerSet group of this many pods on distinct nodes of resources.gpuFamily, each pod with "
+            "resources.gpus GPUs, SGLang's tensor parallelism spanning them all (--tp gpus*nodes, --nnodes, "
+            "--node-rank); needs the LeaderWorkerSet controller (sigs.k8s.io/lws) in the cluster."
+        ),
+        ge=1,
+        le=64,
     )
 
 
@@ -416,7 +446,7 @@ class SGLangSettings(_SpecModel):
                     f"self.all(a, !a.matches('{_MANAGED_FLAG_RE}'))",
                     "sglang.extraArgs must not set flags the operator manages (--speculative-*, --tp, --host, --port, "
                     "--model-path, --max-running-requests, --enable-metrics, --context-length, --mem-fraction-static, "
-                    "--quantization): use the matching spec field",
+                    "--quantization, --nnodes, --node-rank, --dist-init-addr): use the matching spec field",
                     None,
                 )
             ),
@@ -472,6 +502,17 @@ DEFAULT_WORKLOADS: list[dict[str, Any]] = [
 
 
 class Rollout(_SpecModel):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                # has(): the API server also checks the rule on the object's default ({}), before its fields default.
+                "!has(self.maxSurge) || !has(self.maxUnavailable) || self.maxSurge > 0 || self.maxUnavailable > 0",
+                "rollout.maxSurge and rollout.maxUnavailable must not both be 0: the walk from one variant to the "
+                "other could never replace a replica (as in a Deployment)",
+                ".maxUnavailable",
+            ),
+        )
+    )
     min_speedup: float = Field(
         1.0,
         alias="minSpeedup",
@@ -515,6 +556,24 @@ class Rollout(_SpecModel):
         description="A speculative server whose acceptance length is at or below this after the first round is rejected at once (DrafterNotAccepting).",
         ge=1.0,
         le=64,
+    )
+    max_surge: int = Field(
+        0,
+        alias="maxSurge",
+        description=(
+            "Servers above spec.replicas that the fleet may request while it walks from one variant to the other "
+            "(the canary included). 0: no spare GPUs are needed (a base replica becomes the probe's comparison and "
+            "the canary replaces another). A GPU server rarely has room to surge on a full node."
+        ),
+        ge=0,
+        le=1000,
+    )
+    max_unavailable: int = Field(
+        1,
+        alias="maxUnavailable",
+        description="Servers below spec.replicas that may be not Ready while the fleet walks from one variant to the other.",
+        ge=0,
+        le=1000,
     )
     keep_base_warm: bool = Field(
         True,
@@ -590,6 +649,15 @@ class SpeculativeServerSpec(_SpecModel):
                 ".monitor.acceptLengthFloor",
             ),
         )
+    )
+    replicas: int = Field(
+        1,
+        description=(
+            "Servers in the fleet behind the stable Service (the scale subresource: kubectl scale, HPA and KEDA "
+            "set it). Each server is a pod, or a LeaderWorkerSet group when resources.nodes is above 1."
+        ),
+        ge=0,
+        le=1000,
     )
     image: str = Field(description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23-cu130.", min_length=1, max_length=512)
     sglang_version: str = Field(
@@ -743,6 +811,17 @@ class SpeculativeServerStatus(_Model):
         default_factory=list,
         description="Standard Kubernetes conditions.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    replicas: int | None = Field(None, description="Servers that exist (base and speculative together): the scale subresource's status.")
+    ready_replicas: int | None = Field(None, alias="readyReplicas", description="Servers that are Ready (base and speculative together).")
+    speculative_replicas: int | None = Field(
+        None, alias="speculativeReplicas", description="Speculative servers that are Ready: the walk's progress toward the drafter."
+    )
+    rollout_progress: str | None = Field(
+        None, alias="rolloutProgress", description="The walk's progress for humans and kubectl get, e.g. '3/8 speculative'."
+    )
+    selector: str | None = Field(
+        None, description="Label selector of the fleet's server pods, as a string (the scale subresource's labelSelectorPath, for HPA)."
     )
     validation: ValidationStatus | None = Field(None, description="Result of the drafter/target validator.")
     probe: ProbeStatus | None = Field(None, description="Result of the speedup probe.")

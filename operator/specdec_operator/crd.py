@@ -25,6 +25,8 @@ PRINTER_COLUMNS = [
     {"name": "Active", "type": "string", "jsonPath": ".status.activeVariant", "description": "Server the stable Service selects."},
     {"name": "Speedup", "type": "number", "jsonPath": ".status.speedup", "description": "Measured speedup of the speculative server."},
     {"name": "Accept", "type": "number", "jsonPath": ".status.acceptLength", "description": "Acceptance length of the drafter."},
+    {"name": "Fleet", "type": "string", "jsonPath": ".status.rolloutProgress", "description": "Speculative servers out of spec.replicas."},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready servers.", "priority": 1},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "description": "Why the phase is what it is.", "priority": 1},
     {
@@ -43,6 +45,9 @@ PRINTER_COLUMNS = [
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "description": "What is happening now.", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+# kubectl scale, HPA and KEDA act on spec.replicas; the operator writes status.replicas and status.selector.
+SCALE_SUBRESOURCE = {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas", "labelSelectorPath": ".status.selector"}
 
 # Keys of JSON Schema that a structural OpenAPI v3 schema keeps as they are.
 _KEEP = {
@@ -184,7 +189,7 @@ def custom_resource_definition() -> dict[str, Any]:
                     "name": API_VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {
                         "openAPIV3Schema": {

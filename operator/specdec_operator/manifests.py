@@ -98,6 +98,13 @@ def selector_labels(name: str, variant: str | Variant) -> dict[str, str]:
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_VARIANT: _v(variant)}
 
 
+def fleet_selector(name: str) -> str:
+    """status.selector: every server pod of one SpeculativeServer, both variants (the scale subresource's
+    labelSelectorPath, for HPA), as a label selector string."""
+    labels = {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
 @dataclass(frozen=True)
 class ManifestSettings:
     """Operator configuration that shapes the children (not part of any custom resource)."""
@@ -373,10 +380,141 @@ def deployment(
     }
 
 
-def service(
-    name: str, namespace: str, variant: str | Variant | None, *, active: str | Variant = Variant.BASE, settings: ManifestSettings = ManifestSettings()
+# ---------------------------------------------------------------------------------------------------------
+# Multi-node servers: one LeaderWorkerSet per variant, one group (of resources.nodes pods) per server.
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
+# Labels the LeaderWorkerSet controller and its pod webhook put on every pod of a group.
+LWS_LABEL_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_LABEL_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_LABEL_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_LABEL_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+# Our own label of a group's pods: the leader serves HTTP (and the Services select it alone); a worker runs its
+# ranks' schedulers and SGLang's small health server on the same port.
+LABEL_ROLE = "specdec.io/role"
+ROLE_LEADER = "leader"
+ROLE_WORKER = "worker"
+# A group comes up when its last rank has loaded its shard and joined the rendezvous: each extra node adds this
+# much to the startup probe's allowance (image pull and load on a node that may start last, NCCL set-up).
+STARTUP_PER_EXTRA_NODE_S = 10 * 60
+
+
+def multi_node(spec: SpeculativeServerSpec) -> bool:
+    """Whether each server of this spec is a LeaderWorkerSet group rather than a Deployment's pod."""
+    return spec.resources.nodes > 1
+
+
+def _rank_template(template: dict[str, Any], role: str, command: list[str], spec: SpeculativeServerSpec) -> dict[str, Any]:
+    """A leader or worker pod template made from a variant's pod template."""
+    out = copy.deepcopy(template)
+    out["metadata"]["labels"][LABEL_ROLE] = role
+    pod_spec = out["spec"]
+    container = pod_spec["containers"][0]
+    container["command"] = list(command)
+    startup = container["startupProbe"]
+    startup["failureThreshold"] += -(-STARTUP_PER_EXTRA_NODE_S * (spec.resources.nodes - 1) // startup["periodSeconds"])
+    if role == ROLE_WORKER:
+        # The drafter is checked once per group, by the leader's init container.
+        pod_spec.pop("initContainers", None)
+    # The ranks of a group on distinct nodes: no two pods with the same group key (the LeaderWorkerSet webhook
+    # labels each pod with it; matchLabelKeys adds the pod's own value to the selector). gpuFamily's node
+    # affinity (in the template already) keeps every rank of the group on one GPU generation.
+    affinity = pod_spec.setdefault("affinity", {})
+    anti = affinity.setdefault("podAntiAffinity", {})
+    anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {
+            "labelSelector": {"matchLabels": {LABEL_INSTANCE: out["metadata"]["labels"][LABEL_INSTANCE]}},
+            "matchLabelKeys": [LWS_LABEL_GROUP_KEY],
+            "topologyKey": "kubernetes.io/hostname",
+        }
+    )
+    # ... and on nodes of one GPU family even when gpuFamily is any (the first rank picks it).
+    affinity.setdefault("podAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {
+            "labelSelector": {"matchLabels": {LABEL_INSTANCE: out["metadata"]["labels"][LABEL_INSTANCE]}},
+            "matchLabelKeys": [LWS_LABEL_GROUP_KEY],
+            "topologyKey": GPU_FAMILY_LABEL,
+        }
+    )
+    out["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash(out)
+    return out
+
+
+def leader_worker_set(
+    name: str,
+    namespace: str,
+    spec: SpeculativeServerSpec,
+    variant: str | Variant,
+    *,
+    leader_command: list[str],
+    worker_command: list[str],
+    replicas: int,
+    revision: str,
+    settings: ManifestSettings = ManifestSettings(),
 ) -> dict[str, Any]:
-    """Service ``<name>-base``/``<name>-spec`` (variant given) or the stable ``<name>`` selecting ``active``."""
+    """LeaderWorkerSet ``<name>-base`` or ``<name>-spec``: ``replicas`` groups of resources.nodes pods each.
+
+    The commands come from ``sglang.render_argv`` (``worker=True`` for the workers'). The walk between variants is
+    the operator's (like the Deployments', through spec.replicas), so the LeaderWorkerSet's own rolling update
+    only ever replaces whole groups one at a time when the template changes; a pod that restarts takes its group
+    down with it (RecreateGroupOnPodRestart: the other ranks cannot go on without it).
+    """
+    variant = _v(variant)
+    template = pod_template(name, spec, variant, leader_command, revision, settings)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": {
+            "name": child_name(name, variant),
+            "namespace": namespace,
+            "labels": {**instance_labels(name), LABEL_VARIANT: variant},
+        },
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+            "networkConfig": {"subdomainPolicy": "Shared"},
+            "leaderWorkerTemplate": {
+                "size": spec.resources.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": _rank_template(template, ROLE_LEADER, leader_command, spec),
+                "workerTemplate": _rank_template(template, ROLE_WORKER, worker_command, spec),
+            },
+        },
+    }
+
+
+def lws_missing_message(spec: SpeculativeServerSpec, installed_crds: set[str] | frozenset[str]) -> str | None:
+    """Why a multi-node spec cannot be served here, or None: it needs the LeaderWorkerSet CRD (and controller).
+
+    ``installed_crds``: the names of the cluster's CustomResourceDefinitions (or just whether LWS_CRD_NAME is one).
+    The message is for a condition (InvalidSpec) and names what to install.
+    """
+    if not multi_node(spec) or LWS_CRD_NAME in installed_crds:
+        return None
+    return (
+        f"spec.resources.nodes is {spec.resources.nodes}: a multi-node server runs as a LeaderWorkerSet group, and "
+        f"this cluster has no {LWS_CRD_NAME} CustomResourceDefinition; install the LeaderWorkerSet controller "
+        "(sigs.k8s.io/lws, e.g. its Helm chart or manifests of release v0.10.0 or later) or set resources.nodes to 1"
+    )
+
+
+def service(
+    name: str,
+    namespace: str,
+    variant: str | Variant | None,
+    *,
+    active: str | Variant = Variant.BASE,
+    settings: ManifestSettings = ManifestSettings(),
+    leaders_only: bool = False,
+) -> dict[str, Any]:
+    """Service ``<name>-base``/``<name>-spec`` (variant given) or the stable ``<name>`` selecting ``active``.
+
+    leaders_only: select only the leaders of multi-node groups (rank 0 serves HTTP; the workers' port answers
+    health checks only).
+    """
     selected = _v(variant if variant is not None else active)
     labels = dict(instance_labels(name))
     annotations: dict[str, str] = {}
@@ -389,7 +527,7 @@ def service(
         metadata["annotations"] = annotations
     spec: dict[str, Any] = {
         "type": "ClusterIP",
-        "selector": selector_labels(name, selected),
+        "selector": {**selector_labels(name, selected), **({LABEL_ROLE: ROLE_LEADER} if leaders_only else {})},
         "ports": [{"name": PORT_NAME, "port": settings.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
     }
     if variant is not None:

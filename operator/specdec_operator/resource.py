@@ -79,5 +79,9 @@ def speculative_revision(spec: SpeculativeServerSpec) -> str:
     """Short stable hash of what defines the speculative server (and its base for comparison)."""
     data = dump(spec)
     relevant = {k: data.get(k) for k in _REVISION_FIELDS}
+    # resources.nodes came later: at its default a spec keeps the revision it had before (no new probe on upgrade).
+    resources: dict[str, Any] = data.get("resources") or {}
+    if resources.get("nodes") == 1:
+        relevant["resources"] = {k: v for k, v in resources.items() if k != "nodes"}
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

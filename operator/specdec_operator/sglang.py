@@ -32,6 +32,14 @@ METRICS_PATH = "/metrics"
 # A pod must listen on every interface; SGLang's default is 127.0.0.1.
 LISTEN_HOST = "0.0.0.0"
 
+# Multi-node servers (resources.nodes > 1) run as LeaderWorkerSet groups. The LeaderWorkerSet controller's pod
+# webhook puts these variables into every container: the leader's stable DNS name and the pod's index in its group
+# (0 for the leader). The kubelet expands $(VAR) in a container's command from the container's environment.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+# The port rank 0 opens for the torch.distributed rendezvous of the group (SGLang's --dist-init-addr host:port).
+DIST_INIT_PORT = 5000
+
 
 @dataclass(frozen=True)
 class Release:
@@ -176,10 +184,33 @@ def speculative_args(spec: SpeculativeServerSpec, adaptive_config_path: str | No
     return args
 
 
-def render_argv(spec: SpeculativeServerSpec, variant: Variant | str, *, adaptive_config_path: str | None = None) -> list[str]:
-    """The full container command of the base or the speculative server.
+def tensor_parallel_size(spec: SpeculativeServerSpec) -> int:
+    """--tp-size: every GPU of the server, over all of its nodes."""
+    return spec.resources.gpus * spec.resources.nodes
 
-    Always explicit: --host 0.0.0.0 (SGLang binds 127.0.0.1 by default), --port, --tp-size (= resources.gpus),
+
+def multi_node_args(spec: SpeculativeServerSpec, *, worker: bool) -> list[str]:
+    """SGLang's multi-node flags of one rank of a LeaderWorkerSet group (none for a one-node server).
+
+    The leader is rank 0; a worker's rank is its index in the group, LWS_WORKER_INDEX (1 to nodes - 1). Every rank
+    meets at the leader's address, LWS_LEADER_ADDRESS, on DIST_INIT_PORT. Both are $(VAR) references that the
+    kubelet expands from the variables the LeaderWorkerSet webhook injects.
+    """
+    if spec.resources.nodes == 1:
+        return []
+    return [
+        "--nnodes", str(spec.resources.nodes),
+        "--node-rank", f"$({WORKER_INDEX_ENV})" if worker else "0",
+        "--dist-init-addr", f"$({LEADER_ADDRESS_ENV}):{DIST_INIT_PORT}",
+    ]  # fmt: skip
+
+
+def render_argv(spec: SpeculativeServerSpec, variant: Variant | str, *, adaptive_config_path: str | None = None, worker: bool = False) -> list[str]:
+    """The full container command of the base or the speculative server (of its leader, or with worker=True of
+    the other ranks of a multi-node server: the same command but for --node-rank).
+
+    Always explicit: --host 0.0.0.0 (SGLang binds 127.0.0.1 by default), --port, --tp-size (= resources.gpus
+    times resources.nodes), with more than one node --nnodes/--node-rank/--dist-init-addr (multi_node_args),
     --max-running-requests (SGLang otherwise caps speculative servers at 48 without saying so) and
     --enable-metrics (the monitor reads sglang:spec_accept_length). --quantization is never passed: SGLang
     reads the method from the checkpoint's quantization_config, and an explicit one would also be inherited by
@@ -197,10 +228,11 @@ def render_argv(spec: SpeculativeServerSpec, variant: Variant | str, *, adaptive
         "--model-path", target_model_path(spec),
         "--host", LISTEN_HOST,
         "--port", str(server_port(spec)),
-        "--tp-size", str(spec.resources.gpus),
+        "--tp-size", str(tensor_parallel_size(spec)),
         "--max-running-requests", str(spec.sglang.max_running_requests),
         "--enable-metrics",
     ]  # fmt: skip
+    argv += multi_node_args(spec, worker=worker)
     if spec.target.context_length is not None:
         argv += ["--context-length", str(spec.target.context_length)]
     if spec.sglang.mem_fraction_static is not None:
