@@ -450,16 +450,17 @@ def all_rules(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]
                 yield f"{doc['kind']}/{doc['metadata']['name']}", rule
 
 
-def test_no_wildcards_no_secrets_no_configmaps_no_escalation(rendered):
+def test_no_wildcards_no_secrets_no_escalation_and_configmaps_only_to_own(rendered):
     name, docs = rendered
     for owner, rule in all_rules(docs):
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(field, []), f"[{name}] {owner}: wildcard in {field}"
         assert "nonResourceURLs" not in rule
         resources = {r.split("/")[0] for r in rule["resources"]}
+        if "configmaps" in resources:  # the adaptive table the operator owns: applied, read before taking the name, watched
+            assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "patch"}, f"[{name}] {owner}: {rule}"
         assert not resources & {
             "secrets",
-            "configmaps",
             "serviceaccounts",
             "roles",
             "rolebindings",
@@ -1291,7 +1292,10 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
         for verb in verbs
     }
     used = operator.used()
-    assert not granted - used, f"granted but never used (remove them from the chart): {granted - used}"
+    # Writing the adaptive table happens only in a load-aware trial (a drafter that wins at low load and loses at
+    # high), which this example is not: tests/test_operator_e2e.py's load-aware test exercises those three verbs.
+    load_aware_only = {("get", "", "configmaps"), ("create", "", "configmaps"), ("patch", "", "configmaps")}
+    assert not granted - used - load_aware_only, f"granted but never used (remove them from the chart): {granted - used - load_aware_only}"
     assert used <= granted, f"used but not in the chart's usage table: {used - granted}"
 
 
