@@ -12,7 +12,7 @@ Parts:
 * ``heldout``: the operator's own workloads (hack/demo.py and the e2e tests: ``chat:1:128:64:4`` weight 3,
   ``batch-32:32:128:64:64``) at time scale 5, as the cluster tests run them, both policies, against the
   Llama drafter, an equal server and a 5 %-slower one.
-* ``errors``: ``--runs`` seeded probes of two equal servers (5 % step jitter, probe_null.py's setup) and of
+* ``errors``: ``--runs`` seeded probes of two equal servers (5 % step jitter, probe_null.py's profile, workload small:4:16:128:16) and of
   a server 5 % slower, in-process, 5 at a time: how many promote.
 
 The same script measures the method before and after a change: run it with ``PYTHONPATH`` pointing at the
