@@ -81,6 +81,11 @@ class Measurement:
     spec_tokens: int = 0  # completion tokens of requests that reported spec_verify_ct
     spec_verify_ct: int = 0
     aborted_early: bool = False
+    # Token arrivals for the probe's within-measurement statistics (probe/stats.py): (start, end, tokens) per
+    # stream event, perf_counter seconds; an event's tokens were produced between the previous event of the same
+    # request and this one (a request's first event: at its arrival, after the prefill).
+    started_at: float = 0.0
+    arrivals: list[tuple[float, float, int]] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -163,6 +168,8 @@ async def _one_request(
                             raise ProbeRequestError(f"{url}: error in stream: {payload[:200]!r}") from None
                         raise ProbeRequestError(f"{url}: malformed stream chunk {payload[:80]!r}") from None
                     now = time.perf_counter()
+                    if tokens > last_tokens:  # the first event's tokens come at once after the prefill
+                        m.arrivals.append((now if first else last_t, now, tokens - last_tokens))
                     if first:
                         m.ttft_s.append(now - start)
                         first = False
@@ -224,7 +231,7 @@ async def measure(
                 m.aborted_early = True
                 stop.set()
 
-    start = time.perf_counter()
+    start = m.started_at = time.perf_counter()
     tasks = [asyncio.create_task(client()) for _ in range(min(workload.concurrency, workload.requests))]
     try:
         stopper = asyncio.create_task(stop.wait())

@@ -30,6 +30,27 @@ POLICY_ALIASES = {
 MIN_ROUNDS = 3
 
 
+# The within-round method (probe/stats.py paired_interval): a clear loss may roll back after one round (a
+# wrong rollback costs a missed speedup, and the base keeps serving); a promotion needs both orders of the
+# servers (rounds alternate which goes first) and a between-round spread to check the blocks' variance against.
+PROMOTE_MIN_ROUNDS = 2
+REJECT_MIN_ROUNDS = 1
+
+
+def judge_paired(interval: RatioInterval | None, min_speedup: float) -> Verdict:
+    """:func:`judge` with the within-round method's minimum rounds: PASS from round 2, FAIL from round 1
+    (MIN_ROUNDS for both when the interval is the round-level one: a measurement had too few events for blocks)."""
+    if interval is None:
+        return Verdict.UNDECIDED
+    if not getattr(interval, "within", True):
+        return judge(interval, min_speedup)
+    if interval.n >= PROMOTE_MIN_ROUNDS and interval.low > min_speedup:
+        return Verdict.PASS
+    if interval.n >= REJECT_MIN_ROUNDS and interval.high < min_speedup:
+        return Verdict.FAIL
+    return Verdict.UNDECIDED
+
+
 def normalize_policy(policy: str) -> str:
     """Map the CLI's all/weighted and the CR's AllWorkloads/WeightedMix onto "all" or "weighted"."""
     key = str(policy).replace("-", "").replace("_", "").lower()

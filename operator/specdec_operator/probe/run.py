@@ -21,25 +21,35 @@ from ..textutil import rfc3339
 from .client import Measurement, ProbeRequestError, get_json, measure
 from .curve import BreakEven, CurvePoint, break_even
 from .decide import (
-    MIN_ROUNDS,
+    PROMOTE_MIN_ROUNDS,
     Decision,
     Outcome,
     Reason,
     Verdict,
     combine_all,
     drafter_not_accepting,
-    judge,
+    judge_paired,
     normalize_policy,
     outcome_for,
 )
 from .metrics import scrape_metrics
-from .stats import RatioInterval, log_ratio_interval, per_look_level, weighted_round_ratios
+from .stats import (
+    LogRate,
+    PairedRound,
+    RatioInterval,
+    block_rates,
+    blocks_for,
+    log_rate,
+    paired_interval,
+    paired_round,
+    per_look_level,
+    weighted_paired_round,
+)
 
 BASE, SPECULATIVE = Variant.BASE.value, Variant.SPECULATIVE.value
 
-# Family-wise over all looks of a probe. At the boundary (equal servers, min_speedup 1.0) the probe then
-# promotes in under 0.1 % of probes; a clear win still takes 3-4 rounds (docs/probe.md, measured by
-# benchmarks/probe_calibration.py). 0.95 would promote equal servers in ~2 % of probes.
+# Family-wise over all looks of a probe (Bonferroni over one look per round). Equal servers must practically
+# never be promoted: docs/probe.md has the measured rates (benchmarks/probe_decisions.py).
 DEFAULT_CONFIDENCE = 0.998
 
 
@@ -208,7 +218,7 @@ def _check_arguments(
     if not (isinstance(min_speedup, (int, float)) and min_speedup > 0):
         raise InputError(f"--min-speedup {min_speedup!r}: must be > 0 (1.0 = at least as fast as base)")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise InputError(f"--max-rounds {max_rounds!r}: must be an integer >= 1 ({MIN_ROUNDS}+ to decide on speed)")
+        raise InputError(f"--max-rounds {max_rounds!r}: must be an integer >= 1 ({PROMOTE_MIN_ROUNDS}+ to promote)")
     if accept_length_floor is not None and not (isinstance(accept_length_floor, (int, float)) and accept_length_floor >= 1.0):
         raise InputError(f"--accept-length-floor {accept_length_floor!r}: must be >= 1.0 (1.0 = nothing accepted)")
     if not 0.5 <= confidence < 1.0:
@@ -240,8 +250,9 @@ async def run_probe(
     """Measure ``speculative_url`` against ``base_url`` and decide promote or rollback.
 
     Rounds alternate the order of the two servers (speculative first in odd rounds, base first in even
-    ones) so drift on the machine hits both. After each round every workload gets a Student-t interval on
-    its log speedups (see :mod:`.stats`); the probe stops as soon as the policy's verdict is decided.
+    ones) so drift on the machine hits both. After each round every workload gets an interval on its log
+    speedup from the time blocks inside each measurement and the spread between rounds (see
+    :mod:`.stats`); the probe stops as soon as the policy's verdict is decided.
     ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
     each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
     Bad arguments raise InputError; everything else ends in a ProbeResult with a reason.
@@ -357,10 +368,10 @@ async def _probe(
 
     by_name = {w.name: r for w, r in zip(wls, result.workloads)}
     tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
+    logs: dict[str, dict[str, list[LogRate]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
     last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
     spec_tokens = spec_verify = 0
-    looks = max(1, max_rounds - MIN_ROUNDS + 1)
-    level = per_look_level(confidence, looks)
+    level = per_look_level(confidence, max_rounds)  # one look after every round
     active = list(wls)
     combined: RatioInterval | None = None
 
@@ -409,9 +420,10 @@ async def _probe(
                     if m.aborted_early:  # only happens through drafter_check, handled above
                         continue
                     tok_s[w.name][variant].append(m.tokens_per_second)
+                    logs[w.name][variant].append(_log_rate(m, w))
                     last[w.name][variant] = m
         except TimeoutError:
-            _summarize(wls, result, tok_s, last, level)
+            _summarize(wls, result, tok_s, logs, last, level)
             return Outcome(
                 Decision.ROLLBACK,
                 Reason.INCONCLUSIVE,
@@ -422,16 +434,18 @@ async def _probe(
         server_accept = await _server_accept_length(session, speculative_url, result)
         if server_accept is not None:
             result.server_accept_length = server_accept
-        intervals = _summarize(wls, result, tok_s, last, level)
-        verdicts = {w.name: judge(intervals.get(w.name), min_speedup) for w in wls}
+        intervals, paired = _summarize(wls, result, tok_s, logs, last, level)
+        verdicts = {w.name: judge_paired(intervals.get(w.name), min_speedup) for w in wls}
         for w in wls:
             by_name[w.name].verdict = verdicts[w.name].value
         if policy == "weighted":
-            ratios = {w.name: by_name[w.name].ratios for w in wls}
-            series = weighted_round_ratios(ratios, {w.name: w.weight for w in wls})
-            combined = log_ratio_interval(series, level)
-            verdict = judge(combined, min_speedup)
-            result.speedup, result.speedup_low, result.speedup_high = combined.estimate, combined.low, combined.high
+            weights = {w.name: w.weight for w in wls}
+            n = min(len(paired[w.name]) for w in wls)
+            series = [weighted_paired_round({w.name: paired[w.name][i] for w in wls}, weights) for i in range(n)]
+            combined = paired_interval(series, level) if series else None
+            verdict = judge_paired(combined, min_speedup)
+            if combined is not None:
+                result.speedup, result.speedup_low, result.speedup_high = combined.estimate, combined.low, combined.high
         else:
             verdict = combine_all(verdicts)
             estimates = [r for r in result.workloads if r.speedup is not None]
@@ -446,19 +460,20 @@ async def _probe(
             if inspect.isawaitable(maybe):
                 await maybe
         if outcome is not None:
-            if outcome.reason is Reason.INCONCLUSIVE and max_rounds < MIN_ROUNDS:
+            if outcome.reason is Reason.INCONCLUSIVE and max_rounds < PROMOTE_MIN_ROUNDS:
                 outcome = Outcome(
                     outcome.decision,
                     outcome.reason,
-                    outcome.message + f" (max rounds {max_rounds} < {MIN_ROUNDS}: no interval is trusted with fewer rounds)",
+                    outcome.message + f" (max rounds {max_rounds} < {PROMOTE_MIN_ROUNDS}: no promotion without both orders of the servers)",
                 )
             return outcome
     raise AssertionError("unreachable: the last round always yields an outcome")
 
 
-def _summarize(wls, result: ProbeResult, tok_s, last, level: float) -> dict[str, RatioInterval]:
-    """Fill the per-workload results from the measurements; return each workload's interval."""
+def _summarize(wls, result: ProbeResult, tok_s, logs, last, level: float) -> tuple[dict[str, RatioInterval], dict[str, list[PairedRound]]]:
+    """Fill the per-workload results from the measurements; return each workload's interval and paired rounds."""
     intervals: dict[str, RatioInterval] = {}
+    paired: dict[str, list[PairedRound]] = {}
     for w, r in zip(wls, result.workloads):
         base, speculative = tok_s[w.name][BASE], tok_s[w.name][SPECULATIVE]
         n = min(len(base), len(speculative))
@@ -466,15 +481,25 @@ def _summarize(wls, result: ProbeResult, tok_s, last, level: float) -> dict[str,
         r.base_tok_s = sum(base) / len(base) if base else None
         r.speculative_tok_s = sum(speculative) / len(speculative) if speculative else None
         r.ratios = [speculative[i] / base[i] if base[i] > 0 else math.inf for i in range(n)]
+        paired[w.name] = [paired_round(logs[w.name][SPECULATIVE][i], logs[w.name][BASE][i]) for i in range(n)]
         if n:
-            iv = intervals[w.name] = log_ratio_interval(r.ratios, level)
+            iv = intervals[w.name] = paired_interval(paired[w.name], level)
             r.speedup, r.speedup_low = iv.estimate, iv.low
             r.speedup_high = iv.high if math.isfinite(iv.high) else None
         if BASE in last[w.name]:
             r.base_latency = last[w.name][BASE].latency_summary()
         if SPECULATIVE in last[w.name]:
             r.speculative_latency = last[w.name][SPECULATIVE].latency_summary()
-    return intervals
+    return intervals, paired
+
+
+def _log_rate(m: Measurement, w: Workload) -> LogRate:
+    """The measurement's log tok/s and, when it has enough stream events for time blocks, their variance."""
+    blocks = blocks_for(len(m.arrivals), min(w.concurrency, w.requests))
+    if not blocks:
+        rate = m.tokens_per_second
+        return LogRate(math.log(rate) if rate > 0 else -math.inf, math.inf, 1.0)
+    return log_rate(m.tokens_per_second, block_rates(m.arrivals, m.started_at, m.duration_s, blocks))
 
 
 ACCEPT_LENGTH_ONLY = frozenset({"sglang:spec_accept_length"})

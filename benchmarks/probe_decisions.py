@@ -1,0 +1,226 @@
+"""GPU-seconds to a decision, interval widths at a decision, and the error guarantees, on the simulator.
+
+Real HTTP against simulators in child processes (``specdec simulate``), the probe's defaults otherwise
+(``max_rounds`` 6, ``min_speedup`` 1.0, confidence 0.998). Ratios do not depend on the time scale; GPU
+time does: GPU-seconds = probe wall time x time scale x (GPUs of the base + GPUs of the candidate).
+
+Parts:
+
+* ``seed``: the seed's profiles (Kimi-K2.5 TP 8 base against its custom drafter, the public Kimi-K2
+  drafter and itself; 16 GPUs) and the Llama pair (2 GPUs), the workloads of ``probe_fidelity.py --part
+  decisions``; profiles get ``stream_interval`` 8 so a higher time scale stays within the host.
+* ``heldout``: the operator's own workloads (hack/demo.py and the e2e tests: ``chat:1:128:64:4`` weight 3,
+  ``batch-32:32:128:64:64``) at time scale 5, as the cluster tests run them, both policies, against the
+  Llama drafter, an equal server and a 5 %-slower one.
+* ``errors``: ``--runs`` seeded probes of two equal servers (5 % step jitter, probe_null.py's profile, workload small:4:16:128:16) and of
+  a server 5 % slower, in-process, 5 at a time: how many promote.
+
+The same script measures the method before and after a change: run it with ``PYTHONPATH`` pointing at the
+other checkout's ``operator/``.
+
+Usage: .venv/bin/python benchmarks/probe_decisions.py [--part seed|heldout|errors|all] [--runs 100] [--label after]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack, ExitStack
+from importlib import resources
+from typing import Any
+
+from specdec_operator.api import Workload
+from specdec_operator.probe import run_probe
+from specdec_operator.simulator import SimulatorProcess, SimulatorServer, profile_from_dict
+
+SEED_WORKLOADS = [
+    Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2),
+    Workload(name="concurrent-128", concurrency=128, input_tokens=512, output_tokens=256, requests=128),
+]
+LLAMA_WORKLOADS = [
+    Workload(name="single-stream", concurrency=1, input_tokens=512, output_tokens=256, requests=2),
+    Workload(name="concurrent-64", concurrency=64, input_tokens=512, output_tokens=256, requests=128),
+]
+DEMO_WORKLOADS = [
+    Workload(name="chat", concurrency=1, input_tokens=128, output_tokens=64, requests=4, weight=3),
+    Workload(name="batch-32", concurrency=32, input_tokens=128, output_tokens=64, requests=64, weight=1),
+]
+EQUAL = {
+    "name": "equal",
+    "load_seconds": 0,
+    "max_running_requests": 256,
+    "prefill_tokens_per_s": 200000,
+    "step_ms": [[1, 10.0], [8, 14.0]],
+    "speculative": None,
+    "jitter": 0.05,
+    "errors": {},
+    "stream_interval": 8,
+}
+SMALL = [Workload(name="small", concurrency=4, input_tokens=16, output_tokens=128, requests=16)]
+
+
+def slower(profile: dict, loss: float) -> dict:
+    """The same server with every step 1/(1 - loss) longer: throughput ``loss`` lower."""
+    out = dict(profile, name=f"{profile['name']}-minus-{round(loss * 100)}pct")
+    out["step_ms"] = [[b, ms / (1.0 - loss)] for b, ms in profile["step_ms"]]
+    return out
+
+
+def profile_file(tmp: str, name: str, stream_interval: int | None = None, loss: float = 0.0) -> str:
+    """A shipped profile, optionally with another stream_interval or slower, written to a file in ``tmp``."""
+    data = json.loads((resources.files("specdec_operator.simulator") / "profiles" / f"{name}.json").read_text())
+    if stream_interval is not None:
+        data["stream_interval"] = stream_interval
+    if loss:
+        data = slower(data, loss)
+    path = os.path.join(tmp, f"{data['name']}-{stream_interval}.json")
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return path
+
+
+def widths(result: Any) -> dict[str, float | None]:
+    """Per reported interval: max(high / estimate, estimate / low); the goal is at most 2."""
+    out: dict[str, float | None] = {}
+    rows = [(w.name, w.speedup, w.speedup_low, w.speedup_high) for w in result.workloads]
+    if result.policy == "weighted":
+        rows.append(("weighted", result.speedup, result.speedup_low, result.speedup_high))
+    for name, est, lo, hi in rows:
+        if est is None:
+            continue
+        if not lo or hi is None or not math.isfinite(hi):
+            out[name] = math.inf
+        else:
+            out[name] = round(max(hi / est, est / lo), 3)
+    return out
+
+
+def summary(result: Any, wall: float, scale: float, gpus: int) -> dict:
+    d = result.to_dict()
+    return {
+        "decision": d["decision"],
+        "reason": d["reason"],
+        "rounds": d["rounds"],
+        "speedups": {w["name"]: [w["speedup"], w["speedup_low"], w["speedup_high"]] for w in d["workloads"] if w["speedup"] is not None},
+        "weighted": [d["speedup"], d["speedup_low"], d["speedup_high"]] if d["policy"] == "weighted" else None,
+        "width": widths(result),
+        "wall_s": round(wall, 2),
+        "time_scale": scale,
+        "gpus": gpus,
+        "gpu_s": round(wall * scale * gpus, 1),
+    }
+
+
+async def _decision(base: str, cand: str, workloads: list[Workload], scale: float, gpus: int, policy: str = "all", seed: int = 1) -> dict:
+    with ExitStack() as stack:
+        base_url = stack.enter_context(SimulatorProcess(base, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed)))
+        cand_url = stack.enter_context(SimulatorProcess(cand, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed + 1)))
+        t = time.perf_counter()
+        result = await run_probe(base_url, cand_url, workloads, seed=seed, policy=policy)
+        wall = time.perf_counter() - t
+    return summary(result, wall, scale, gpus)
+
+
+def seed_part(label: str, out: list[dict]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        kimi = profile_file(tmp, "sglang-base-kimi-k25", 8)
+        cases = [
+            ("kimi base -> custom drafter", kimi, profile_file(tmp, "kimi-k25-custom-eagle3", 8), SEED_WORKLOADS, 4.0, 16),
+            ("kimi base -> public drafter", kimi, profile_file(tmp, "kimi-k2-public-eagle3", 8), SEED_WORKLOADS, 4.0, 16),
+            ("kimi base -> kimi base", kimi, profile_file(tmp, "sglang-base-kimi-k25", 8), SEED_WORKLOADS, 4.0, 16),
+            ("llama base -> eagle3", profile_file(tmp, "llama31-8b-base", 8), profile_file(tmp, "llama31-8b-eagle3", 8), LLAMA_WORKLOADS, 2.0, 2),
+        ]
+        for name, base, cand, wls, scale, gpus in cases:
+            row = {"label": label, "part": "seed", "case": name, **asyncio.run(_decision(base, cand, wls, scale, gpus))}
+            out.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def heldout_part(label: str, out: list[dict]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        base = profile_file(tmp, "llama31-8b-base", 8)
+        cases = [
+            ("llama base -> eagle3", profile_file(tmp, "llama31-8b-eagle3", 8)),
+            ("llama base -> llama base", base),
+            ("llama base -> 5% slower", profile_file(tmp, "llama31-8b-base", 8, loss=0.05)),
+        ]
+        for policy in ("weighted", "all"):
+            for name, cand in cases:
+                row = {
+                    "label": label,
+                    "part": "heldout",
+                    "case": name,
+                    "policy": policy,
+                    **asyncio.run(_decision(base, cand, DEMO_WORKLOADS, 5.0, 2, policy)),
+                }
+                out.append(row)
+                print(json.dumps(row), flush=True)
+
+
+async def _small(seed: int, candidate: dict) -> Any:
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(SimulatorServer(profile_from_dict(EQUAL), time_scale=4, seed=seed, load_seconds=0))
+        b = await stack.enter_async_context(SimulatorServer(profile_from_dict(candidate), time_scale=4, seed=seed + 1000, load_seconds=0))
+        t = time.perf_counter()
+        result = await run_probe(a, b, SMALL, seed=seed)
+        return result, time.perf_counter() - t
+
+
+def errors_part(label: str, runs: int, out: list[dict]) -> None:
+    for name, candidate in (("equal servers", EQUAL), ("5% slower", slower(EQUAL, 0.05))):
+        results = []
+        t = time.perf_counter()
+        seeds = list(range(100, 100 + runs))
+
+        async def batch(chunk: list[int], candidate: dict = candidate) -> list:
+            return await asyncio.gather(*(_small(s, candidate) for s in chunk))
+
+        for start in range(0, len(seeds), 5):
+            results += asyncio.run(batch(seeds[start : start + 5]))
+        rounds = [r.rounds for r, _ in results]
+        gpu_s = [w * 4 * 2 for _, w in results]
+        row = {
+            "label": label,
+            "part": "errors",
+            "case": name,
+            "runs": len(results),
+            "reasons": dict(collections.Counter(str(r.reason) for r, _ in results)),
+            "promoted": sum(str(r.decision) == "promote" for r, _ in results),
+            "mean_rounds": round(sum(rounds) / len(rounds), 2),
+            "mean_gpu_s": round(sum(gpu_s) / len(gpu_s), 2),
+            "max_width": max((v for r, _ in results for v in widths(r).values() if v is not None), default=None),
+            "wall_s": round(time.perf_counter() - t, 1),
+        }
+        out.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--part", choices=["seed", "heldout", "errors", "all"], default="all")
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--label", default="after")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    rows: list[dict] = []
+    if args.part in ("seed", "all"):
+        seed_part(args.label, rows)
+    if args.part in ("heldout", "all"):
+        heldout_part(args.label, rows)
+    if args.part in ("errors", "all"):
+        errors_part(args.label, args.runs, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
