@@ -681,6 +681,61 @@ def test_a_drafter_that_wins_low_and_loses_high_is_promoted_load_aware_across_a_
     assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 3  # plain, adaptive, adaptive after the restart
 
 
+def test_load_aware_rejections_no_load_with_speedup_and_an_unsupported_spec_keeping_the_plain_decision(
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
+) -> None:
+    """Two drafters that win at one stream and lose at 128: the first one's adaptive server is still slower at 128
+    (the drafter's memory leaves less KV cache, so even its steps without drafting are slower than the base's):
+    NoLoadWithSpeedup. The second has eagleTopk 4, which SGLang's adaptive mode does not run: no trial, the plain
+    decision with SGLang's reason in status."""
+    from specdec_operator.simulator.adaptive import adaptive_config_from_dict
+
+    spec_port = free_port()
+    plain = sims.start(_mixed_profile("mixed"), time_scale=2.0, port=spec_port)
+    operator.map("weak-base", sims.start(_mixed_profile("base"), time_scale=2.0).url)
+    operator.map("weak-spec", plain.url)
+    operator.map("topk-base", sims.start(_mixed_profile("base"), time_scale=2.0).url)
+    operator.map("topk-spec", sims.start(_mixed_profile("mixed"), time_scale=2.0).url)
+    operator.start()
+    annotations = compatible_annotations(ready_after="5s")
+    for name, changes in (("weak", {}), ("topk", {"drafter__eagleTopk": 4, "drafter__numDraftTokens": 8})):
+        cr = example(
+            "llama31-8b-eagle3.yaml",
+            name,
+            namespace,
+            annotations=annotations,
+            workloads=LOAD_AWARE_WORKLOADS,
+            rollout__policy="AllWorkloads",
+            **changes,
+        )
+        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+
+    def table() -> Any:
+        found = [c for c in core_v1.list_namespaced_config_map(namespace).items if c.metadata.name == "weak-adaptive"]
+        return found[0] if found else (status(custom_objects, namespace, "weak").get("phase") in ("Promoted", "RolledBack") and "decided")
+
+    found = wait_until(table, timeout=240, message="the adaptive table of weak")
+    assert found != "decided", status(custom_objects, namespace, "weak")
+    config = adaptive_config_from_dict(json.loads(found.data["config.json"]), "ConfigMap weak-adaptive")
+    sims.stop(plain)
+    slower = _mixed_profile("weak-adaptive", target_step_ms=[[1, 10.0], [128, 110.0]]).with_adaptive(config)
+    sims.start(slower, time_scale=2.0, port=spec_port)
+
+    st = wait_phase(custom_objects, namespace, "weak", {"Promoted", "RolledBack"}, timeout=240)
+    assert st["phase"] == "RolledBack" and st["reason"] == "NoLoadWithSpeedup", st.get("message")
+    assert "slower than the base at c128" in st["probe"]["message"] and st["activeVariant"] == "base"
+    assert st["probe"]["loadAware"]["plainProbe"]["reason"] == "SpeedupBelowThreshold"
+
+    st = wait_phase(custom_objects, namespace, "topk", {"Promoted", "RolledBack"}, timeout=120)
+    assert st["phase"] == "RolledBack" and st["reason"] == "SpeedupBelowThreshold", st.get("message")
+    assert st["probe"]["loadAware"]["reason"] == "LoadAwareUnsupported"
+    verified = {c["type"]: c for c in st["conditions"]}["SpeedupVerified"]
+    assert "load-aware speculation not tried: speculative_eagle_topk=4 (only topk=1 is supported)" in verified["message"]
+    assert not [c for c in core_v1.list_namespaced_config_map(namespace).items if c.metadata.name == "topk-adaptive"]
+    command = apps_v1.read_namespaced_deployment("topk-spec", namespace).spec.template.spec.containers[0].command
+    assert "--speculative-adaptive" not in command
+
+
 def teardown_module() -> None:
     if TIMINGS:
         lines = [f"  {k}: {v:.1f}s" for k, v in TIMINGS.items()]
