@@ -4,7 +4,6 @@ of a group that manifests.leader_worker_set rendered, with their ranks, on disti
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 from typing import Any
@@ -69,20 +68,6 @@ def lws_controller(kube_cluster: devcluster.Cluster) -> devcluster.Cluster:
     except devcluster.ClusterError as error:
         pytest.fail(f"could not start the LeaderWorkerSet controller: {error}", pytrace=False)
     return kube_cluster
-
-
-@pytest.fixture(scope="module")
-def server_parser() -> argparse.ArgumentParser:
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-
-    def error(message):
-        raise AssertionError(f"SGLang's parser rejected the command line: {message}")
-
-    parser.error = error
-    return parser
 
 
 def test_the_leaderworkerset_controller_runs_a_rendered_two_node_group_with_its_ranks_on_distinct_nodes(

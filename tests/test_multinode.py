@@ -3,7 +3,6 @@ LeaderWorkerSet that runs each server as a group of pods on distinct nodes."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import pathlib
 import re
@@ -43,20 +42,6 @@ def kubelet_expand(argv: list[str], env: dict[str, str]) -> list[str]:
         return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda mm: "$" if mm.group(0) == "$$" else env.get(mm.group(1), mm.group(0)), arg)
 
     return [one(a) for a in argv]
-
-
-@pytest.fixture(scope="module")
-def server_parser() -> argparse.ArgumentParser:
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-
-    def error(message):
-        raise AssertionError(f"SGLang's parser rejected the command line: {message}")
-
-    parser.error = error
-    return parser
 
 
 def parsed(parser, spec, argv):

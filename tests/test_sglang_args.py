@@ -47,21 +47,6 @@ EXTRA_ARG_CHOICES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server_parser() -> argparse.ArgumentParser:
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-
-    # argparse exits on errors; raise instead so a rejected command line fails the test with its message.
-    def error(message):
-        raise AssertionError(f"SGLang's parser rejected the command line: {message}")
-
-    parser.error = error
-    return parser
-
-
 def spec_of(data: dict) -> api.SpeculativeServerSpec:
     return resource.parse_spec(data, check_rules=True)
 

@@ -362,11 +362,7 @@ def deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": child_name(name, variant),
-            "namespace": namespace,
-            "labels": {**instance_labels(name), LABEL_VARIANT: variant},
-        },
+        "metadata": _server_metadata(name, namespace, variant),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(name, variant)},
@@ -466,11 +462,7 @@ def leader_worker_set(
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": {
-            "name": child_name(name, variant),
-            "namespace": namespace,
-            "labels": {**instance_labels(name), LABEL_VARIANT: variant},
-        },
+        "metadata": _server_metadata(name, namespace, variant),
         "spec": {
             "replicas": replicas,
             "startupPolicy": "LeaderCreated",
@@ -536,6 +528,11 @@ def service(
         # broke first at 1,000 resources: the API server allocated a few per second (benchmarks/scale.py).
         spec["clusterIP"] = "None"
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
+
+
+def _server_metadata(name: str, namespace: str, variant: str) -> dict[str, Any]:
+    """Metadata of a variant's server object (Deployment or LeaderWorkerSet)."""
+    return {"name": child_name(name, variant), "namespace": namespace, "labels": {**instance_labels(name), LABEL_VARIANT: variant}}
 
 
 def adaptive_config_map(name: str, namespace: str, config_json: str) -> dict[str, Any]:
