@@ -546,9 +546,18 @@ class Workload(_SpecModel):
     )
 
 
+_DEFAULT_PROMPTS: dict[str, Any] = {"source": "Default", "outputLength": "Fixed", "maxOutputTokens": 1024}
 DEFAULT_WORKLOADS: list[dict[str, Any]] = [
-    {"name": "single-stream", "concurrency": 1, "inputTokens": 1024, "outputTokens": 256, "requests": 4, "weight": 1.0},
-    {"name": "concurrent-64", "concurrency": 64, "inputTokens": 1024, "outputTokens": 256, "requests": 128, "weight": 1.0},
+    {"name": "single-stream", "concurrency": 1, "inputTokens": 1024, "outputTokens": 256, "requests": 4, "weight": 1.0, "prompts": _DEFAULT_PROMPTS},
+    {
+        "name": "concurrent-64",
+        "concurrency": 64,
+        "inputTokens": 1024,
+        "outputTokens": 256,
+        "requests": 128,
+        "weight": 1.0,
+        "prompts": _DEFAULT_PROMPTS,
+    },
 ]
 
 

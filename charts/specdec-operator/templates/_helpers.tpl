@@ -104,6 +104,11 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
+# A workload's prompt dataset (rollout.workloads[].prompts.source ConfigMap): get of the one ConfigMap a spec
+# names, when its probe starts. No list or watch: the operator sees no ConfigMap a spec does not name.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 # An Event for every decision (Kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]

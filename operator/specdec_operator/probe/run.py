@@ -324,6 +324,9 @@ async def run_probe(
         if own_session:
             await session.close()
     result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
+    if result.accept_length is None and result.server_accept_length is not None:
+        # Chat streams carry no spec_verify_ct: the server's own sglang:spec_accept_length stands in.
+        result.accept_length = result.server_accept_length
     if result.synthetic and result.base_reachable:
         result.message += (
             f" [SyntheticTraffic: {', '.join(result.synthetic)} sent random token ids, not prompts: acceptance, and so the speedup, "

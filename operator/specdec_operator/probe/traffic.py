@@ -161,7 +161,7 @@ def build_traffic(
         prompts: list[Prompt] | None
         if w.name in given:
             prompts = list(given[w.name])
-            description = describe_source(w) if source == "ConfigMap" else "the dataset given"
+            description = describe_source(w) if source == "ConfigMap" else "the dataset given (--dataset)"
         elif source == "Random":
             prompts, description = None, describe_source(w)
         elif source == "Default":
