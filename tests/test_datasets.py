@@ -129,3 +129,16 @@ def test_equal_servers_match_exactly_and_a_corrupted_server_is_rolled_back():
     assert equal.output_match_rate == 1.0 and equal.reason != "OutputMismatch"
     bad = asyncio.run(_probe(_profile("bad", 3.0, corrupt_token_share=0.05), _workload(), check=check))
     assert bad.decision == "rollback" and bad.reason == "OutputMismatch" and bad.output_match_rate < 0.9, bad.message
+
+
+def test_a_synthetic_decision_posts_a_synthetic_traffic_warning_once():
+    from specdec_operator.api import ProbeStatus, SpeculativeServerStatus
+    from specdec_operator.reconcile.events import transition_events
+
+    probe = ProbeStatus(
+        decision="promote", reason="SpeedupConfirmed", revision="r1", synthetic_traffic=True, traffic="w: random token ids (32 tokens)"
+    )
+    new = SpeculativeServerStatus(probe=probe)
+    events = transition_events(SpeculativeServerStatus(), new, name="x", workloads=["w"])
+    assert [(e.type, e.reason) for e in events if e.reason == "SyntheticTraffic"] == [("Warning", "SyntheticTraffic")]
+    assert not [e for e in transition_events(new, new, name="x", workloads=["w"]) if e.reason == "SyntheticTraffic"]
