@@ -49,6 +49,9 @@ class FakeWriter:
         self.taken: dict[str, dict[str, Any]] = {}  # names held by objects someone else owns
         self.beside_the_step: list[str] = []  # children applied by the stable Service's creation task
 
+    async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raise AssertionError("no prompt dataset in these specs")
+
     async def apply(self, obj: dict[str, Any], owner: Any, uid: str, *, known: bool) -> dict[str, Any] | None:
         name = obj["metadata"]["name"]
         if name in self.taken:
@@ -81,6 +84,7 @@ class FakeProbes:
         self.settled = 0
         self.result: ProbeStatus | None = None
         self.revision: str | None = None
+        self.read_config_map = None  # set by the Operator (a ConfigMap prompt source, read through the API)
 
     def running(self, key):
         return self.revision if self.result is None else None

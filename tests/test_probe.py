@@ -272,7 +272,7 @@ def test_spent_time_budget_is_inconclusive():
 def test_status_document_is_camel_case_with_rfc3339_times():
     result = asyncio.run(probe_between(BASE, WIN, [SINGLE], scale=4))
     status = dump(result.to_status())
-    assert set(status) == {"decision", "reason", "rounds", "startedAt", "finishedAt", "acceptLength", "speedup", "message", "workloads"}
+    assert set(status) == {"decision", "reason", "rounds", "startedAt", "finishedAt", "acceptLength", "speedup", "message", "workloads", "traffic"}
     assert status["startedAt"].endswith("Z") and "T" in status["startedAt"]
     assert set(status["workloads"][0]) == {
         "name",

@@ -237,7 +237,7 @@ def test_openai_endpoints_stream_with_usage():
     assert chat_events[-1] == b"[DONE]"
     chunks = [json.loads(e) for e in chat_events[:-1]]
     assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
+    text = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks if c["choices"])
     assert text.strip()
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6

@@ -82,6 +82,10 @@ class Reason(StrEnum):
     # Load-aware speculation (status.probe.loadAware.reason; LoadAwareTrial is also the Event of its start)
     LOAD_AWARE_TRIAL = "LoadAwareTrial"
     LOAD_AWARE_UNSUPPORTED = "LoadAwareUnsupported"
+    OUTPUT_MISMATCH = "OutputMismatch"
+    DATASET_INVALID = "DatasetInvalid"
+    # A warning on a decision: the probe measured random token ids, not the traffic users send
+    SYNTHETIC_TRAFFIC = "SyntheticTraffic"
     # Phases before a decision, and failures
     CREATING = "Creating"
     VALIDATING = "Validating"
@@ -163,6 +167,7 @@ _MANAGED_FLAG_RE = (
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$"
 # Kubernetes label syntax: key = [prefix/]name (name at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends;
 # prefix a DNS subdomain), value empty or like a name. The API server checks it only on the children, so a spec
@@ -477,6 +482,81 @@ class SGLangSettings(_SpecModel):
         return value
 
 
+# Where a workload's prompts come from. Default: the project's own prompt set shipped with the operator (code,
+# chat, math, summarisation, several languages). Random: random token ids of exactly inputTokens (synthetic
+# traffic: the decision says so). ConfigMap: a dataset in a ConfigMap key of the resource's namespace.
+PromptSourceKind = Literal["Default", "Random", "ConfigMap"]
+
+
+# A dataset's format: Chat (JSONL of OpenAI chat requests, {"messages": [...]}, optional max_tokens), ShareGPT
+# ({"conversations": [{"from", "value"}]}, JSONL or one JSON array), Prompt (JSONL of {"prompt": "..."}); Auto
+# tells them apart by their keys, line by line.
+DatasetFormat = Literal["Auto", "Chat", "ShareGPT", "Prompt"]
+
+
+# How text prompts are sent: Chat is /v1/chat/completions, streaming, the server applying its chat template;
+# Generate is SGLang's native /generate with `text` (the contents as they are, no template). Random ids always go
+# through /generate as input_ids.
+PromptEndpoint = Literal["Chat", "Generate"]
+
+
+# Fixed: every request generates exactly outputTokens (ignore_eos), so rounds compare like for like. Dataset: the
+# prompt's own max_tokens (maxOutputTokens where it has none, and never more), stopping at EOS like real traffic.
+OutputLength = Literal["Fixed", "Dataset"]
+
+
+class ConfigMapKey(_SpecModel):
+    name: str = Field(description="ConfigMap name, in the SpeculativeServer's namespace.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    key: str = Field(description="Key holding the dataset (e.g. prompts.jsonl).", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+
+
+class Prompts(_SpecModel):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "(self.source == 'ConfigMap') == has(self.configMap)",
+                "prompts.configMap is required with source ConfigMap, and only allowed with it",
+                ".configMap",
+            ),
+            (
+                "self.source != 'Random' || (!has(self.endpoint) || self.endpoint == 'Generate')",
+                "prompts.endpoint: random token ids are sent to /generate; endpoint Chat needs text prompts (source Default or ConfigMap)",
+                ".endpoint",
+            ),
+            (
+                "self.source != 'Random' || self.outputLength == 'Fixed'",
+                "prompts.outputLength: random token ids have no length of their own; use Fixed (outputTokens)",
+                ".outputLength",
+            ),
+            (
+                "self.source != 'Random' || !has(self.format)",
+                "prompts.format applies to datasets (source Default or ConfigMap), not to random token ids",
+                ".format",
+            ),
+        )
+    )
+    source: PromptSourceKind = Field(
+        "Default", description="Default (the operator's own prompt set), Random (random token ids of inputTokens) or ConfigMap."
+    )
+    config_map: ConfigMapKey | None = Field(None, alias="configMap", description="The ConfigMap key holding the dataset (source ConfigMap).")
+    format: DatasetFormat | None = Field(None, description="Dataset format: Auto (the default), Chat, ShareGPT or Prompt.")
+    endpoint: PromptEndpoint | None = Field(
+        None, description="Chat (/v1/chat/completions, the server's chat template; the default for text) or Generate (/generate with text)."
+    )
+    output_length: OutputLength = Field(
+        "Fixed",
+        alias="outputLength",
+        description="Fixed: exactly outputTokens per request (ignore_eos). Dataset: the prompt's own max_tokens, capped by maxOutputTokens, stopping at EOS.",
+    )
+    max_output_tokens: int = Field(
+        1024,
+        alias="maxOutputTokens",
+        description="With outputLength Dataset: the cap on a request's output, and its length when the prompt gives none.",
+        ge=1,
+        le=65_536,
+    )
+
+
 class Workload(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
@@ -489,16 +569,50 @@ class Workload(_SpecModel):
     )
     name: str = Field(description="Workload name, unique within rollout.workloads.", pattern=DNS_LABEL_PATTERN, max_length=63)
     concurrency: int = Field(description="Concurrent streams (closed-loop clients).", ge=1, le=4096)
-    input_tokens: int = Field(1024, alias="inputTokens", description="Prompt length in tokens.", ge=1, le=1_048_576)
-    output_tokens: int = Field(256, alias="outputTokens", description="Generated tokens per request (fixed, ignore_eos).", ge=1, le=65_536)
+    input_tokens: int = Field(
+        1024,
+        alias="inputTokens",
+        description="Prompt length in tokens (prompts.source Random only: a dataset's prompts have their own).",
+        ge=1,
+        le=1_048_576,
+    )
+    output_tokens: int = Field(
+        256, alias="outputTokens", description="Generated tokens per request (fixed, ignore_eos) with prompts.outputLength Fixed.", ge=1, le=65_536
+    )
     requests: int = Field(description="Requests per round and server.", ge=1, le=100_000)
     weight: float = Field(1.0, description="Share of this workload in the WeightedMix policy.", gt=0, le=1000)
+    prompts: Prompts = Field(
+        default_factory=Prompts,
+        description="Where the prompts come from and how they are sent (default: the operator's own prompt set, chat endpoint).",
+    )
 
 
+_DEFAULT_PROMPTS: dict[str, Any] = {"source": "Default", "outputLength": "Fixed", "maxOutputTokens": 1024}
 DEFAULT_WORKLOADS: list[dict[str, Any]] = [
-    {"name": "single-stream", "concurrency": 1, "inputTokens": 1024, "outputTokens": 256, "requests": 4, "weight": 1.0},
-    {"name": "concurrent-64", "concurrency": 64, "inputTokens": 1024, "outputTokens": 256, "requests": 128, "weight": 1.0},
+    {"name": "single-stream", "concurrency": 1, "inputTokens": 1024, "outputTokens": 256, "requests": 4, "weight": 1.0, "prompts": _DEFAULT_PROMPTS},
+    {
+        "name": "concurrent-64",
+        "concurrency": 64,
+        "inputTokens": 1024,
+        "outputTokens": 256,
+        "requests": 128,
+        "weight": 1.0,
+        "prompts": _DEFAULT_PROMPTS,
+    },
 ]
+
+
+class OutputCheck(_SpecModel):
+    enabled: bool = Field(True, description="Compare the greedy completions of both servers before deciding; a mismatch rolls back (OutputMismatch).")
+    prompts: int = Field(8, description="Prompts compared, taken in turn from the workloads' prompts.", ge=1, le=256)
+    max_tokens: int = Field(64, alias="maxTokens", description="Tokens generated per compared prompt (temperature 0, ignore_eos).", ge=1, le=4096)
+    min_match_rate: float = Field(
+        0.9,
+        alias="minMatchRate",
+        description="Roll back when the mean share of each completion's tokens before its first difference from the base is below this (docs/probe.md).",
+        ge=0,
+        le=1,
+    )
 
 
 class Rollout(_SpecModel):
@@ -586,6 +700,11 @@ class Rollout(_SpecModel):
         description="Auto: when the speculative server wins at low concurrency and loses at high, restart it with SGLang's adaptive "
         "speculation (no drafting from the measured break-even batch size up; EAGLE/EAGLE3 with eagleTopk 1 only) and promote it if it is "
         "never slower than the base. Off: promote or roll back on the plain probe only.",
+    )
+    output_check: OutputCheck = Field(
+        default_factory=OutputCheck,
+        alias="outputCheck",
+        description="Same answers: the speculative server's greedy completions must equal the base's.",
     )
 
 
@@ -752,7 +871,9 @@ class BreakEvenStatus(_Model):
 # One probe's measurements and decision (status.probe, and the plain probe of a load-aware trial).
 class ProbeMeasurement(_Model):
     decision: Decision | None = Field(None, description="promote or rollback.")
-    reason: str | None = Field(None, description="SpeedupConfirmed, SpeedupBelowThreshold, DrafterNotAccepting, Inconclusive or ProbeFailed.")
+    reason: str | None = Field(
+        None, description="SpeedupConfirmed, SpeedupBelowThreshold, DrafterNotAccepting, OutputMismatch, DatasetInvalid, Inconclusive or ProbeFailed."
+    )
     message: str | None = Field(None, description="Human-readable summary of the decision.")
     rounds: int | None = Field(None, description="Paired rounds run.")
     started_at: str | None = Field(None, alias="startedAt", description="When the probe started (RFC 3339).")
@@ -762,6 +883,18 @@ class ProbeMeasurement(_Model):
         None, description="Overall speedup: the smallest workload speedup (AllWorkloads) or the weighted one (WeightedMix)."
     )
     revision: str | None = Field(None, description="Speculative revision this decision is for; a decided revision is never probed again.")
+    output_match_rate: float | None = Field(
+        None,
+        alias="outputMatchRate",
+        description="Mean share of each compared greedy completion's tokens before its first difference from the base's (1.0: identical).",
+    )
+    outputs_compared: int | None = Field(None, alias="outputsCompared", description="Prompts whose greedy completions were compared.")
+    traffic: str | None = Field(None, description="What the probe sent: the prompt source of each workload.")
+    synthetic_traffic: bool | None = Field(
+        None,
+        alias="syntheticTraffic",
+        description="True when a workload sent random token ids instead of prompts (reason SyntheticTraffic in the Events).",
+    )
     workloads: list[WorkloadResult] | None = Field(None, description="Per-workload results.")
     break_even: BreakEvenStatus | None = Field(
         None,

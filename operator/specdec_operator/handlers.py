@@ -107,6 +107,8 @@ class Runtime:
         self.metrics = metrics
         self.writer = writer or KubernetesWriter(metrics, api_client)
         self.probes = probes or ProbeScheduler(config)
+        if self.probes.read_config_map is None:  # a ConfigMap prompt source is read through the API (get, one object)
+            self.probes.read_config_map = self.writer.read_config_map
         self.resources: dict[Key, ResourceState] = {}
         self._step_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first step
         # At most one creation of a stable Service per resource, and at most CREATIONS_AT_ONCE in all, so that

@@ -119,6 +119,19 @@ class KubernetesWriter:
         )
         return None
 
+    def _read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", "/api/v1/namespaces/{namespace}/configmaps/{name}", {"namespace": namespace, "name": name})
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One ConfigMap (a workload's prompt dataset), or None when it does not exist. The only read of a ConfigMap:
+        read on demand, when a probe starts (the watch sees only the operator's own ConfigMaps)."""
+        return await asyncio.to_thread(self._read_config_map, namespace, name)
+
     async def apply(self, obj: dict[str, Any], owner: Any, uid: str, *, known: bool) -> dict[str, Any] | None:
         """Create or update one child with server-side apply, owned by ``owner``.
 

@@ -10,7 +10,7 @@ names a host.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -19,11 +19,14 @@ import aiohttp
 from . import manifests as m
 from .api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeServerSpec, Variant
 from .config import OperatorConfig
+from .errors import InputError
 from .monitor import Sample, sample_from_metrics
 from .probe import ProbeRequestError, run_probe, scrape_metrics
+from .probe.datasets import Prompt, parse_dataset
 from .textutil import rfc3339
 
 Key = tuple[str, str]  # (namespace, name)
+ReadConfigMap = Callable[[str, str], Awaitable["dict | None"]]  # (namespace, name) -> the ConfigMap or None
 
 
 @dataclass
@@ -41,12 +44,38 @@ def probe_failed(revision: str, message: str) -> ProbeStatus:
     return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, message=message, rounds=0, revision=revision)
 
 
+def dataset_invalid(revision: str, message: str) -> ProbeStatus:
+    """A workload's dataset could not be read or parsed: the probe did not run, nothing is promoted."""
+    return ProbeStatus(
+        decision=Decision.ROLLBACK,
+        reason=Reason.DATASET_INVALID,
+        message=f"{message} (the probe did not run; fix the dataset, then change the spec or recreate the resource to probe again)",
+        rounds=0,
+        revision=revision,
+    )
+
+
+def config_map_dataset(namespace: str, config_map: dict | None, name: str, key: str, fmt: str) -> list[Prompt]:
+    """The prompts in a ConfigMap key (pure: the operator has read the object); InputError names the source and line."""
+    source = f"dataset configmap/{name} key {key}"
+    if config_map is None:
+        raise InputError(f"{source}: ConfigMap {namespace}/{name} not found; create it (kubectl create configmap {name} --from-file={key}=FILE)")
+    data = config_map.get("data") or {}
+    if key not in data:
+        if key in (config_map.get("binaryData") or {}):
+            raise InputError(f"{source}: the key is in binaryData; store the dataset as UTF-8 text (data)")
+        keys = ", ".join(sorted(data)) or "none"
+        raise InputError(f"{source}: ConfigMap {namespace}/{name} has no key {key!r} (keys: {keys}); name an existing key")
+    return parse_dataset(data[key], source=source, fmt=fmt)
+
+
 class ProbeScheduler:
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
         self._probes: dict[Key, _Probe] = {}
         self._slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
         self._session: aiohttp.ClientSession | None = None
+        self.read_config_map: ReadConfigMap | None = None  # set by the runtime: the writer's API client
 
     def url(self, key: Key, variant: Variant) -> str:
         namespace, name = key
@@ -127,6 +156,12 @@ class ProbeScheduler:
         async with self._slots:
             probe.progress = None
             try:
+                datasets = await self._datasets(key[0], spec)
+            except InputError as exc:
+                return dataset_invalid(revision, str(exc))
+            except Exception as exc:  # the API refused the read (RBAC, unreachable): no probe, no promotion
+                return dataset_invalid(revision, f"dataset: reading the ConfigMap failed: {type(exc).__name__}: {str(exc)[:200]}")
+            try:
                 result = await run_probe(
                     self.url(key, Variant.BASE),
                     self.url(key, Variant.SPECULATIVE),
@@ -138,12 +173,27 @@ class ProbeScheduler:
                     timeout=self.config.probe_timeout,
                     request_timeout=self.config.probe_request_timeout,
                     on_round=on_round,
+                    datasets=datasets,
+                    output_check=rollout.output_check,
                 )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # an unusable argument or a bug still ends in a reason, never a promotion
                 return probe_failed(revision, f"probe failed: {exc}")
             return result.to_status(revision)
+
+    async def _datasets(self, namespace: str, spec: SpeculativeServerSpec) -> dict[str, list[Prompt]]:
+        """The prompts of the workloads whose source is a ConfigMap, read now (each key once)."""
+        out: dict[str, list[Prompt]] = {}
+        for w in spec.rollout.workloads:
+            ref = w.prompts.config_map
+            if w.prompts.source != "ConfigMap" or ref is None:
+                continue
+            if self.read_config_map is None:
+                raise InputError(f"workload {w.name}: prompts.source ConfigMap, but this operator has no API client to read it")
+            config_map = await self.read_config_map(namespace, ref.name)
+            out[w.name] = config_map_dataset(namespace, config_map, ref.name, ref.key, w.prompts.format or "Auto")
+        return out
 
     # --- the drift monitor's scrapes
     async def session(self) -> aiohttp.ClientSession:

@@ -102,6 +102,8 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
   verbs: ["get", "list", "watch", "create", "patch"]
 # <name>-adaptive, owned by its SpeculativeServer: the --speculative-adaptive-config table of load-aware
 # speculation, server-side applied, read before taking the name, watched through Kopf's label-filtered index.
+# Also get of a workload's prompt dataset (rollout.workloads[].prompts.source ConfigMap) when its probe starts: the
+# watch is filtered to the operator's own label, so no other ConfigMap is cached.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]

@@ -7,8 +7,11 @@ import asyncio
 import json
 import sys
 
+from ..api import OutputCheck, Prompts
 from ..cliparse import ArgumentParser
+from ..errors import InputError
 from .client import parse_workload
+from .datasets import load_dataset_file
 from .run import DEFAULT_CONFIDENCE, ProbeResult, run_probe
 
 DEFAULT_WORKLOADS = ["single-stream:1:1024:256:4", "concurrent-64:64:1024:256:128"]
@@ -51,7 +54,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=3600.0, help="time budget of the whole probe in seconds")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
-    p.add_argument("--seed", type=int, default=None, help="seed for the random prompts")
+    p.add_argument(
+        "--dataset",
+        metavar="FILE",
+        default=None,
+        help="prompts for every workload: JSONL of OpenAI chat requests ({messages, max_tokens?}), ShareGPT "
+        "({conversations}, JSONL or a JSON array) or JSONL of {prompt}. Default: the shipped prompt set",
+    )
+    p.add_argument("--dataset-format", default="Auto", choices=["Auto", "Chat", "ShareGPT", "Prompt"], help="the dataset's format (default Auto)")
+    p.add_argument(
+        "--random-ids",
+        action="store_true",
+        help="send random token ids of INPUT_TOKENS instead of prompts (synthetic traffic: the decision says so)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default="chat",
+        choices=["chat", "generate"],
+        help="chat: /v1/chat/completions, streaming, the server's chat template (default); generate: /generate with text",
+    )
+    p.add_argument(
+        "--output-length",
+        default="fixed",
+        choices=["fixed", "dataset"],
+        help="fixed: OUTPUT_TOKENS with ignore_eos (default); dataset: each prompt's max_tokens capped by --max-output-tokens, stopping at EOS",
+    )
+    p.add_argument("--max-output-tokens", type=int, default=1024, help="the cap with --output-length dataset (default 1024)")
+    p.add_argument(
+        "--output-check-prompts",
+        type=int,
+        default=8,
+        help="prompts whose greedy completions are compared between the servers afterwards (default 8; 0: no check)",
+    )
+    p.add_argument("--min-match-rate", type=float, default=0.9, help="rollback OutputMismatch below this match rate (default 0.9)")
+    p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     return p
@@ -61,6 +97,12 @@ def render_text(result: ProbeResult) -> str:
     lines = [f"decision: {result.decision} ({result.reason}) after {result.rounds} round(s)"]
     if result.accept_length is not None:
         lines.append(f"acceptance length: {result.accept_length:.3f}")
+    elif result.server_accept_length is not None:
+        lines.append(f"acceptance length (server): {result.server_accept_length:.3f}")
+    for name, what in result.traffic.items():
+        lines.append(f"traffic {name}: {what}")
+    if result.output_match_rate is not None:
+        lines.append(f"greedy output match: {result.output_match_rate:.1%} over {result.outputs_compared} prompts")
     for w in result.workloads:
         if w.speedup is None:
             lines.append(f"  {w.name} (c={w.concurrency}): not measured")
@@ -82,6 +124,27 @@ def render_text(result: ProbeResult) -> str:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     workloads = [parse_workload(w) for w in (args.workload or DEFAULT_WORKLOADS)]
+    if args.random_ids and args.dataset:
+        raise InputError("--random-ids and --dataset: choose one (random token ids, or the dataset's prompts)")
+    try:
+        if args.random_ids:
+            prompts = Prompts(source="Random")
+        else:
+            prompts = Prompts(
+                endpoint="Chat" if args.endpoint == "chat" else "Generate",
+                output_length="Fixed" if args.output_length == "fixed" else "Dataset",
+                max_output_tokens=args.max_output_tokens,
+            )
+        check = None
+        if args.output_check_prompts > 0:
+            check = OutputCheck(prompts=args.output_check_prompts, min_match_rate=args.min_match_rate)
+    except ValueError as exc:  # pydantic's ValidationError
+        raise InputError(f"--max-output-tokens/--output-check-prompts/--min-match-rate: {str(exc).splitlines()[-2].strip()}") from None
+    workloads = [w.model_copy(update={"prompts": prompts}) for w in workloads]
+    datasets = None
+    if args.dataset:
+        dataset = load_dataset_file(args.dataset, args.dataset_format)
+        datasets = {w.name: dataset for w in workloads}
 
     def progress(result: ProbeResult) -> None:
         if args.quiet:
@@ -103,6 +166,8 @@ def main(argv: list[str]) -> int:
             request_timeout=args.request_timeout,
             seed=args.seed,
             on_round=progress,
+            datasets=datasets,
+            output_check=check,
         )
     )
     if args.json:

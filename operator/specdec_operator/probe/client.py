@@ -1,9 +1,10 @@
-"""Load generation against SGLang's native /generate: closed-loop streaming clients, strict response checks.
+"""Load generation against SGLang: closed-loop streaming clients, strict response checks.
 
 One measurement runs ``workload.requests`` requests through ``workload.concurrency`` closed-loop clients
-(each sends its next request the moment the previous one finishes), every request a prompt of exactly
-``input_tokens`` random token ids (``input_ids``: exact length, no tokenizer, no prefix-cache hits) and
-``max_new_tokens = output_tokens`` with ``ignore_eos``. Output tok/s = tokens received / wall time from the
+(each sends its next request the moment the previous one finishes). What a request is comes from traffic.py:
+a dataset prompt to ``/v1/chat/completions`` or ``/generate`` with ``text``, or a prompt of exactly
+``input_tokens`` random token ids (``input_ids``) to ``/generate``; with a fixed output length ``ignore_eos``
+makes every request generate exactly ``output_tokens``. Output tok/s = tokens received / wall time from the
 first send to the last completion, the same definition as ``sglang.benchmark.serving``'s
 ``output_throughput``.
 
@@ -28,19 +29,14 @@ from pydantic import ValidationError
 from ..api import Workload
 from ..errors import InputError
 from .stats import percentile, weighted_percentile
-
-
-def _json_dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
+from .traffic import WorkloadTraffic, random_ids_plans
 
 # orjson where it is installed: the stream parser's JSON decoding is most of the probe client's CPU (docs/probe.md).
 _loads: Callable[[bytes], Any] = json.loads
-_dumps: Callable[[Any], bytes] = _json_dumps
 try:
     import orjson
 
-    _loads, _dumps = orjson.loads, orjson.dumps
+    _loads = orjson.loads
 except ImportError:  # pragma: no cover - orjson is optional
     pass
 
@@ -112,16 +108,20 @@ class Measurement:
 
 def make_prompts(workload: Workload, rng: random.Random) -> list[bytes]:
     """Request bodies (pre-serialized) with random token-id prompts of exactly ``input_tokens``."""
-    bodies = []
-    for _ in range(workload.requests):
-        ids = [rng.randrange(1000, 30000) for _ in range(workload.input_tokens)]
-        body = {
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": workload.output_tokens, "ignore_eos": True, "temperature": 0.0},
-            "stream": True,
-        }
-        bodies.append(_dumps(body))
-    return bodies
+    return [plan.body for plan in random_ids_plans(workload, rng)]
+
+
+def _chat_tokens(data: dict) -> tuple[int | None, object]:
+    """(completion tokens so far or None, finish reason) of one OpenAI chat chunk (continuous usage stats)."""
+    usage = data.get("usage") or {}
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
+        raise KeyError("usage.completion_tokens")
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        raise KeyError("choices")
+    finish = choices[0].get("finish_reason") if choices else None
+    return tokens, finish
 
 
 async def _one_request(
@@ -131,13 +131,16 @@ async def _one_request(
     expected_tokens: int,
     timeout: aiohttp.ClientTimeout,
     m: Measurement,
+    exact: bool = True,
 ) -> None:
+    chat = url.endswith("/v1/chat/completions")
     start = time.perf_counter()
     last_t = start
     last_tokens = 0
     first = True
     done = False
     final_meta: dict | None = None
+    finish_seen: object = None
     buf = b""
     try:
         async with session.post(url, data=body, timeout=timeout, headers={"Content-Type": "application/json"}) as resp:
@@ -161,8 +164,17 @@ async def _one_request(
                         continue
                     try:
                         data = _loads(payload)
-                        meta = data["meta_info"]
-                        tokens = meta["completion_tokens"]
+                        if chat:
+                            if "error" in data:
+                                raise KeyError("error")
+                            # SGLang: a role chunk, content chunks (each with its usage under
+                            # continuous_usage_stats), a finish chunk, a usage chunk, [DONE].
+                            usage_tokens, finish = _chat_tokens(data)
+                            tokens = last_tokens if usage_tokens is None else usage_tokens
+                            meta = {"finish_reason": finish} if finish is not None else {}
+                        else:
+                            meta = data["meta_info"]
+                            tokens = meta["completion_tokens"]
                     except Exception:
                         if b'"error"' in payload:
                             raise ProbeRequestError(f"{url}: error in stream: {payload[:200]!r}") from None
@@ -175,9 +187,11 @@ async def _one_request(
                         first = False
                     elif tokens > last_tokens:
                         m.itl_pairs.append(((now - last_t) / (tokens - last_tokens), tokens - last_tokens))
-                    last_t, last_tokens = now, tokens
+                    if tokens > last_tokens or not chat:
+                        last_t, last_tokens = now, tokens
                     if meta.get("finish_reason") is not None:
                         final_meta = meta
+                        finish_seen = meta["finish_reason"]
     except TimeoutError:
         raise ProbeRequestError(f"{url}: timed out after {time.perf_counter() - start:.1f}s") from None
     except aiohttp.ClientError as exc:
@@ -186,11 +200,14 @@ async def _one_request(
         raise ProbeRequestError(f"{url}: stream ended inside an event ({buf[:60]!r})")
     if final_meta is None or not done:
         raise ProbeRequestError(f"{url}: stream ended without a finish reason and [DONE] (truncated)")
-    finish = final_meta.get("finish_reason") or {}
-    if isinstance(finish, dict) and finish.get("type") == "abort":
-        raise ProbeRequestError(f"{url}: request aborted by the server: {finish.get('message')}")
-    if last_tokens != expected_tokens:
+    finish = finish_seen or {}
+    if (isinstance(finish, dict) and finish.get("type") == "abort") or finish == "abort":
+        message = finish.get("message") if isinstance(finish, dict) else "abort"
+        raise ProbeRequestError(f"{url}: request aborted by the server: {message}")
+    if exact and last_tokens != expected_tokens:
         raise ProbeRequestError(f"{url}: returned {last_tokens} of {expected_tokens} tokens (ignore_eos ignored?)")
+    if not exact and not 1 <= last_tokens <= expected_tokens:
+        raise ProbeRequestError(f"{url}: returned {last_tokens} tokens for max {expected_tokens}")
     m.output_tokens += last_tokens
     m.requests += 1
     verify = final_meta.get("spec_verify_ct")
@@ -208,14 +225,17 @@ async def measure(
     request_timeout: float = 600.0,
     read_timeout: float = 120.0,
     stop_early: Callable[[Measurement], bool] | None = None,
+    traffic: WorkloadTraffic | None = None,
 ) -> Measurement:
     """Run one workload against one server; raises ProbeRequestError on the first bad response.
 
+    ``traffic`` gives the requests (traffic.py: the workload's prompt source, paired across servers); without it
+    every request is a random token-id prompt of ``input_tokens``.
     ``stop_early(measurement)`` is asked after each completed request; when it returns True the remaining
     requests are cancelled and the measurement is marked ``aborted_early`` (its tok/s is then not used).
     """
-    url = base_url.rstrip("/") + "/generate"
-    bodies = make_prompts(workload, rng)
+    root = base_url.rstrip("/")
+    plans = traffic.next_plans(root) if traffic is not None else random_ids_plans(workload, rng)
     m = Measurement(workload=workload.name, url=base_url)
     timeout = aiohttp.ClientTimeout(total=request_timeout, sock_read=read_timeout)
     next_index = 0
@@ -223,16 +243,16 @@ async def measure(
 
     async def client() -> None:
         nonlocal next_index
-        while not stop.is_set() and next_index < len(bodies):
-            body = bodies[next_index]
+        while not stop.is_set() and next_index < len(plans):
+            plan = plans[next_index]
             next_index += 1
-            await _one_request(session, url, body, workload.output_tokens, timeout, m)
+            await _one_request(session, root + plan.path, plan.body, plan.max_tokens, timeout, m, plan.exact)
             if stop_early is not None and not stop.is_set() and stop_early(m):
                 m.aborted_early = True
                 stop.set()
 
     start = m.started_at = time.perf_counter()
-    tasks = [asyncio.create_task(client()) for _ in range(min(workload.concurrency, workload.requests))]
+    tasks = [asyncio.create_task(client()) for _ in range(min(workload.concurrency, len(plans)))]
     try:
         stopper = asyncio.create_task(stop.wait())
         pending: set[asyncio.Task[Any]] = set(tasks)

@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 import math
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -15,11 +15,12 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from ..api import BreakEvenStatus, ProbeStatus, Variant, Workload, WorkloadResult
+from ..api import BreakEvenStatus, OutputCheck, ProbeStatus, Variant, Workload, WorkloadResult
 from ..errors import InputError
 from ..textutil import rfc3339
 from .client import Measurement, ProbeRequestError, get_json, measure
 from .curve import BreakEven, CurvePoint, break_even
+from .datasets import Prompt
 from .decide import (
     PROMOTE_MIN_ROUNDS,
     Decision,
@@ -33,6 +34,7 @@ from .decide import (
     outcome_for,
 )
 from .metrics import scrape_metrics
+from .outputs import compare_outputs, judge_outputs
 from .stats import (
     LogRate,
     PairedRound,
@@ -45,6 +47,7 @@ from .stats import (
     per_look_level,
     weighted_paired_round,
 )
+from .traffic import WorkloadTraffic, build_traffic
 
 BASE, SPECULATIVE = Variant.BASE.value, Variant.SPECULATIVE.value
 
@@ -135,6 +138,10 @@ class ProbeResult:
     base_reachable: bool = True
     base_max_running_requests: int | None = None
     speculative_max_running_requests: int | None = None
+    traffic: dict[str, str] = field(default_factory=dict)  # workload -> what it sent (traffic.py)
+    synthetic: list[str] = field(default_factory=list)  # workloads that sent random token ids
+    output_match_rate: float | None = None  # outputs.py: the greedy completions' match with the base's
+    outputs_compared: int | None = None
 
     @property
     def wall_seconds(self) -> float | None:
@@ -165,7 +172,14 @@ class ProbeResult:
             "finished_at": _rfc3339(self.finished_at),
             "wall_seconds": _num(self.wall_seconds, 3),
             "break_even": dataclasses.asdict(found) if (found := self.break_even()) is not None else None,
+            "traffic": dict(self.traffic),
+            "synthetic_traffic": bool(self.synthetic),
+            "output_match_rate": _num(self.output_match_rate),
+            "outputs_compared": self.outputs_compared,
         }
+
+    def traffic_summary(self) -> str | None:
+        return "; ".join(f"{name}: {what}" for name, what in self.traffic.items()) or None
 
     def to_status(self, revision: str | None = None) -> ProbeStatus:
         """The CR's ``status.probe`` for the speculative ``revision`` that was measured."""
@@ -175,10 +189,15 @@ class ProbeResult:
             rounds=self.rounds,
             started_at=_rfc3339(self.started_at),
             finished_at=_rfc3339(self.finished_at),
-            accept_length=_num(self.accept_length),
+            # Chat streams carry no spec_verify_ct: then the server's own sglang:spec_accept_length.
+            accept_length=_num(self.accept_length if self.accept_length is not None else self.server_accept_length),
             speedup=_num(self.speedup),
             message=self.message,
             revision=revision,
+            output_match_rate=_num(self.output_match_rate),
+            outputs_compared=self.outputs_compared,
+            traffic=self.traffic_summary(),
+            synthetic_traffic=True if self.synthetic else None,
             workloads=[w.to_status() for w in self.workloads],
             break_even=self.break_even_status(),
         )
@@ -246,6 +265,8 @@ async def run_probe(
     seed: int | None = None,
     on_round: OnRound | None = None,
     session: aiohttp.ClientSession | None = None,
+    datasets: Mapping[str, list[Prompt]] | None = None,
+    output_check: OutputCheck | None = None,
 ) -> ProbeResult:
     """Measure ``speculative_url`` against ``base_url`` and decide promote or rollback.
 
@@ -255,7 +276,9 @@ async def run_probe(
     :mod:`.stats`); the probe stops as soon as the policy's verdict is decided.
     ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
     each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
-    Bad arguments raise InputError; everything else ends in a ProbeResult with a reason.
+    ``datasets`` maps a workload name to its prompts (a ConfigMap's, read by the operator, or ``--dataset``);
+    other workloads use their source (traffic.py). ``output_check`` compares the greedy completions afterwards
+    (outputs.py; None: not compared). Bad arguments raise InputError; everything else ends in a ProbeResult.
     """
     try:
         wls = [w if isinstance(w, Workload) else Workload.model_validate(w) for w in workloads]
@@ -267,8 +290,11 @@ async def run_probe(
     except ValueError as exc:
         raise InputError(f"--policy: {exc}") from None
     _check_arguments(base_url, speculative_url, wls, min_speedup, max_rounds, accept_length_floor, confidence)
+    traffic = build_traffic(wls, datasets, seed)
     result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence, started_at=datetime.now(UTC))
     result.workloads = [WorkloadOutcome(w.name, w.concurrency, w.weight) for w in wls]
+    result.traffic = {name: t.description for name, t in traffic.items()}
+    result.synthetic = [name for name, t in traffic.items() if t.synthetic]
     own_session = session is None
     connector_limit = max(w.concurrency for w in wls) + 8
     if own_session:
@@ -291,7 +317,14 @@ async def run_probe(
             read_timeout=read_timeout,
             seed=seed,
             on_round=on_round,
+            traffic=traffic,
         )
+        if output_check is not None and output_check.enabled and outcome.reason is not Reason.PROBE_FAILED:
+            comparison = await compare_outputs(
+                session, base_url.rstrip("/"), speculative_url.rstrip("/"), traffic, output_check, request_timeout=request_timeout, seed=seed
+            )
+            result.output_match_rate, result.outputs_compared = comparison.match_rate, comparison.compared
+            outcome = judge_outputs(outcome, comparison, output_check.min_match_rate)
     except ProbeRequestError as exc:
         outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}")
     except asyncio.CancelledError:
@@ -302,6 +335,14 @@ async def run_probe(
         if own_session:
             await session.close()
     result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
+    if result.accept_length is None and result.server_accept_length is not None:
+        # Chat streams carry no spec_verify_ct: the server's own sglang:spec_accept_length stands in.
+        result.accept_length = result.server_accept_length
+    if result.synthetic and result.base_reachable:
+        result.message += (
+            f" [SyntheticTraffic: {', '.join(result.synthetic)} sent random token ids, not prompts: acceptance, and so the speedup, "
+            f"differs on real traffic; give the workload a dataset (prompts.source Default or ConfigMap)]"
+        )
     result.finished_at = datetime.now(UTC)
     return result
 
@@ -336,6 +377,7 @@ async def _probe(
     read_timeout: float,
     seed: int | None,
     on_round: OnRound | None,
+    traffic: Mapping[str, WorkloadTraffic] | None = None,
 ) -> Outcome:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -386,7 +428,14 @@ async def _probe(
             raise TimeoutError
         return await asyncio.wait_for(
             measure(
-                session, url, w, rng=rng, request_timeout=request_timeout, read_timeout=read_timeout, stop_early=drafter_check(w) if check else None
+                session,
+                url,
+                w,
+                rng=rng,
+                request_timeout=request_timeout,
+                read_timeout=read_timeout,
+                stop_early=drafter_check(w) if check else None,
+                traffic=traffic.get(w.name) if traffic is not None else None,
             ),
             timeout=remaining,
         )

@@ -30,6 +30,15 @@ def transition_events(
         events.append(Event("Normal", Reason.LOAD_AWARE_TRIAL, f"{new.probe.load_aware.message}; restarting it to measure it against the base again"))
     if new.probe is not None and new.probe.decision and _is_new_decision(prev.probe, new.probe):
         events.append(_decision_event(new.probe))
+        if new.probe.synthetic_traffic:
+            events.append(
+                Event(
+                    "Warning",
+                    Reason.SYNTHETIC_TRAFFIC,
+                    f"the probe of revision {new.probe.revision} measured random token ids, not prompts ({new.probe.traffic}): "
+                    f"acceptance, and so the speedup, differs on real traffic; give rollout.workloads[].prompts a dataset",
+                )
+            )
     if probe_starting and new.probe is not None:
         events.append(
             Event("Normal", Reason.PROBE_STARTED, f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})")

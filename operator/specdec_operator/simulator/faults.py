@@ -9,6 +9,9 @@ fault does on the wire (a streamed fault strikes half-way; generation.py writes 
 - ``malformed_json``: stream events that are not JSON, or half a body that ends cleanly.
 - ``stall``: the stream, or the body, waits ``stall_seconds`` of wall time, then finishes.
 - ``die_after_requests``: the server dies (connections reset, health 503) on the request after that many.
+- ``corrupt_token_share``: not a per-request fault but a wrong answer: that share of output positions (chosen per
+  prompt, the same on every request with that prompt) carry another token, as a miswired drafter whose bad drafts
+  the verify step lets through would produce. The stream is well-formed; only the text and ids differ.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ ERROR_KEYS = {
     "stall_rate",
     "stall_seconds",
     "die_after_requests",
+    "corrupt_token_share",
 }
 
 
@@ -48,6 +52,7 @@ class ErrorConfig:
     stall_rate: float = 0.0  # stop streaming half-way for stall_seconds (wall), then finish: too late
     stall_seconds: float = 30.0
     die_after_requests: int | None = None  # the server dies (connections reset) after this many /generate
+    corrupt_token_share: float = 0.0  # share of output positions with a wrong token (tokens.CorruptedTokens)
 
 
 def error_config_from_dict(raw: Any, source: str) -> ErrorConfig:
@@ -61,7 +66,7 @@ def error_config_from_dict(raw: Any, source: str) -> ErrorConfig:
         if key == "die_after_requests":
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise InputError(f"{source}: errors.die_after_requests must be null or an integer >= 0")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key.endswith("_rate") and value > 1):
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key.endswith(("_rate", "_share")) and value > 1):
             raise InputError(f"{source}: errors.{key} must be a number (rates within 0..1), got {value!r}")
     return ErrorConfig(**raw)
 

@@ -19,7 +19,9 @@ from aiohttp import web
 
 from .inputs import OpenAIInput
 from .model import Emission, SimRequest, SpeculativeConfig
-from .tokens import OutputTape
+from .tokens import CorruptedTokens, OutputTape
+
+Tokens = OutputTape | CorruptedTokens
 
 try:  # orjson is faster; the standard library is enough.
     import orjson
@@ -48,7 +50,7 @@ def error_response(message: str, status: int = 400) -> web.Response:
 class GenerateFormat:
     """SGLang's /generate body for one request; streamed, each event is the body so far."""
 
-    def __init__(self, tape: OutputTape, rid: str, req: SimRequest, *, time_scale: float, speculative: SpeculativeConfig | None) -> None:
+    def __init__(self, tape: Tokens, rid: str, req: SimRequest, *, time_scale: float, speculative: SpeculativeConfig | None) -> None:
         self.tape = tape
         self.rid = rid.encode()
         self.req = req
@@ -84,8 +86,9 @@ class GenerateFormat:
 class OpenAIFormat:
     """The OpenAI /v1/completions or /v1/chat/completions body for one request, or its SSE chunks."""
 
-    def __init__(self, tape: OutputTape, ask: OpenAIInput) -> None:
+    def __init__(self, tape: Tokens, ask: OpenAIInput) -> None:
         self.tape = tape
+        self.continuous_usage = ask.continuous_usage
         self.chat = ask.chat
         self.model = ask.model
         self.prompt_tokens = ask.prompt_tokens
@@ -115,21 +118,34 @@ class OpenAIFormat:
         )
 
     def chunk(self, em: Emission) -> bytes:
-        """The SSE event of the tokens emitted since the previous chunk."""
+        """The SSE event(s) of the tokens emitted since the previous chunk.
+
+        Chat streams as SGLang's serving_chat.py does: a first chunk with the role and empty content, a content
+        chunk per emission (its usage under ``stream_options.continuous_usage_stats``), then a chunk with only
+        the finish reason. Text completions carry the finish reason in the last content chunk.
+        """
         first = self.sent == 0
         delta = self.tape.delta_text(self.sent, em.completion_tokens)
         self.sent = em.completion_tokens
         finish = "length" if em.finished else None
-        choice: dict[str, Any]
-        if self.chat:
-            d: dict[str, Any] = {"content": delta, "reasoning_content": None, "tool_calls": None}
-            if first:
-                d["role"] = "assistant"
-            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish, "matched_stop": None}
-        else:
+        usage_now = usage(self.prompt_tokens, em.completion_tokens) if self.continuous_usage else None
+        if not self.chat:
             choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+            return self._event([choice], usage_now)
+        out = b""
+        if first:
+            role = {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None}
+            out += self._event([{"index": 0, "delta": role, "logprobs": None, "finish_reason": None, "matched_stop": None}], None)
+        d: dict[str, Any] = {"role": None, "content": delta, "reasoning_content": None, "tool_calls": None}
+        out += self._event([{"index": 0, "delta": d, "logprobs": None, "finish_reason": None, "matched_stop": None}], usage_now)
+        if finish is not None:
+            end = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None}
+            out += self._event([{"index": 0, "delta": end, "logprobs": None, "finish_reason": finish, "matched_stop": None}], None)
+        return out
+
+    def _event(self, choices: list[dict[str, Any]], usage_now: dict[str, Any] | None) -> bytes:
         return sse_event(
-            dumps({"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model, "choices": [choice], "usage": None})
+            dumps({"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model, "choices": choices, "usage": usage_now})
         )
 
     def usage_chunk(self) -> bytes:

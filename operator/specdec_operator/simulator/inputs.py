@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import math
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Any
+
+from .promptkind import classify
 
 
 class RequestError(Exception):
@@ -25,6 +28,8 @@ class GenerationInput:
     max_new_tokens: int
     stream: bool
     stream_interval: int | None = None  # None: the server's --stream-interval
+    kind: str = "random"  # promptkind.classify of the prompt text (a profile's accept_length_by_kind)
+    prompt_key: int = 0  # a stable hash of the prompt: which output tokens a corrupt_token_share fault changes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,10 +46,16 @@ class OpenAIInput(GenerationInput):
     chat: bool
     model: str
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: the usage in every content chunk
+
+
+def _key(prompt: Any) -> int:
+    return zlib.crc32(repr(prompt).encode())
 
 
 def parse_generate(body: dict[str, Any]) -> GenerateInput:
     prompt_tokens = _generate_prompt_tokens(body)
+    text = body.get("text") if body.get("input_ids") is None else None
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise RequestError("sampling_params must be an object")
@@ -56,6 +67,8 @@ def parse_generate(body: dict[str, Any]) -> GenerateInput:
         stream=bool(body.get("stream", False)),
         rid=str(body.get("rid") or uuid.uuid4().hex),
         stream_interval=interval,
+        kind=classify(text),
+        prompt_key=_key(text if text is not None else body.get("input_ids")),
     )
 
 
@@ -67,7 +80,9 @@ def parse_completions(body: dict[str, Any], served_model_name: str) -> OpenAIInp
         prompt_tokens = text_tokens(prompt)
     else:
         raise RequestError("prompt must be a string or a list of token ids")
-    return _openai_input(body, served_model_name, chat=False, prompt_tokens=prompt_tokens, max_new_tokens=_int_param(body, "max_tokens", 16))
+    max_new = _int_param(body, "max_tokens", 16)
+    kind = classify(prompt if isinstance(prompt, str) else None)
+    return _openai_input(body, served_model_name, chat=False, prompt_tokens=prompt_tokens, max_new_tokens=max_new, kind=kind, key=_key(prompt))
 
 
 def parse_chat_completions(body: dict[str, Any], served_model_name: str) -> OpenAIInput:
@@ -77,14 +92,20 @@ def parse_chat_completions(body: dict[str, Any], served_model_name: str) -> Open
     text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
     prompt_tokens = text_tokens(text) + 4 * len(messages)  # role/template tokens
     max_new = _optional_int_param(body, "max_completion_tokens") or _int_param(body, "max_tokens", 128)
-    return _openai_input(body, served_model_name, chat=True, prompt_tokens=prompt_tokens, max_new_tokens=max_new)
+    # The kind is the user's words (a system prompt is the same on every request).
+    user = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "user")
+    return _openai_input(
+        body, served_model_name, chat=True, prompt_tokens=prompt_tokens, max_new_tokens=max_new, kind=classify(user or text), key=_key(messages)
+    )
 
 
 def text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode()) / 4))
 
 
-def _openai_input(body: dict[str, Any], served_model_name: str, *, chat: bool, prompt_tokens: int, max_new_tokens: int) -> OpenAIInput:
+def _openai_input(
+    body: dict[str, Any], served_model_name: str, *, chat: bool, prompt_tokens: int, max_new_tokens: int, kind: str, key: int
+) -> OpenAIInput:
     opts = body.get("stream_options") or {}
     return OpenAIInput(
         prompt_tokens=prompt_tokens,
@@ -93,6 +114,9 @@ def _openai_input(body: dict[str, Any], served_model_name: str, *, chat: bool, p
         chat=chat,
         model=str(body.get("model") or served_model_name),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+        continuous_usage=bool(isinstance(opts, dict) and opts.get("continuous_usage_stats")),
+        kind=kind,
+        prompt_key=key,
     )
 
 

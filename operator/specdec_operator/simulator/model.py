@@ -48,6 +48,7 @@ from .adaptive import (
     speculative_cuda_graph_batch_sizes,
 )
 from .faults import ErrorConfig, error_config_from_dict
+from .promptkind import KINDS
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ class SpeculativeConfig:
     eagle_topk: int
     num_draft_tokens: int
     accept_length_mean: float
+    # Per prompt kind (promptkind.py: random, multilingual, code, math, summary, chat): the mean acceptance length
+    # of requests of that kind; a kind not listed gets accept_length_mean.
+    accept_length_by_kind: tuple[tuple[str, float], ...] = ()
+
+    def accept_length_for(self, kind: str) -> float:
+        return dict(self.accept_length_by_kind).get(kind, self.accept_length_mean)
 
     @property
     def chain_accept_probability(self) -> float:
@@ -305,6 +312,18 @@ def _speculative_config(data: dict, source: str) -> SpeculativeConfig | None:
     )
     if spec.accept_length_mean > spec.num_draft_tokens:
         raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
+    by_kind = raw.get("accept_length_by_kind")
+    if by_kind is not None:
+        if not isinstance(by_kind, dict):
+            raise InputError(f"{where}: accept_length_by_kind must be an object {{kind: mean acceptance length}}")
+        pairs = []
+        for kind, value in sorted(by_kind.items()):
+            if kind not in KINDS:
+                raise InputError(f"{where}: accept_length_by_kind: unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= spec.num_draft_tokens:
+                raise InputError(f"{where}: accept_length_by_kind.{kind} must be a number within 1..num_draft_tokens, got {value!r}")
+            pairs.append((kind, float(value)))
+        spec = dataclasses.replace(spec, accept_length_by_kind=tuple(pairs))
     return spec
 
 
@@ -388,6 +407,7 @@ class SimRequest:
     sent_tokens: int = 0
     verify_ct: int = 0
     correct_drafts: int = 0
+    accept_p: float | None = None  # this request's per-draft-token acceptance (its prompt kind); None: the engine's
     cancelled: bool = False
     # When set, emissions are handed to this callback synchronously instead of the queue: the HTTP layer
     # writes them straight to the socket, one task switch fewer per streamed event.
@@ -413,6 +433,10 @@ class Engine:
         # Simulated seconds spent in prefills and decode steps (not idle): throughput that no host delay reaches.
         self.busy_seconds = 0.0
         self._p = profile.speculative.chain_accept_probability if profile.speculative else 0.0
+        self._p_by_kind: dict[str, float] = {}
+        if profile.speculative is not None:
+            for kind, mean in profile.speculative.accept_length_by_kind:
+                self._p_by_kind[kind] = dataclasses.replace(profile.speculative, accept_length_mean=mean).chain_accept_probability
         # Adaptive speculation: the per-bucket step slots, and the steps the last decode batch ran at (SGLang's
         # sglang:spec_num_steps gauge reports the worker's active steps, which is that batch's).
         self.adaptive: AdaptiveSteps | None = None
@@ -450,6 +474,7 @@ class Engine:
         if not 1.0 <= value <= spec.num_draft_tokens:
             raise ValueError(f"set_accept_length_mean: {value} is outside 1..{spec.num_draft_tokens}")
         self._p = dataclasses.replace(spec, accept_length_mean=value).chain_accept_probability
+        self._p_by_kind = {}  # drift replaces what the drafter accepts on every kind
 
     # --- clock -------------------------------------------------------------------------------
     def wall_to_sim(self, wall: float) -> float:
@@ -474,12 +499,13 @@ class Engine:
             except asyncio.CancelledError:
                 pass
 
-    def submit(self, prompt_tokens: int, max_new_tokens: int, stream_interval: int | None = None) -> SimRequest:
+    def submit(self, prompt_tokens: int, max_new_tokens: int, stream_interval: int | None = None, kind: str | None = None) -> SimRequest:
         req = SimRequest(
             prompt_tokens=prompt_tokens,
             max_new_tokens=max(1, max_new_tokens),
             stream_interval=stream_interval or self.profile.stream_interval,
             arrival=self.now(),
+            accept_p=self._p_by_kind.get(kind) if kind is not None else None,
         )
         self.waiting.append(req)
         self.requests_total += 1
@@ -493,7 +519,7 @@ class Engine:
             return 1.0
         return max(0.05, self.rng.gauss(1.0, self.profile.jitter))
 
-    def _draw_tokens(self, num_draft_tokens: int | None = None) -> int:
+    def _draw_tokens(self, num_draft_tokens: int | None = None, p: float | None = None) -> int:
         """Tokens one request gains in a decode step: 1 + the accepted prefix of a chain of draft tokens.
 
         ``num_draft_tokens`` (adaptive: the batch's steps + 1) defaults to the profile's; ``p`` stays the one the
@@ -503,8 +529,9 @@ class Engine:
         if spec is None:
             return 1
         depth = spec.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        accept = self._p if p is None else p
         k = 1
-        while k < depth and self.rng.random() < self._p:
+        while k < depth and self.rng.random() < accept:
             k += 1
         return k
 
@@ -540,7 +567,7 @@ class Engine:
                 for req in batch:
                     if req.cancelled:
                         continue
-                    k = self._draw_tokens()
+                    k = self._draw_tokens(p=req.accept_p)
                     step_tokens += self._advance(req, k, verify=self.profile.speculative is not None)
                     step_verify += 1
                 self._account(step_tokens, step_verify)
@@ -564,7 +591,7 @@ class Engine:
         for req in batch:
             if req.cancelled:
                 continue
-            k = self._draw_tokens(num_steps + 1)
+            k = self._draw_tokens(num_steps + 1, p=req.accept_p)
             # The slot sees what the verify accepted, before max_new_tokens trims the output.
             correct_drafts.append(k - 1)
             step_tokens += self._advance(req, k, verify=True)

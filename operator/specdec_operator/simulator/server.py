@@ -35,7 +35,7 @@ from .inputs import (
 )
 from .metrics import SGLangMetrics
 from .model import Engine, Profile
-from .tokens import OutputTape
+from .tokens import CorruptedTokens, OutputTape
 
 Input = TypeVar("Input", bound=GenerationInput)
 
@@ -164,12 +164,19 @@ class Simulator:
         return await self._serve_generation(request, parse, self._respond_openai)
 
     async def _respond_generate(self, request: web.Request, ask: GenerateInput, generation: Generation, fault: Fault) -> web.StreamResponse:
-        fmt = GenerateFormat(self.tape, ask.rid, generation.req, time_scale=self.time_scale, speculative=self.reported_speculative)
+        fmt = GenerateFormat(self._tokens(ask), ask.rid, generation.req, time_scale=self.time_scale, speculative=self.reported_speculative)
         return await respond_generate(request, generation, fmt, fault, self.profile.errors.stall_seconds)
 
     async def _respond_openai(self, request: web.Request, ask: OpenAIInput, generation: Generation, fault: Fault) -> web.StreamResponse:
-        fmt = OpenAIFormat(self.tape, ask)
+        fmt = OpenAIFormat(self._tokens(ask), ask)
         return await respond_openai(request, generation, fmt, fault, self.profile.errors.stall_seconds)
+
+    def _tokens(self, ask: GenerationInput) -> OutputTape | CorruptedTokens:
+        """The request's output tokens: the shared tape, or its corrupted copy under errors.corrupt_token_share."""
+        share = self.profile.errors.corrupt_token_share
+        if share <= 0:
+            return self.tape
+        return CorruptedTokens(self.tape, ask.prompt_key, share, max(1, ask.max_new_tokens))
 
     async def _serve_generation(
         self,

@@ -6,6 +6,9 @@ EOS, so a request always generates exactly ``max_new_tokens`` tokens (SGLang wit
 
 from __future__ import annotations
 
+import json
+import random
+
 WORDS = [" the", " model", " speaks", " tokens", " quickly", " and", " well", ".", " A", " draft"]
 
 
@@ -42,3 +45,30 @@ class OutputTape:
 
     def delta_text(self, a: int, b: int) -> str:
         return self.text[self.text_end[a] : self.text_end[b]].decode()
+
+
+class CorruptedTokens:
+    """One request's output under ``corrupt_token_share``: the tape with some positions replaced.
+
+    Position i is corrupted when the i-th draw of a RNG seeded with the prompt's key is below the share, so the
+    same prompt gets the same wrong tokens on every request (a deterministic bug, as a miswired drafter is). A
+    corrupted token has id ``2000 + i % 10`` and the text " wrong". Same interface as :class:`OutputTape`'s reads.
+    """
+
+    def __init__(self, tape: OutputTape, prompt_key: int, share: float, n: int) -> None:
+        rng = random.Random(prompt_key)
+        self.bad = {i for i in range(n) if rng.random() < share}
+        self.ids = [2000 + i % len(WORDS) if i in self.bad else 1000 + i % len(WORDS) for i in range(n)]
+        self.words = [" wrong" if i in self.bad else WORDS[i % len(WORDS)] for i in range(n)]
+
+    def ids_json(self, n: int) -> bytes:
+        return json.dumps(self.ids[:n], separators=(",", ":")).encode()
+
+    def text_str(self, n: int) -> str:
+        return "".join(self.words[:n])
+
+    def text_json(self, n: int) -> bytes:
+        return json.dumps(self.text_str(n)).encode()
+
+    def delta_text(self, a: int, b: int) -> str:
+        return "".join(self.words[a:b])

@@ -1,0 +1,146 @@
+"""Same answers: the speculative server's greedy completions must equal the base's.
+
+Speculative decoding is lossless by construction: with temperature 0 the verify step keeps exactly the tokens the
+target would have produced. A server whose answers change anyway has a bug (a drafter wired to the wrong target
+layer or vocabulary mapping, a broken verify kernel, a structured-output interaction), and the speedup it shows
+is not worth having. After the rounds, the probe sends a sample of its own prompts to each server, one at a time,
+through ``/generate`` (text, or the random ids of a synthetic workload; temperature 0, ``ignore_eos``,
+``rollout.outputCheck.maxTokens`` tokens) and compares the ``output_ids`` token by token.
+
+A prompt's match is the share of the base's tokens before the first difference (1.0: identical; a completion that
+differs at its first token: 0.0). Greedy decoding follows its own earlier tokens, so everything after the first
+difference is a different continuation, not more evidence. The match rate is the mean over the sample; the
+decision is rollback with reason OutputMismatch when it is below ``rollout.outputCheck.minMatchRate`` (0.9 by
+default). Why a threshold and not equality: batched kernels are not bit-deterministic, and the verify step runs a
+different kernel shape than a decode step, so on real GPUs two correct servers can part on a near-tie, usually
+late in a completion (docs/probe.md has the rule and the evidence). One prompt at a time keeps the batch at 1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ..api import Decision, OutputCheck, Reason
+from .client import ProbeRequestError, _loads
+from .decide import Outcome
+from .traffic import WorkloadTraffic, _dumps
+
+
+@dataclass
+class OutputComparison:
+    """The compared prompts: per prompt, the match share and where the first difference is (None: identical)."""
+
+    matches: list[float] = field(default_factory=list)
+    first_difference: list[int | None] = field(default_factory=list)
+
+    @property
+    def compared(self) -> int:
+        return len(self.matches)
+
+    @property
+    def match_rate(self) -> float | None:
+        return sum(self.matches) / len(self.matches) if self.matches else None
+
+    @property
+    def identical(self) -> int:
+        return sum(1 for d in self.first_difference if d is None)
+
+
+def prefix_match(base: list[int], speculative: list[int]) -> tuple[float, int | None]:
+    """(share of base's tokens before the first difference, index of the first difference or None if equal)."""
+    if base == speculative:
+        return 1.0, None
+    n = 0
+    for a, b in zip(base, speculative):
+        if a != b:
+            break
+        n += 1
+    return (n / len(base) if base else 0.0), n
+
+
+def sample_bodies(traffic: Mapping[str, WorkloadTraffic], check: OutputCheck, seed: int | None) -> list[bytes]:
+    """``check.prompts`` /generate bodies, taken in turn from the workloads (their prompts, or random ids)."""
+    rng = random.Random(seed)
+    params = {"max_new_tokens": check.max_tokens, "temperature": 0.0, "ignore_eos": True}
+    sources = list(traffic.values())
+    orders = {id(t): rng.sample(range(len(t.prompts)), len(t.prompts)) if t.prompts else [] for t in sources}
+    bodies: list[bytes] = []
+    i = 0
+    while len(bodies) < check.prompts and sources:
+        t = sources[i % len(sources)]
+        order = orders[id(t)]
+        body: dict[str, Any]
+        if t.prompts is None:
+            body = {"input_ids": [rng.randrange(1000, 30000) for _ in range(t.workload.input_tokens)], "sampling_params": params}
+        else:
+            if not order:
+                order.extend(rng.sample(range(len(t.prompts)), len(t.prompts)))
+            body = {"text": t.prompts[order.pop()].text, "sampling_params": params}
+        bodies.append(_dumps(body))
+        i += 1
+    return bodies
+
+
+async def _output_ids(session: aiohttp.ClientSession, url: str, body: bytes, timeout: float) -> list[int]:
+    try:
+        async with session.post(url, data=body, timeout=aiohttp.ClientTimeout(total=timeout), headers={"Content-Type": "application/json"}) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise ProbeRequestError(f"{url}: HTTP {resp.status}: {raw[:200].decode(errors='replace')}")
+    except TimeoutError:
+        raise ProbeRequestError(f"{url}: timed out after {timeout:g}s (output check)") from None
+    except aiohttp.ClientError as exc:
+        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+    try:
+        data = _loads(raw)
+        ids = data["output_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise TypeError
+    except Exception:
+        raise ProbeRequestError(f"{url}: the output check's answer has no output_ids list: {raw[:120]!r}") from None
+    return ids
+
+
+async def compare_outputs(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    speculative_url: str,
+    traffic: Mapping[str, WorkloadTraffic],
+    check: OutputCheck,
+    *,
+    request_timeout: float,
+    seed: int | None = None,
+) -> OutputComparison:
+    """Send the sample to each server, one prompt at a time, and compare the completions; ProbeRequestError on failure."""
+    out = OutputComparison()
+    for body in sample_bodies(traffic, check, seed):
+        base = await _output_ids(session, base_url + "/generate", body, request_timeout)
+        speculative = await _output_ids(session, speculative_url + "/generate", body, request_timeout)
+        share, first = prefix_match(base, speculative)
+        out.matches.append(share)
+        out.first_difference.append(first)
+    return out
+
+
+def judge_outputs(outcome: Outcome, comparison: OutputComparison, min_match_rate: float) -> Outcome:
+    """The decision once the outputs are compared: rollback (OutputMismatch) below the threshold, else unchanged."""
+    rate = comparison.match_rate
+    if rate is None or rate >= min_match_rate:
+        return outcome
+    diffs = [d for d in comparison.first_difference if d is not None]
+    message = (
+        f"output mismatch: the speculative server's greedy completions match the base's on {rate:.1%} of their tokens "
+        f"(mean share before the first difference over {comparison.compared} prompts, {comparison.identical} identical; "
+        f"first differences at tokens {sorted(diffs)[:8]}) < minMatchRate {min_match_rate:g}: speculative decoding changed "
+        f"what the model says (check the drafter's target and vocabulary mapping)"
+    )
+    if outcome.decision == Decision.PROMOTE:
+        message += f"; the speed measurement alone would have promoted ({outcome.message})"
+    else:
+        message += f"; speed: {outcome.message}"
+    return Outcome(Decision.ROLLBACK, Reason.OUTPUT_MISMATCH, message)
