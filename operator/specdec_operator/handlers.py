@@ -34,15 +34,17 @@ from kubernetes.client.exceptions import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
 from . import manifests as m
-from .api import Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus
+from .api import Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
 from .config import OperatorConfig
 from .errors import InputError
 from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_pod, slim_service
 from .kubewriter import KubernetesWriter
 from .metrics import OperatorMetrics
-from .monitor import Sample
+from .monitor import Sample, remember
 from .probescheduler import ProbeScheduler
 from .reconcile import Observed, Plan, merge_patch, read_status, reconcile, transition_events
+from .reconcile.diff import labels_of
+from .reconcile.pods import is_ready, pods_of
 from .resource import dump, parse_spec
 
 LOG = logging.getLogger("specdec.operator")
@@ -74,7 +76,7 @@ class ResourceState:
     generation: int | None = None
     spec: SpeculativeServerSpec | None = None
     rendered: dict[str, Any] = dataclasses.field(default_factory=dict)
-    last_scrape: Sample | None = None
+    last_scrape: dict[str, Sample] | None = None  # the last drift scrape, by speculative pod
     monitor_due: bool = False
     foreign: dict[str, tuple[float, dict[str, Any]]] = dataclasses.field(default_factory=dict)  # child name -> (seen, object)
     creating: asyncio.Task[None] | None = None  # the stable Service's creation, beside the steps
@@ -129,11 +131,13 @@ class Runtime:
         if namespace and name and (namespace, name) in self.resources:
             self.resources[(namespace, name)].wake.set()
 
-    async def due_scrape(self, key: Key) -> Sample | None:
-        """Scrape the speculative server when the last step said a scrape is due (before taking a step slot:
+    async def due_scrape(self, key: Key, pods: list) -> dict[str, Sample] | None:
+        """Scrape every Ready speculative pod when the last step said a scrape is due (before taking a step slot:
         a slow server must not hold one)."""
         state = self.resources.get(key)
-        return await self.probes.scrape(key) if state is not None and state.monitor_due else None
+        if state is None or not state.monitor_due:
+            return None
+        return await self.probes.scrape(key, monitored_pods(pods))
 
     async def close(self) -> None:
         await self.probes.close()
@@ -157,7 +161,7 @@ class Runtime:
         deployments: list,
         services: list,
         logger: Logger,
-        scrape: Sample | None = None,
+        scrape: dict[str, Sample] | None = None,
         config_maps: list | None = None,
     ) -> Plan | None:
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -191,7 +195,15 @@ class Runtime:
         return state.spec
 
     def gather(
-        self, key: Key, state: ResourceState, body: Any, pods: list, deployments: list, services: list, scrape: Sample | None, config_maps: list
+        self,
+        key: Key,
+        state: ResourceState,
+        body: Any,
+        pods: list,
+        deployments: list,
+        services: list,
+        scrape: dict[str, Sample] | None,
+        config_maps: list,
     ) -> Observed:
         observed_deployments = {d["metadata"]["name"]: d for d in deployments}
         observed_services = {s["metadata"]["name"]: s for s in services}
@@ -265,7 +277,7 @@ class Runtime:
             load_aware = plan.new_status.probe.load_aware if plan.adaptive_probe and plan.new_status.probe else None
             self.probes.start(key, spec, plan.revision, on_done=lambda: self.wake(namespace, name), probe_id=plan.probe_id, load_aware=load_aware)
         if observed.scrape is not None:
-            state.last_scrape = observed.scrape
+            state.last_scrape = remember(state.last_scrape, observed.scrape)
         state.monitor_due = plan.monitor_due
         self.metrics.observe_status(namespace, name, written)
 
@@ -341,6 +353,15 @@ class Runtime:
             state.written, state.status = new_written, new
         for event in transition_events(prev, new, name=name, workloads=[]):
             await self.writer.post_event(body, event)
+
+
+def monitored_pods(pods: list) -> dict[str, str | None]:
+    """The pods the drift monitor scrapes: the Ready speculative pods not being deleted (name -> pod IP)."""
+    return {
+        p["metadata"]["name"]: (p.get("status") or {}).get("podIP")
+        for p in pods_of(pods, Variant.SPECULATIVE)
+        if is_ready(p) and labels_of(p).get(m.LABEL_ROLE) != m.ROLE_WORKER
+    }
 
 
 def _api_message(exc: ApiException) -> str:
@@ -438,7 +459,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 queued = time.monotonic()
                 plan = None
                 try:
-                    scrape = await runtime.due_scrape(key)
+                    scrape = await runtime.due_scrape(key, list(pods_index.get(key, [])))
                     async with runtime.step_slot():
                         wake.clear()  # after the wait: what happened while queued is seen by this step
                         started = time.monotonic()

@@ -36,7 +36,7 @@ from ..api import (
     Variant,
 )
 from ..loadaware import Trial, never_slower, trial_for, unsupported_note
-from ..monitor import observe
+from ..monitor import observe_fleet
 from ..textutil import clip, rfc3339
 from .conditions import Conditions
 from .diff import owned_by
@@ -266,17 +266,19 @@ def apply_drift(facts: Facts, decision: ProbeStatus | None) -> tuple[ProbeStatus
         monitor = stored if stored is not None else MonitorStatus(below_floor_count=0)
         if facts.observed.scrape is None:
             return decision, monitor
-        verdict = observe(
+        verdict = observe_fleet(
             monitor,
             facts.observed.scrape,
+            facts.observed.previous_scrape,
             floor=monitor_spec.accept_length_floor,
             window=monitor_spec.window,
-            previous=facts.observed.previous_scrape,
         )
         if not verdict.drifted:
             return decision, verdict.status
+        pods = verdict.status.pods or 0
+        which = "acceptance length" if pods <= 1 else f"fleet's acceptance length (weighted by verify calls over {pods} pods)"
         message = (
-            f"acceptance length {verdict.status.accept_length} stayed below monitor.acceptLengthFloor {monitor_spec.accept_length_floor} "
+            f"{which} {verdict.status.accept_length} stayed below monitor.acceptLengthFloor {monitor_spec.accept_length_floor} "
             f"for {verdict.status.below_floor_count} consecutive scrapes (promoted at speedup {decision.speedup}); "
             "not promoted again for this revision"
         )
