@@ -90,6 +90,7 @@ class Reason(StrEnum):
     PROBING = "Probing"
     NAME_CONFLICT = "NameConflict"
     INVALID_SPEC = "InvalidSpec"
+    LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"  # resources.nodes > 1 in a cluster without the LeaderWorkerSet CRD
     FORBIDDEN = "Forbidden"
     APPLY_REJECTED = "ApplyRejected"
     # DrafterCompatible (validator findings' own codes aside)

@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
 from . import manifests as m
-from .api import Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
+from .api import ConditionType, Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
 from .config import OperatorConfig
 from .errors import InputError
 from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_pod, slim_service
@@ -43,9 +43,11 @@ from .metrics import OperatorMetrics
 from .monitor import Sample, remember
 from .probescheduler import ProbeScheduler
 from .reconcile import Observed, Plan, merge_patch, read_status, reconcile, transition_events
+from .reconcile.conditions import Conditions
 from .reconcile.diff import labels_of
 from .reconcile.pods import is_ready, pods_of
 from .resource import dump, parse_spec
+from .textutil import rfc3339
 
 LOG = logging.getLogger("specdec.operator")
 MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
@@ -55,6 +57,9 @@ MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
 CREATIONS_AT_ONCE = 16
 # How long a name found taken by a foreign object is remembered before it is looked up again.
 FOREIGN_TTL_S = 30.0
+# How long API discovery's answer on LeaderWorkerSets (served or not) is trusted before it is asked again: a
+# multi-node spec refused for want of the CRD goes on by itself within this long of the CRD being installed.
+LWS_RECHECK_S = 30.0
 
 Key = tuple[str, str]  # (namespace, name)
 Logger = logging.Logger | logging.LoggerAdapter[Any]  # Kopf hands handlers either
@@ -114,6 +119,7 @@ class Runtime:
         # At most one creation of a stable Service per resource, and at most CREATIONS_AT_ONCE in all, so that
         # they never hold all the API worker threads that the steps need.
         self._creation_slots: asyncio.Semaphore | None = None
+        self._lws_served: tuple[float, bool] | None = None  # (checked at, served): API discovery, cached
 
     def resource(self, key: Key, uid: str) -> ResourceState:
         state = self.resources.get(key)
@@ -121,6 +127,20 @@ class Runtime:
             wake = state.wake if state is not None else asyncio.Event()
             state = self.resources[key] = ResourceState(uid=uid, wake=wake)
         return state
+
+    async def lws_served(self) -> bool:
+        """Whether the cluster serves LeaderWorkerSets (cached for LWS_RECHECK_S)."""
+        now = time.monotonic()
+        if self._lws_served is None or now - self._lws_served[0] > LWS_RECHECK_S:
+            group, version = m.LWS_API_VERSION.split("/")
+            self._lws_served = (now, await self.writer.served(f"{group}/{version}", m.LWS_PLURAL))
+        return self._lws_served[1]
+
+    async def refusal(self, spec: SpeculativeServerSpec) -> str | None:
+        """Why this cluster cannot serve the spec (a multi-node spec without the LeaderWorkerSet CRD), or None."""
+        if not m.multi_node(spec):
+            return None
+        return m.lws_missing_message(spec, frozenset({m.LWS_CRD_NAME}) if await self.lws_served() else frozenset())
 
     def step_slot(self) -> asyncio.Semaphore:
         if self._step_slots is None:
@@ -171,6 +191,10 @@ class Runtime:
             state.status = read_status(state.written)
         spec = await self._spec(body, state)
         if spec is None:
+            return None
+        refused = await self.refusal(spec)
+        if refused is not None:  # nothing is created or changed: the children that exist stay as they are
+            await self.fail(body, state, Reason.LEADER_WORKER_SET_MISSING, refused)
             return None
         observed = self.gather(key, state, body, pods, deployments, services, scrape, config_maps or [])
         try:
@@ -337,7 +361,12 @@ class Runtime:
         prev = read_status(written)
         change: dict[str, Any] = {"phase": Phase.FAILED.value, "reason": reason.value, "message": message}
         if full_status:
-            change["observed_generation"] = body["metadata"].get("generation")
+            generation = int(body["metadata"].get("generation") or 1)
+            change["observed_generation"] = generation
+            # Ready says it too (kubectl wait --for=condition=Ready, Argo CD): the spec cannot be served as it is.
+            conditions = Conditions(prev.conditions, generation, rfc3339(datetime.now(UTC)))
+            conditions.set(ConditionType.READY, "False", reason.value, message)
+            change["conditions"] = conditions.items()
         new = prev.model_copy(update=change)
         new_written = dump(new)
         if full_status:

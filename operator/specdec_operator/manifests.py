@@ -381,6 +381,7 @@ def deployment(
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 # Labels the LeaderWorkerSet controller and its pod webhook put on every pod of a group.
 LWS_LABEL_NAME = "leaderworkerset.sigs.k8s.io/name"

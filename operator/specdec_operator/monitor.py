@@ -165,6 +165,8 @@ def fleet_accept_length(evidence: list[PodEvidence]) -> float | None:
     total = sum(e.weight for e in evidence)
     if not evidence or total <= 0:
         return None
+    if len(evidence) == 1:  # exactly the pod's value (a one-server fleet is judged as one server)
+        return evidence[0].accept_length
     return sum(e.accept_length * e.weight for e in evidence) / total
 
 
