@@ -37,7 +37,7 @@ from . import manifests as m
 from .api import ConditionType, Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
 from .config import OperatorConfig
 from .errors import InputError
-from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_pod, slim_service
+from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_leader_worker_set, slim_pod, slim_service
 from .kubewriter import KubernetesWriter
 from .metrics import OperatorMetrics
 from .monitor import Sample, remember
@@ -60,6 +60,8 @@ FOREIGN_TTL_S = 30.0
 # How long API discovery's answer on LeaderWorkerSets (served or not) is trusted before it is asked again: a
 # multi-node spec refused for want of the CRD goes on by itself within this long of the CRD being installed.
 LWS_RECHECK_S = 30.0
+
+LWS_GROUP, LWS_VERSION = m.LWS_API_VERSION.split("/")
 
 Key = tuple[str, str]  # (namespace, name)
 Logger = logging.Logger | logging.LoggerAdapter[Any]  # Kopf hands handlers either
@@ -132,8 +134,7 @@ class Runtime:
         """Whether the cluster serves LeaderWorkerSets (cached for LWS_RECHECK_S)."""
         now = time.monotonic()
         if self._lws_served is None or now - self._lws_served[0] > LWS_RECHECK_S:
-            group, version = m.LWS_API_VERSION.split("/")
-            self._lws_served = (now, await self.writer.served(f"{group}/{version}", m.LWS_PLURAL))
+            self._lws_served = (now, await self.writer.served(m.LWS_API_VERSION, m.LWS_PLURAL))
         return self._lws_served[1]
 
     async def refusal(self, spec: SpeculativeServerSpec) -> str | None:
@@ -232,7 +233,7 @@ class Runtime:
         observed_deployments = {d["metadata"]["name"]: d for d in deployments}
         observed_services = {s["metadata"]["name"]: s for s in services}
         observed_config_maps = {c["metadata"]["name"]: c for c in config_maps}
-        by_kind = {"Deployment": observed_deployments, "ConfigMap": observed_config_maps}
+        by_kind = {"Deployment": observed_deployments, m.LWS_KIND: observed_deployments, "ConfigMap": observed_config_maps}
         for child, obj in state.foreign_objects().items():
             by_kind.get(obj.get("kind") or "", observed_services).setdefault(child, obj)
         return Observed(
@@ -403,7 +404,9 @@ def _api_message(exc: ApiException) -> str:
 
 def _known(obj: dict[str, Any], observed: Observed) -> bool:
     """Whether a child is in the operator's (label-filtered) index, i.e. known to be ours."""
-    index = {"Deployment": observed.deployments, "ConfigMap": observed.config_maps}.get(obj["kind"], observed.services)
+    index = {"Deployment": observed.deployments, m.LWS_KIND: observed.deployments, "ConfigMap": observed.config_maps}.get(
+        obj["kind"], observed.services
+    )
     return obj["metadata"]["name"] in index
 
 
@@ -457,6 +460,13 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     def specdec_config_maps(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_config_map(body)} if labels.get(instance) else None
 
+    # Multi-node servers' LeaderWorkerSets. Without the CRD Kopf watches nothing here (the index stays empty) and
+    # starts watching once the CRD is installed (its CRD discovery).
+    @kopf.index(LWS_GROUP, LWS_VERSION, m.LWS_PLURAL, id="specdec_leader_worker_sets", labels=MANAGED, registry=registry)
+    def specdec_leader_worker_sets(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
+        return {(namespace, labels[instance]): slim_leader_worker_set(body)} if labels.get(instance) else None
+
+    @kopf.on.event(LWS_GROUP, LWS_VERSION, m.LWS_PLURAL, id="leader_worker_set_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("pods", id="pod_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("apps", "v1", "deployments", id="deployment_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("v1", "services", id="service_changed", labels=MANAGED, registry=registry)
@@ -475,6 +485,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         deployments_index: kopf.Index = indexes["specdec_deployments"]
         services_index: kopf.Index = indexes["specdec_services"]
         config_maps_index: kopf.Index = indexes["specdec_config_maps"]
+        groups_index: kopf.Index = indexes["specdec_leader_worker_sets"]
         wake = runtime.resource(key, body["metadata"]["uid"]).wake
         failures = 0
         last_step = -math.inf
@@ -497,7 +508,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                             plan = await runtime.step(
                                 body,
                                 list(pods_index.get(key, [])),
-                                list(deployments_index.get(key, [])),
+                                list(deployments_index.get(key, [])) + list(groups_index.get(key, [])),
                                 list(services_index.get(key, [])),
                                 logger,
                                 scrape,

@@ -51,6 +51,7 @@ _CHILD_PATHS = {
     "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
     "Service": "/api/v1/namespaces/{namespace}/services/{name}",
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
+    "LeaderWorkerSet": "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}",
 }
 
 

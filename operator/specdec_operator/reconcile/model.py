@@ -31,7 +31,7 @@ class Observed:
     namespace: str
     uid: str
     generation: int
-    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name (and the LeaderWorkerSets of multi-node servers)
     services: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
     config_maps: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name (the adaptive table's)
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods labelled with this instance
