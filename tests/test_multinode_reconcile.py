@@ -186,3 +186,26 @@ def test_an_existing_single_node_fleet_is_left_as_it_is_when_nodes_goes_up_witho
     assert cluster.writer.children == before  # the base (and everything else) untouched
     assert [c for c in cluster.writer.calls[calls:] if c[0] not in ("status", "event")] == []
     assert cluster.writer.status["reason"] == "LeaderWorkerSetMissing"
+
+
+def test_group_state_counts_groups_by_their_leaders_for_the_walk() -> None:
+    from specdec_operator import rollout
+    from specdec_operator.api import Variant
+    from specdec_operator.reconcile.pods import group_state
+
+    def pod(group: int, role: str, ready: bool, deleting: bool = False) -> dict:
+        labels = {m.LABEL_VARIANT: "speculative", m.LABEL_ROLE: role, m.LWS_LABEL_GROUP_INDEX: str(group)}
+        meta = {"name": f"g{group}-{role}", "labels": labels, **({"deletionTimestamp": "x"} if deleting else {})}
+        return {"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    pods = [pod(0, "leader", True), pod(0, "worker", True), pod(1, "leader", False), pod(1, "worker", True), pod(2, "leader", True)]
+    state = group_state(3, pods, Variant.SPECULATIVE)
+    assert (state.desired, state.pods, state.ready, state.terminating) == (3, 3, 2, 0)
+    assert state.ready_by_index == (True, False, True)
+    # A LeaderWorkerSet scaled to 2 removes group 2, Ready or not: one Ready group is left, not two.
+    assert state.ready_kept(2) == 1
+    # So the walk does not shrink it below the floor (3 servers, maxUnavailable 1: 2 Ready at least).
+    fleet = rollout.FleetState(base=rollout.VariantState(desired=0, pods=0, ready=0), speculative=state)
+    assert rollout.plan_step(rollout.Counts(base=0, speculative=2), fleet, replicas=3, max_surge=0, max_unavailable=1).speculative == 3
+    leaving = group_state(2, [pod(0, "leader", True), pod(1, "leader", True, deleting=True)], Variant.SPECULATIVE)
+    assert (leaving.pods, leaving.ready, leaving.terminating, leaving.ready_by_index) == (2, 1, 1, (True, False))
