@@ -106,7 +106,7 @@ class FakeProbes:
     def cancel(self, key):
         self.cancelled += 1
 
-    async def scrape(self, key):
+    async def scrape(self, key, pods):
         raise AssertionError("no scrape expected")
 
     async def close(self):

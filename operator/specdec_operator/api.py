@@ -78,6 +78,7 @@ class Reason(StrEnum):
     INCONCLUSIVE = "Inconclusive"
     PROBE_FAILED = "ProbeFailed"
     ACCEPTANCE_DRIFT = "AcceptanceDrift"
+    SPECULATIVE_POD_SICK = "SpeculativePodSick"  # an Event: one speculative pod accepts far less than its peers
     NO_LOAD_WITH_SPEEDUP = "NoLoadWithSpeedup"
     # Load-aware speculation (status.probe.loadAware.reason; LoadAwareTrial is also the Event of its start)
     LOAD_AWARE_TRIAL = "LoadAwareTrial"
@@ -93,6 +94,7 @@ class Reason(StrEnum):
     PROBING = "Probing"
     NAME_CONFLICT = "NameConflict"
     INVALID_SPEC = "InvalidSpec"
+    LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"  # resources.nodes > 1 in a cluster without the LeaderWorkerSet CRD
     FORBIDDEN = "Forbidden"
     APPLY_REJECTED = "ApplyRejected"
     # DrafterCompatible (validator findings' own codes aside)
@@ -926,10 +928,31 @@ class ProbeStatus(ProbeMeasurement):
     )
 
 
+class SickPod(_Model):
+    name: str = Field(description="The speculative pod.")
+    accept_length: float = Field(alias="acceptLength", description="Its acceptance length when it was last judged.")
+    peers_accept_length: float = Field(
+        alias="peersAcceptLength", description="The weighted median acceptance length of its peers then (verify calls as weights)."
+    )
+    since: str | None = Field(None, description="When it was first judged sick (RFC 3339).")
+
+
 class MonitorStatus(_Model):
     last_scrape_time: str | None = Field(None, alias="lastScrapeTime", description="When the speculative pods were last scraped (RFC 3339).")
-    accept_length: float | None = Field(None, alias="acceptLength", description="Acceptance length at the last scrape.")
+    accept_length: float | None = Field(
+        None,
+        alias="acceptLength",
+        description="The fleet's acceptance length at the last scrape with evidence: the pods' values weighted by their verify calls.",
+    )
     below_floor_count: int = Field(0, alias="belowFloorCount", description="Consecutive scrapes below monitor.acceptLengthFloor.")
+    pods: int | None = Field(None, description="Ready speculative pods scraped at the last scrape.")
+    verify_calls: int | None = Field(None, alias="verifyCalls", description="Verify calls behind the last scrape's acceptance length (all pods).")
+    sick_pods: list[SickPod] = Field(
+        default_factory=list,
+        alias="sickPods",
+        description="Speculative pods whose accepted draft tokens per verify step are below half their peers' (reported, not rolled back).",
+        max_length=1000,
+    )
 
 
 class SpeculativeServerStatus(_Model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import yaml
 
@@ -12,19 +13,26 @@ from .reconcile import Settings
 
 
 class Endpoints:
-    """Where the operator reaches a Service: cluster DNS, or an explicit mapping (operator configuration).
+    """Where the operator reaches a Service or a pod: cluster DNS and pod IPs, or an explicit mapping (operator configuration).
 
-    The mapping (``namespace/service: URL``) is for an operator running outside the cluster (a laptop, the
-    tests); it comes from the operator's command line, never from a custom resource.
+    The mapping is for an operator running outside the cluster (a laptop, the tests); it comes from the operator's
+    command line, never from a custom resource. Keys: ``namespace/service`` (a variant's Service: the probe, and
+    the monitor's fallback for its pods) and ``namespace/pod/<pod>`` (one pod, for the drift monitor). A mapping
+    read from a file is read again when the file changes (so a pod created later can be mapped); a file that no
+    longer parses keeps the mapping it had, with the error in ``reload_error``.
     """
 
-    def __init__(self, mapping: dict[str, str] | None = None, port: int = m.DEFAULT_PORT, domain: str = "svc") -> None:
+    def __init__(self, mapping: dict[str, str] | None = None, port: int = m.DEFAULT_PORT, domain: str = "svc", path: str | None = None) -> None:
         self.mapping = dict(mapping or {})
         self.port = port
         self.domain = domain
+        self.path = path
+        self.reload_error: str | None = None
+        self._stamp = _stamp(path) if path else None
 
-    @classmethod
-    def from_file(cls, path: str, port: int = m.DEFAULT_PORT) -> Endpoints:
+    @staticmethod
+    def read(path: str) -> dict[str, str]:
+        """The mapping in a file (one-line InputError naming the file and the entry when it is not one)."""
         try:
             with open(path, encoding="utf-8") as fh:
                 data = yaml.safe_load(fh) or {}
@@ -33,17 +41,63 @@ class Endpoints:
         except yaml.YAMLError as exc:
             raise InputError(f"--endpoints {path}: not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
         if not isinstance(data, dict):
-            raise InputError(f"--endpoints {path}: must map 'namespace/service' to 'http://host:port'")
+            raise InputError(f"--endpoints {path}: must map 'namespace/service' (or 'namespace/pod/<pod>') to 'http://host:port'")
         for key, url in data.items():
-            if not isinstance(key, str) or key.count("/") != 1 or not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise InputError(f"--endpoints {path}: entry {key!r}: must map 'namespace/service' to an http(s) URL, got {url!r}")
-        return cls(data, port)
+            if not _valid_key(key) or not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise InputError(
+                    f"--endpoints {path}: entry {key!r}: must map 'namespace/service' or 'namespace/pod/<pod>' to an http(s) URL, got {url!r}"
+                )
+        return data
+
+    @classmethod
+    def from_file(cls, path: str, port: int = m.DEFAULT_PORT) -> Endpoints:
+        return cls(cls.read(path), port, path=path)
+
+    def refresh(self) -> None:
+        """Read the file again if it changed since it was last read."""
+        if self.path is None:
+            return
+        stamp = _stamp(self.path)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self.mapping, self.reload_error = self.read(self.path), None
+        except InputError as exc:
+            self.reload_error = str(exc)
 
     def url(self, namespace: str, service: str) -> str:
+        self.refresh()
         mapped = self.mapping.get(f"{namespace}/{service}")
         if mapped:
             return mapped.rstrip("/")
         return f"http://{service}.{namespace}.{self.domain}:{self.port}"
+
+    def pod_url(self, namespace: str, pod: str, pod_ip: str | None, service: str) -> str | None:
+        """Where the monitor scrapes one pod: its mapping, else its variant Service's mapping, else its IP (None: no IP yet)."""
+        self.refresh()
+        mapped = self.mapping.get(f"{namespace}/pod/{pod}") or self.mapping.get(f"{namespace}/{service}")
+        if mapped:
+            return mapped.rstrip("/")
+        if not pod_ip:
+            return None
+        host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+        return f"http://{host}:{self.port}"
+
+
+def _valid_key(key: object) -> bool:
+    if not isinstance(key, str):
+        return False
+    parts = key.split("/")
+    return (len(parts) == 2 and all(parts)) or (len(parts) == 3 and parts[1] == "pod" and bool(parts[0]) and bool(parts[2]))
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 @dataclasses.dataclass
@@ -59,6 +113,9 @@ class OperatorConfig:
     probe_timeout: float = 3600.0  # bound of one whole probe (Inconclusive when spent)
     probe_request_timeout: float = 600.0
     scrape_timeout: float = 10.0
+    # Drift scrapes in flight at once, over every resource's speculative pods (a 40-pod fleet is scraped
+    # concurrently, but never more than this many connections at a time).
+    max_concurrent_scrapes: int = 32
     # Probes measure throughput from this process: too many at once and the client, not the servers, sets the
     # pace (one probe streaming 28k tok/s takes 15 % of a core, docs/probe.md), biasing every measurement.
     max_concurrent_probes: int = 8

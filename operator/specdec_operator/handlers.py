@@ -34,16 +34,20 @@ from kubernetes.client.exceptions import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
 from . import manifests as m
-from .api import Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus
+from .api import ConditionType, Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
 from .config import OperatorConfig
 from .errors import InputError
-from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_pod, slim_service
+from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_leader_worker_set, slim_pod, slim_service
 from .kubewriter import KubernetesWriter
 from .metrics import OperatorMetrics
-from .monitor import Sample
+from .monitor import Sample, remember
 from .probescheduler import ProbeScheduler
 from .reconcile import Observed, Plan, merge_patch, read_status, reconcile, transition_events
+from .reconcile.conditions import Conditions
+from .reconcile.diff import labels_of
+from .reconcile.pods import is_ready, pods_of
 from .resource import dump, parse_spec
+from .textutil import rfc3339
 
 LOG = logging.getLogger("specdec.operator")
 MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
@@ -53,6 +57,11 @@ MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
 CREATIONS_AT_ONCE = 16
 # How long a name found taken by a foreign object is remembered before it is looked up again.
 FOREIGN_TTL_S = 30.0
+# How long API discovery's answer on LeaderWorkerSets (served or not) is trusted before it is asked again: a
+# multi-node spec refused for want of the CRD goes on by itself within this long of the CRD being installed.
+LWS_RECHECK_S = 30.0
+
+LWS_GROUP, LWS_VERSION = m.LWS_API_VERSION.split("/")
 
 Key = tuple[str, str]  # (namespace, name)
 Logger = logging.Logger | logging.LoggerAdapter[Any]  # Kopf hands handlers either
@@ -74,7 +83,7 @@ class ResourceState:
     generation: int | None = None
     spec: SpeculativeServerSpec | None = None
     rendered: dict[str, Any] = dataclasses.field(default_factory=dict)
-    last_scrape: Sample | None = None
+    last_scrape: dict[str, Sample] | None = None  # the last drift scrape, by speculative pod
     monitor_due: bool = False
     foreign: dict[str, tuple[float, dict[str, Any]]] = dataclasses.field(default_factory=dict)  # child name -> (seen, object)
     creating: asyncio.Task[None] | None = None  # the stable Service's creation, beside the steps
@@ -114,6 +123,7 @@ class Runtime:
         # At most one creation of a stable Service per resource, and at most CREATIONS_AT_ONCE in all, so that
         # they never hold all the API worker threads that the steps need.
         self._creation_slots: asyncio.Semaphore | None = None
+        self._lws_served: tuple[float, bool] | None = None  # (checked at, served): API discovery, cached
 
     def resource(self, key: Key, uid: str) -> ResourceState:
         state = self.resources.get(key)
@@ -121,6 +131,19 @@ class Runtime:
             wake = state.wake if state is not None else asyncio.Event()
             state = self.resources[key] = ResourceState(uid=uid, wake=wake)
         return state
+
+    async def lws_served(self) -> bool:
+        """Whether the cluster serves LeaderWorkerSets (cached for LWS_RECHECK_S)."""
+        now = time.monotonic()
+        if self._lws_served is None or now - self._lws_served[0] > LWS_RECHECK_S:
+            self._lws_served = (now, await self.writer.served(m.LWS_API_VERSION, m.LWS_PLURAL))
+        return self._lws_served[1]
+
+    async def refusal(self, spec: SpeculativeServerSpec) -> str | None:
+        """Why this cluster cannot serve the spec (a multi-node spec without the LeaderWorkerSet CRD), or None."""
+        if not m.multi_node(spec):
+            return None
+        return m.lws_missing_message(spec, frozenset({m.LWS_CRD_NAME}) if await self.lws_served() else frozenset())
 
     def step_slot(self) -> asyncio.Semaphore:
         if self._step_slots is None:
@@ -131,11 +154,13 @@ class Runtime:
         if namespace and name and (namespace, name) in self.resources:
             self.resources[(namespace, name)].wake.set()
 
-    async def due_scrape(self, key: Key) -> Sample | None:
-        """Scrape the speculative server when the last step said a scrape is due (before taking a step slot:
+    async def due_scrape(self, key: Key, pods: list) -> dict[str, Sample] | None:
+        """Scrape every Ready speculative pod when the last step said a scrape is due (before taking a step slot:
         a slow server must not hold one)."""
         state = self.resources.get(key)
-        return await self.probes.scrape(key) if state is not None and state.monitor_due else None
+        if state is None or not state.monitor_due:
+            return None
+        return await self.probes.scrape(key, monitored_pods(pods))
 
     async def close(self) -> None:
         await self.probes.close()
@@ -159,7 +184,7 @@ class Runtime:
         deployments: list,
         services: list,
         logger: Logger,
-        scrape: Sample | None = None,
+        scrape: dict[str, Sample] | None = None,
         config_maps: list | None = None,
     ) -> Plan | None:
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -169,6 +194,10 @@ class Runtime:
             state.status = read_status(state.written)
         spec = await self._spec(body, state)
         if spec is None:
+            return None
+        refused = await self.refusal(spec)
+        if refused is not None:  # nothing is created or changed: the children that exist stay as they are
+            await self.fail(body, state, Reason.LEADER_WORKER_SET_MISSING, refused)
             return None
         observed = self.gather(key, state, body, pods, deployments, services, scrape, config_maps or [])
         try:
@@ -193,12 +222,20 @@ class Runtime:
         return state.spec
 
     def gather(
-        self, key: Key, state: ResourceState, body: Any, pods: list, deployments: list, services: list, scrape: Sample | None, config_maps: list
+        self,
+        key: Key,
+        state: ResourceState,
+        body: Any,
+        pods: list,
+        deployments: list,
+        services: list,
+        scrape: dict[str, Sample] | None,
+        config_maps: list,
     ) -> Observed:
         observed_deployments = {d["metadata"]["name"]: d for d in deployments}
         observed_services = {s["metadata"]["name"]: s for s in services}
         observed_config_maps = {c["metadata"]["name"]: c for c in config_maps}
-        by_kind = {"Deployment": observed_deployments, "ConfigMap": observed_config_maps}
+        by_kind = {"Deployment": observed_deployments, m.LWS_KIND: observed_deployments, "ConfigMap": observed_config_maps}
         for child, obj in state.foreign_objects().items():
             by_kind.get(obj.get("kind") or "", observed_services).setdefault(child, obj)
         return Observed(
@@ -267,7 +304,7 @@ class Runtime:
             load_aware = plan.new_status.probe.load_aware if plan.adaptive_probe and plan.new_status.probe else None
             self.probes.start(key, spec, plan.revision, on_done=lambda: self.wake(namespace, name), probe_id=plan.probe_id, load_aware=load_aware)
         if observed.scrape is not None:
-            state.last_scrape = observed.scrape
+            state.last_scrape = remember(state.last_scrape, observed.scrape)
         state.monitor_due = plan.monitor_due
         self.metrics.observe_status(namespace, name, written)
 
@@ -327,7 +364,12 @@ class Runtime:
         prev = read_status(written)
         change: dict[str, Any] = {"phase": Phase.FAILED.value, "reason": reason.value, "message": message}
         if full_status:
-            change["observed_generation"] = body["metadata"].get("generation")
+            generation = int(body["metadata"].get("generation") or 1)
+            change["observed_generation"] = generation
+            # Ready says it too (kubectl wait --for=condition=Ready, Argo CD): the spec cannot be served as it is.
+            conditions = Conditions(prev.conditions, generation, rfc3339(datetime.now(UTC)))
+            conditions.set(ConditionType.READY, "False", reason.value, message)
+            change["conditions"] = conditions.items()
         new = prev.model_copy(update=change)
         new_written = dump(new)
         if full_status:
@@ -345,6 +387,15 @@ class Runtime:
             await self.writer.post_event(body, event)
 
 
+def monitored_pods(pods: list) -> dict[str, str | None]:
+    """The pods the drift monitor scrapes: the Ready speculative pods not being deleted (name -> pod IP)."""
+    return {
+        p["metadata"]["name"]: (p.get("status") or {}).get("podIP")
+        for p in pods_of(pods, Variant.SPECULATIVE)
+        if is_ready(p) and labels_of(p).get(m.LABEL_ROLE) != m.ROLE_WORKER
+    }
+
+
 def _api_message(exc: ApiException) -> str:
     """The message of the API server's Status answer, or the HTTP reason."""
     try:
@@ -355,7 +406,9 @@ def _api_message(exc: ApiException) -> str:
 
 def _known(obj: dict[str, Any], observed: Observed) -> bool:
     """Whether a child is in the operator's (label-filtered) index, i.e. known to be ours."""
-    index = {"Deployment": observed.deployments, "ConfigMap": observed.config_maps}.get(obj["kind"], observed.services)
+    index = {"Deployment": observed.deployments, m.LWS_KIND: observed.deployments, "ConfigMap": observed.config_maps}.get(
+        obj["kind"], observed.services
+    )
     return obj["metadata"]["name"] in index
 
 
@@ -409,6 +462,13 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     def specdec_config_maps(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_config_map(body)} if labels.get(instance) else None
 
+    # Multi-node servers' LeaderWorkerSets. Without the CRD Kopf watches nothing here (the index stays empty) and
+    # starts watching once the CRD is installed (its CRD discovery).
+    @kopf.index(LWS_GROUP, LWS_VERSION, m.LWS_PLURAL, id="specdec_leader_worker_sets", labels=MANAGED, registry=registry)
+    def specdec_leader_worker_sets(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
+        return {(namespace, labels[instance]): slim_leader_worker_set(body)} if labels.get(instance) else None
+
+    @kopf.on.event(LWS_GROUP, LWS_VERSION, m.LWS_PLURAL, id="leader_worker_set_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("pods", id="pod_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("apps", "v1", "deployments", id="deployment_changed", labels=MANAGED, registry=registry)
     @kopf.on.event("v1", "services", id="service_changed", labels=MANAGED, registry=registry)
@@ -427,6 +487,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         deployments_index: kopf.Index = indexes["specdec_deployments"]
         services_index: kopf.Index = indexes["specdec_services"]
         config_maps_index: kopf.Index = indexes["specdec_config_maps"]
+        groups_index: kopf.Index = indexes["specdec_leader_worker_sets"]
         wake = runtime.resource(key, body["metadata"]["uid"]).wake
         failures = 0
         last_step = -math.inf
@@ -440,7 +501,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 queued = time.monotonic()
                 plan = None
                 try:
-                    scrape = await runtime.due_scrape(key)
+                    scrape = await runtime.due_scrape(key, list(pods_index.get(key, [])))
                     async with runtime.step_slot():
                         wake.clear()  # after the wait: what happened while queued is seen by this step
                         started = time.monotonic()
@@ -449,7 +510,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                             plan = await runtime.step(
                                 body,
                                 list(pods_index.get(key, [])),
-                                list(deployments_index.get(key, [])),
+                                list(deployments_index.get(key, [])) + list(groups_index.get(key, [])),
                                 list(services_index.get(key, [])),
                                 logger,
                                 scrape,

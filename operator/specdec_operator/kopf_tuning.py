@@ -60,6 +60,30 @@ def slim_service(body: Any) -> dict[str, Any]:
     }
 
 
+def slim_leader_worker_set(body: Any) -> dict[str, Any]:
+    """A LeaderWorkerSet: its replicas (groups), the hashes of its leader and worker templates, its status."""
+    spec = body.get("spec") or {}
+    lwt = spec.get("leaderWorkerTemplate") or {}
+
+    def hashed(template: Any) -> dict[str, Any]:
+        annotations = ((template or {}).get("metadata") or {}).get("annotations") or {}
+        return {"metadata": {"annotations": {k: annotations[k] for k in (m.ANNOTATION_TEMPLATE_HASH,) if k in annotations}}}
+
+    return {
+        "kind": m.LWS_KIND,
+        "metadata": _meta(body),
+        "spec": {
+            "replicas": spec.get("replicas"),
+            "leaderWorkerTemplate": {
+                "size": lwt.get("size"),
+                "leaderTemplate": hashed(lwt.get("leaderTemplate")),
+                "workerTemplate": hashed(lwt.get("workerTemplate")),
+            },
+        },
+        "status": plain(body.get("status") or {}),
+    }
+
+
 def slim_config_map(body: Any) -> dict[str, Any]:
     return {"kind": "ConfigMap", "metadata": _meta(body), "data": plain(body.get("data") or {})}
 
@@ -121,7 +145,7 @@ class LeanProgressStorage(kopf.SmartProgressStorage):
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator needs: server-side label filters on the children's watches, Event names."""
     selector = f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"
-    for resource in ("pods", "deployments", "services", "configmaps"):
+    for resource in ("pods", "deployments", "services", "configmaps", m.LWS_PLURAL):
         settings.watching.label_selectors[resource] = selector
     settings.posting.reporting_component = FIELD_MANAGER
     # Kopf's own log lines are not Events; the operator posts its Events explicitly.

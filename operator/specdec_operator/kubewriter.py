@@ -51,6 +51,7 @@ _CHILD_PATHS = {
     "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
     "Service": "/api/v1/namespaces/{namespace}/services/{name}",
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
+    "LeaderWorkerSet": "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}",
 }
 
 
@@ -139,6 +140,19 @@ class KubernetesWriter:
         that holds the name when it belongs to someone else (then nothing is written).
         """
         return await asyncio.to_thread(self._apply, obj, owner, uid, known)
+
+    def _served(self, group_version: str, plural: str) -> bool:
+        try:
+            found = self.request("GET", f"/apis/{group_version}", {})
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in (found or {}).get("resources") or [])
+
+    async def served(self, group_version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group_version`` (API discovery: a CRD installed and established)."""
+        return await asyncio.to_thread(self._served, group_version, plural)
 
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await asyncio.to_thread(

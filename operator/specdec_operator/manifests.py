@@ -381,6 +381,7 @@ def deployment(
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 # Labels the LeaderWorkerSet controller and its pod webhook put on every pod of a group.
 LWS_LABEL_NAME = "leaderworkerset.sigs.k8s.io/name"
@@ -449,6 +450,7 @@ def leader_worker_set(
     replicas: int,
     revision: str,
     settings: ManifestSettings = ManifestSettings(),
+    adaptive_config_hash: str | None = None,
 ) -> dict[str, Any]:
     """LeaderWorkerSet ``<name>-base`` or ``<name>-spec``: ``replicas`` groups of resources.nodes pods each.
 
@@ -458,7 +460,7 @@ def leader_worker_set(
     down with it (RecreateGroupOnPodRestart: the other ranks cannot go on without it).
     """
     variant = _v(variant)
-    template = pod_template(name, spec, variant, leader_command, revision, settings)
+    template = pod_template(name, spec, variant, leader_command, revision, settings, adaptive_config_hash=adaptive_config_hash)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
@@ -476,6 +478,16 @@ def leader_worker_set(
             },
         },
     }
+
+
+def with_replicas(server: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """A rendered LeaderWorkerSet with another spec.replicas (the templates are shared, not copied)."""
+    return {**server, "spec": {**server["spec"], "replicas": replicas}}
+
+
+def leader_template(server: dict[str, Any]) -> dict[str, Any]:
+    """The leader's pod template of a rendered LeaderWorkerSet (its hash is the group's: the leader serves)."""
+    return server["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
 
 
 def lws_missing_message(spec: SpeculativeServerSpec, installed_crds: set[str] | frozenset[str]) -> str | None:

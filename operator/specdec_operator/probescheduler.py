@@ -2,7 +2,7 @@
 
 It runs each resource's probe as an asyncio task beside the reconcile loop (at most ``max_concurrent_probes``
 measuring at once, since the client must not set the pace of what it measures), keeps the finished result until
-a step has recorded it, and scrapes a promoted speculative server's /metrics for the drift monitor. Every URL is
+a step has recorded it, and scrapes every Ready speculative pod's /metrics for the drift monitor (concurrently, bounded). Every URL is
 derived from the resource's own name and namespace and the operator's endpoints configuration; nothing in a spec
 names a host.
 """
@@ -10,7 +10,7 @@ names a host.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -76,6 +76,7 @@ class ProbeScheduler:
         self._slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
         self._session: aiohttp.ClientSession | None = None
         self.read_config_map: ReadConfigMap | None = None  # set by the runtime: the writer's API client
+        self._scrape_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first scrape
 
     def url(self, key: Key, variant: Variant) -> str:
         namespace, name = key
@@ -201,14 +202,34 @@ class ProbeScheduler:
             self._session = aiohttp.ClientSession()
         return self._session
 
-    async def scrape(self, key: Key) -> Sample:
-        """One scrape of the speculative server's /metrics, reduced to what the drift rule reads."""
-        now = rfc3339(datetime.now(UTC))
-        try:
-            metrics = await scrape_metrics(await self.session(), self.url(key, Variant.SPECULATIVE), timeout=self.config.scrape_timeout)
-        except ProbeRequestError as exc:
-            return Sample(time=now, error=str(exc))
-        return sample_from_metrics(metrics, now)
+    def pod_url(self, key: Key, pod: str, pod_ip: str | None) -> str | None:
+        namespace, name = key
+        return self.config.endpoints.pod_url(namespace, pod, pod_ip, m.child_name(name, Variant.SPECULATIVE.value))
+
+    async def scrape(self, key: Key, pods: Mapping[str, str | None]) -> dict[str, Sample]:
+        """One scrape of each speculative pod's /metrics (pod name -> pod IP), reduced to what the drift rule reads.
+
+        Concurrent, and bounded over all resources by ``max_concurrent_scrapes``: a slow pod holds one slot for at
+        most ``scrape_timeout`` seconds and delays no other pod's scrape beyond that."""
+        if self._scrape_slots is None:
+            self._scrape_slots = asyncio.Semaphore(self.config.max_concurrent_scrapes)
+        session = await self.session()
+        slots = self._scrape_slots
+
+        async def one(pod: str, url: str | None) -> Sample:
+            async with slots:
+                now = rfc3339(datetime.now(UTC))
+                if url is None:
+                    return Sample(time=now, error="the pod has no IP yet")
+                try:
+                    metrics = await scrape_metrics(session, url, timeout=self.config.scrape_timeout)
+                except ProbeRequestError as exc:
+                    return Sample(time=now, error=str(exc))
+                return sample_from_metrics(metrics, now)
+
+        names = sorted(pods)
+        samples = await asyncio.gather(*(one(pod, self.pod_url(key, pod, pods[pod])) for pod in names))
+        return dict(zip(names, samples, strict=True))
 
     async def close(self) -> None:
         for key in list(self._probes):

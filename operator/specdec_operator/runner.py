@@ -136,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="probes run at once by this replica; more wait for a slot (each streams from two servers through this process, and a CPU-starved client would bias its measurements; default 8)",
     )
     p.add_argument(
+        "--max-concurrent-scrapes",
+        type=_positive(int),
+        default=32,
+        metavar="N",
+        help="drift-monitor scrapes of speculative pods in flight at once, over all resources (default 32)",
+    )
+    p.add_argument(
         "--max-concurrent-reconciles",
         type=_positive(int),
         default=16,
@@ -187,6 +194,7 @@ def main(argv: list[str]) -> int:
         probe_timeout=args.probe_timeout,
         probe_request_timeout=args.probe_request_timeout,
         max_concurrent_probes=args.max_concurrent_probes,
+        max_concurrent_scrapes=args.max_concurrent_scrapes,
         max_concurrent_reconciles=args.max_concurrent_reconciles,
     )
 

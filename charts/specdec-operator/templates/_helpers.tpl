@@ -96,6 +96,11 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# Multi-node servers (resources.nodes > 1): <name>-base and <name>-spec as LeaderWorkerSets
+# (sigs.k8s.io/lws), applied, read and watched like the Deployments; unused in a cluster without that CRD.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # <name>-base, <name>-spec and the stable <name>, whose selector is the promotion and the rollback.
 - apiGroups: [""]
   resources: ["services"]

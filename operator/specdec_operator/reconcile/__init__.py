@@ -101,10 +101,10 @@ def read_status(stored: SpeculativeServerStatus | Mapping[str, Any] | None) -> S
         return SpeculativeServerStatus.model_validate(readable)
 
 
-def _default_render(spec: SpeculativeServerSpec, variant: str, adaptive_config_path: str | None = None) -> list[str]:
+def _default_render(spec: SpeculativeServerSpec, variant: str, adaptive_config_path: str | None = None, worker: bool = False) -> list[str]:
     from ..sglang import render_argv
 
-    return render_argv(spec, Variant(variant), adaptive_config_path=adaptive_config_path)
+    return render_argv(spec, Variant(variant), adaptive_config_path=adaptive_config_path, worker=worker)
 
 
 def reconcile(
@@ -155,7 +155,7 @@ def reconcile(
         settled=_settled(facts, outcome, to_apply, replicas),
         # Services before Deployments when one step both re-points an existing Service and changes a Deployment
         # (switch, then scale the loser to 0): traffic must leave a server before it goes away.
-        switch_first=any(o["kind"] == "Deployment" for o in to_apply)
+        switch_first=any(o["kind"] in ("Deployment", m.LWS_KIND) for o in to_apply)
         and any(o["kind"] == "Service" and o["metadata"]["name"] in observed.services for o in to_apply),
         desired=desired,
         probe_id=facts.probe_id,
@@ -167,6 +167,15 @@ def desired_children(facts: Facts, replicas: dict[Variant, int], active: Variant
     """The five children, Services first (see Plan.switch_first), and during load-aware speculation the adaptive
     table's ConfigMap before them all (the speculative pod mounts it)."""
     name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
+    if facts.leader_worker_sets:  # multi-node: one LeaderWorkerSet per variant, its Services selecting the leaders
+        groups = [m.with_replicas(facts.leader_worker_sets[v], replicas[v]) for v in (BASE, SPECULATIVE)]
+        leaders = [
+            m.service(name, namespace, BASE.value, settings=ms, leaders_only=True),
+            m.service(name, namespace, SPECULATIVE.value, settings=ms, leaders_only=True),
+            m.service(name, namespace, None, active=active.value, settings=ms, leaders_only=True),
+        ]
+        tables = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
+        return tables + leaders + groups
     deployments = [
         m.deployment(
             name,
@@ -190,7 +199,10 @@ def desired_children(facts: Facts, replicas: dict[Variant, int], active: Variant
 
 
 def _observed_child(observed: Observed, obj: dict[str, Any]) -> dict[str, Any] | None:
-    children = {"Deployment": observed.deployments, "ConfigMap": observed.config_maps}.get(obj["kind"], observed.services)
+    # A variant's LeaderWorkerSet is observed with the Deployments (one server object per variant name).
+    children = {"Deployment": observed.deployments, m.LWS_KIND: observed.deployments, "ConfigMap": observed.config_maps}.get(
+        obj["kind"], observed.services
+    )
     return children.get(obj["metadata"]["name"])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import manifests as m
+from ..manifests import LWS_KIND
 
 
 def labels_of(obj: dict[str, Any]) -> dict[str, str]:
@@ -37,6 +38,16 @@ def needs_apply(desired: dict[str, Any], observed: dict[str, Any] | None) -> boo
             return True
         want_hash = annotations_of(want["template"]).get(m.ANNOTATION_TEMPLATE_HASH)
         return want_hash != annotations_of(have.get("template") or {}).get(m.ANNOTATION_TEMPLATE_HASH)
+    if desired["kind"] == LWS_KIND:
+        if want.get("replicas") != have.get("replicas"):
+            return True
+        want_lwt, have_lwt = want["leaderWorkerTemplate"], have.get("leaderWorkerTemplate") or {}
+        if want_lwt.get("size") != have_lwt.get("size"):
+            return True
+        return any(
+            annotations_of(want_lwt[t]).get(m.ANNOTATION_TEMPLATE_HASH) != annotations_of(have_lwt.get(t) or {}).get(m.ANNOTATION_TEMPLATE_HASH)
+            for t in ("leaderTemplate", "workerTemplate")
+        )
     if want.get("selector") != have.get("selector"):
         return True
 

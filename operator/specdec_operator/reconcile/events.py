@@ -39,6 +39,7 @@ def transition_events(
                     f"acceptance, and so the speedup, differs on real traffic; give rollout.workloads[].prompts a dataset",
                 )
             )
+    events += _sick_pod_events(prev, new)
     if probe_starting and new.probe is not None:
         events.append(
             Event("Normal", Reason.PROBE_STARTED, f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})")
@@ -48,6 +49,25 @@ def transition_events(
     if new.phase == Phase.FAILED and (prev.phase, prev.reason, prev.message) != (new.phase, new.reason, new.message):
         events.append(Event("Warning", new.reason or Phase.FAILED, new.message or ""))
     return events
+
+
+def _sick_pod_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus) -> list[Event]:
+    """A Warning for each speculative pod the monitor newly judged sick (status.monitor.sickPods)."""
+    if new.monitor is None:
+        return []
+    before = {p.name for p in prev.monitor.sick_pods} if prev.monitor is not None else set()
+    fleet = new.monitor.accept_length
+    return [
+        Event(
+            "Warning",
+            Reason.SPECULATIVE_POD_SICK,
+            f"speculative pod {pod.name}: acceptance length {pod.accept_length} is far below its peers' {pod.peers_accept_length} "
+            f"(under half their accepted draft tokens per verify step); the fleet's {fleet} is what the drift rule judges, so it is "
+            "not rolled back for one pod: check the pod's node and GPUs, or delete the pod to replace it",
+        )
+        for pod in new.monitor.sick_pods
+        if pod.name not in before
+    ]
 
 
 def _validated(validation: ValidationStatus | None, revision: str | None) -> bool:

@@ -16,7 +16,7 @@ Each step answers one question and returns a typed answer; ``reconcile`` (``__in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -36,10 +36,10 @@ from ..api import (
     Variant,
 )
 from ..loadaware import Trial, never_slower, trial_for, unsupported_note
-from ..monitor import observe
+from ..monitor import observe_fleet
 from ..textutil import clip, rfc3339
 from .conditions import Conditions
-from .diff import owned_by
+from .diff import labels_of, owned_by
 from .model import Observed, Settings
 from .pods import VALIDATING_MESSAGE, ServerState, error_codes, finding_summary, pods_of, server_state, validation_from_pods
 
@@ -60,6 +60,10 @@ class Facts:
     servers: dict[Variant, ServerState]
     conflicts: list[str]  # names of children that objects not owned by this resource already use
     trial: Trial | None = None  # a load-aware trial: the speculative server runs SGLang's adaptive speculation
+    # Multi-node servers (resources.nodes > 1): each variant's LeaderWorkerSet, rendered with 0 replicas (the
+    # count is set per step); its leader template is the one in `templates` (the leader serves, and says if its
+    # group is Ready).
+    leader_worker_sets: dict[Variant, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def probe_id(self) -> str:
@@ -112,7 +116,7 @@ def settle_trial(spec: SpeculativeServerSpec, stored: ProbeStatus | None, result
     return found if isinstance(found, Trial) else None
 
 
-RenderArgv = Callable[..., list[str]]  # (spec, variant, adaptive_config_path=None) -> the server's command line
+RenderArgv = Callable[..., list[str]]  # (spec, variant, adaptive_config_path=None, worker=False) -> the server's command line
 
 
 def gather_facts(
@@ -127,9 +131,29 @@ def gather_facts(
     trial: Trial | None = None,
 ) -> Facts:
     templates = {}
+    groups: dict[Variant, dict[str, Any]] = {}
     for variant in (BASE, SPECULATIVE):
         adaptive = trial is not None and variant == SPECULATIVE
         key = f"{variant.value}/adaptive-{trial.config_hash}" if adaptive and trial is not None else variant.value
+        if m.multi_node(spec):
+            key += "/lws"
+            if key not in rendered:
+                extra = {"adaptive_config_path": m.ADAPTIVE_CONFIG_PATH} if adaptive else {}
+                rendered[key] = m.leader_worker_set(
+                    observed.name,
+                    observed.namespace,
+                    spec,
+                    variant.value,
+                    leader_command=render_argv(spec, variant.value, **extra),
+                    worker_command=render_argv(spec, variant.value, worker=True, **extra),
+                    replicas=0,
+                    revision=revision,
+                    settings=settings.manifests,
+                    adaptive_config_hash=trial.config_hash if adaptive and trial is not None else None,
+                )
+            groups[variant] = rendered[key]
+            templates[variant] = m.leader_template(rendered[key])
+            continue
         if key not in rendered:
             argv = render_argv(spec, variant.value, adaptive_config_path=m.ADAPTIVE_CONFIG_PATH) if adaptive else render_argv(spec, variant.value)
             rendered[key] = m.pod_template(
@@ -143,7 +167,7 @@ def gather_facts(
             )
         templates[variant] = rendered[key]
     servers = {
-        variant: server_state(pods_of(observed.pods, variant), templates[variant]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH])
+        variant: server_state(serving_pods(observed.pods, variant), templates[variant]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH])
         for variant in (BASE, SPECULATIVE)
     }
     children = {**observed.deployments, **observed.services}
@@ -152,7 +176,12 @@ def gather_facts(
         (m.adaptive_config_map_name(observed.name),) if trial is not None else ()
     )
     conflicts = sorted(n for n in own_names if n in children and not owned_by(children[n], observed.uid))
-    return Facts(spec, observed, prev, now, revision, settings, templates, servers, conflicts, trial)
+    return Facts(spec, observed, prev, now, revision, settings, templates, servers, conflicts, trial, groups)
+
+
+def serving_pods(pods: list[dict[str, Any]], variant: Variant) -> list[dict[str, Any]]:
+    """A variant's pods that serve: all of them, or of multi-node groups the leaders (a group is Ready when its leader is)."""
+    return [p for p in pods_of(pods, variant) if labels_of(p).get(m.LABEL_ROLE) != m.ROLE_WORKER]
 
 
 def settle_validation(facts: Facts) -> ValidationStatus | None:
@@ -266,17 +295,19 @@ def apply_drift(facts: Facts, decision: ProbeStatus | None) -> tuple[ProbeStatus
         monitor = stored if stored is not None else MonitorStatus(below_floor_count=0)
         if facts.observed.scrape is None:
             return decision, monitor
-        verdict = observe(
+        verdict = observe_fleet(
             monitor,
             facts.observed.scrape,
+            facts.observed.previous_scrape,
             floor=monitor_spec.accept_length_floor,
             window=monitor_spec.window,
-            previous=facts.observed.previous_scrape,
         )
         if not verdict.drifted:
             return decision, verdict.status
+        pods = verdict.status.pods or 0
+        which = "acceptance length" if pods <= 1 else f"fleet's acceptance length (weighted by verify calls over {pods} pods)"
         message = (
-            f"acceptance length {verdict.status.accept_length} stayed below monitor.acceptLengthFloor {monitor_spec.accept_length_floor} "
+            f"{which} {verdict.status.accept_length} stayed below monitor.acceptLengthFloor {monitor_spec.accept_length_floor} "
             f"for {verdict.status.below_floor_count} consecutive scrapes (promoted at speedup {decision.speedup}); "
             "not promoted again for this revision"
         )

@@ -31,20 +31,27 @@ class Observed:
     namespace: str
     uid: str
     generation: int
-    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name (and the LeaderWorkerSets of multi-node servers)
     services: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
     config_maps: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name (the adaptive table's)
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods labelled with this instance
     probe_running: str | None = None  # what the probe task running in this process measures (Facts.probe_id), if any
     probe_result: ProbeStatus | None = None  # a probe that just finished (its revision set; loadAware set: the adaptive server's)
     probe_progress: str | None = None  # what the running probe has done so far ("round 2 of up to 6")
-    scrape: Sample | None = None  # a metrics scrape of the speculative server taken for this step
-    previous_scrape: Sample | None = None  # the scrape before it (tells an idle server from a working one)
+    # A metrics scrape of every Ready speculative pod taken for this step (pod name -> Sample), and the pods'
+    # scrapes before it (they tell an idle server from a working one, and give the verify calls in between).
+    scrape: Mapping[str, Sample] | None = None
+    previous_scrape: Mapping[str, Sample] | None = None
 
     def __post_init__(self) -> None:
         # A result written by hand (tests, tools) may come as status.probe's camelCase mapping.
         if isinstance(self.probe_result, Mapping):
             object.__setattr__(self, "probe_result", ProbeStatus.model_validate(self.probe_result))
+        # A lone Sample (tests, tools): the scrape of the one speculative pod.
+        for name in ("scrape", "previous_scrape"):
+            value = getattr(self, name)
+            if isinstance(value, Sample):
+                object.__setattr__(self, name, {m.child_name(self.name, "speculative"): value})
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import manifests as m
+from .. import rollout
 from ..api import Finding, Reason, ValidationStatus, Variant
 from ..textutil import clip, parse_time, rfc3339
 from .diff import annotations_of, labels_of
@@ -185,3 +186,24 @@ def finding_summary(validation: ValidationStatus, severities: tuple[str, ...]) -
 
 def error_codes(validation: ValidationStatus) -> list[str]:
     return [f.code for f in validation.findings if f.severity == "error"]
+
+
+def group_state(desired: int, pods: list[dict[str, Any]], variant: Variant) -> rollout.VariantState:
+    """What the walk planner sees of one variant's LeaderWorkerSet: its groups, counted by their leaders.
+
+    A group exists while its leader pod does (terminating while the leader is being deleted) and is Ready when
+    its leader is (the leader's readiness needs every rank). ``ready_by_index``: whether each group index up to the
+    highest of ``desired`` and the existing ones is Ready, since a LeaderWorkerSet scales down from its highest index.
+    """
+    leaders = [
+        p for p in pods if labels_of(p).get(m.LABEL_VARIANT) == variant.value and labels_of(p).get(m.LABEL_ROLE, m.ROLE_LEADER) == m.ROLE_LEADER
+    ]
+    terminating = sum(1 for p in leaders if (p.get("metadata") or {}).get("deletionTimestamp"))
+    ready_indexes = set()
+    for pod in live(leaders):
+        index = labels_of(pod).get(m.LWS_LABEL_GROUP_INDEX)
+        if is_ready(pod) and index is not None and index.isdigit():
+            ready_indexes.add(int(index))
+    size = max([desired, *(i + 1 for i in ready_indexes)])
+    by_index = tuple(i in ready_indexes for i in range(size))
+    return rollout.VariantState(desired=desired, pods=len(leaders), ready=len(ready_indexes), terminating=terminating, ready_by_index=by_index)
