@@ -16,6 +16,7 @@ Usage: .venv/bin/python benchmarks/fleet_rollout.py [--replicas 8] [--ready-afte
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
 import tempfile
@@ -27,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "operator"), str(REPO / "tests")]
 
-from kubernetes import client, config  # noqa: E402
+from kubernetes import client, config
 
-from hack import devcluster  # noqa: E402
+from hack import devcluster
 
 GROUP, VERSION, PLURAL, NAME = "specdec.io", "v1alpha1", "speculativeservers", "fleet"
 
@@ -130,9 +131,9 @@ def main() -> int:
         rolled = ts(cond.get("lastTransitionTime"))
         print(f"decision -> last speculative pod Ready: {last_ready - decided:.1f} s; -> RolledOut True: {rolled - decided:.1f} s")
         if len(new) >= 2:
-            steps = [b[2] - a[2] for a, b in zip(new, new[1:])]
+            steps = [b[2] - a[2] for a, b in itertools.pairwise(new)]
             print(f"per replica step (Ready to next Ready): mean {sum(steps) / len(steps):.2f} s, min {min(steps):.2f}, max {max(steps):.2f}")
-            gaps = [r[0] - p[2] for p, r in zip(new, new[1:])]
+            gaps = [r[0] - p[2] for p, r in itertools.pairwise(new)]
             print(f"  of which the operator's share (a Ready pod to the next pod created): mean {sum(gaps) / len(gaps):.2f} s")
         delta = {k: writes_after.get(k, 0) - writes_at_decision.get(k, 0) for k in writes_after}
         total = sum(delta.values())
