@@ -47,7 +47,7 @@ def api_writes(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     counts: dict[str, float] = {}
     for line in text.splitlines():
-        found = re.match(r'specdec_api_request_duration_seconds_count\{(.*)\} (\S+)', line)
+        found = re.match(r"specdec_api_request_duration_seconds_count\{(.*)\} (\S+)", line)
         if found:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
             counts[f"{labels.get('verb')} {labels.get('resource')}"] = float(found.group(2))
