@@ -109,12 +109,15 @@ def fleet_spec(replicas: int, surge: int = 0, unavailable: int = 1, **changes) -
     )
 
 
-def test_probing_a_fleet_runs_one_canary_and_the_stable_service_never_selects_it() -> None:
+def test_probing_a_fleet_runs_one_canary_that_serves_its_share_once_ready() -> None:
     fleet = Fleet(fleet_spec(6))
-    plan = fleet.to_probing()
+    fleet.run(lambda p: any(m.selects_both(s) for s in [fleet.services["llama"]]) or p.start_probe)
+    plan = fleet.step(now=fleet.now)
+    assert plan.start_probe or fleet.status["phase"] == "Probing"
     assert fleet.counts() == (5, 1)  # maxSurge 0: the canary replaces a base server
     assert fleet.max_requested <= 6
-    assert fleet.services["llama"]["spec"]["selector"][m.LABEL_VARIANT] == "base"
+    # The canary serves beside the base servers (the probe then compares two servers under the same live load).
+    assert m.selects_both(fleet.services["llama"]) and fleet.serving() == 6
     assert plan.status["rolloutProgress"] == "1/6 speculative" and plan.status["replicas"] == 6 and plan.status["readyReplicas"] == 6
     assert plan.status["selector"] == m.fleet_selector("llama")
     assert "RolledOut" not in conditions(plan.status)  # no walk before a decision
@@ -197,13 +200,13 @@ def test_kubectl_scale_mid_walk_changes_the_goal() -> None:
     assert fleet.counts() == (0, 7) and fleet.max_requested == 7
 
 
-def test_a_losing_canary_is_removed_and_never_selected() -> None:
+def test_a_losing_canary_leaves_the_stable_service_at_once_and_is_removed() -> None:
     fleet = Fleet(fleet_spec(4))
     plan = fleet.to_probing()
     lost = dict(promote_result(plan.revision), decision="rollback", reason="SpeedupBelowThreshold", speedup=0.9)
     fleet.tick(probe_result=lost)
     for _ in range(20):
-        plan = fleet.tick()
+        plan = fleet.tick()  # out of the stable Service at once
         assert not m.selects_both(fleet.services["llama"]) and fleet.services["llama"]["spec"]["selector"][m.LABEL_VARIANT] == "base"
         if plan.settled:
             break

@@ -296,6 +296,8 @@ def test_a_six_server_fleet_is_promoted_without_a_seventh_servers_gpus_and_never
     most, fewest = recorder.replay({"Promoted"})
     assert most <= 6, f"{most} servers held or asked for GPUs at once (maxSurge 0, 6 replicas)"
     assert fewest >= 5, f"only {fewest} Ready servers behind the stable Service during the walk (maxUnavailable 1)"
+    # While probed, the canary serves beside the 5 base servers (docs/operator.md, "The canary").
+    assert recorder.replay({"Probing"}) == (6, 6)
     reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, FLEET)).count("WalkFinished") and r, timeout=10, message="WalkFinished")
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("WalkStarted") == 1 and reasons.count("WalkFinished") == 1
 

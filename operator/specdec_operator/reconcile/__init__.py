@@ -134,7 +134,7 @@ def reconcile(
     decision, monitor = apply_drift(facts, decision)
     replicas = plan_replicas(facts, validation, decision)
     active = choose_active(facts, decision)
-    both = selects_both(facts, replicas, decision)
+    both = selects_both(facts, replicas, decision, validation)
     outcome = settle_phase(facts, validation, decision)
     conditions = build_conditions(facts, validation, decision, replicas, active, outcome, both)
     new_status = build_status(facts, validation, decision, monitor, active, outcome, conditions, replicas)

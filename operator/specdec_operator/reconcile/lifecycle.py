@@ -384,19 +384,28 @@ def choose_active(facts: Facts, decision: ProbeStatus | None) -> Variant:
     return desired
 
 
-def selects_both(facts: Facts, fleet: Fleet, decision: ProbeStatus | None) -> bool:
-    """Whether the stable Service selects both variants: a fleet walking between them, each with a Ready server.
+def selects_both(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, validation: ValidationStatus | None = None) -> bool:
+    """Whether the stable Service selects both variants: a fleet whose servers of both variants may serve.
 
-    Only the servers of a walk are selected: after a promotion, or walking back from one (AcceptanceDrift, or a
-    rollback decided after the promotion); never the canary of a probe, nor a speculative server that was rolled
-    back without ever serving (Invalid, ProbeFailed, a lost comparison).
+    While a fleet's canary is probed, the canary serves its share of live traffic beside the base servers, so that
+    the probe compares two servers under the same live load (docs/operator.md, "The canary": a comparison base
+    server that serves live traffic against a canary that does not makes the drafter look faster than it is).
+    After a promotion, and walking back from one (AcceptanceDrift), the servers of the walk. Never a speculative
+    server that is not Ready on the current template, nor one rolled back without having served (Invalid,
+    ProbeFailed, a lost comparison), nor a one-server resource's (it keeps today's switch).
     """
-    if not fleet.walks or fleet.done or facts.trial is not None:
+    if fleet.replicas < 2 or facts.conflicts or is_invalid(validation):
         return False
-    served = is_promoted(decision) or (decision is not None and decision.reason == Reason.ACCEPTANCE_DRIFT)
+    if decision is None:
+        return facts.servers[SPECULATIVE].ready and facts.servers[BASE].any_ready
+    if not fleet.walks or fleet.done:
+        return False
+    served = is_promoted(decision) or decision.reason == Reason.ACCEPTANCE_DRIFT
     if not served:
         stable = facts.observed.services.get(facts.name)
         served = stable is not None and (m.selects_both(stable) or m.service_variant(stable) == SPECULATIVE.value)
+        # ... unless the speculative servers were only ever the canary: a decision against them takes them out at once.
+        served = served and fleet.state.speculative.desired > 1
     return served and facts.servers[BASE].any_ready and facts.servers[SPECULATIVE].any_ready
 
 
