@@ -7,7 +7,10 @@
    seed's table, and a Llama-3.1-8B-like pair whose drafter pays off.
 3. Run the operator (specdec run) with an endpoints file that maps each Service to its simulator.
 4. Apply examples/ (plus one drafter built for the wrong target) and show the lifecycle live.
-5. Print the seed-style table (variant, tok/s per workload, acceptance, decision), then clean up.
+5. Print the seed-style table (variant, tok/s per workload, acceptance, decision).
+6. A fleet: 4 Llama servers on Blackwell nodes, rollout.maxSurge 0, walked onto the drafter one server at a time
+   and back again when its drafter drifts (the simulator restarted with a drafter that accepts nothing), printing
+   the walk; then clean up.
 
 Nothing runs in the simulated pods: their validator verdicts (produced here by the real `specdec validate` on
 metadata-only model directories) and their readiness are scripted with specdec.test/* pod annotations.
@@ -141,6 +144,67 @@ CASES = [
         "8s",
     ),
 ]
+
+
+FLEET = "llama31-8b-fleet"
+FLEET_REPLICAS = 4
+
+
+def fleet_resource(verdict: tuple[int, str]) -> dict:
+    """The fleet case: 4 servers of 8 Blackwell GPUs, maxSurge 0 (no spare GPUs), the drift monitor every 5 s."""
+    cr = yaml.safe_load((REPO / "examples" / "llama31-8b-eagle3.yaml").read_text())
+    cr["metadata"] = {"name": FLEET, "namespace": NAMESPACE}
+    spec = cr["spec"]
+    spec["replicas"] = FLEET_REPLICAS
+    spec["model"]["volume"] = {"hostPath": {"path": "/data/models", "type": "Directory"}}
+    spec["resources"].update(gpus=8, gpuFamily="blackwell")
+    spec.setdefault("rollout", {}).update(workloads=LLAMA_WORKLOADS, keepBaseWarm=False, maxSurge=0, maxUnavailable=1)
+    spec["monitor"] = {**spec.get("monitor", {}), "interval": 5, "window": 2}
+    code, message = verdict
+    annotations = {"specdec.test/init-exit-code": str(code), "specdec.test/init-message": message, "specdec.test/ready-after": "3s"}
+    spec["podMetadata"] = {"annotations": annotations}
+    return cr
+
+
+def traffic(url: str, stop: Any) -> None:
+    """Production traffic to one server: back-to-back /generate requests until `stop` is set."""
+    import urllib.request
+
+    body = json.dumps({"text": "hello " * 32, "sampling_params": {"max_new_tokens": 32, "ignore_eos": True}}).encode()
+    while not stop.is_set():
+        try:
+            urllib.request.urlopen(
+                urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"}), timeout=10
+            ).read()
+        except Exception:
+            time.sleep(0.2)
+
+
+def follow_walk(kubectl: Any, started: float, until: Any, timeout: float) -> dict:
+    """Print the fleet's phase, rolloutProgress and Deployment counts whenever they change, until `until(status)`."""
+    shown = ""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = (json.loads(kubectl("get", "sps", FLEET, "-n", NAMESPACE, "-o", "json").stdout).get("status")) or {}
+        rolled: dict[str, Any] = next((c for c in st.get("conditions") or [] if c["type"] == "RolledOut"), {})
+        pods = kubectl("get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={FLEET}", "-L", "specdec.io/variant", "--no-headers").stdout
+        counts = {v: sum(1 for line in pods.splitlines() if line.split()[-1] == v) for v in ("base", "speculative")}
+        line = (
+            f"{st.get('phase') or 'Pending':<10} {st.get('rolloutProgress') or '':<16} pods base {counts['base']} speculative "
+            f"{counts['speculative']}  {rolled.get('reason') or ''}"
+        )
+        if line != shown:
+            shown = line
+            say(f"      {time.monotonic() - started:5.1f}s  {line}")
+        if until(st, rolled):
+            return st
+        if time.monotonic() > deadline:
+            say("      timed out; see the operator log")
+            return st
+        time.sleep(0.5)
+
+
+FLEET_CASE = Case(None, FLEET, "llama31-8b-base", "llama31-8b-eagle3", 10.0, "a 4-server Llama fleet", "3s")
 
 
 def validator_verdicts(workdir: Path) -> None:
@@ -287,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     we_started_cluster = False
     try:
         # 1. cluster
-        say(f"[1/5] Local control plane '{CLUSTER}' (kube-apiserver, scheduler, controller-manager, kwok GPU nodes)")
+        say(f"[1/6] Local control plane '{CLUSTER}' (kube-apiserver, scheduler, controller-manager, kwok GPU nodes)")
         if devcluster.status(CLUSTER).get("state") != "up":
             we_started_cluster = True
         cluster = devcluster.up(CLUSTER, log=lambda m: say(f"      {m}"))
@@ -302,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         say("      CRD speculativeservers.specdec.io installed; namespace specdec-demo")
 
         # 2. simulators
-        say("\n[2/5] SGLang simulators (same HTTP API and /metrics as SGLang 0.5.23; throughput from a batching model)")
+        say("\n[2/6] SGLang simulators (same HTTP API and /metrics as SGLang 0.5.23; throughput from a batching model)")
         endpoints: dict[str, str] = {}
         ports: dict[str, int] = {}  # each case's speculative simulator
         for case in CASES:
@@ -315,10 +379,16 @@ def main(argv: list[str] | None = None) -> int:
                     ports[case.name] = port
                 endpoints[f"{NAMESPACE}/{case.name}-{suffix}"] = f"http://127.0.0.1:{port}"
                 say(f"      {case.name}-{suffix:<4} -> {profile:<24} on :{port} ({case.time_scale:g}x time)")
+        fleet_ports = {}
+        for suffix, profile in (("base", "llama31-8b-base"), ("spec", "llama31-8b-eagle3")):
+            fleet_ports[suffix] = free_port()
+            procs.append(start_simulator(workdir, FLEET_CASE, suffix, profile, fleet_ports[suffix]))
+            endpoints[f"{NAMESPACE}/{FLEET}-{suffix}"] = f"http://127.0.0.1:{fleet_ports[suffix]}"
+            say(f"      {FLEET}-{suffix:<4} -> {profile:<24} on :{fleet_ports[suffix]} (the fleet case, step 6)")
         (workdir / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
 
         # 3. operator
-        say("\n[3/5] The operator: specdec run --namespace specdec-demo --endpoints endpoints.yaml")
+        say("\n[3/6] The operator: specdec run --namespace specdec-demo --endpoints endpoints.yaml")
         metrics_port = free_port()
         oplog = open(workdir / "operator.log", "w")
         procs.append(
@@ -343,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"      log {workdir / 'operator.log'}, metrics http://127.0.0.1:{metrics_port}/metrics")
 
         # 4. apply
-        say("\n[4/5] Applying the SpeculativeServers:")
+        say("\n[4/6] Applying the SpeculativeServers:")
         validator_verdicts(workdir)
         for case in CASES:
             say(f"      {case.name:<26} {case.story}")
@@ -377,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
 
         # 5. result
-        say("\n[5/5] kubectl get sps -o wide:")
+        say("\n[5/6] kubectl get sps -o wide:")
         say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE, "-o", "wide").stdout.rstrip().splitlines()))
         show_table(items)
         events = kubectl(
@@ -394,6 +464,46 @@ def main(argv: list[str] | None = None) -> int:
         say("Events posted by the operator:")
         say("\n".join("      " + line for line in events.rstrip().splitlines()))
         say("\nThe base servers kept serving throughout: the stable Service <name> selects the speculative pods only where they were promoted.")
+
+        # 6. a fleet
+        say(f"\n[6/6] A fleet: {FLEET} with {FLEET_REPLICAS} servers of 8 Blackwell GPUs, rollout.maxSurge 0, maxUnavailable 1")
+        say("      (one speculative canary replaces a base server while probed; after the promotion one base server goes,")
+        say("       its GPUs free, one speculative server comes, and the next goes only when it is Ready)")
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(fleet_resource(next(c.verdict for c in CASES if c.name == "llama31-8b"))))
+        fleet_started = time.monotonic()
+        st = follow_walk(kubectl, fleet_started, lambda st, rolled: rolled.get("status") == "True" or st.get("phase") == "RolledBack", args.timeout)
+        say(f"      promoted at {st.get('speedup')}x and rolled out: {st.get('rolloutProgress')}")
+        say("      Now the drafter drifts: the speculative simulator restarts with a drafter that accepts nothing, under traffic.")
+        for proc in procs:
+            if isinstance(proc.args, list) and str(fleet_ports["spec"]) in proc.args and proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+        procs.append(start_simulator(workdir, FLEET_CASE, "spec", "kimi-k25-custom-eagle3", fleet_ports["spec"]))
+        import threading
+
+        stop = threading.Event()
+        sender = threading.Thread(target=traffic, args=(f"http://127.0.0.1:{fleet_ports['spec']}", stop), daemon=True)
+        sender.start()
+        try:
+            st = follow_walk(
+                kubectl, fleet_started, lambda st, rolled: st.get("phase") == "RolledBack" and rolled.get("status") == "True", args.timeout
+            )
+        finally:
+            stop.set()
+        say(f"      {st.get('phase')} ({st.get('reason')}): {st.get('rolloutProgress')}")
+        walk_events = kubectl(
+            "get",
+            "events",
+            "-n",
+            NAMESPACE,
+            "--field-selector",
+            f"involvedObject.name={FLEET}",
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "custom-columns=REASON:.reason,MESSAGE:.message",
+        ).stdout
+        say("      Events of the fleet:")
+        say("\n".join("        " + line[:170] for line in walk_events.rstrip().splitlines()))
         return 0
     except devcluster.ClusterError as exc:
         say(f"demo: {exc}")

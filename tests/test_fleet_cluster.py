@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kube import wait_until
 from test_multinode import kubelet_expand
+from test_operator_e2e import operator, sims  # noqa: F401  (fixtures: the `specdec run` process, the simulators)
 
 from hack import devcluster
 from specdec_operator import API_GROUP, API_VERSION, KIND, PLURAL
@@ -139,3 +140,240 @@ def test_the_leaderworkerset_controller_runs_a_rendered_two_node_group_with_its_
         return status.get("readyReplicas") == 2
 
     wait_until(ready, timeout=60, message="LeaderWorkerSet kimi-spec readyReplicas 2")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A fleet walked by the operator (a `specdec run` process; its probe and monitor reach simulators through the
+# endpoints file), checked from the API server's own watch streams, not from the operator.
+
+FLEET = "fleet"
+READY_AFTER = "2s"  # kwok: containers Running at once, Ready after this long (a model loading)
+
+
+class Recorder:
+    """Watches pods, Services and the SpeculativeServer from one resourceVersion and keeps every event; replayed in
+    resourceVersion order (etcd's one revision counter orders events across kinds), it tells what existed together."""
+
+    def __init__(self, core_v1: Any, custom_objects: Any, namespace: str) -> None:
+        import threading
+
+        from kubernetes import watch
+
+        self.events: list[tuple[int, str, str, Any]] = []
+        self.errors: list[str] = []
+        self.stopped = False
+        self.lock = threading.Lock()
+        self.watches = [watch.Watch() for _ in range(3)]
+        streams = [
+            ("pod", self.watches[0], core_v1.list_namespaced_pod, (namespace,)),
+            ("svc", self.watches[1], core_v1.list_namespaced_service, (namespace,)),
+            ("cr", self.watches[2], custom_objects.list_namespaced_custom_object, (API_GROUP, API_VERSION, namespace, PLURAL)),
+        ]
+        self.threads = []
+        for kind, w, fn, args in streams:
+            listed = fn(*args)  # each stream from its own list (a custom resource's watch cache has its own window)
+            start = listed["metadata"]["resourceVersion"] if isinstance(listed, dict) else listed.metadata.resource_version
+            self.threads.append(threading.Thread(target=self._run, args=(kind, w, fn, args, start), daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, kind: str, w: Any, fn: Any, args: tuple, start: str) -> None:
+        try:
+            self._stream(kind, w, fn, args, start)
+        except Exception as error:  # reported by stop()
+            if not self.stopped:
+                self.errors.append(f"{kind} watch: {error}")
+
+    def _stream(self, kind: str, w: Any, fn: Any, args: tuple, start: str) -> None:
+        for event in w.stream(fn, *args, resource_version=start, timeout_seconds=3600):
+            obj = event["object"]
+            if kind == "pod":
+                gpus = any(m.GPU_RESOURCE in ((c.resources.limits or {}) | (c.resources.requests or {})) for c in obj.spec.containers)
+                ready = any(c.type == "Ready" and c.status == "True" for c in (obj.status.conditions or []))
+                data = (obj.metadata.uid, gpus, ready and not obj.metadata.deletion_timestamp, dict(obj.metadata.labels or {}))
+                rv = obj.metadata.resource_version
+            elif kind == "svc":
+                if obj.metadata.name != FLEET:
+                    continue
+                data, rv = dict(obj.spec.selector or {}), obj.metadata.resource_version
+            else:
+                data, rv = (obj.get("status") or {}).get("phase"), obj["metadata"]["resourceVersion"]
+            with self.lock:
+                self.events.append((int(rv), kind, event["type"], data))
+
+    def stop(self) -> None:
+        self.stopped = True
+        for w in self.watches:
+            w.stop()
+        assert not self.errors, self.errors
+
+    def replay(self, after_phases: set[str]) -> tuple[int, int]:
+        """The most servers holding or asking for GPUs at once (pods that exist, terminating ones included), and the
+        fewest Ready servers the stable Service selected while the phase was in after_phases."""
+        with self.lock:
+            events = sorted(self.events, key=lambda e: e[0])
+        pods: dict[str, tuple] = {}
+        selector: dict[str, str] | None = None
+        phase = None
+        most, fewest = 0, 10**9
+        for _, kind, kind_of_event, data in events:
+            if kind == "pod":
+                if kind_of_event == "DELETED":
+                    pods.pop(data[0], None)
+                else:
+                    pods[data[0]] = data
+            elif kind == "svc":
+                selector = data
+            else:
+                phase = data
+            most = max(most, sum(1 for p in pods.values() if p[1]))
+            if phase in after_phases and selector:
+                fewest = min(fewest, sum(1 for p in pods.values() if p[2] and all(p[3].get(k) == v for k, v in selector.items())))
+        assert fewest < 10**9, f"the watch streams never showed the phase {sorted(after_phases)}"
+        return most, fewest
+
+
+def fleet_cr(namespace: str, replicas: int, **changes: Any) -> dict:
+    from test_operator_e2e import compatible_annotations, example
+
+    annotations = {**compatible_annotations(ready_after=READY_AFTER)}
+    return example(
+        "llama31-8b-eagle3.yaml",
+        FLEET,
+        namespace,
+        annotations=annotations,
+        replicas=replicas,
+        resources__gpus=8,
+        resources__gpuFamily="blackwell",
+        rollout__keepBaseWarm=False,
+        **changes,
+    )
+
+
+def start_fleet(
+    operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str, replicas: int, **changes: Any
+) -> tuple[Any, Any, Recorder]:
+    base = sims.start("llama31-8b-base", time_scale=2.0)
+    spec_sim = sims.start("llama31-8b-eagle3", time_scale=2.0)
+    operator.map(f"{FLEET}-base", base.url)
+    operator.map(f"{FLEET}-spec", spec_sim.url)
+    operator.start()
+    recorder = Recorder(core_v1, custom_objects, namespace)
+    custom_objects.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, fleet_cr(namespace, replicas, **changes))
+    return base, spec_sim, recorder
+
+
+def fleet_status(custom_objects: Any, namespace: str) -> dict:
+    return custom_objects.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, FLEET).get("status") or {}
+
+
+def rolled_out(custom_objects: Any, namespace: str, reason: str = "RolledOut") -> dict | None:
+    st = fleet_status(custom_objects, namespace)
+    cond = next((c for c in st.get("conditions") or [] if c["type"] == "RolledOut"), None)
+    return st if cond is not None and cond["reason"] == reason and cond["status"] == "True" else None
+
+
+def server_pods(core_v1: Any, namespace: str) -> dict[str, int]:
+    counts = {"base": 0, "speculative": 0}
+    for pod in core_v1.list_namespaced_pod(namespace, label_selector=f"{m.LABEL_INSTANCE}={FLEET}").items:
+        counts[pod.metadata.labels[m.LABEL_VARIANT]] += 1
+    return counts
+
+
+def test_a_six_server_fleet_is_promoted_without_a_seventh_servers_gpus_and_never_below_five_serving(
+    operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
+) -> None:
+    from test_operator_e2e import event_reasons
+
+    _, _, recorder = start_fleet(operator, sims, custom_objects, core_v1, namespace, 6)
+    try:
+        st = wait_until(lambda: rolled_out(custom_objects, namespace), timeout=240, message="the fleet rolled out")
+    finally:
+        recorder.stop()
+    assert st["phase"] == "Promoted" and st["rolloutProgress"] == "6/6 speculative" and st["readyReplicas"] == 6
+    assert server_pods(core_v1, namespace) == {"base": 0, "speculative": 6}
+    assert core_v1.read_namespaced_service(FLEET, namespace).spec.selector[m.LABEL_VARIANT] == "speculative"
+    most, fewest = recorder.replay({"Promoted"})
+    assert most <= 6, f"{most} servers held or asked for GPUs at once (maxSurge 0, 6 replicas)"
+    assert fewest >= 5, f"only {fewest} Ready servers behind the stable Service during the walk (maxUnavailable 1)"
+    # While probed, the canary serves beside the 5 base servers (docs/operator.md, "The canary").
+    assert recorder.replay({"Probing"}) == (6, 6)
+    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, FLEET)).count("WalkFinished") and r, timeout=10, message="WalkFinished")
+    assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("WalkStarted") == 1 and reasons.count("WalkFinished") == 1
+
+
+def wait_speculative(custom_objects: Any, namespace: str, at_least: int, timeout: float = 120) -> dict:
+    return wait_until(
+        lambda: (
+            (st := fleet_status(custom_objects, namespace)).get("phase") == "Promoted" and (st.get("speculativeReplicas") or 0) >= at_least and st
+        ),
+        timeout=timeout,
+        message=f"{at_least} speculative servers Ready",
+    )
+
+
+def test_an_operator_killed_at_several_steps_of_the_walk_resumes_with_no_duplicate_pods_and_one_decision(
+    operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
+) -> None:
+    from test_operator_e2e import event_reasons
+
+    _, _, recorder = start_fleet(operator, sims, custom_objects, core_v1, namespace, 6)
+    try:
+        # Events are posted right after the status write that they announce: a kill in that millisecond loses them
+        # (never repeats them). The kills here come after the decision's Events, at later steps of the walk.
+        wait_until(lambda: {"SpeedupConfirmed", "WalkStarted"} <= set(event_reasons(core_v1, namespace, FLEET)), timeout=180, message="decision")
+        for step in (2, 4, 5):
+            wait_speculative(custom_objects, namespace, step, timeout=180)
+            operator.kill()
+            operator.start()
+        st = wait_until(lambda: rolled_out(custom_objects, namespace), timeout=180, message="the fleet rolled out")
+    finally:
+        recorder.stop()
+    assert st["rolloutProgress"] == "6/6 speculative" and server_pods(core_v1, namespace) == {"base": 0, "speculative": 6}
+    most, fewest = recorder.replay({"Promoted"})
+    assert most <= 6 and fewest >= 5, (most, fewest)
+    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, FLEET)).count("WalkFinished") and r, timeout=10, message="WalkFinished")
+    assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 1  # decided once, before the kills
+    assert reasons.count("WalkStarted") == 1 and reasons.count("WalkFinished") == 1
+
+
+def test_a_drift_mid_walk_walks_the_fleet_back_to_the_base_at_once(
+    operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
+) -> None:
+    from simulators import generate_traffic
+    from test_operator_e2e import event_reasons
+
+    _, spec_sim, recorder = start_fleet(operator, sims, custom_objects, core_v1, namespace, 6, monitor__interval=5, monitor__window=2)
+    try:
+        wait_speculative(custom_objects, namespace, 3, timeout=180)
+        spec_sim.sim.engine.set_accept_length_mean(1.0)  # the drafter stops being accepted while traffic flows
+        with generate_traffic(spec_sim.url, tokens=32):
+            st = wait_until(
+                lambda: (s := fleet_status(custom_objects, namespace)).get("phase") == "RolledBack" and s, timeout=60, message="drift rollback"
+            )
+        assert st["reason"] == "AcceptanceDrift" and 1 <= st["speculativeReplicas"] < 6
+        st = wait_until(lambda: rolled_out(custom_objects, namespace), timeout=180, message="the fleet back on the base")
+    finally:
+        recorder.stop()
+    assert st["rolloutProgress"] == "0/6 speculative" and server_pods(core_v1, namespace) == {"base": 6, "speculative": 0}
+    assert core_v1.read_namespaced_service(FLEET, namespace).spec.selector[m.LABEL_VARIANT] == "base"
+    most, fewest = recorder.replay({"Promoted", "RolledBack"})
+    assert most <= 6 and fewest >= 5, (most, fewest)
+    reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, FLEET)).count("WalkFinished") and r, timeout=10, message="WalkFinished")
+    assert reasons.count("AcceptanceDrift") == 1 and reasons.count("WalkStarted") == 2 and reasons.count("WalkFinished") == 1
+
+
+def test_kubectl_scale_during_a_walk_changes_its_goal(operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str, kubectl) -> None:
+    _, _, recorder = start_fleet(operator, sims, custom_objects, core_v1, namespace, 6)
+    try:
+        wait_speculative(custom_objects, namespace, 2, timeout=180)
+        kubectl("scale", f"{PLURAL}/{FLEET}", "--replicas=4")
+        st = wait_until(lambda: rolled_out(custom_objects, namespace), timeout=180, message="the fleet rolled out at 4")
+    finally:
+        recorder.stop()
+    assert st["rolloutProgress"] == "4/4 speculative" and st["replicas"] == 4
+    assert server_pods(core_v1, namespace) == {"base": 0, "speculative": 4}
+    scale = json.loads(kubectl("get", f"{PLURAL}/{FLEET}", "--subresource=scale", "-o", "json").stdout)
+    assert scale["status"] == {"replicas": 4, "selector": m.fleet_selector(FLEET)}
+    most, _ = recorder.replay({"Promoted"})
+    assert most <= 6

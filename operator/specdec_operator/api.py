@@ -47,6 +47,7 @@ class ConditionType(StrEnum):
     SPECULATIVE_READY = "SpeculativeReady"
     SPEEDUP_VERIFIED = "SpeedupVerified"
     READY = "Ready"
+    ROLLED_OUT = "RolledOut"  # fleets (spec.replicas >= 2) only: the walk to the decided variant has arrived
 
 
 # What a probe (or the drift monitor) decided for a speculative revision. (A comment, not a docstring: pydantic
@@ -120,6 +121,12 @@ class Reason(StrEnum):
     SERVICE_PENDING = "ServicePending"
     SERVING = "Serving"
     NO_READY_SERVER = "NoReadyServer"
+    # RolledOut (fleets): walking toward a variant, or arrived; WalkStarted/WalkFinished are its Events
+    WALKING_TO_SPECULATIVE = "WalkingToSpeculative"
+    WALKING_TO_BASE = "WalkingToBase"
+    ROLLED_OUT = "RolledOut"
+    WALK_STARTED = "WalkStarted"
+    WALK_FINISHED = "WalkFinished"
     # Events of transitions that have no reason of their own
     PROBE_STARTED = "ProbeStarted"
     TRAFFIC_SWITCHED = "TrafficSwitched"

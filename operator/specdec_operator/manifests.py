@@ -513,11 +513,13 @@ def service(
     active: str | Variant = Variant.BASE,
     settings: ManifestSettings = ManifestSettings(),
     leaders_only: bool = False,
+    both: bool = False,
 ) -> dict[str, Any]:
     """Service ``<name>-base``/``<name>-spec`` (variant given) or the stable ``<name>`` selecting ``active``.
 
     leaders_only: select only the leaders of multi-node groups (rank 0 serves HTTP; the workers' port answers
-    health checks only).
+    health checks only). both (stable Service only): select the servers of both variants, while a fleet walks
+    from one to the other (they produce the same tokens); the annotation still names the decided variant.
     """
     selected = _v(variant if variant is not None else active)
     labels = dict(instance_labels(name))
@@ -529,9 +531,12 @@ def service(
     metadata: dict[str, Any] = {"name": child_name(name, variant), "namespace": namespace, "labels": labels}
     if annotations:
         metadata["annotations"] = annotations
+    selector = selector_labels(name, selected)
+    if both and variant is None:
+        del selector[LABEL_VARIANT]
     spec: dict[str, Any] = {
         "type": "ClusterIP",
-        "selector": {**selector_labels(name, selected), **({LABEL_ROLE: ROLE_LEADER} if leaders_only else {})},
+        "selector": {**selector, **({LABEL_ROLE: ROLE_LEADER} if leaders_only else {})},
         "ports": [{"name": PORT_NAME, "port": settings.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
     }
     if variant is not None:
@@ -558,6 +563,12 @@ def adaptive_config_map(name: str, namespace: str, config_json: str) -> dict[str
 
 
 def service_variant(svc: dict[str, Any]) -> str | None:
-    """Which variant a Service's selector selects (None if it selects neither)."""
+    """Which variant a Service's selector selects (None if it selects neither, or both: see selects_both)."""
     selector = (svc.get("spec") or {}).get("selector") or {}
     return selector.get(LABEL_VARIANT)
+
+
+def selects_both(svc: dict[str, Any]) -> bool:
+    """Whether a stable Service selects the servers of both variants (a fleet walking from one to the other)."""
+    selector = (svc.get("spec") or {}).get("selector") or {}
+    return LABEL_INSTANCE in selector and LABEL_VARIANT not in selector

@@ -43,6 +43,7 @@ from .lifecycle import (
     BASE,
     SPECULATIVE,
     Facts,
+    Fleet,
     PhaseOutcome,
     apply_drift,
     build_conditions,
@@ -52,6 +53,7 @@ from .lifecycle import (
     is_invalid,
     is_promoted,
     plan_replicas,
+    selects_both,
     settle_decision,
     settle_phase,
     settle_trial,
@@ -132,11 +134,12 @@ def reconcile(
     decision, monitor = apply_drift(facts, decision)
     replicas = plan_replicas(facts, validation, decision)
     active = choose_active(facts, decision)
+    both = selects_both(facts, replicas, decision, validation)
     outcome = settle_phase(facts, validation, decision)
-    conditions = build_conditions(facts, validation, decision, replicas, active, outcome)
-    new_status = build_status(facts, validation, decision, monitor, active, outcome, conditions)
+    conditions = build_conditions(facts, validation, decision, replicas, active, outcome, both)
+    new_status = build_status(facts, validation, decision, monitor, active, outcome, conditions, replicas)
 
-    desired = desired_children(facts, replicas, active)
+    desired = desired_children(facts, replicas, active, both)
     to_apply = [obj for obj in desired if obj["metadata"]["name"] not in facts.conflicts and needs_apply(obj, _observed_child(facts.observed, obj))]
     probe_running = observed.probe_running
     start_probe = outcome.probing and probe_running != facts.probe_id
@@ -163,7 +166,7 @@ def reconcile(
     )
 
 
-def desired_children(facts: Facts, replicas: dict[Variant, int], active: Variant) -> list[dict[str, Any]]:
+def desired_children(facts: Facts, replicas: Fleet | dict[Variant, int], active: Variant, both: bool = False) -> list[dict[str, Any]]:
     """The five children, Services first (see Plan.switch_first), and during load-aware speculation the adaptive
     table's ConfigMap before them all (the speculative pod mounts it)."""
     name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
@@ -192,7 +195,7 @@ def desired_children(facts: Facts, replicas: dict[Variant, int], active: Variant
     services = [
         m.service(name, namespace, BASE.value, settings=ms),
         m.service(name, namespace, SPECULATIVE.value, settings=ms),
-        m.service(name, namespace, None, active=active.value, settings=ms),
+        m.service(name, namespace, None, active=active.value, settings=ms, both=both),
     ]
     config_maps = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
     return config_maps + services + deployments
@@ -218,11 +221,13 @@ def _scrape_schedule(facts: Facts, new_status: SpeculativeServerStatus) -> tuple
     return elapsed >= monitor.interval, max(0.0, monitor.interval - elapsed)
 
 
-def _settled(facts: Facts, outcome: PhaseOutcome, to_apply: list[dict[str, Any]], replicas: dict[Variant, int]) -> bool:
-    """Decided, nothing to apply, and every server that should run is ready: nothing changes with time alone."""
+def _settled(facts: Facts, outcome: PhaseOutcome, to_apply: list[dict[str, Any]], replicas: Fleet) -> bool:
+    """Decided, nothing to apply, every server that should run is ready and a fleet's walk has arrived: nothing
+    changes with time alone."""
     return (
         outcome.phase in (Phase.PROMOTED, Phase.ROLLED_BACK, Phase.INVALID)
         and not outcome.probing
         and not to_apply
         and all(facts.servers[v].ready for v in (BASE, SPECULATIVE) if replicas[v] > 0)
+        and (replicas.replicas < 2 or replicas.done)
     )

@@ -1,4 +1,4 @@
-"""The five conditions (DrafterCompatible, BaseReady, SpeculativeReady, SpeedupVerified, Ready), written by one rule."""
+"""The conditions (DrafterCompatible, BaseReady, SpeculativeReady, SpeedupVerified, Ready; RolledOut for fleets), written by one rule."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ class Conditions:
                 type=ctype.value, status=status, reason=reason, message=message, observed_generation=self._generation, last_transition_time=self._now
             )
         )
+
+    def remove(self, ctype: ConditionType) -> None:
+        self._items = [c for c in self._items if c.type != ctype.value]
 
     def get(self, ctype: ConditionType) -> Condition | None:
         return next((c for c in self._items if c.type == ctype.value), None)

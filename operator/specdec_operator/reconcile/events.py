@@ -11,7 +11,7 @@ it starts within the second the stored probe started, which the status cannot te
 
 from __future__ import annotations
 
-from ..api import Decision, Phase, ProbeStatus, Reason, SpeculativeServerStatus, ValidationStatus
+from ..api import Condition, ConditionType, Decision, Phase, ProbeStatus, Reason, SpeculativeServerStatus, ValidationStatus
 from .model import Event
 from .pods import finding_summary
 
@@ -46,6 +46,7 @@ def transition_events(
         )
     if prev.active_variant and new.active_variant and prev.active_variant != new.active_variant and new.reason != Reason.NAME_CONFLICT:
         events.append(Event("Normal", Reason.TRAFFIC_SWITCHED, f"stable Service {name} now selects the {new.active_variant} server"))
+    events.extend(_walk_events(prev, new))
     if new.phase == Phase.FAILED and (prev.phase, prev.reason, prev.message) != (new.phase, new.reason, new.message):
         events.append(Event("Warning", new.reason or Phase.FAILED, new.message or ""))
     return events
@@ -110,3 +111,24 @@ def _decision_event(decision: ProbeStatus) -> Event:
         return Event("Warning", Reason.ACCEPTANCE_DRIFT, f"rolled back: {detail}", rollback=True)
     text = f"rolled back: {detail}; the base server keeps serving" if detail else "rolled back: the base server keeps serving"
     return Event("Warning", decision.reason or Reason.INCONCLUSIVE, text, rollback=True)
+
+
+_WALKING = (Reason.WALKING_TO_SPECULATIVE, Reason.WALKING_TO_BASE)
+
+
+def _rolled_out(status: SpeculativeServerStatus) -> Condition | None:
+    return next((c for c in status.conditions if c.type == ConditionType.ROLLED_OUT), None)
+
+
+def _walk_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus) -> list[Event]:
+    """A fleet's walk (the RolledOut condition): WalkStarted when it sets out toward a variant (or turns back),
+    WalkFinished when it arrives."""
+    before, after = _rolled_out(prev), _rolled_out(new)
+    if after is None:
+        return []
+    if after.reason in _WALKING and (before is None or before.reason != after.reason):
+        turned = before is not None and before.reason in _WALKING
+        return [Event("Normal", Reason.WALK_STARTED, f"{'turned back, ' if turned else ''}{after.message}")]
+    if after.status == "True" and before is not None and before.reason in _WALKING:
+        return [Event("Normal", Reason.WALK_FINISHED, f"walk finished: {after.message}")]
+    return []

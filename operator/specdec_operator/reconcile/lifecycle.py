@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import manifests as m
+from .. import rollout
 from ..api import (
     ConditionType,
     Decision,
@@ -41,7 +42,7 @@ from ..textutil import clip, rfc3339
 from .conditions import Conditions
 from .diff import labels_of, owned_by
 from .model import Observed, Settings
-from .pods import VALIDATING_MESSAGE, ServerState, error_codes, finding_summary, pods_of, server_state, validation_from_pods
+from .pods import VALIDATING_MESSAGE, ServerState, error_codes, finding_summary, is_ready, live, pods_of, server_state, validation_from_pods
 
 BASE, SPECULATIVE = Variant.BASE, Variant.SPECULATIVE
 
@@ -325,17 +326,76 @@ def never_started(decision: ProbeStatus | None) -> bool:
     return is_rolled_back(decision) and decision is not None and decision.reason == Reason.PROBE_FAILED and not decision.rounds
 
 
-def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None) -> dict[Variant, int]:
-    replicas = {BASE: 1, SPECULATIVE: 1}
-    if is_invalid(validation) or never_started(decision):
-        replicas[SPECULATIVE] = 0  # an incompatible or broken speculative server does not hold GPUs
-    if decision is not None and not facts.spec.rollout.keep_base_warm:
-        # The loser is scaled to 0 only once the winner serves, so traffic never lands on nothing.
-        if is_promoted(decision) and facts.servers[SPECULATIVE].any_ready:
-            replicas[BASE] = 0
-        if is_rolled_back(decision) and facts.servers[BASE].any_ready:
-            replicas[SPECULATIVE] = 0
-    return replicas
+@dataclass(frozen=True)
+class Fleet:
+    """How many servers each variant gets (plan_replicas): the walk's goal, what the API server shows, the next step."""
+
+    replicas: int  # spec.replicas
+    goal: rollout.Counts
+    state: rollout.FleetState
+    counts: dict[Variant, int]  # the next spec.replicas of each Deployment
+    toward: Variant | None = None  # the variant a decided fleet walks to (None before a decision)
+
+    def __getitem__(self, variant: Variant) -> int:
+        return self.counts[variant]
+
+    @property
+    def done(self) -> bool:
+        """Arrived: the Deployments ask for the goal, every server of it is Ready and no other pod is left."""
+        return rollout.walk_done(self.goal, self.state)
+
+    @property
+    def walks(self) -> bool:
+        """A fleet (2 or more servers) that walks from one variant to the other after a decision."""
+        return self.replicas >= 2 and self.toward is not None
+
+
+def fleet_state(facts: Facts) -> rollout.FleetState:
+    """What the API server shows of each variant: the Deployment's spec.replicas, its pods (terminating ones included:
+    they hold their GPUs until they are gone), the Ready ones."""
+    variants = {}
+    for variant in (BASE, SPECULATIVE):
+        deployment = facts.observed.deployments.get(m.child_name(facts.name, variant.value))
+        desired = 0
+        if deployment is not None and owned_by(deployment, facts.observed.uid):
+            asked = (deployment.get("spec") or {}).get("replicas")
+            desired = 1 if asked is None else int(asked)
+        pods = [p for p in facts.observed.pods if labels_of(p).get(m.LABEL_VARIANT) == variant.value]
+        terminating = sum(1 for p in pods if (p.get("metadata") or {}).get("deletionTimestamp"))
+        ready = sum(1 for p in live(pods) if is_ready(p))
+        variants[variant] = rollout.VariantState(desired=desired, pods=len(pods), ready=ready, terminating=terminating)
+    return rollout.FleetState(base=variants[BASE], speculative=variants[SPECULATIVE])
+
+
+def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None) -> Fleet:
+    """The next spec.replicas of the two Deployments.
+
+    One server (spec.replicas 1): a base and a speculative server while undecided, the loser scaled to 0 once the
+    winner serves (unless rollout.keepBaseWarm). A fleet: one step of rollout.plan_step toward the goal (the canary
+    while undecided, every server on the winner after the decision), within rollout.maxSurge/maxUnavailable.
+    """
+    n = facts.spec.replicas
+    state = fleet_state(facts)
+    broken = is_invalid(validation) or never_started(decision)
+    toward = None if decision is None and not broken else (SPECULATIVE if is_promoted(decision) and not broken else BASE)
+    if n == 1:
+        replicas = {BASE: 1, SPECULATIVE: 1}
+        if broken:
+            replicas[SPECULATIVE] = 0  # an incompatible or broken speculative server does not hold GPUs
+        if decision is not None and not facts.spec.rollout.keep_base_warm:
+            # The loser is scaled to 0 only once the winner serves, so traffic never lands on nothing.
+            if is_promoted(decision) and facts.servers[SPECULATIVE].any_ready:
+                replicas[BASE] = 0
+            if is_rolled_back(decision) and facts.servers[BASE].any_ready:
+                replicas[SPECULATIVE] = 0
+        goal = rollout.Counts(base=replicas[BASE], speculative=replicas[SPECULATIVE])
+        return Fleet(n, goal, state, replicas, toward)
+    ro = facts.spec.rollout
+    # A fleet walks to the winner whatever rollout.keepBaseWarm says: a warm loser beside it would be a second
+    # fleet, beyond rollout.maxSurge (docs/operator.md).
+    goal = rollout.canary_goal(n, ro.max_surge) if toward is None else rollout.walk_goal(n, toward)
+    counts = rollout.plan_step(goal, state, replicas=n, max_surge=ro.max_surge, max_unavailable=ro.max_unavailable)
+    return Fleet(n, goal, state, {BASE: counts.base, SPECULATIVE: counts.speculative}, toward)
 
 
 def choose_active(facts: Facts, decision: ProbeStatus | None) -> Variant:
@@ -345,12 +405,39 @@ def choose_active(facts: Facts, decision: ProbeStatus | None) -> Variant:
         return desired
     stable = facts.observed.services.get(facts.name)
     current = m.service_variant(stable) if stable else None
+    if stable is not None and m.selects_both(stable):
+        current = SPECULATIVE.value  # a fleet walking back: its speculative servers answer until the base serves
     # Never route to nothing while the other server can answer (both give the same answers):
     if desired == SPECULATIVE and facts.servers[BASE].any_ready:
         return BASE  # the promoted server is restarting: the base answers meanwhile
     if current == SPECULATIVE.value and facts.servers[SPECULATIVE].any_ready:
         return SPECULATIVE  # a rollback to a cold base waits until the base serves
     return desired
+
+
+def selects_both(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, validation: ValidationStatus | None = None) -> bool:
+    """Whether the stable Service selects both variants: a fleet whose servers of both variants may serve.
+
+    While a fleet's canary is probed, the canary serves its share of live traffic beside the base servers, so that
+    the probe compares two servers under the same live load (docs/operator.md, "The canary": a comparison base
+    server that serves live traffic against a canary that does not makes the drafter look faster than it is).
+    After a promotion, and walking back from one (AcceptanceDrift), the servers of the walk. Never a speculative
+    server that is not Ready on the current template, nor one rolled back without having served (Invalid,
+    ProbeFailed, a lost comparison), nor a one-server resource's (it keeps today's switch).
+    """
+    if fleet.replicas < 2 or facts.conflicts or is_invalid(validation):
+        return False
+    if decision is None:
+        return facts.servers[SPECULATIVE].ready and facts.servers[BASE].any_ready
+    if not fleet.walks or fleet.done:
+        return False
+    served = is_promoted(decision) or decision.reason == Reason.ACCEPTANCE_DRIFT
+    if not served:
+        stable = facts.observed.services.get(facts.name)
+        served = stable is not None and (m.selects_both(stable) or m.service_variant(stable) == SPECULATIVE.value)
+        # ... unless the speculative servers were only ever the canary: a decision against them takes them out at once.
+        served = served and fleet.state.speculative.desired > 1
+    return served and facts.servers[BASE].any_ready and facts.servers[SPECULATIVE].any_ready
 
 
 def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None) -> PhaseOutcome:
@@ -410,9 +497,10 @@ def build_conditions(
     facts: Facts,
     validation: ValidationStatus | None,
     decision: ProbeStatus | None,
-    replicas: dict[Variant, int],
+    replicas: Fleet,
     active: Variant,
     outcome: PhaseOutcome,
+    both: bool = False,
 ) -> Conditions:
     conditions = Conditions(facts.prev.conditions, facts.observed.generation, facts.now_s)
     invalid = is_invalid(validation)
@@ -465,12 +553,26 @@ def build_conditions(
     else:
         serving = facts.servers[active].any_ready and name not in facts.conflicts
         detail = "" if serving else f", which is not ready ({facts.servers[active].message})"
+        selected = "the servers of both variants while the fleet walks" if both else f"the {active.value} server"
         conditions.set(
             ConditionType.READY,
             "True" if serving else "False",
             Reason.SERVING if serving else Reason.NO_READY_SERVER,
-            f"stable Service {name} selects the {active.value} server{detail}",
+            f"stable Service {name} selects {selected}{detail}",
         )
+    if replicas.walks:
+        assert replicas.toward is not None
+        progress = rollout.progress(replicas.replicas, replicas.state)
+        if replicas.done:
+            conditions.set(
+                ConditionType.ROLLED_OUT, "True", Reason.ROLLED_OUT, f"all {replicas.replicas} servers are {replicas.toward.value} ({progress})"
+            )
+        else:
+            reason = Reason.WALKING_TO_SPECULATIVE if replicas.toward == SPECULATIVE else Reason.WALKING_TO_BASE
+            asked = f"base {replicas[BASE]}, speculative {replicas[SPECULATIVE]}"
+            conditions.set(ConditionType.ROLLED_OUT, "False", reason, f"walking toward {replicas.toward.value}: {progress} (Deployments at {asked})")
+    elif conditions.get(ConditionType.ROLLED_OUT) is not None:
+        conditions.remove(ConditionType.ROLLED_OUT)  # a new revision is probed, or the fleet is one server again
     return conditions
 
 
@@ -482,6 +584,7 @@ def build_status(
     active: Variant,
     outcome: PhaseOutcome,
     conditions: Conditions,
+    fleet: Fleet | None = None,
 ) -> SpeculativeServerStatus:
     accept = monitor.accept_length if monitor is not None else None
     if accept is None and decision is not None:
@@ -498,4 +601,17 @@ def build_status(
         validation=validation,
         probe=probe_status(facts, decision, outcome),
         monitor=monitor,
+        **(_fleet_status(facts, fleet) if fleet is not None else {}),
     )
+
+
+def _fleet_status(facts: Facts, fleet: Fleet) -> dict[str, Any]:
+    """The scale subresource's fields and the walk's progress (rollout.status_fields), as model fields."""
+    fields = rollout.status_fields(fleet.replicas, fleet.state, m.fleet_selector(facts.name))
+    return {
+        "replicas": fields["replicas"],
+        "ready_replicas": fields["readyReplicas"],
+        "speculative_replicas": fields["speculativeReplicas"],
+        "rollout_progress": fields["rolloutProgress"],
+        "selector": fields["selector"],
+    }
