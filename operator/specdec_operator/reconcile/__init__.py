@@ -175,7 +175,7 @@ def desired_children(facts: Facts, replicas: Fleet | dict[Variant, int], active:
         leaders = [
             m.service(name, namespace, BASE.value, settings=ms, leaders_only=True),
             m.service(name, namespace, SPECULATIVE.value, settings=ms, leaders_only=True),
-            m.service(name, namespace, None, active=active.value, settings=ms, leaders_only=True),
+            m.service(name, namespace, None, active=active.value, settings=ms, both=both, leaders_only=True),
         ]
         tables = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
         return tables + leaders + groups

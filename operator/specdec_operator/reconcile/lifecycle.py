@@ -42,7 +42,18 @@ from ..textutil import clip, rfc3339
 from .conditions import Conditions
 from .diff import labels_of, owned_by
 from .model import Observed, Settings
-from .pods import VALIDATING_MESSAGE, ServerState, error_codes, finding_summary, is_ready, live, pods_of, server_state, validation_from_pods
+from .pods import (
+    VALIDATING_MESSAGE,
+    ServerState,
+    error_codes,
+    finding_summary,
+    group_state,
+    is_ready,
+    live,
+    pods_of,
+    server_state,
+    validation_from_pods,
+)
 
 BASE, SPECULATIVE = Variant.BASE, Variant.SPECULATIVE
 
@@ -360,6 +371,9 @@ def fleet_state(facts: Facts) -> rollout.FleetState:
         if deployment is not None and owned_by(deployment, facts.observed.uid):
             asked = (deployment.get("spec") or {}).get("replicas")
             desired = 1 if asked is None else int(asked)
+        if facts.leader_worker_sets:  # multi-node: groups, counted by their leaders, by group index
+            variants[variant] = group_state(desired, facts.observed.pods, variant)
+            continue
         pods = [p for p in facts.observed.pods if labels_of(p).get(m.LABEL_VARIANT) == variant.value]
         terminating = sum(1 for p in pods if (p.get("metadata") or {}).get("deletionTimestamp"))
         ready = sum(1 for p in live(pods) if is_ready(p))
