@@ -190,7 +190,11 @@ def test_the_first_step_creates_the_servers_with_the_status_and_the_stable_servi
         ("Service", "llama-spec"),
     ]
     assert cluster.writer.beside_the_step == ["llama"]
-    assert [c for c in calls if c[0] == "status"] == [("status", ["activeVariant", "conditions", "message", "observedGeneration", "phase", "reason"])]
+    # The scale subresource's fields (replicas, selector) are written for every resource, one server or a fleet.
+    fleet_fields = ["readyReplicas", "replicas", "rolloutProgress", "selector", "speculativeReplicas"]
+    assert [c for c in calls if c[0] == "status"] == [
+        ("status", sorted(["activeVariant", "conditions", "message", "observedGeneration", "phase", "reason", *fleet_fields]))
+    ]
     assert cluster.writer.status["phase"] == "Pending" and cluster.writer.events == []
 
 
