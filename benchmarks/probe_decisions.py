@@ -12,8 +12,11 @@ Parts:
 * ``heldout``: the operator's own workloads (hack/demo.py and the e2e tests: ``chat:1:128:64:4`` weight 3,
   ``batch-32:32:128:64:64``) at time scale 5, as the cluster tests run them, both policies, against the
   Llama drafter, an equal server and a 5 %-slower one.
-* ``errors``: ``--runs`` seeded probes of two equal servers (5 % step jitter, probe_null.py's profile, workload small:4:16:128:16) and of
-  a server 5 % slower, in-process, 5 at a time: how many promote.
+* ``errors``: ``--runs`` seeded probes (seeds 100, 101, ...) of two equal servers (5 % step jitter, probe_null.py's
+  profile, workload small:4:16:128:16), of a server 5 % slower and of one 10 % faster (the power that the early
+  stops cost): how many promote. Both simulators of a probe are in-process ``SimulatorServer``s (the same model
+  and HTTP protocol as ``specdec simulate``, real HTTP on localhost) at time scale 4, ``--parallel`` probes (5)
+  at a time on one event loop, so 100 runs of a case take minutes on two shared cores.
 
 The same script measures the method before and after a change: run it with ``PYTHONPATH`` pointing at the
 other checkout's ``operator/``.
@@ -73,6 +76,13 @@ def slower(profile: dict, loss: float) -> dict:
     return out
 
 
+def faster(profile: dict, gain: float) -> dict:
+    """The same server with every step 1/(1 + gain) as long: throughput ``gain`` higher."""
+    out = dict(profile, name=f"{profile['name']}-plus-{round(gain * 100)}pct")
+    out["step_ms"] = [[b, ms / (1.0 + gain)] for b, ms in profile["step_ms"]]
+    return out
+
+
 def profile_file(tmp: str, name: str, stream_interval: int | None = None, loss: float = 0.0) -> str:
     """A shipped profile, optionally with another stream_interval or slower, written to a file in ``tmp``."""
     data = json.loads((resources.files("specdec_operator.simulator") / "profiles" / f"{name}.json").read_text())
@@ -122,10 +132,26 @@ async def _decision(base: str, cand: str, workloads: list[Workload], scale: floa
     with ExitStack() as stack:
         base_url = stack.enter_context(SimulatorProcess(base, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed)))
         cand_url = stack.enter_context(SimulatorProcess(cand, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed + 1)))
+        trace: list[dict] = []
         t = time.perf_counter()
-        result = await run_probe(base_url, cand_url, workloads, seed=seed, policy=policy)
+        result = await run_probe(base_url, cand_url, workloads, seed=seed, policy=policy, on_round=lambda r: trace.append(round_row(r)))
         wall = time.perf_counter() - t
-    return summary(result, wall, scale, gpus)
+    return {**summary(result, wall, scale, gpus), "trace": trace}
+
+
+def round_row(result: Any) -> dict:
+    """The intervals after one round (``on_round``): per workload [estimate, low, high] and the weighted one."""
+    row: dict = {"round": result.rounds}
+    for w in result.workloads:
+        if w.speedup is not None:
+            row[w.name] = [round(w.speedup, 4), round(w.speedup_low or 0.0, 4), None if w.speedup_high is None else round(w.speedup_high, 4)]
+    if result.policy == "weighted" and result.speedup is not None:
+        row["weighted"] = [
+            round(result.speedup, 4),
+            round(result.speedup_low or 0.0, 4),
+            None if result.speedup_high is None else round(result.speedup_high, 4),
+        ]
+    return row
 
 
 def seed_part(label: str, out: list[dict]) -> None:
@@ -173,8 +199,9 @@ async def _small(seed: int, candidate: dict) -> Any:
         return result, time.perf_counter() - t
 
 
-def errors_part(label: str, runs: int, out: list[dict]) -> None:
-    for name, candidate in (("equal servers", EQUAL), ("5% slower", slower(EQUAL, 0.05))):
+def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5) -> None:
+    cases = (("equal servers", EQUAL), ("5% slower", slower(EQUAL, 0.05)), ("10% faster", faster(EQUAL, 0.10)))
+    for name, candidate in cases:
         results = []
         t = time.perf_counter()
         seeds = list(range(100, 100 + runs))
@@ -182,8 +209,8 @@ def errors_part(label: str, runs: int, out: list[dict]) -> None:
         async def batch(chunk: list[int], candidate: dict = candidate) -> list:
             return await asyncio.gather(*(_small(s, candidate) for s in chunk))
 
-        for start in range(0, len(seeds), 5):
-            results += asyncio.run(batch(seeds[start : start + 5]))
+        for start in range(0, len(seeds), parallel):
+            results += asyncio.run(batch(seeds[start : start + parallel]))
         rounds = [r.rounds for r, _ in results]
         gpu_s = [w * 4 * 2 for _, w in results]
         row = {
@@ -196,10 +223,22 @@ def errors_part(label: str, runs: int, out: list[dict]) -> None:
             "mean_rounds": round(sum(rounds) / len(rounds), 2),
             "mean_gpu_s": round(sum(gpu_s) / len(gpu_s), 2),
             "max_width": max((v for r, _ in results for v in widths(r).values() if v is not None), default=None),
+            "wider_than_2": sum(any(v is not None and v > 2.0 for v in widths(r).values()) for r, _ in results),
             "wall_s": round(time.perf_counter() - t, 1),
+            "per_run": [
+                {
+                    "seed": s,
+                    "decision": str(r.decision),
+                    "reason": str(r.reason),
+                    "rounds": r.rounds,
+                    "gpu_s": round(w * 4 * 2, 1),
+                    "width": widths(r),
+                }
+                for s, (r, w) in zip(seeds, results)
+            ],
         }
         out.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "per_run"}), flush=True)
 
 
 def main() -> int:
@@ -207,6 +246,7 @@ def main() -> int:
     parser.add_argument("--part", choices=["seed", "heldout", "errors", "all"], default="all")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--label", default="after")
+    parser.add_argument("--parallel", type=int, default=5, help="errors part: probes at a time in the one process")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     rows: list[dict] = []
@@ -215,7 +255,7 @@ def main() -> int:
     if args.part in ("heldout", "all"):
         heldout_part(args.label, rows)
     if args.part in ("errors", "all"):
-        errors_part(args.label, args.runs, rows)
+        errors_part(args.label, args.runs, rows, args.parallel)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

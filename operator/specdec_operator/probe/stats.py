@@ -331,6 +331,7 @@ class PairedInterval(RatioInterval):
     """A :class:`RatioInterval` from within-round evidence, with how it was formed."""
 
     df: float = 0.0
+    se: float = math.inf  # standard error of the mean log ratio (the interval is mean +- t(level, df) * se)
     heterogeneous: bool = False  # rounds disagreed beyond their blocks' noise: round-level df used
     within: bool = True  # False: some measurement had too few stream events for blocks; the round-level t-interval
 
@@ -351,7 +352,8 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
         raise ValueError("no rounds")
     if any(r.var == math.inf for r in rounds) and all(math.isfinite(r.log_ratio) for r in rounds):
         old = log_ratio_interval([math.exp(r.log_ratio) for r in rounds], level)
-        return PairedInterval(old.estimate, old.low, old.high, n, level, df=float(n - 1), within=False)
+        se = math.log(old.high / old.estimate) / t_quantile(1.0 - (1.0 - level) / 2.0, n - 1) if n >= 2 and math.isfinite(old.high) else math.inf
+        return PairedInterval(old.estimate, old.low, old.high, n, level, df=float(n - 1), se=se, within=False)
     finite = all(math.isfinite(r.log_ratio) and math.isfinite(r.var) for r in rounds)
     mean = sum(r.log_ratio for r in rounds) / n if all(math.isfinite(r.log_ratio) for r in rounds) else math.nan
     if not finite or not math.isfinite(mean):
@@ -371,6 +373,7 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
         if heterogeneous:
             df = float(n - 1)
     if var <= 0:
-        return PairedInterval(_exp(mean), _exp(mean), _exp(mean), n, level, df=df, heterogeneous=heterogeneous)
-    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * math.sqrt(var)
-    return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, heterogeneous=heterogeneous)
+        return PairedInterval(_exp(mean), _exp(mean), _exp(mean), n, level, df=df, se=0.0, heterogeneous=heterogeneous)
+    se = math.sqrt(var)
+    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se
+    return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, se=se, heterogeneous=heterogeneous)
