@@ -294,18 +294,19 @@ def test_width_bound_holds_a_decision_back():
     assert width(paired_interval([PairedRound(-math.inf, math.inf, 1.0)], 0.9)) == math.inf
 
 
-def test_futility_stops_equal_servers_but_not_a_clear_trend():
-    # Two rounds around 1.00 with 4 % within-round noise: even one se above the estimate, the interval projected to
-    # round 6 would still include 1.0.
+def test_futility_stops_near_the_threshold_but_not_on_a_clear_trend():
+    level = 1 - 0.002 / 6
+    # Two rounds around 1.00 with 4 % within-round noise: one se above (or below) the estimate, the interval
+    # projected to round 6 would still contain 1.0.
     near_one = [PairedRound(math.log(r), 0.04**2, 30.0) for r in (0.995, 1.01)]
-    iv = paired_interval(near_one, 0.998 / 6 + 5 / 6)
+    iv = paired_interval(near_one, level)
     assert iv.low < 1.0 < iv.high and futile(iv, 1.0, 6)
-    assert not futile(paired_interval(near_one[:1], iv.level), 1.0, 6)  # one round: never (promotion needs two)
+    assert not futile(paired_interval(near_one[:1], level), 1.0, 6)  # one round: never (promotion needs two)
     assert not futile(iv, 1.0, 2)  # at the last round the probe ends anyway
-    # The same noise around 1.08: not yet decided, but the trend would clear 1.0 by round 6.
-    trend = [PairedRound(math.log(r), 0.04**2, 30.0) for r in (1.07, 1.09)]
-    iv = paired_interval(trend, iv.level)
-    assert iv.low < 1.0 and not futile(iv, 1.0, 6)
+    # The same noise around 1.08 or 0.92: undecided now, but the trend would clear 1.0 (either way) by round 6.
+    for pair in ((1.07, 1.09), (0.91, 0.93)):
+        iv = paired_interval([PairedRound(math.log(r), 0.04**2, 30.0) for r in pair], level)
+        assert iv.low < 1.0 < iv.high and not futile(iv, 1.0, 6), pair
     assert not futile(None, 1.0)
     # The round-level fallback (no blocks) needs its three rounds first.
     fallback = [PairedRound(math.log(r), math.inf, 1.0) for r in (0.99, 1.01)]

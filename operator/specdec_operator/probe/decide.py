@@ -40,9 +40,10 @@ REJECT_MIN_ROUNDS = 1
 # interval is wider waits for more rounds (until max_rounds: then Inconclusive).
 MAX_WIDTH = 2.0
 
-# Futility (an early "not faster"): stop when, if the truth were FUTILITY_SE standard errors above the current
-# estimate, the interval projected to the last round would still not clear min_speedup. It only ever ends a
-# probe with a rollback, so it cannot add a wrong promotion; what it costs is power on small speedups
+# Futility (an early "neither faster nor slower"): stop when the estimate is so close to min_speedup that, if the
+# truth were FUTILITY_SE standard errors above it (or below it), the interval projected to the last round would still
+# contain min_speedup: neither a promotion nor a clear rollback is in reach. It only ever ends a probe with a
+# rollback (Inconclusive), so it cannot add a wrong promotion; what it costs is power on small speedups
 # (docs/probe.md has the measured rates).
 FUTILITY_SE = 1.0
 
@@ -74,10 +75,10 @@ def judge_paired(interval: RatioInterval | None, min_speedup: float) -> Verdict:
 
 
 def futile(interval: RatioInterval | None, min_speedup: float, max_rounds: int = 6) -> bool:
-    """True when more rounds would most likely not confirm a speedup: from the minimum rounds to promote, with an
-    interval within the width bound, ``log(estimate) + FUTILITY_SE * se - h_last <= log(min_speedup)``, where
-    ``h_last`` is the interval's half width projected to ``max_rounds`` (``se * sqrt(n / max_rounds)`` with the df
-    grown in proportion). Never true at or after the last round (the probe ends there anyway)."""
+    """True when more rounds would most likely decide nothing: from the minimum rounds to promote, with an interval
+    within the width bound, ``|log(estimate / min_speedup)| <= h_last - FUTILITY_SE * se``, where ``h_last`` is the
+    interval's half width projected to ``max_rounds`` (``t * se * sqrt(n / max_rounds)``, the df grown in
+    proportion). Never true at or after the last round (the probe ends there anyway)."""
     if interval is None or not hasattr(interval, "se") or width(interval) > MAX_WIDTH:
         return False
     n, se = interval.n, float(getattr(interval, "se", math.inf))
@@ -85,7 +86,7 @@ def futile(interval: RatioInterval | None, min_speedup: float, max_rounds: int =
         return False
     df = float(getattr(interval, "df", n - 1)) * max_rounds / n
     h_last = t_quantile(1.0 - (1.0 - interval.level) / 2.0, max(1.0, df)) * se * math.sqrt(n / max_rounds)
-    return math.log(interval.estimate) + FUTILITY_SE * se - h_last <= math.log(min_speedup)
+    return abs(math.log(interval.estimate / min_speedup)) <= h_last - FUTILITY_SE * se
 
 
 def normalize_policy(policy: str) -> str:
@@ -135,8 +136,8 @@ class Outcome:
 def outcome_for(verdict: Verdict, *, final: bool, detail: str, futility: bool = False, rounds: int = 0) -> Outcome | None:
     """The probe's outcome for a combined verdict; None means "run another round".
 
-    ``futility``: an undecided verdict that :func:`futile` says more rounds would not turn into a promotion ends
-    now, Inconclusive (it never promotes)."""
+    ``futility``: an undecided verdict that :func:`futile` says more rounds would not decide ends now,
+    Inconclusive (it never promotes)."""
     if verdict is Verdict.PASS:
         return Outcome(Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"speedup confirmed: {detail}")
     if verdict is Verdict.FAIL:
@@ -145,7 +146,8 @@ def outcome_for(verdict: Verdict, *, final: bool, detail: str, futility: bool = 
         return Outcome(
             Decision.ROLLBACK,
             Reason.INCONCLUSIVE,
-            f"inconclusive, stopped early after {rounds} round(s): more rounds would not confirm a speedup (futility): {detail}",
+            f"inconclusive, stopped early after {rounds} round(s): the estimate is too close to min speedup for more rounds to "
+            f"decide (futility): {detail}",
         )
     if final:
         return Outcome(Decision.ROLLBACK, Reason.INCONCLUSIVE, f"inconclusive after the last round: {detail}")
