@@ -154,7 +154,7 @@ def round_row(result: Any) -> dict:
     return row
 
 
-def seed_part(label: str, out: list[dict]) -> None:
+def seed_part(label: str, out: list[dict], repeats: int = 1) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kimi = profile_file(tmp, "sglang-base-kimi-k25", 8)
         cases = [
@@ -163,13 +163,14 @@ def seed_part(label: str, out: list[dict]) -> None:
             ("kimi base -> kimi base", kimi, profile_file(tmp, "sglang-base-kimi-k25", 8), SEED_WORKLOADS, 4.0, 16),
             ("llama base -> eagle3", profile_file(tmp, "llama31-8b-base", 8), profile_file(tmp, "llama31-8b-eagle3", 8), LLAMA_WORKLOADS, 2.0, 2),
         ]
-        for name, base, cand, wls, scale, gpus in cases:
-            row = {"label": label, "part": "seed", "case": name, **asyncio.run(_decision(base, cand, wls, scale, gpus))}
+        for rep, (name, base, cand, wls, scale, gpus) in ((r, c) for r in range(repeats) for c in cases):
+            seed = 1 + 10 * rep
+            row = {"label": label, "part": "seed", "case": name, "seed": seed, **asyncio.run(_decision(base, cand, wls, scale, gpus, seed=seed))}
             out.append(row)
             print(json.dumps(row), flush=True)
 
 
-def heldout_part(label: str, out: list[dict]) -> None:
+def heldout_part(label: str, out: list[dict], repeats: int = 1) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = profile_file(tmp, "llama31-8b-base", 8)
         cases = [
@@ -177,20 +178,21 @@ def heldout_part(label: str, out: list[dict]) -> None:
             ("llama base -> llama base", base),
             ("llama base -> 5% slower", profile_file(tmp, "llama31-8b-base", 8, loss=0.05)),
         ]
-        for policy in ("weighted", "all"):
-            for name, cand in cases:
-                row = {
-                    "label": label,
-                    "part": "heldout",
-                    "case": name,
-                    "policy": policy,
-                    **asyncio.run(_decision(base, cand, DEMO_WORKLOADS, 5.0, 2, policy)),
-                }
-                out.append(row)
-                print(json.dumps(row), flush=True)
+        for rep, policy, (name, cand) in ((r, p, c) for r in range(repeats) for p in ("weighted", "all") for c in cases):
+            seed = 1 + 10 * rep
+            row = {
+                "label": label,
+                "part": "heldout",
+                "case": name,
+                "policy": policy,
+                "seed": seed,
+                **asyncio.run(_decision(base, cand, DEMO_WORKLOADS, 5.0, 2, policy, seed=seed)),
+            }
+            out.append(row)
+            print(json.dumps(row), flush=True)
 
 
-async def _small(seed: int, candidate: dict) -> Any:
+def _small(seed: int, candidate: dict) -> Any:
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(SimulatorServer(profile_from_dict(EQUAL), time_scale=4, seed=seed, load_seconds=0))
         b = await stack.enter_async_context(SimulatorServer(profile_from_dict(candidate), time_scale=4, seed=seed + 1000, load_seconds=0))
@@ -246,14 +248,15 @@ def main() -> int:
     parser.add_argument("--part", choices=["seed", "heldout", "errors", "all"], default="all")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--label", default="after")
+    parser.add_argument("--repeats", type=int, default=1, help="seed and heldout parts: runs of each case (seeds 1, 11, 21, ...)")
     parser.add_argument("--parallel", type=int, default=5, help="errors part: probes at a time in the one process")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     rows: list[dict] = []
     if args.part in ("seed", "all"):
-        seed_part(args.label, rows)
+        seed_part(args.label, rows, args.repeats)
     if args.part in ("heldout", "all"):
-        heldout_part(args.label, rows)
+        heldout_part(args.label, rows, args.repeats)
     if args.part in ("errors", "all"):
         errors_part(args.label, args.runs, rows, args.parallel)
     if args.json:
