@@ -192,7 +192,7 @@ def heldout_part(label: str, out: list[dict], repeats: int = 1) -> None:
             print(json.dumps(row), flush=True)
 
 
-def _small(seed: int, candidate: dict) -> Any:
+async def _small(seed: int, candidate: dict) -> Any:
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(SimulatorServer(profile_from_dict(EQUAL), time_scale=4, seed=seed, load_seconds=0))
         b = await stack.enter_async_context(SimulatorServer(profile_from_dict(candidate), time_scale=4, seed=seed + 1000, load_seconds=0))
