@@ -21,7 +21,8 @@ Parts:
 The same script measures the method before and after a change: run it with ``PYTHONPATH`` pointing at the
 other checkout's ``operator/``.
 
-Usage: .venv/bin/python benchmarks/probe_decisions.py [--part seed|heldout|errors|all] [--runs 100] [--label after]
+Usage: .venv/bin/python benchmarks/probe_decisions.py [--part seed|heldout|errors|all] [--runs 100] [--repeats N]
+       [--label after] [--json FILE]; ... --table FILE.json ... prints the markdown tables of docs/probe.md.
 """
 
 from __future__ import annotations
@@ -243,6 +244,52 @@ def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5) -> No
         print(json.dumps({k: v for k, v in row.items() if k != "per_run"}), flush=True)
 
 
+def _fmt_width(v: float | None) -> str:
+    return "-" if v is None else ("inf" if not math.isfinite(v) else f"{v:.2f}")
+
+
+def tables(paths: list[str]) -> None:
+    """Markdown tables (docs/probe.md) from the JSON rows of earlier runs: before/after per case and the totals."""
+    rows = [row for path in paths for row in json.load(open(path))]
+    errors = [r for r in rows if r["part"] == "errors"]
+    if errors:
+        print("| case | method | runs | promoted | reasons | mean rounds | mean GPU-s | widest interval | decisions wider than 2x |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in sorted(errors, key=lambda r: (r["case"], r["label"] != "before")):
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items(), key=lambda kv: -kv[1]))
+            wider = r.get("wider_than_2", "-")
+            print(
+                f"| {r['case']} | {r['label']} | {r['runs']} | {r['promoted']} | {reasons} | {r['mean_rounds']} | {r['mean_gpu_s']} "
+                f"| {_fmt_width(r['max_width'])} | {wider} |"
+            )
+        print()
+    cases: dict[tuple, dict[str, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in rows:
+        if r["part"] in ("seed", "heldout"):
+            cases[(r["part"], r["case"], r.get("policy") or "all")][r["label"]].append(r)
+    if not cases:
+        return
+    print(
+        "| part | case | policy | method | runs | decisions (rounds) | mean GPU-s | widest interval at the decision | runs with one wider than 2x |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    totals: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for key in sorted(cases):
+        for label in sorted(cases[key], key=lambda lb: lb != "before"):
+            runs = cases[key][label]
+            gpu = sum(r["gpu_s"] for r in runs) / len(runs)
+            totals[(key[0], label)] += gpu
+            widest = max((v for r in runs for v in r["width"].values()), default=None)
+            wider = sum(any(v > 2.0 for v in r["width"].values()) for r in runs)
+            decisions = ", ".join(f"{r['reason']} ({r['rounds']})" for r in runs)
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {label} | {len(runs)} | {decisions} | {gpu:.1f} | {_fmt_width(widest)} | {wider} |")
+    print()
+    for part in ("seed", "heldout"):
+        if (part, "before") in totals and (part, "after") in totals:
+            b, a = totals[(part, "before")], totals[(part, "after")]
+            print(f"{part}: GPU-s summed over the cases' means: before {b:.1f}, after {a:.1f} ({100 * (a - b) / b:+.0f} %)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=["seed", "heldout", "errors", "all"], default="all")
@@ -251,7 +298,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="seed and heldout parts: runs of each case (seeds 1, 11, 21, ...)")
     parser.add_argument("--parallel", type=int, default=5, help="errors part: probes at a time in the one process")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="print docs/probe.md's tables from earlier runs' JSON rows and exit")
     args = parser.parse_args()
+    if args.table:
+        tables(args.table)
+        return 0
     rows: list[dict] = []
     if args.part in ("seed", "all"):
         seed_part(args.label, rows, args.repeats)
