@@ -255,7 +255,9 @@ async def run_probe(
     Rounds alternate the order of the two servers (speculative first in odd rounds, base first in even
     ones) so drift on the machine hits both. After each round every workload gets an interval on its log
     speedup from the time blocks inside each measurement and the spread between rounds (see
-    :mod:`.stats`); the probe stops as soon as the policy's verdict is decided.
+    :mod:`.stats`); the probe stops as soon as the policy's verdict is decided and every reported interval is
+    within [0.5x, 2x] of its estimate, or early (Inconclusive) when the estimate is too close to ``min_speedup``
+    for the remaining rounds to decide (:func:`.decide.futile`).
     ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
     each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
     Bad arguments raise InputError; everything else ends in a ProbeResult with a reason.

@@ -1,6 +1,9 @@
 """Paired-ratio statistics for the probe: Student-t intervals on log speedups, corrected for repeated looks.
 
-Why this method (docs/probe.md has the longer argument):
+Two methods: the within-round one (``paired_interval``, below: time blocks inside each measurement as evidence,
+plus the spread between rounds), which the probe uses, and the round-level one (``log_ratio_interval``), its
+fallback when a measurement has too few stream events for blocks. Why the round-level one (docs/probe.md has
+the longer argument, and the within-round method's):
 
 * The unit of evidence is a *round*: base and candidate measured back to back on the same machine. Requests
   inside one measurement share a batch and are not independent, so they are never treated as samples.
