@@ -14,12 +14,13 @@ Parts:
   Llama drafter, an equal server and a 5 %-slower one.
 * ``errors``: ``--runs`` seeded probes (seeds 100, 101, ...) of two equal servers (5 % step jitter, probe_null.py's
   profile, workload small:4:16:128:16), of a server 5 % slower and of one 10 % faster (the power that the early
-  stops cost): how many promote. Both simulators of a probe are in-process ``SimulatorServer``s (the same model
-  and HTTP protocol as ``specdec simulate``, real HTTP on localhost) at time scale 4, ``--parallel`` probes (5)
-  at a time on one event loop, so 100 runs of a case take minutes on two shared cores.
+  stops cost; ``--case '5% faster'`` runs a smaller gain): how many promote. Both simulators of a probe are
+  in-process ``SimulatorServer``s (the same model and HTTP protocol as ``specdec simulate``, real HTTP on
+  localhost) at time scale 4, ``--parallel`` probes (5) at a time on one event loop, so 100 runs of a case take
+  minutes on two shared cores.
 
 The same script measures the method before and after a change: run it with ``PYTHONPATH`` pointing at the
-other checkout's ``operator/``.
+other checkout's ``operator/``. ``--table FILE.json ...`` prints docs/probe.md's tables from saved rows.
 
 Usage: .venv/bin/python benchmarks/probe_decisions.py [--part seed|heldout|errors|all] [--runs 100] [--repeats N]
        [--label after] [--json FILE]; ... --table FILE.json ... prints the markdown tables of docs/probe.md.
@@ -202,9 +203,19 @@ async def _small(seed: int, candidate: dict) -> Any:
         return result, time.perf_counter() - t
 
 
-def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5) -> None:
-    cases = (("equal servers", EQUAL), ("5% slower", slower(EQUAL, 0.05)), ("10% faster", faster(EQUAL, 0.10)))
+ERROR_CASES = ("equal servers", "5% slower", "10% faster")
+
+
+def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5, only: tuple[str, ...] = ERROR_CASES) -> None:
+    cases = (
+        ("equal servers", EQUAL),
+        ("5% slower", slower(EQUAL, 0.05)),
+        ("10% faster", faster(EQUAL, 0.10)),
+        ("5% faster", faster(EQUAL, 0.05)),
+    )
     for name, candidate in cases:
+        if name not in only:
+            continue
         results = []
         t = time.perf_counter()
         seeds = list(range(100, 100 + runs))
@@ -296,6 +307,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--label", default="after")
     parser.add_argument("--repeats", type=int, default=1, help="seed and heldout parts: runs of each case (seeds 1, 11, 21, ...)")
+    parser.add_argument("--case", action="append", help="errors part: only this case (repeatable; also '5%% faster', not run by default)")
     parser.add_argument("--parallel", type=int, default=5, help="errors part: probes at a time in the one process")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="print docs/probe.md's tables from earlier runs' JSON rows and exit")
@@ -309,7 +321,7 @@ def main() -> int:
     if args.part in ("heldout", "all"):
         heldout_part(args.label, rows, args.repeats)
     if args.part in ("errors", "all"):
-        errors_part(args.label, args.runs, rows, args.parallel)
+        errors_part(args.label, args.runs, rows, args.parallel, tuple(args.case or ERROR_CASES))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
