@@ -12,13 +12,18 @@ Parts:
 * ``heldout``: the operator's own workloads (hack/demo.py and the e2e tests: ``chat:1:128:64:4`` weight 3,
   ``batch-32:32:128:64:64``) at time scale 5, as the cluster tests run them, both policies, against the
   Llama drafter, an equal server and a 5 %-slower one.
-* ``errors``: ``--runs`` seeded probes of two equal servers (5 % step jitter, probe_null.py's profile, workload small:4:16:128:16) and of
-  a server 5 % slower, in-process, 5 at a time: how many promote.
+* ``errors``: ``--runs`` seeded probes (seeds 100, 101, ...) of two equal servers (5 % step jitter, probe_null.py's
+  profile, workload small:4:16:128:16), of a server 5 % slower and of one 10 % faster (the power that the early
+  stops cost; ``--case '5% faster'`` runs a smaller gain): how many promote. Both simulators of a probe are
+  in-process ``SimulatorServer``s (the same model and HTTP protocol as ``specdec simulate``, real HTTP on
+  localhost) at time scale 4, ``--parallel`` probes (5) at a time on one event loop, so 100 runs of a case take
+  minutes on two shared cores.
 
 The same script measures the method before and after a change: run it with ``PYTHONPATH`` pointing at the
-other checkout's ``operator/``.
+other checkout's ``operator/``. ``--table FILE.json ...`` prints docs/probe.md's tables from saved rows.
 
-Usage: .venv/bin/python benchmarks/probe_decisions.py [--part seed|heldout|errors|all] [--runs 100] [--label after]
+Usage: .venv/bin/python benchmarks/probe_decisions.py [--part seed|heldout|errors|all] [--runs 100] [--repeats N]
+       [--label after] [--json FILE]; ... --table FILE.json ... prints the markdown tables of docs/probe.md.
 """
 
 from __future__ import annotations
@@ -73,6 +78,13 @@ def slower(profile: dict, loss: float) -> dict:
     return out
 
 
+def faster(profile: dict, gain: float) -> dict:
+    """The same server with every step 1/(1 + gain) as long: throughput ``gain`` higher."""
+    out = dict(profile, name=f"{profile['name']}-plus-{round(gain * 100)}pct")
+    out["step_ms"] = [[b, ms / (1.0 + gain)] for b, ms in profile["step_ms"]]
+    return out
+
+
 def profile_file(tmp: str, name: str, stream_interval: int | None = None, loss: float = 0.0) -> str:
     """A shipped profile, optionally with another stream_interval or slower, written to a file in ``tmp``."""
     data = json.loads((resources.files("specdec_operator.simulator") / "profiles" / f"{name}.json").read_text())
@@ -122,13 +134,29 @@ async def _decision(base: str, cand: str, workloads: list[Workload], scale: floa
     with ExitStack() as stack:
         base_url = stack.enter_context(SimulatorProcess(base, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed)))
         cand_url = stack.enter_context(SimulatorProcess(cand, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed + 1)))
+        trace: list[dict] = []
         t = time.perf_counter()
-        result = await run_probe(base_url, cand_url, workloads, seed=seed, policy=policy)
+        result = await run_probe(base_url, cand_url, workloads, seed=seed, policy=policy, on_round=lambda r: trace.append(round_row(r)))
         wall = time.perf_counter() - t
-    return summary(result, wall, scale, gpus)
+    return {**summary(result, wall, scale, gpus), "trace": trace}
 
 
-def seed_part(label: str, out: list[dict]) -> None:
+def round_row(result: Any) -> dict:
+    """The intervals after one round (``on_round``): per workload [estimate, low, high] and the weighted one."""
+    row: dict = {"round": result.rounds}
+    for w in result.workloads:
+        if w.speedup is not None:
+            row[w.name] = [round(w.speedup, 4), round(w.speedup_low or 0.0, 4), None if w.speedup_high is None else round(w.speedup_high, 4)]
+    if result.policy == "weighted" and result.speedup is not None:
+        row["weighted"] = [
+            round(result.speedup, 4),
+            round(result.speedup_low or 0.0, 4),
+            None if result.speedup_high is None else round(result.speedup_high, 4),
+        ]
+    return row
+
+
+def seed_part(label: str, out: list[dict], repeats: int = 1) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kimi = profile_file(tmp, "sglang-base-kimi-k25", 8)
         cases = [
@@ -137,13 +165,14 @@ def seed_part(label: str, out: list[dict]) -> None:
             ("kimi base -> kimi base", kimi, profile_file(tmp, "sglang-base-kimi-k25", 8), SEED_WORKLOADS, 4.0, 16),
             ("llama base -> eagle3", profile_file(tmp, "llama31-8b-base", 8), profile_file(tmp, "llama31-8b-eagle3", 8), LLAMA_WORKLOADS, 2.0, 2),
         ]
-        for name, base, cand, wls, scale, gpus in cases:
-            row = {"label": label, "part": "seed", "case": name, **asyncio.run(_decision(base, cand, wls, scale, gpus))}
+        for rep, (name, base, cand, wls, scale, gpus) in ((r, c) for r in range(repeats) for c in cases):
+            seed = 1 + 10 * rep
+            row = {"label": label, "part": "seed", "case": name, "seed": seed, **asyncio.run(_decision(base, cand, wls, scale, gpus, seed=seed))}
             out.append(row)
             print(json.dumps(row), flush=True)
 
 
-def heldout_part(label: str, out: list[dict]) -> None:
+def heldout_part(label: str, out: list[dict], repeats: int = 1) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = profile_file(tmp, "llama31-8b-base", 8)
         cases = [
@@ -151,17 +180,18 @@ def heldout_part(label: str, out: list[dict]) -> None:
             ("llama base -> llama base", base),
             ("llama base -> 5% slower", profile_file(tmp, "llama31-8b-base", 8, loss=0.05)),
         ]
-        for policy in ("weighted", "all"):
-            for name, cand in cases:
-                row = {
-                    "label": label,
-                    "part": "heldout",
-                    "case": name,
-                    "policy": policy,
-                    **asyncio.run(_decision(base, cand, DEMO_WORKLOADS, 5.0, 2, policy)),
-                }
-                out.append(row)
-                print(json.dumps(row), flush=True)
+        for rep, policy, (name, cand) in ((r, p, c) for r in range(repeats) for p in ("weighted", "all") for c in cases):
+            seed = 1 + 10 * rep
+            row = {
+                "label": label,
+                "part": "heldout",
+                "case": name,
+                "policy": policy,
+                "seed": seed,
+                **asyncio.run(_decision(base, cand, DEMO_WORKLOADS, 5.0, 2, policy, seed=seed)),
+            }
+            out.append(row)
+            print(json.dumps(row), flush=True)
 
 
 async def _small(seed: int, candidate: dict) -> Any:
@@ -173,8 +203,19 @@ async def _small(seed: int, candidate: dict) -> Any:
         return result, time.perf_counter() - t
 
 
-def errors_part(label: str, runs: int, out: list[dict]) -> None:
-    for name, candidate in (("equal servers", EQUAL), ("5% slower", slower(EQUAL, 0.05))):
+ERROR_CASES = ("equal servers", "5% slower", "10% faster")
+
+
+def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5, only: tuple[str, ...] = ERROR_CASES) -> None:
+    cases = (
+        ("equal servers", EQUAL),
+        ("5% slower", slower(EQUAL, 0.05)),
+        ("10% faster", faster(EQUAL, 0.10)),
+        ("5% faster", faster(EQUAL, 0.05)),
+    )
+    for name, candidate in cases:
+        if name not in only:
+            continue
         results = []
         t = time.perf_counter()
         seeds = list(range(100, 100 + runs))
@@ -182,8 +223,8 @@ def errors_part(label: str, runs: int, out: list[dict]) -> None:
         async def batch(chunk: list[int], candidate: dict = candidate) -> list:
             return await asyncio.gather(*(_small(s, candidate) for s in chunk))
 
-        for start in range(0, len(seeds), 5):
-            results += asyncio.run(batch(seeds[start : start + 5]))
+        for start in range(0, len(seeds), parallel):
+            results += asyncio.run(batch(seeds[start : start + parallel]))
         rounds = [r.rounds for r, _ in results]
         gpu_s = [w * 4 * 2 for _, w in results]
         row = {
@@ -196,10 +237,68 @@ def errors_part(label: str, runs: int, out: list[dict]) -> None:
             "mean_rounds": round(sum(rounds) / len(rounds), 2),
             "mean_gpu_s": round(sum(gpu_s) / len(gpu_s), 2),
             "max_width": max((v for r, _ in results for v in widths(r).values() if v is not None), default=None),
+            "wider_than_2": sum(any(v is not None and v > 2.0 for v in widths(r).values()) for r, _ in results),
             "wall_s": round(time.perf_counter() - t, 1),
+            "per_run": [
+                {
+                    "seed": s,
+                    "decision": str(r.decision),
+                    "reason": str(r.reason),
+                    "rounds": r.rounds,
+                    "gpu_s": round(w * 4 * 2, 1),
+                    "width": widths(r),
+                }
+                for s, (r, w) in zip(seeds, results)
+            ],
         }
         out.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "per_run"}), flush=True)
+
+
+def _fmt_width(v: float | None) -> str:
+    return "-" if v is None else ("inf" if not math.isfinite(v) else f"{v:.2f}")
+
+
+def tables(paths: list[str]) -> None:
+    """Markdown tables (docs/probe.md) from the JSON rows of earlier runs: before/after per case and the totals."""
+    rows = [row for path in paths for row in json.load(open(path))]
+    errors = [r for r in rows if r["part"] == "errors"]
+    if errors:
+        print("| case | method | runs | promoted | reasons | mean rounds | mean GPU-s | widest interval | decisions wider than 2x |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in sorted(errors, key=lambda r: (r["case"], r["label"] != "before")):
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items(), key=lambda kv: -kv[1]))
+            wider = r.get("wider_than_2", "-")
+            print(
+                f"| {r['case']} | {r['label']} | {r['runs']} | {r['promoted']} | {reasons} | {r['mean_rounds']} | {r['mean_gpu_s']} "
+                f"| {_fmt_width(r['max_width'])} | {wider} |"
+            )
+        print()
+    cases: dict[tuple, dict[str, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in rows:
+        if r["part"] in ("seed", "heldout"):
+            cases[(r["part"], r["case"], r.get("policy") or "all")][r["label"]].append(r)
+    if not cases:
+        return
+    print(
+        "| part | case | policy | method | runs | decisions (rounds) | mean GPU-s | widest interval at the decision | runs with one wider than 2x |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    totals: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for key in sorted(cases):
+        for label in sorted(cases[key], key=lambda lb: lb != "before"):
+            runs = cases[key][label]
+            gpu = sum(r["gpu_s"] for r in runs) / len(runs)
+            totals[(key[0], label)] += gpu
+            widest = max((v for r in runs for v in r["width"].values()), default=None)
+            wider = sum(any(v > 2.0 for v in r["width"].values()) for r in runs)
+            decisions = ", ".join(f"{r['reason']} ({r['rounds']})" for r in runs)
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {label} | {len(runs)} | {decisions} | {gpu:.1f} | {_fmt_width(widest)} | {wider} |")
+    print()
+    for part in ("seed", "heldout"):
+        if (part, "before") in totals and (part, "after") in totals:
+            b, a = totals[(part, "before")], totals[(part, "after")]
+            print(f"{part}: GPU-s summed over the cases' means: before {b:.1f}, after {a:.1f} ({100 * (a - b) / b:+.0f} %)")
 
 
 def main() -> int:
@@ -207,15 +306,22 @@ def main() -> int:
     parser.add_argument("--part", choices=["seed", "heldout", "errors", "all"], default="all")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--label", default="after")
+    parser.add_argument("--repeats", type=int, default=1, help="seed and heldout parts: runs of each case (seeds 1, 11, 21, ...)")
+    parser.add_argument("--case", action="append", help="errors part: only this case (repeatable; also '5%% faster', not run by default)")
+    parser.add_argument("--parallel", type=int, default=5, help="errors part: probes at a time in the one process")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="print docs/probe.md's tables from earlier runs' JSON rows and exit")
     args = parser.parse_args()
+    if args.table:
+        tables(args.table)
+        return 0
     rows: list[dict] = []
     if args.part in ("seed", "all"):
-        seed_part(args.label, rows)
+        seed_part(args.label, rows, args.repeats)
     if args.part in ("heldout", "all"):
-        heldout_part(args.label, rows)
+        heldout_part(args.label, rows, args.repeats)
     if args.part in ("errors", "all"):
-        errors_part(args.label, args.runs, rows)
+        errors_part(args.label, args.runs, rows, args.parallel, tuple(args.case or ERROR_CASES))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..api import Decision, Reason
-from .stats import RatioInterval
+from .stats import RatioInterval, t_quantile
 
 
 class Verdict(StrEnum):
@@ -36,11 +36,34 @@ MIN_ROUNDS = 3
 PROMOTE_MIN_ROUNDS = 2
 REJECT_MIN_ROUNDS = 1
 
+# Sharpness: a decision reports intervals no wider than [est / MAX_WIDTH, est * MAX_WIDTH]. A verdict whose
+# interval is wider waits for more rounds (until max_rounds: then Inconclusive).
+MAX_WIDTH = 2.0
+
+# Futility (an early "neither faster nor slower"): stop when the estimate is so close to min_speedup that, if the
+# truth were FUTILITY_SE standard errors above it (or below it), the interval projected to the last round would still
+# contain min_speedup: neither a promotion nor a clear rollback is in reach. It only ever ends a probe with a
+# rollback (Inconclusive), so it cannot add a wrong promotion; what it costs is power on small speedups
+# (docs/probe.md has the measured rates).
+FUTILITY_SE = 1.0
+
+
+def width(interval: RatioInterval | None) -> float:
+    """``max(high / estimate, estimate / low)``: 2.0 is an interval of exactly [0.5x, 2x] of its estimate."""
+    if interval is None or not interval.estimate > 0 or not interval.low > 0 or not math.isfinite(interval.high):
+        return math.inf
+    return max(interval.high / interval.estimate, interval.estimate / interval.low)
+
+
+def _min_rounds(interval: RatioInterval) -> int:
+    return PROMOTE_MIN_ROUNDS if getattr(interval, "within", True) else MIN_ROUNDS
+
 
 def judge_paired(interval: RatioInterval | None, min_speedup: float) -> Verdict:
-    """:func:`judge` with the within-round method's minimum rounds: PASS from round 2, FAIL from round 1
-    (MIN_ROUNDS for both when the interval is the round-level one: a measurement had too few events for blocks)."""
-    if interval is None:
+    """:func:`judge` with the within-round method's minimum rounds (PASS from round 2, FAIL from round 1; MIN_ROUNDS
+    for both when the interval is the round-level one: a measurement had too few events for blocks) and the width
+    bound: an interval wider than MAX_WIDTH decides nothing."""
+    if interval is None or width(interval) > MAX_WIDTH:
         return Verdict.UNDECIDED
     if not getattr(interval, "within", True):
         return judge(interval, min_speedup)
@@ -49,6 +72,21 @@ def judge_paired(interval: RatioInterval | None, min_speedup: float) -> Verdict:
     if interval.n >= REJECT_MIN_ROUNDS and interval.high < min_speedup:
         return Verdict.FAIL
     return Verdict.UNDECIDED
+
+
+def futile(interval: RatioInterval | None, min_speedup: float, max_rounds: int = 6) -> bool:
+    """True when more rounds would most likely decide nothing: from the minimum rounds to promote, with an interval
+    within the width bound, ``|log(estimate / min_speedup)| <= h_last - FUTILITY_SE * se``, where ``h_last`` is the
+    interval's half width projected to ``max_rounds`` (``t * se * sqrt(n / max_rounds)``, the df grown in
+    proportion). Never true at or after the last round (the probe ends there anyway)."""
+    if interval is None or not hasattr(interval, "se") or width(interval) > MAX_WIDTH:
+        return False
+    n, se = interval.n, float(getattr(interval, "se", math.inf))
+    if n < _min_rounds(interval) or n >= max_rounds or not math.isfinite(se) or se <= 0:
+        return False
+    df = float(getattr(interval, "df", n - 1)) * max_rounds / n
+    h_last = t_quantile(1.0 - (1.0 - interval.level) / 2.0, max(1.0, df)) * se * math.sqrt(n / max_rounds)
+    return abs(math.log(interval.estimate / min_speedup)) <= h_last - FUTILITY_SE * se
 
 
 def normalize_policy(policy: str) -> str:
@@ -95,12 +133,22 @@ class Outcome:
     message: str
 
 
-def outcome_for(verdict: Verdict, *, final: bool, detail: str) -> Outcome | None:
-    """The probe's outcome for a combined verdict; None means "run another round"."""
+def outcome_for(verdict: Verdict, *, final: bool, detail: str, futility: bool = False, rounds: int = 0) -> Outcome | None:
+    """The probe's outcome for a combined verdict; None means "run another round".
+
+    ``futility``: an undecided verdict that :func:`futile` says more rounds would not decide ends now,
+    Inconclusive (it never promotes)."""
     if verdict is Verdict.PASS:
         return Outcome(Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"speedup confirmed: {detail}")
     if verdict is Verdict.FAIL:
         return Outcome(Decision.ROLLBACK, Reason.SPEEDUP_BELOW_THRESHOLD, f"speedup below threshold: {detail}")
+    if futility and not final:
+        return Outcome(
+            Decision.ROLLBACK,
+            Reason.INCONCLUSIVE,
+            f"inconclusive, stopped early after {rounds} round(s): the estimate is too close to min speedup for more rounds to "
+            f"decide (futility): {detail}",
+        )
     if final:
         return Outcome(Decision.ROLLBACK, Reason.INCONCLUSIVE, f"inconclusive after the last round: {detail}")
     return None

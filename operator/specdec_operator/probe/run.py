@@ -22,6 +22,7 @@ from .client import Measurement, ProbeRequestError, get_json, measure
 from .curve import BreakEven, CurvePoint, break_even
 from .datasets import Prompt
 from .decide import (
+    MAX_WIDTH,
     PROMOTE_MIN_ROUNDS,
     Decision,
     Outcome,
@@ -29,9 +30,11 @@ from .decide import (
     Verdict,
     combine_all,
     drafter_not_accepting,
+    futile,
     judge_paired,
     normalize_policy,
     outcome_for,
+    width,
 )
 from .metrics import scrape_metrics
 from .outputs import compare_outputs, judge_outputs
@@ -273,7 +276,9 @@ async def run_probe(
     Rounds alternate the order of the two servers (speculative first in odd rounds, base first in even
     ones) so drift on the machine hits both. After each round every workload gets an interval on its log
     speedup from the time blocks inside each measurement and the spread between rounds (see
-    :mod:`.stats`); the probe stops as soon as the policy's verdict is decided.
+    :mod:`.stats`); the probe stops as soon as the policy's verdict is decided and every reported interval is
+    within [0.5x, 2x] of its estimate, or early (Inconclusive) when the estimate is too close to ``min_speedup``
+    for the remaining rounds to decide (:func:`.decide.futile`).
     ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
     each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
     ``datasets`` maps a workload name to its prompts (a ConfigMap's, read by the operator, or ``--dataset``);
@@ -503,7 +508,22 @@ async def _probe(
                 result.speedup, result.speedup_low, result.speedup_high = (worst.speedup, worst.speedup_low, worst.speedup_high)
             # A workload already confirmed needs no more GPU time; the undecided ones go on.
             active = [w for w in wls if verdicts[w.name] is not Verdict.PASS]
-        outcome = outcome_for(verdict, final=rnd == max_rounds, detail=_detail(result.workloads, min_speedup, combined))
+        final = rnd == max_rounds
+        futility = False
+        if verdict is Verdict.UNDECIDED and not final:
+            if policy == "weighted":
+                futility = futile(combined, min_speedup, max_rounds)
+            else:  # one workload that cannot pass keeps the whole server from promoting
+                futility = any(futile(intervals.get(w.name), min_speedup, max_rounds) for w in wls if verdicts[w.name] is Verdict.UNDECIDED)
+        if (verdict is not Verdict.UNDECIDED or futility) and not final:
+            # A decision reports every workload's interval: ones wider than the bound are measured again first
+            # (under `all` only those; a weighted mix measures them all).
+            wide = [w for w in wls if width(intervals.get(w.name)) > MAX_WIDTH]
+            if wide:
+                verdict, futility = Verdict.UNDECIDED, False
+                if policy != "weighted":
+                    active = wide
+        outcome = outcome_for(verdict, final=final, detail=_detail(result.workloads, min_speedup, combined), futility=futility, rounds=rnd)
         if on_round is not None:
             maybe = on_round(result)
             if inspect.isawaitable(maybe):

@@ -1,6 +1,9 @@
 """Paired-ratio statistics for the probe: Student-t intervals on log speedups, corrected for repeated looks.
 
-Why this method (docs/probe.md has the longer argument):
+Two methods: the within-round one (``paired_interval``, below: time blocks inside each measurement as evidence,
+plus the spread between rounds), which the probe uses, and the round-level one (``log_ratio_interval``), its
+fallback when a measurement has too few stream events for blocks. Why the round-level one (docs/probe.md has
+the longer argument, and the within-round method's):
 
 * The unit of evidence is a *round*: base and candidate measured back to back on the same machine. Requests
   inside one measurement share a batch and are not independent, so they are never treated as samples.
@@ -331,6 +334,7 @@ class PairedInterval(RatioInterval):
     """A :class:`RatioInterval` from within-round evidence, with how it was formed."""
 
     df: float = 0.0
+    se: float = math.inf  # standard error of the mean log ratio (the interval is mean +- t(level, df) * se)
     heterogeneous: bool = False  # rounds disagreed beyond their blocks' noise: round-level df used
     within: bool = True  # False: some measurement had too few stream events for blocks; the round-level t-interval
 
@@ -351,7 +355,8 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
         raise ValueError("no rounds")
     if any(r.var == math.inf for r in rounds) and all(math.isfinite(r.log_ratio) for r in rounds):
         old = log_ratio_interval([math.exp(r.log_ratio) for r in rounds], level)
-        return PairedInterval(old.estimate, old.low, old.high, n, level, df=float(n - 1), within=False)
+        se = math.log(old.high / old.estimate) / t_quantile(1.0 - (1.0 - level) / 2.0, n - 1) if n >= 2 and math.isfinite(old.high) else math.inf
+        return PairedInterval(old.estimate, old.low, old.high, n, level, df=float(n - 1), se=se, within=False)
     finite = all(math.isfinite(r.log_ratio) and math.isfinite(r.var) for r in rounds)
     mean = sum(r.log_ratio for r in rounds) / n if all(math.isfinite(r.log_ratio) for r in rounds) else math.nan
     if not finite or not math.isfinite(mean):
@@ -371,6 +376,7 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
         if heterogeneous:
             df = float(n - 1)
     if var <= 0:
-        return PairedInterval(_exp(mean), _exp(mean), _exp(mean), n, level, df=df, heterogeneous=heterogeneous)
-    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * math.sqrt(var)
-    return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, heterogeneous=heterogeneous)
+        return PairedInterval(_exp(mean), _exp(mean), _exp(mean), n, level, df=df, se=0.0, heterogeneous=heterogeneous)
+    se = math.sqrt(var)
+    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se
+    return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, se=se, heterogeneous=heterogeneous)
