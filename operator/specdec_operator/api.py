@@ -523,22 +523,23 @@ class Prompts(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
-                "(self.source == 'ConfigMap') == has(self.configMap)",
+                # has(): the API server also checks the rules on the default ({}), before its fields default.
+                "(has(self.source) && self.source == 'ConfigMap') == has(self.configMap)",
                 "prompts.configMap is required with source ConfigMap, and only allowed with it",
                 ".configMap",
             ),
             (
-                "self.source != 'Random' || (!has(self.endpoint) || self.endpoint == 'Generate')",
+                "!has(self.source) || self.source != 'Random' || !has(self.endpoint) || self.endpoint == 'Generate'",
                 "prompts.endpoint: random token ids are sent to /generate; endpoint Chat needs text prompts (source Default or ConfigMap)",
                 ".endpoint",
             ),
             (
-                "self.source != 'Random' || self.outputLength == 'Fixed'",
+                "!has(self.source) || self.source != 'Random' || !has(self.outputLength) || self.outputLength == 'Fixed'",
                 "prompts.outputLength: random token ids have no length of their own; use Fixed (outputTokens)",
                 ".outputLength",
             ),
             (
-                "self.source != 'Random' || !has(self.format)",
+                "!has(self.source) || self.source != 'Random' || !has(self.format)",
                 "prompts.format applies to datasets (source Default or ConfigMap), not to random token ids",
                 ".format",
             ),
