@@ -21,12 +21,14 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from specdec_operator.api import Workload
+from specdec_operator.api import Prompts, Workload
 from specdec_operator.probe import ProbeResult, run_probe
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
 FAULTS = ["http_500", "timeout", "truncated_stream", "malformed_json", "stall", "die_mid_round", "mixed"]
-WORKLOAD = Workload(name="faults", concurrency=2, input_tokens=8, output_tokens=16, requests=6)
+# Random token ids: the campaign is about server faults, and /generate's meta_info carries the per-request acceptance
+# (chat streams do not: the acceptance then comes from the server's metrics, which the faults also break).
+WORKLOAD = Workload(name="faults", concurrency=2, input_tokens=8, output_tokens=16, requests=6, prompts=Prompts(source="Random"))
 REQUEST_TIMEOUT = 1.5  # seconds a request may take
 READ_TIMEOUT = 0.5  # seconds between two reads of a stream: a stall longer than this is past the deadline
 # A lenient decision rule (95 %, 4 rounds) makes promotion as easy as it gets, so "zero promotions under

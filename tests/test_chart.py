@@ -836,9 +836,16 @@ FORBIDDEN = [
 ]
 
 
+# Groups whose CRD the test cluster does not serve: `kubectl auth can-i` cannot resolve their resources without
+# discovery (it answers no), so their grants are checked statically only (test_cluster_wide_rbac_is_exactly_the_operator_usage).
+NOT_SERVED_HERE = {"leaderworkerset.x-k8s.io"}
+
+
 def _usage_checks(usage: dict[tuple[str, str], set[str]], namespaces: list[str | None]) -> list:
     checks = []
     for (group, resource), verbs in usage.items():
+        if group in NOT_SERVED_HERE:
+            continue
         base, sub = _resource_arg(group, resource)
         for verb in sorted(verbs):
             for ns in namespaces:
