@@ -8,13 +8,15 @@ round loop against in-process simulators (~10 s).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 import random
+import sys
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pytest
 
-from specdec_operator.api import Workload
 from specdec_operator.probe import run_probe
 from specdec_operator.probe.decide import (
     MAX_WIDTH,
@@ -321,21 +323,20 @@ def test_futility_stops_near_the_threshold_but_not_on_a_clear_trend():
 # --- the round loop on the simulator (real HTTP, in-process servers) -------------------------------------
 
 
+def load_benchmark():
+    path = Path(__file__).parents[1] / "benchmarks" / "probe_decisions.py"
+    spec = importlib.util.spec_from_file_location("probe_decisions_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_equal_servers_stop_early_for_futility_and_never_report_a_wide_interval_at_a_decision():
     # The 100-run benchmark's setup (benchmarks/probe_decisions.py --part errors), five seeds: equal servers
     # with 5 % step jitter. Measured there: 97 of 100 stop Inconclusive after 2.56 rounds on average.
-    profile = {
-        "name": "equal",
-        "load_seconds": 0,
-        "max_running_requests": 256,
-        "prefill_tokens_per_s": 200000,
-        "step_ms": [[1, 10.0], [8, 14.0]],
-        "speculative": None,
-        "jitter": 0.05,
-        "errors": {},
-        "stream_interval": 8,
-    }
-    small = [Workload(name="small", concurrency=4, input_tokens=16, output_tokens=128, requests=16)]
+    bench = load_benchmark()
+    profile, small = bench.EQUAL, bench.SMALL
 
     async def one(seed: int):
         async with AsyncExitStack() as stack:
