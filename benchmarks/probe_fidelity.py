@@ -4,12 +4,18 @@
    concurrency 1 and 128.
 2. SGLang's own benchmark client, ``python -m sglang.benchmark.serving --backend sglang --dataset-name
    random-ids``, and the probe agree on output tok/s against the same simulator (within 3%).
-3. How many rounds and how much time each decision on the seed's profiles takes.
+3. The same on text prompts (``--part dataset``): prompts of the shipped default set, exported as a ShareGPT
+   file, sent by the probe (the file read as ``specdec probe --dataset FILE`` reads it) and by SGLang's client
+   (``--dataset-name sharegpt --dataset-path FILE --sharegpt-output-len N``), both to ``/generate`` with
+   ``text`` (``--backend sglang``; the probe's endpoint Generate) and both to ``/v1/chat/completions``
+   (``--backend sglang-oai-chat``; the probe's endpoint Chat), a fixed output length with ``ignore_eos`` on
+   both sides.
+4. How many rounds and how much time each decision on the seed's profiles takes.
 
 The simulator runs as a separate process (``specdec simulate``) so it does not share the client's core.
 SGLang's benchmark needs a tokenizer: a small word-level one is built locally (no network; HF_HUB_OFFLINE=1).
 
-Usage: .venv/bin/python benchmarks/probe_fidelity.py [--quick]
+Usage: .venv/bin/python benchmarks/probe_fidelity.py [--quick] [--part fidelity|dataset|decisions|all]
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import time
 
 import aiohttp
 
-from specdec_operator.api import Workload
+from specdec_operator.api import Prompts, Workload
 from specdec_operator.probe import run_probe
 from specdec_operator.probe.client import measure
+from specdec_operator.probe.datasets import Prompt, default_prompts, load_dataset_file
+from specdec_operator.probe.traffic import build_traffic
 from specdec_operator.simulator import SimulatorProcess, load_profile
 
 HERE = os.path.abspath(__file__)
@@ -74,34 +82,23 @@ def build_tokenizer(folder: str) -> str:
 
 
 def run_sglang_bench(url: str, tokenizer: str, concurrency: int, input_len: int, output_len: int, prompts: int, out_file: str) -> dict:
-    argv = [
-        "--backend",
-        "sglang",
-        "--base-url",
-        url,
-        "--dataset-name",
-        "random-ids",
-        "--tokenizer",
-        tokenizer,
-        "--model",
-        "simulated",
-        "--random-input-len",
-        str(input_len),
-        "--random-output-len",
-        str(output_len),
-        "--random-range-ratio",
-        "1.0",
-        "--num-prompts",
-        str(prompts),
-        "--max-concurrency",
-        str(concurrency),
-        "--tokenize-prompt",
-        "--seed",
-        "1",
-        "--disable-tqdm",
-        "--output-file",
-        out_file,
-    ]
+    """SGLang's client on random ids of exactly ``input_len`` (``--dataset-name random-ids``)."""
+    dataset = ["--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len", str(output_len)]
+    dataset += ["--random-range-ratio", "1.0", "--tokenize-prompt"]
+    return _sglang_bench(url, tokenizer, "sglang", dataset, concurrency, prompts, out_file)
+
+
+def run_sglang_bench_sharegpt(
+    url: str, tokenizer: str, backend: str, path: str, concurrency: int, output_len: int, prompts: int, out_file: str
+) -> dict:
+    """SGLang's client on a ShareGPT file: each conversation's first turn as the prompt, ``output_len`` tokens."""
+    dataset = ["--dataset-name", "sharegpt", "--dataset-path", path, "--sharegpt-output-len", str(output_len)]
+    return _sglang_bench(url, tokenizer, backend, dataset, concurrency, prompts, out_file)
+
+
+def _sglang_bench(url: str, tokenizer: str, backend: str, dataset: list[str], concurrency: int, prompts: int, out_file: str) -> dict:
+    argv = ["--backend", backend, "--base-url", url, *dataset, "--tokenizer", tokenizer, "--model", "simulated"]
+    argv += ["--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--seed", "1", "--disable-tqdm", "--output-file", out_file]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, HERE, "--sglang-bench-child", *argv], capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -117,11 +114,14 @@ def simulator_process(profile: str, scale: float, seed: int = 1) -> SimulatorPro
     return SimulatorProcess(profile, "--time-scale", str(scale), "--load-seconds", "0", "--seed", str(seed))
 
 
-async def probe_tok_s(url: str, workload: Workload) -> float:
+async def probe_tok_s(url: str, workload: Workload, dataset: list[Prompt] | None = None) -> tuple[float, int]:
+    """The probe's output tok/s and requests of one measurement: random ids, or ``dataset`` as the probe sends a
+    ``--dataset`` (build_traffic: the same request plans a probe round makes)."""
+    traffic = None if dataset is None else build_traffic([workload], {workload.name: dataset}, seed=1)[workload.name]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=workload.concurrency + 8)) as s:
         await measure(s, url, Workload(name="warm", concurrency=1, input_tokens=8, output_tokens=8, requests=1), rng=random.Random(0))
-        m = await measure(s, url, workload, rng=random.Random(1))
-    return m.tokens_per_second
+        m = await measure(s, url, workload, rng=random.Random(1), traffic=traffic)
+    return m.tokens_per_second, m.requests
 
 
 # --- the three parts -------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def fidelity(quick: bool) -> list[dict]:
             input_len, output_len = 128, 256
             analytic = profile.analytic_throughput(concurrency, input_len, output_len) * scale
             with simulator_process(profile_name, scale) as url:
-                probe = asyncio.run(
+                probe, _ = asyncio.run(
                     probe_tok_s(
                         url, Workload(name="fid", concurrency=concurrency, input_tokens=input_len, output_tokens=output_len, requests=prompts)
                     )
@@ -165,6 +165,66 @@ def fidelity(quick: bool) -> list[dict]:
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def write_sharegpt(prompts: list[Prompt], path: str) -> None:
+    """A ShareGPT JSON array, one human turn and a gpt reference per conversation (what SGLang's ``sharegpt``
+    dataset reads: it takes the first two turns). The human turn is the prompt's text: what the probe sends as
+    /generate's ``text`` and, as the one user message, to the chat endpoint."""
+    rows = [{"conversations": [{"from": "human", "value": p.text}, {"from": "gpt", "value": "reference answer"}]} for p in prompts]
+    with open(path, "w") as f:
+        json.dump(rows, f, ensure_ascii=False)
+
+
+def dataset_fidelity(quick: bool) -> list[dict]:
+    rows = []
+    profile_name = "sglang-base-kimi-k25"
+    # Every prompt of the file is sent once by each client (requests = prompts in the file), so both send the
+    # same set; each shuffles its order with its own seed.
+    cases = [(1, 4 if quick else 8, 5.0), (128, 128 if quick else 256, 1.0)]
+    output_len = 256
+    shipped = [p for p in default_prompts() if len(p.text.split()) >= 2]  # SGLang's client drops prompts under 2 tokens
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = build_tokenizer(tmp)
+        for concurrency, prompts, scale in cases:
+            chosen = random.Random(concurrency).sample(shipped, prompts)
+            path = os.path.join(tmp, f"sharegpt-{concurrency}.json")
+            write_sharegpt(chosen, path)
+            dataset = load_dataset_file(path, "ShareGPT")
+            for endpoint, backend in (("Generate", "sglang"), ("Chat", "sglang-oai-chat")):
+                workload = Workload(
+                    name="fid",
+                    concurrency=concurrency,
+                    input_tokens=128,
+                    output_tokens=output_len,
+                    requests=prompts,
+                    prompts=Prompts(endpoint=endpoint, output_length="Fixed"),
+                )
+                with simulator_process(profile_name, scale) as url:
+                    probe, probe_requests = asyncio.run(probe_tok_s(url, workload, dataset))
+                with simulator_process(profile_name, scale) as url:
+                    out_file = os.path.join(tmp, f"bench-{concurrency}-{backend}.jsonl")
+                    bench = run_sglang_bench_sharegpt(url, tokenizer, backend, path, concurrency, output_len, prompts, out_file)
+                rows.append(
+                    {
+                        "profile": profile_name,
+                        "dataset": f"{prompts} prompts of the default set as ShareGPT",
+                        "endpoint": "/generate (text)" if endpoint == "Generate" else "/v1/chat/completions",
+                        "sglang_backend": backend,
+                        "concurrency": concurrency,
+                        "output_tokens": output_len,
+                        "requests": prompts,
+                        "time_scale": scale,
+                        "probe_requests": probe_requests,
+                        "probe_tok_s": round(probe, 1),
+                        "sglang_bench_output_throughput": round(bench["output_throughput"], 1),
+                        "sglang_bench_completed": bench["completed"],
+                        "sglang_bench_total_output_tokens": bench.get("total_output_tokens"),
+                        "probe_vs_sglang_bench": round(probe / bench["output_throughput"] - 1, 4),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -213,10 +273,12 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer requests")
-    parser.add_argument("--part", choices=["fidelity", "decisions", "all"], default="all")
+    parser.add_argument("--part", choices=["fidelity", "dataset", "decisions", "all"], default="all")
     args = parser.parse_args()
     if args.part in ("fidelity", "all"):
         fidelity(args.quick)
+    if args.part in ("dataset", "all"):
+        dataset_fidelity(args.quick)
     if args.part in ("decisions", "all"):
         decisions(args.quick)
     return 0
