@@ -217,6 +217,10 @@ def test_random_ids_and_the_users_code_dataset_reverse_the_decision_both_ways(
         synthetic = prompts["source"] == "Random"
         assert bool(probe.get("syntheticTraffic")) == synthetic, (name, probe)
         assert ("team-code" in (probe.get("traffic") or "")) != synthetic, (name, probe.get("traffic"))
-        assert ("SyntheticTraffic" in event_reasons(core_v1, namespace, name)) == synthetic, name
         _, spec = servers[name]
         assert spec.sim.engine.requests_total > 0
+    # The Events are posted after the status is written: wait for the random-ids ones, then the datasets' have none.
+    for name in ("rl-random", "cl-random"):
+        wait_until(lambda: "SyntheticTraffic" in event_reasons(core_v1, namespace, name), timeout=20, message=f"{name}'s SyntheticTraffic Event")
+    for name in ("rl-code", "cl-code"):
+        assert "SyntheticTraffic" not in event_reasons(core_v1, namespace, name), name
