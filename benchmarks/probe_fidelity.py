@@ -168,6 +168,20 @@ def fidelity(quick: bool) -> list[dict]:
     return rows
 
 
+def server_counts(url: str) -> dict[str, int]:
+    """The simulator's own counters (its /metrics, as SGLang exports them): what it was sent, whichever client."""
+    import urllib.request
+
+    wanted = {"sglang:prompt_tokens_total": "prompt_tokens", "sglang:num_requests_total": "requests"}
+    out = {}
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            name = line.split("{")[0]
+            if name in wanted:
+                out[wanted[name]] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def write_sharegpt(prompts: list[Prompt], path: str) -> None:
     """A ShareGPT JSON array, one human turn and a gpt reference per conversation (what SGLang's ``sharegpt``
     dataset reads: it takes the first two turns). The human turn is the prompt's text: what the probe sends as
@@ -201,11 +215,15 @@ def dataset_fidelity(quick: bool) -> list[dict]:
                     requests=prompts,
                     prompts=Prompts(endpoint=endpoint, output_length="Fixed"),
                 )
+                # The server's counts include each client's one warmup request: the probe's 8 random ids,
+                # SGLang's first prompt of its order.
                 with simulator_process(profile_name, scale) as url:
                     probe, probe_requests = asyncio.run(probe_tok_s(url, workload, dataset))
+                    probe_server = server_counts(url)
                 with simulator_process(profile_name, scale) as url:
                     out_file = os.path.join(tmp, f"bench-{concurrency}-{backend}.jsonl")
                     bench = run_sglang_bench_sharegpt(url, tokenizer, backend, path, concurrency, output_len, prompts, out_file)
+                    bench_server = server_counts(url)
                 rows.append(
                     {
                         "profile": profile_name,
@@ -222,6 +240,8 @@ def dataset_fidelity(quick: bool) -> list[dict]:
                         "sglang_bench_completed": bench["completed"],
                         "sglang_bench_total_output_tokens": bench.get("total_output_tokens"),
                         "probe_vs_sglang_bench": round(probe / bench["output_throughput"] - 1, 4),
+                        "server_saw_probe": probe_server,
+                        "server_saw_sglang_bench": bench_server,
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)
