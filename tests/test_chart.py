@@ -424,7 +424,7 @@ OPERATOR_NAMESPACED_USAGE: dict[tuple[str, str], set[str]] = {
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
-    ("", "pods"): {"list", "watch"},
+    ("", "pods"): {"list", "watch", "create", "delete"},  # create, delete: a File dataset's reader pod
     ("", "events"): {"create"},
 }
 CRD_DISCOVERY: dict[tuple[str, str], set[str]] = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
@@ -797,9 +797,8 @@ FORBIDDEN = [
     ("*", "deployments.apps", "default"),
     ("delete", "configmaps", "default"),
     ("update", "configmaps", "default"),
-    ("create", "pods", "default"),
-    ("delete", "pods", "default"),
     ("patch", "pods", "default"),
+    ("update", "pods", "default"),
     ("create", "pods|exec", "default"),
     ("get", "pods|log", "default"),
     ("get", "services|proxy", "default"),
