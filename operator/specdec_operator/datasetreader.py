@@ -184,6 +184,15 @@ def reader_state(pod: dict[str, Any] | None, workload: Workload, namespace: str)
     return "waiting", f"pod {phase or 'Pending'}"
 
 
+def _api_message(exc: ApiException) -> str:
+    """The API server's one-line message from a refused request (its Status body), else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return " ".join(str(message or exc.reason).split())[:300]
+
+
 class FileDatasetReader:
     """Reads one workload's File dataset through a reader pod: create, wait until Ready, fetch, delete."""
 
@@ -216,10 +225,10 @@ class FileDatasetReader:
 
     def _create(self, pod: dict[str, Any]) -> None:
         namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        body = json.dumps(pod)
         for _ in range(30):
             try:
-                self._call("POST", "/api/v1/namespaces/{namespace}/pods", namespace, content_type="application/json", body=body)
+                # The client serializes a JSON body itself (a str would be sent as one JSON string).
+                self._call("POST", "/api/v1/namespaces/{namespace}/pods", namespace, content_type="application/json", body=pod)
                 return
             except ApiException as exc:
                 if exc.status != 409:
@@ -236,9 +245,8 @@ class FileDatasetReader:
         try:
             await asyncio.to_thread(self._create, pod)
         except ApiException as exc:
-            raise InputError(
-                f"{source}: creating the reader pod {namespace}/{pod_name} failed ({exc.status} {exc.reason}); the operator needs create and delete on pods"
-            ) from None
+            fix = "the operator needs create and delete on pods" if exc.status == 403 else "see the API server's message"
+            raise InputError(f"{source}: creating the reader pod {namespace}/{pod_name} failed ({exc.status} {_api_message(exc)}); {fix}") from None
         try:
             return await self._wait_and_fetch(namespace, pod_name, workload, source)
         finally:
