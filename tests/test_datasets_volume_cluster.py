@@ -205,6 +205,7 @@ def test_file_datasets_a_bad_line_a_missing_file_and_a_missing_claim_are_refused
         assert st["activeVariant"] == "base" and st["probe"]["rounds"] == 0
         message = {c["type"]: c for c in st["conditions"]}["SpeedupVerified"]["message"]
         assert all(part in message for part in expected), message
+        print(f"{name}: {message}")
         assert "\n" not in message and "Traceback" not in message
         base, spec = servers[name]
         # Nothing was sent: the dataset is read and parsed before the first request (the probe's readiness checks
