@@ -102,8 +102,9 @@ def test_the_api_refuses_a_file_source_without_a_file_a_file_elsewhere_and_dotdo
         _spec(rollout={"workloads": workloads})
 
 
-def test_an_absolute_path_is_refused():
-    workloads = [{"name": "w", "concurrency": 1, "requests": 1, "prompts": {"source": "File", "file": {"path": "/etc/passwd"}}}]
+@pytest.mark.parametrize("path", ["/etc/passwd", "chat\nline.jsonl"])
+def test_an_absolute_path_or_one_with_control_characters_is_refused(path):
+    workloads = [{"name": "w", "concurrency": 1, "requests": 1, "prompts": {"source": "File", "file": {"path": path}}}]
     with pytest.raises(InputError, match="file.path"):
         _spec(rollout={"workloads": workloads})
 

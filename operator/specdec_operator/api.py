@@ -528,7 +528,7 @@ class DatasetFile(_SpecModel):
     )
     path: str = Field(
         description="The dataset file, relative to the volume's root (the model volume: relative to model.mountPath).",
-        pattern=r"^[^/\x00][^\x00]*$",
+        pattern=r"^[^/\x00-\x1f][^\x00-\x1f]*$",  # relative; no control characters (errors name it on one line)
         min_length=1,
         max_length=1024,
     )
