@@ -493,8 +493,9 @@ class SGLangSettings(_SpecModel):
 
 # Where a workload's prompts come from. Default: the project's own prompt set shipped with the operator (code,
 # chat, math, summarisation, several languages). Random: random token ids of exactly inputTokens (synthetic
-# traffic: the decision says so). ConfigMap: a dataset in a ConfigMap key of the resource's namespace.
-PromptSourceKind = Literal["Default", "Random", "ConfigMap"]
+# traffic: the decision says so). ConfigMap: a dataset in a ConfigMap key of the resource's namespace. File: a
+# dataset file on the model volume or on another PVC, read by a small reader pod the operator starts (docs/probe.md).
+PromptSourceKind = Literal["Default", "Random", "ConfigMap", "File"]
 
 
 # A dataset's format: Chat (JSONL of OpenAI chat requests, {"messages": [...]}, optional max_tokens), ShareGPT
@@ -519,6 +520,27 @@ class ConfigMapKey(_SpecModel):
     key: str = Field(description="Key holding the dataset (e.g. prompts.jsonl).", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
+class DatasetFile(_SpecModel):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (f"!self.path.matches('{_NO_DOTDOT}')", "prompts.file.path must not contain '..' segments", ".path"),
+        )
+    )
+    path: str = Field(
+        description="The dataset file, relative to the volume's root (the model volume: relative to model.mountPath).",
+        pattern=r"^[^/\x00-\x1f][^\x00-\x1f]*$",  # relative; no control characters (errors name it on one line)
+        min_length=1,
+        max_length=1024,
+    )
+    claim_name: str | None = Field(
+        None,
+        alias="claimName",
+        description="A PersistentVolumeClaim in the SpeculativeServer's namespace holding the file; absent: the model volume.",
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        max_length=253,
+    )
+
+
 class Prompts(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
@@ -529,8 +551,13 @@ class Prompts(_SpecModel):
                 ".configMap",
             ),
             (
+                "(has(self.source) && self.source == 'File') == has(self.file)",
+                "prompts.file is required with source File, and only allowed with it",
+                ".file",
+            ),
+            (
                 "!has(self.source) || self.source != 'Random' || !has(self.endpoint) || self.endpoint == 'Generate'",
-                "prompts.endpoint: random token ids are sent to /generate; endpoint Chat needs text prompts (source Default or ConfigMap)",
+                "prompts.endpoint: random token ids are sent to /generate; endpoint Chat needs text prompts (source Default, ConfigMap or File)",
                 ".endpoint",
             ),
             (
@@ -540,15 +567,18 @@ class Prompts(_SpecModel):
             ),
             (
                 "!has(self.source) || self.source != 'Random' || !has(self.format)",
-                "prompts.format applies to datasets (source Default or ConfigMap), not to random token ids",
+                "prompts.format applies to datasets (source Default, ConfigMap or File), not to random token ids",
                 ".format",
             ),
         )
     )
     source: PromptSourceKind = Field(
-        "Default", description="Default (the operator's own prompt set), Random (random token ids of inputTokens) or ConfigMap."
+        "Default", description="Default (the operator's own prompt set), Random (random token ids of inputTokens), ConfigMap or File."
     )
     config_map: ConfigMapKey | None = Field(None, alias="configMap", description="The ConfigMap key holding the dataset (source ConfigMap).")
+    file: DatasetFile | None = Field(
+        None, description="The dataset file on the model volume or on a PersistentVolumeClaim (source File; read by a reader pod)."
+    )
     format: DatasetFormat | None = Field(None, description="Dataset format: Auto (the default), Chat, ShareGPT or Prompt.")
     endpoint: PromptEndpoint | None = Field(
         None, description="Chat (/v1/chat/completions, the server's chat template; the default for text) or Generate (/generate with text)."

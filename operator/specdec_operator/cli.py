@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sglang-args": ("specdec_operator.sglang", "print the SGLang command line of a SpeculativeServer variant"),
     "crd": ("specdec_operator.crd", "print the CustomResourceDefinition generated from the API models"),
     "probe": ("specdec_operator.probe.cli", "measure a speculative server against its base and decide"),
+    "dataset-serve": ("specdec_operator.probe.reader", "read a prompt dataset file and serve it normalised (the File source's reader pod)"),
     "adaptive-config": ("specdec_operator.loadaware", "derive SGLang's adaptive speculation table from a probe's speedup curve"),
     "simulate": ("specdec_operator.simulator.cli", "run an SGLang-compatible simulator for tests and demos"),
 }

@@ -73,8 +73,10 @@ class Endpoints:
             return mapped.rstrip("/")
         return f"http://{service}.{namespace}.{self.domain}:{self.port}"
 
-    def pod_url(self, namespace: str, pod: str, pod_ip: str | None, service: str) -> str | None:
-        """Where the monitor scrapes one pod: its mapping, else its variant Service's mapping, else its IP (None: no IP yet)."""
+    def pod_url(self, namespace: str, pod: str, pod_ip: str | None, service: str, *, port: int | None = None) -> str | None:
+        """Where the monitor scrapes one pod: its mapping, else its variant Service's mapping, else its IP (None: no IP yet).
+
+        ``port``: the pod's own port when it is not a server's (a File dataset's reader pod)."""
         self.refresh()
         mapped = self.mapping.get(f"{namespace}/pod/{pod}") or self.mapping.get(f"{namespace}/{service}")
         if mapped:
@@ -82,7 +84,7 @@ class Endpoints:
         if not pod_ip:
             return None
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{port or self.port}"
 
 
 def _valid_key(key: object) -> bool:
@@ -112,6 +114,9 @@ class OperatorConfig:
     resync_interval: float = 300.0
     probe_timeout: float = 3600.0  # bound of one whole probe (Inconclusive when spent)
     probe_request_timeout: float = 600.0
+    # How long a File prompt source's reader pod may take to be scheduled, start and serve the dataset (its image
+    # is the operator's, usually cached on the GPU nodes); then the probe ends DatasetInvalid, naming the pod's state.
+    dataset_reader_timeout: float = 300.0
     scrape_timeout: float = 10.0
     # Drift scrapes in flight at once, over every resource's speculative pods (a 40-pod fleet is scraped
     # concurrently, but never more than this many connections at a time).

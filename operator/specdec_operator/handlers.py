@@ -36,6 +36,7 @@ from . import API_GROUP, API_VERSION, PLURAL
 from . import manifests as m
 from .api import ConditionType, Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
 from .config import OperatorConfig
+from .datasetreader import FileDatasetReader
 from .errors import InputError
 from .kopf_tuning import plain, slim_config_map, slim_deployment, slim_leader_worker_set, slim_pod, slim_service
 from .kubewriter import KubernetesWriter
@@ -118,6 +119,9 @@ class Runtime:
         self.probes = probes or ProbeScheduler(config)
         if self.probes.read_config_map is None:  # a ConfigMap prompt source is read through the API (get, one object)
             self.probes.read_config_map = self.writer.read_config_map
+        if self.probes.read_file_dataset is None:  # a File prompt source is read by a reader pod (create, list, delete)
+            reader = FileDatasetReader(self.writer.request, config.endpoints, config.reconcile.manifests, timeout=config.dataset_reader_timeout)
+            self.probes.read_file_dataset = reader.read
         self.resources: dict[Key, ResourceState] = {}
         self._step_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first step
         # At most one creation of a stable Service per resource, and at most CREATIONS_AT_ONCE in all, so that
@@ -302,7 +306,15 @@ class Runtime:
             self.probes.cancel(key)
         if plan.start_probe:
             load_aware = plan.new_status.probe.load_aware if plan.adaptive_probe and plan.new_status.probe else None
-            self.probes.start(key, spec, plan.revision, on_done=lambda: self.wake(namespace, name), probe_id=plan.probe_id, load_aware=load_aware)
+            self.probes.start(
+                key,
+                spec,
+                plan.revision,
+                on_done=lambda: self.wake(namespace, name),
+                probe_id=plan.probe_id,
+                load_aware=load_aware,
+                owner_uid=state.uid,
+            )
         if observed.scrape is not None:
             state.last_scrape = remember(state.last_scrape, observed.scrape)
         state.monitor_due = plan.monitor_due

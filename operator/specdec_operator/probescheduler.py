@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from . import manifests as m
-from .api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeServerSpec, Variant
+from .api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeServerSpec, Variant, Workload
 from .config import OperatorConfig
 from .errors import InputError
 from .monitor import Sample, sample_from_metrics
@@ -27,6 +27,8 @@ from .textutil import rfc3339
 
 Key = tuple[str, str]  # (namespace, name)
 ReadConfigMap = Callable[[str, str], Awaitable["dict | None"]]  # (namespace, name) -> the ConfigMap or None
+# (namespace, name, owner uid, workload, spec) -> the prompts of a File source (datasetreader.FileDatasetReader.read)
+ReadFileDataset = Callable[[str, str, str, Workload, SpeculativeServerSpec], Awaitable[list[Prompt]]]
 
 
 @dataclass
@@ -35,6 +37,7 @@ class _Probe:
     revision: str
     probe_id: str  # the revision, or "<revision>/adaptive-<hash>" for the load-aware server (Facts.probe_id)
     load_aware: LoadAwareStatus | None = None  # set for the adaptive server's probe; its result carries it
+    owner_uid: str | None = None  # the resource's uid: the owner reference of a File source's reader pod
     task: asyncio.Task[ProbeStatus] | None = None
     progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
 
@@ -76,6 +79,7 @@ class ProbeScheduler:
         self._slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
         self._session: aiohttp.ClientSession | None = None
         self.read_config_map: ReadConfigMap | None = None  # set by the runtime: the writer's API client
+        self.read_file_dataset: ReadFileDataset | None = None  # set by the runtime: a reader pod per File source
         self._scrape_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first scrape
 
     def url(self, key: Key, variant: Variant) -> str:
@@ -126,12 +130,15 @@ class ProbeScheduler:
         *,
         probe_id: str | None = None,
         load_aware: LoadAwareStatus | None = None,
+        owner_uid: str | None = None,
     ) -> None:
         """Probe ``revision`` of this resource; ``on_done`` is called when it finishes (and when it waits for a slot).
 
+        ``owner_uid``: the resource's uid, which a File source's reader pod is owned by.
+
         ``load_aware``: the speculative server runs the load-aware trial's adaptive table. An adaptive server does not
         draft from its no-draft batch size up, so the acceptance-length floor does not apply to it."""
-        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware)
+        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware, owner_uid)
         probe.task = asyncio.create_task(self._run(probe, spec, on_done), name=f"probe {key[0]}/{key[1]}")
         probe.task.add_done_callback(lambda _t: on_done())
 
@@ -157,11 +164,14 @@ class ProbeScheduler:
         async with self._slots:
             probe.progress = None
             try:
-                datasets = await self._datasets(key[0], spec)
+                datasets = await self._datasets(key, spec, probe.owner_uid)
             except InputError as exc:
                 return dataset_invalid(revision, str(exc))
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:  # the API refused the read (RBAC, unreachable): no probe, no promotion
-                return dataset_invalid(revision, f"dataset: reading the ConfigMap failed: {type(exc).__name__}: {str(exc)[:200]}")
+                one_line = " ".join(str(exc).split())[:200]
+                return dataset_invalid(revision, f"dataset: reading it failed: {type(exc).__name__}: {one_line}")
             try:
                 result = await run_probe(
                     self.url(key, Variant.BASE),
@@ -183,10 +193,16 @@ class ProbeScheduler:
                 return probe_failed(revision, f"probe failed: {exc}")
             return result.to_status(revision)
 
-    async def _datasets(self, namespace: str, spec: SpeculativeServerSpec) -> dict[str, list[Prompt]]:
-        """The prompts of the workloads whose source is a ConfigMap, read now (each key once)."""
+    async def _datasets(self, key: Key, spec: SpeculativeServerSpec, owner_uid: str | None) -> dict[str, list[Prompt]]:
+        """The prompts of the workloads whose source is a ConfigMap or a File, read now, before any request."""
+        namespace, name = key
         out: dict[str, list[Prompt]] = {}
         for w in spec.rollout.workloads:
+            if w.prompts.source == "File":
+                if self.read_file_dataset is None or owner_uid is None:
+                    raise InputError(f"workload {w.name}: prompts.source File, but this operator has no API client to start a reader pod")
+                out[w.name] = await self.read_file_dataset(namespace, name, owner_uid, w, spec)
+                continue
             ref = w.prompts.config_map
             if w.prompts.source != "ConfigMap" or ref is None:
                 continue

@@ -115,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)"
     )
     p.add_argument(
+        "--dataset-reader-timeout",
+        type=_positive(float),
+        default=300.0,
+        metavar="S",
+        help="how long a File prompt source's reader pod may take to serve the dataset (default 300)",
+    )
+    p.add_argument(
         "--startup-allowance",
         type=_positive(int),
         default=STARTUP_ALLOWANCE_S,
@@ -193,6 +200,7 @@ def main(argv: list[str]) -> int:
         resync_interval=args.resync_interval,
         probe_timeout=args.probe_timeout,
         probe_request_timeout=args.probe_request_timeout,
+        dataset_reader_timeout=args.dataset_reader_timeout,
         max_concurrent_probes=args.max_concurrent_probes,
         max_concurrent_scrapes=args.max_concurrent_scrapes,
         max_concurrent_reconciles=args.max_concurrent_reconciles,

@@ -112,10 +112,13 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# Read-only, through Kopf's watch: readiness, load time, the validator init container's termination message.
+# Kopf's watch of the server pods: readiness, load time, the validator init container's termination message.
+# create and delete: the reader pod of a File prompt dataset (rollout.workloads[].prompts.source File), owned by
+# its SpeculativeServer, started when a probe starts and deleted once the dataset is read; it is found by a
+# list with a name field selector (no get, no exec, no logs).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "create", "delete"]
 # An Event for every decision (Kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]

@@ -183,11 +183,16 @@ def parse_dataset(text: str, *, source: str, fmt: str = "Auto") -> list[Prompt]:
     return prompts
 
 
-def load_dataset_file(path: str | Path, fmt: str = "Auto") -> list[Prompt]:
-    """Read and parse a dataset file (``specdec probe --dataset FILE``)."""
-    source = f"dataset {path}"
+def load_dataset_file(path: str | Path, fmt: str = "Auto", *, source: str | None = None) -> list[Prompt]:
+    """Read and parse a dataset file (``specdec probe --dataset FILE``, and the reader pod of a File source, whose
+    ``source`` names the claim and the path on it rather than where the pod mounts it)."""
+    source = source or f"dataset {path}"
     try:
         data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{source}: no such file; check the path (it is relative to the volume's root)") from None
+    except IsADirectoryError:
+        raise InputError(f"{source}: is a directory; give the path of a JSONL or JSON file") from None
     except OSError as exc:
         raise InputError(f"{source}: cannot be read ({exc.strerror}); give the path of a JSONL or JSON file") from None
     try:

@@ -281,7 +281,7 @@ async def run_probe(
     for the remaining rounds to decide (:func:`.decide.futile`).
     ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
     each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
-    ``datasets`` maps a workload name to its prompts (a ConfigMap's, read by the operator, or ``--dataset``);
+    ``datasets`` maps a workload name to its prompts (a ConfigMap's or a File's, read by the operator, or ``--dataset``);
     other workloads use their source (traffic.py). ``output_check`` compares the greedy completions afterwards
     (outputs.py; None: not compared). Bad arguments raise InputError; everything else ends in a ProbeResult.
     """
@@ -346,7 +346,7 @@ async def run_probe(
     if result.synthetic and result.base_reachable:
         result.message += (
             f" [SyntheticTraffic: {', '.join(result.synthetic)} sent random token ids, not prompts: acceptance, and so the speedup, "
-            f"differs on real traffic; give the workload a dataset (prompts.source Default or ConfigMap)]"
+            f"differs on real traffic; give the workload a dataset (prompts.source Default, ConfigMap or File)]"
         )
     result.finished_at = datetime.now(UTC)
     return result

@@ -145,6 +145,9 @@ def describe_source(workload: Workload) -> str:
         return f"random token ids ({workload.input_tokens} tokens)"
     if source.source == "ConfigMap" and source.config_map is not None:
         return f"configmap/{source.config_map.name} key {source.config_map.key}"
+    if source.source == "File" and source.file is not None:
+        where = f"claim {source.file.claim_name}" if source.file.claim_name else "the model volume"
+        return f"file {source.file.path} on {where}"
     return "the default prompt set"
 
 
@@ -161,7 +164,7 @@ def build_traffic(
         prompts: list[Prompt] | None
         if w.name in given:
             prompts = list(given[w.name])
-            description = describe_source(w) if source == "ConfigMap" else "the dataset given (--dataset)"
+            description = describe_source(w) if source in ("ConfigMap", "File") else "the dataset given (--dataset)"
         elif source == "Random":
             prompts, description = None, describe_source(w)
         elif source == "Default":
