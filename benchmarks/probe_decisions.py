@@ -72,6 +72,11 @@ EQUAL = {
     "stream_interval": 8,
 }
 SMALL = [Workload(prompts=RANDOM, name="small", concurrency=4, input_tokens=16, output_tokens=128, requests=16)]
+# A short workload: 16 requests x 24 tokens at 8 tokens per event and concurrency 4 are 4 time blocks per
+# measurement, below stats.MIN_BLOCKS (8), so the probe falls back to the round-level interval, as on the heldout
+# batch-32 workload. docs/probe.md ("Fewer blocks: tried, not kept") has its runs with MIN_BLOCKS lowered to 4.
+FEW_BLOCKS = [Workload(prompts=RANDOM, name="few-blocks", concurrency=4, input_tokens=16, output_tokens=24, requests=16)]
+ERROR_WORKLOADS = {"small": SMALL, "few-blocks": FEW_BLOCKS}
 
 
 def slower(profile: dict, loss: float) -> dict:
@@ -197,19 +202,23 @@ def heldout_part(label: str, out: list[dict], repeats: int = 1) -> None:
             print(json.dumps(row), flush=True)
 
 
-async def _small(seed: int, candidate: dict) -> Any:
+async def _small(seed: int, candidate: dict, workloads: list[Workload] = SMALL) -> Any:
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(SimulatorServer(profile_from_dict(EQUAL), time_scale=4, seed=seed, load_seconds=0))
         b = await stack.enter_async_context(SimulatorServer(profile_from_dict(candidate), time_scale=4, seed=seed + 1000, load_seconds=0))
         t = time.perf_counter()
-        result = await run_probe(a, b, SMALL, seed=seed)
+        result = await run_probe(a, b, workloads, seed=seed)
         return result, time.perf_counter() - t
 
 
 ERROR_CASES = ("equal servers", "5% slower", "10% faster")
 
 
-def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5, only: tuple[str, ...] = ERROR_CASES) -> None:
+def errors_part(
+    label: str, runs: int, out: list[dict], parallel: int = 5, only: tuple[str, ...] = ERROR_CASES, workload: str = "small"
+) -> None:
+    workloads = ERROR_WORKLOADS[workload]
+    suffix = "" if workload == "small" else f" ({workload})"
     cases = (
         ("equal servers", EQUAL),
         ("5% slower", slower(EQUAL, 0.05)),
@@ -224,7 +233,7 @@ def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5, only:
         seeds = list(range(100, 100 + runs))
 
         async def batch(chunk: list[int], candidate: dict = candidate) -> list:
-            return await asyncio.gather(*(_small(s, candidate) for s in chunk))
+            return await asyncio.gather(*(_small(s, candidate, workloads) for s in chunk))
 
         for start in range(0, len(seeds), parallel):
             results += asyncio.run(batch(seeds[start : start + parallel]))
@@ -233,7 +242,7 @@ def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5, only:
         row = {
             "label": label,
             "part": "errors",
-            "case": name,
+            "case": name + suffix,
             "runs": len(results),
             "reasons": dict(collections.Counter(str(r.reason) for r, _ in results)),
             "promoted": sum(str(r.decision) == "promote" for r, _ in results),
@@ -311,6 +320,7 @@ def main() -> int:
     parser.add_argument("--label", default="after")
     parser.add_argument("--repeats", type=int, default=1, help="seed and heldout parts: runs of each case (seeds 1, 11, 21, ...)")
     parser.add_argument("--case", action="append", help="errors part: only this case (repeatable; also '5%% faster', not run by default)")
+    parser.add_argument("--workload", choices=sorted(ERROR_WORKLOADS), default="small", help="errors part: the probe's workload")
     parser.add_argument("--parallel", type=int, default=5, help="errors part: probes at a time in the one process")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="print docs/probe.md's tables from earlier runs' JSON rows and exit")
@@ -324,7 +334,7 @@ def main() -> int:
     if args.part in ("heldout", "all"):
         heldout_part(args.label, rows, args.repeats)
     if args.part in ("errors", "all"):
-        errors_part(args.label, args.runs, rows, args.parallel, tuple(args.case or ERROR_CASES))
+        errors_part(args.label, args.runs, rows, args.parallel, tuple(args.case or ERROR_CASES), args.workload)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
