@@ -214,9 +214,7 @@ async def _small(seed: int, candidate: dict, workloads: list[Workload] = SMALL) 
 ERROR_CASES = ("equal servers", "5% slower", "10% faster")
 
 
-def errors_part(
-    label: str, runs: int, out: list[dict], parallel: int = 5, only: tuple[str, ...] = ERROR_CASES, workload: str = "small"
-) -> None:
+def errors_part(label: str, runs: int, out: list[dict], parallel: int = 5, only: tuple[str, ...] = ERROR_CASES, workload: str = "small") -> None:
     workloads = ERROR_WORKLOADS[workload]
     suffix = "" if workload == "small" else f" ({workload})"
     cases = (
