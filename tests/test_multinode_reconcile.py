@@ -49,6 +49,9 @@ class GroupWorld:
         plan = reconcile(self.spec, obs, copy.deepcopy(self.status), NOW)
         for obj in plan.apply:
             obj = copy.deepcopy(obj)
+            if m.is_replicas_only(obj):  # a merge patch of spec.replicas (kubewriter): the templates stay
+                self.children[(obj["kind"], obj["metadata"]["name"])]["spec"]["replicas"] = obj["spec"]["replicas"]
+                continue
             obj["metadata"]["ownerReferences"] = [{"uid": UID}]
             self.children[(obj["kind"], obj["metadata"]["name"])] = obj
         self.status = plan.status

@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
+from . import manifests as m
 from .metrics import OperatorMetrics
 from .reconcile import Event
 from .reconcile.diff import owned_by
@@ -108,6 +109,18 @@ class KubernetesWriter:
             existing = self._read(obj)
             if existing is not None and not owned_by(existing, uid):
                 return existing
+        if m.is_replicas_only(obj):
+            # Only the count changes (a fleet walking back before its speculative template changes): an apply of
+            # this body would drop the template the field manager owns.
+            self.request(
+                "PATCH",
+                child_path(obj["kind"]),
+                {"namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]},
+                query=[("fieldManager", FIELD_MANAGER)],
+                content_type="application/merge-patch+json",
+                body={"spec": {"replicas": obj["spec"]["replicas"]}},
+            )
+            return None
         kopf.append_owner_reference(obj, owner=owner)
         # The body is serialized here (apply_body): the client would send json.dumps' ASCII output.
         self.request(
