@@ -11,7 +11,7 @@ import pytest
 from specdec_operator import manifests as m
 from specdec_operator.monitor import Sample
 from specdec_operator.reconcile import Plan
-from tests.test_reconcile import COMPATIBLE, NOW, World, conditions, llama_spec, promote_result
+from tests.test_reconcile import COMPATIBLE, NOW, World, conditions, llama_spec, promote_result, to_promoted
 
 
 class Fleet(World):
@@ -317,3 +317,19 @@ def test_a_one_server_resource_keeps_its_old_speculative_server_until_the_base_s
     assert plan.start_probe and fleet.min_serving == 1  # the old speculative server answered until the base did
     assert fleet.max_requested <= 2  # the trial's two servers, as for any one-server revision
     assert fleet.services["llama"]["spec"]["selector"][m.LABEL_VARIANT] == "base"
+
+
+def test_a_fleets_traffic_switched_event_says_what_moved() -> None:
+    fleet = Fleet(fleet_spec(4))
+    fleet.to_probing()
+    promoted = fleet.tick(probe_result=promote_result(fleet.status["probe"]["revision"]))
+    (switched,) = [e for e in promoted.events if e.reason == "TrafficSwitched"]
+    # At the promotion the canary is the fleet's one speculative server; the base servers still answer beside it.
+    assert switched.message == (
+        "stable Service llama now selects the fleet's speculative servers and, while the fleet walks, its base servers "
+        "(1/4 speculative, 4 servers Ready)"
+    )
+    one = World(llama_spec())
+    done = to_promoted(one)
+    (single,) = [e for e in done.events if e.reason == "TrafficSwitched"]
+    assert single.message == "stable Service llama now selects the speculative server"

@@ -149,7 +149,9 @@ def reconcile(
         revision=revision,
         apply=to_apply,
         new_status=new_status,
-        events=transition_events(prev, new_status, name=observed.name, workloads=workloads, probe_starting=start_probe),
+        events=transition_events(
+            prev, new_status, name=observed.name, workloads=workloads, probe_starting=start_probe, replicas=spec.replicas, both=both
+        ),
         start_probe=start_probe,
         cancel_probe=probe_running is not None
         and (probe_running != facts.probe_id or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
