@@ -133,6 +133,22 @@ class KubernetesWriter:
         )
         return None
 
+    def _delete(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if meta.get("uid"):  # this very object, not one made since under the same name
+            body["preconditions"] = {"uid": meta["uid"]}
+        try:
+            self.request("DELETE", child_path(obj["kind"]), {"namespace": meta["namespace"], "name": meta["name"]}, body=body)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone already, or replaced (the precondition failed)
+                raise
+
+    async def delete(self, obj: dict[str, Any]) -> None:
+        """Delete one server object of the kind the spec no longer uses (retire.py); its pods go with it (garbage
+        collection in the background)."""
+        await asyncio.to_thread(self._delete, obj)
+
     def _read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.request("GET", "/api/v1/namespaces/{namespace}/configmaps/{name}", {"namespace": namespace, "name": name})

@@ -36,7 +36,8 @@ from pydantic import ValidationError
 from .. import manifests as m
 from ..api import Phase, ProbeStatus, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
 from ..resource import speculative_revision
-from ..textutil import parse_time
+from ..textutil import clip, parse_time
+from . import retire
 from .diff import merge_patch, needs_apply, owned_by
 from .events import transition_events
 from .lifecycle import (
@@ -125,6 +126,9 @@ def reconcile(
     """
     prev = read_status(status)
     revision = speculative_revision(spec)
+    retirement = retire.retiring(spec, observed)
+    if retirement is not None:  # resources.nodes changed kind: the lifecycle sees the new kind's pods only
+        observed = retire.without_old_pods(observed, retirement)
     trial = settle_trial(
         spec, stored_probe(prev, revision), observed.probe_result if observed.probe_result and observed.probe_result.revision == revision else None
     )
@@ -140,6 +144,10 @@ def reconcile(
     new_status = build_status(facts, validation, decision, monitor, active, outcome, conditions, replicas)
 
     desired = desired_children(facts, replicas, active, both)
+    delete: list[dict[str, Any]] = []
+    if retirement is not None:
+        desired, delete, note = retire.adjust(retirement, desired, observed, spec, replicas.state, active)
+        new_status = new_status.model_copy(update={"message": clip(f"{note}; {new_status.message or ''}")})
     to_apply = [obj for obj in desired if obj["metadata"]["name"] not in facts.conflicts and needs_apply(obj, _observed_child(facts.observed, obj))]
     probe_running = observed.probe_running
     start_probe = outcome.probing and probe_running != facts.probe_id
@@ -157,7 +165,7 @@ def reconcile(
         and (probe_running != facts.probe_id or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
         monitor_due=monitor_due,
         next_scrape_in=next_scrape_in,
-        settled=_settled(facts, outcome, to_apply, replicas),
+        settled=_settled(facts, outcome, to_apply, replicas) and retirement is None,
         # Services before Deployments when one step both re-points an existing Service and changes a Deployment
         # (switch, then scale the loser to 0): traffic must leave a server before it goes away.
         switch_first=any(o["kind"] in ("Deployment", m.LWS_KIND) for o in to_apply)
@@ -165,6 +173,7 @@ def reconcile(
         desired=desired,
         probe_id=facts.probe_id,
         adaptive_probe=trial is not None,
+        delete=delete,
     )
 
 
