@@ -333,3 +333,20 @@ def test_a_fleets_traffic_switched_event_says_what_moved() -> None:
     done = to_promoted(one)
     (single,) = [e for e in done.events if e.reason == "TrafficSwitched"]
     assert single.message == "stable Service llama now selects the speculative server"
+
+
+def test_a_new_drafter_while_the_canary_is_probed_replaces_the_canary_at_once() -> None:
+    fleet = Fleet(fleet_spec(4))
+    fleet.to_probing()
+    assert fleet.counts() == (3, 1)
+    (old_hash,) = template_hashes(fleet, "speculative")
+    fleet.spec_dict["drafter"]["path"] = "eagle3/llama-v2"
+    fleet.generation += 1
+    fleet.probe_running = None
+    fleet.min_serving = fleet.serving()
+    plan = fleet.tick()
+    # The 3 Ready base servers keep the floor without the canary: no walk back, the template changes now.
+    assert fleet.template("speculative")["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] != old_hash
+    assert plan.status["reason"] != "WalkingToBase" and "RolledOut" not in conditions(plan.status)
+    plan = fleet.run(lambda p: p.start_probe)
+    assert fleet.counts() == (3, 1) and fleet.min_serving >= 3 and "WalkStarted" not in fleet.events

@@ -388,7 +388,8 @@ def old_speculative_servers(facts: Facts) -> int:
     """Servers the speculative Deployment (or LeaderWorkerSet) asks for on a pod template older than this step's.
 
     Changing the template of a server that serves would replace its pods at once (a Deployment's Recreate), so
-    while this is more than 0 the fleet first walks back to the base (plan_replicas) and the template waits.
+    while this is more than 0 and the base alone cannot serve, the fleet first walks back to the base
+    (plan_replicas) and the template waits.
     0 when the speculative server does not exist, is not ours, is of the other kind (resources.nodes changed:
     the other kind's servers are replaced beside, see retiring_servers) or already runs this step's template.
     """
@@ -420,9 +421,11 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
     while undecided, every server on the winner after the decision), within rollout.maxSurge/maxUnavailable.
 
     Before the speculative pod template changes (a new drafter, any field the speculative pod is made of) while
-    old speculative servers run, the fleet walks back to the base first (the walk of a rollback, within
-    maxSurge/maxUnavailable) and the speculative servers keep their old template until none is left; then the
-    new template gets its canary (or, for a decided revision, its walk) as usual. A one-server resource keeps its
+    old speculative servers run and the Ready base servers alone are fewer than max(1, N - maxUnavailable), the
+    fleet walks back to the base first (the walk of a rollback, within maxSurge/maxUnavailable) and the
+    speculative servers keep their old template until the base servers keep that floor; then the template changes
+    (its Recreate replaces what is left of the old servers) and gets its canary (or, for a decided revision, its
+    walk) as usual. A one-server resource keeps its
     old speculative server until its base serves and the stable Service selects the base.
     """
     n = facts.spec.replicas
@@ -433,8 +436,10 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
     if n == 1 and old and not _walked_back_one_server(facts):
         held = rollout.Counts(base=1, speculative=old)
         return Fleet(n, held, state, {BASE: 1, SPECULATIVE: old}, None, holding=True)
-    if n >= 2 and old:
-        ro = facts.spec.rollout
+    ro = facts.spec.rollout
+    if n >= 2 and old and state.base.ready < max(1, rollout.floor(n, ro.max_unavailable)):
+        # The old speculative servers may all go at once (the template change) only when the Ready base servers
+        # alone keep the floor: a canary beside N - 1 base servers is replaced at once, a walked fleet walks back.
         after = rollout.canary_goal(n, ro.max_surge) if toward is None else rollout.walk_goal(n, toward)
         # The walk back ends at the base servers the next goal keeps, and never below the floor of Ready servers.
         back = rollout.Counts(base=max(after.base, rollout.floor(n, ro.max_unavailable), 1), speculative=0)
