@@ -3,6 +3,7 @@ ReplicaSet controller, with the two invariants checked at every tick (the real c
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from specdec_operator import manifests as m
 from specdec_operator.monitor import Sample
 from specdec_operator.reconcile import Plan
-from tests.test_reconcile import COMPATIBLE, NOW, World, conditions, llama_spec, promote_result
+from tests.test_reconcile import COMPATIBLE, NOW, World, conditions, llama_spec, promote_result, to_promoted
 
 
 class Fleet(World):
@@ -49,6 +50,14 @@ class Fleet(World):
             if deployment is None:
                 continue
             want = deployment["spec"]["replicas"]
+            template_hash = deployment["spec"]["template"]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH]
+            old = [p for p in self.variant_pods(variant) if p["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] != template_hash]
+            if old:  # strategy Recreate: every pod of an older template goes, and new ones come only once they are gone
+                for pod in old:
+                    if not pod["metadata"].get("deletionTimestamp"):
+                        pod["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+                        self.ages[pod["metadata"]["name"]] = 0
+                continue
             alive = self.variant_pods(variant, terminating=False)
             for _ in range(want - len(alive)):
                 pod = self.add_pod(variant, init=(0, COMPATIBLE) if variant == "speculative" else None, running_since=NOW)
@@ -229,3 +238,115 @@ def test_an_invalid_drafter_in_a_fleet_keeps_every_base_server() -> None:
     assert plan.status["phase"] == "Invalid"
     plan = fleet.run(lambda p: p.settled)
     assert fleet.counts() == (4, 0) and fleet.serving() == 4
+
+
+def template_hashes(fleet: Fleet, variant: str) -> set[str]:
+    return {p["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] for p in fleet.variant_pods(variant)}
+
+
+@pytest.mark.parametrize(("replicas", "surge", "unavailable"), [(4, 0, 1), (6, 1, 0), (5, 0, 2)])
+def test_a_new_drafter_of_a_walked_fleet_walks_back_to_the_base_before_the_speculative_template_changes(replicas, surge, unavailable) -> None:
+    fleet = Fleet(fleet_spec(replicas, surge, unavailable))
+    fleet.promote()
+    fleet.run(lambda p: p.settled)
+    assert fleet.counts() == (0, replicas)
+    (old_hash,) = template_hashes(fleet, "speculative")
+    fleet.spec_dict["drafter"]["path"] = "eagle3/llama-v2"
+    fleet.generation += 1
+    fleet.probe_running = None
+    fleet.max_requested, fleet.min_serving = 0, fleet.serving()
+    first = fleet.tick()
+    assert first.status["phase"] == "Deploying" and first.status["reason"] == "WalkingToBase"
+    assert "before the speculative pod template changes" in conditions(first.status)["RolledOut"]["message"]
+    assert fleet.template("speculative")["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] == old_hash  # not changed yet
+    walked_back = False
+    for _ in range(200):
+        hashes = template_hashes(fleet, "speculative")
+        if old_hash not in hashes:
+            walked_back = True
+        else:  # no speculative pod of the new template while one of the old template exists
+            assert hashes == {old_hash}, hashes
+        plan = fleet.tick()
+        if plan.start_probe:
+            break
+    assert walked_back and plan.start_probe and plan.status["phase"] == "Probing"
+    assert fleet.counts() == (replicas - 1 if surge == 0 else replicas, 1)  # the new revision's canary
+    assert fleet.max_requested <= replicas + surge and fleet.min_serving >= replicas - unavailable
+    fleet.probe_running = plan.revision
+    promoted = fleet.tick(probe_result=promote_result(plan.revision))
+    assert promoted.status["phase"] == "Promoted"
+    plan = fleet.run(lambda p: p.settled)
+    assert fleet.counts() == (0, replicas) and old_hash not in template_hashes(fleet, "speculative")
+    assert fleet.max_requested <= replicas + surge and fleet.min_serving >= replicas - unavailable
+    assert fleet.events.count("WalkStarted") == 3 and fleet.events.count("SpeedupConfirmed") == 2  # out, back, out again
+
+
+def test_without_the_walk_back_the_new_template_would_leave_the_fleet_without_a_server() -> None:
+    """The model of the Deployment controller is what makes the test above able to fail: a template change of the
+    walked fleet's speculative Deployment, written directly, replaces every server at once."""
+    fleet = Fleet(fleet_spec(4))
+    fleet.promote()
+    fleet.run(lambda p: p.settled)
+    fleet.spec_dict["drafter"]["path"] = "eagle3/llama-v2"
+    fleet.generation += 1
+    fleet.step(now=fleet.now)  # the walk back: the template stays
+    spec = fleet.deployments["llama-spec"]
+    spec["spec"]["template"] = copy.deepcopy(spec["spec"]["template"])
+    spec["spec"]["template"]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] = "changed"
+    fleet.controller()
+    assert fleet.serving() == 0
+
+
+def test_a_one_server_resource_keeps_its_old_speculative_server_until_the_base_serves() -> None:
+    fleet = Fleet(fleet_spec(1))  # keepBaseWarm false: after the promotion only the speculative server runs
+    fleet.promote()
+    fleet.run(lambda p: p.settled)
+    assert fleet.counts() == (0, 1)
+    (old_hash,) = template_hashes(fleet, "speculative")
+    fleet.spec_dict["drafter"]["path"] = "eagle3/llama-v2"
+    fleet.generation += 1
+    fleet.probe_running = None
+    fleet.max_requested, fleet.min_serving = 0, fleet.serving()
+    for _ in range(50):
+        plan = fleet.tick()
+        hashes = template_hashes(fleet, "speculative")
+        if old_hash in hashes:
+            assert hashes == {old_hash}
+        if plan.start_probe:
+            break
+    assert plan.start_probe and fleet.min_serving == 1  # the old speculative server answered until the base did
+    assert fleet.max_requested <= 2  # the trial's two servers, as for any one-server revision
+    assert fleet.services["llama"]["spec"]["selector"][m.LABEL_VARIANT] == "base"
+
+
+def test_a_fleets_traffic_switched_event_says_what_moved() -> None:
+    fleet = Fleet(fleet_spec(4))
+    fleet.to_probing()
+    promoted = fleet.tick(probe_result=promote_result(fleet.status["probe"]["revision"]))
+    (switched,) = [e for e in promoted.events if e.reason == "TrafficSwitched"]
+    # At the promotion the canary is the fleet's one speculative server; the base servers still answer beside it.
+    assert switched.message == (
+        "stable Service llama now selects the fleet's speculative servers and, while the fleet walks, its base servers "
+        "(1/4 speculative, 4 servers Ready)"
+    )
+    one = World(llama_spec())
+    done = to_promoted(one)
+    (single,) = [e for e in done.events if e.reason == "TrafficSwitched"]
+    assert single.message == "stable Service llama now selects the speculative server"
+
+
+def test_a_new_drafter_while_the_canary_is_probed_replaces_the_canary_at_once() -> None:
+    fleet = Fleet(fleet_spec(4))
+    fleet.to_probing()
+    assert fleet.counts() == (3, 1)
+    (old_hash,) = template_hashes(fleet, "speculative")
+    fleet.spec_dict["drafter"]["path"] = "eagle3/llama-v2"
+    fleet.generation += 1
+    fleet.probe_running = None
+    fleet.min_serving = fleet.serving()
+    plan = fleet.tick()
+    # The 3 Ready base servers keep the floor without the canary: no walk back, the template changes now.
+    assert fleet.template("speculative")["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] != old_hash
+    assert plan.status["reason"] != "WalkingToBase" and "RolledOut" not in conditions(plan.status)
+    plan = fleet.run(lambda p: p.start_probe)
+    assert fleet.counts() == (3, 1) and fleet.min_serving >= 3 and "WalkStarted" not in fleet.events

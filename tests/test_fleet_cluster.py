@@ -173,6 +173,12 @@ class Recorder:
         for kind, w, fn, args in streams:
             listed = fn(*args)  # each stream from its own list (a custom resource's watch cache has its own window)
             start = listed["metadata"]["resourceVersion"] if isinstance(listed, dict) else listed.metadata.resource_version
+            # What exists already is where the replay starts (a recorder started mid-life of a fleet), each object
+            # as of its own last change.
+            for obj in listed["items"] if isinstance(listed, dict) else listed.items:
+                found = self._data(kind, obj)
+                if found is not None:
+                    self.events.append((int(found[1]), kind, "ADDED", found[0]))
             self.threads.append(threading.Thread(target=self._run, args=(kind, w, fn, args, start), daemon=True))
         for thread in self.threads:
             thread.start()
@@ -184,22 +190,28 @@ class Recorder:
             if not self.stopped:
                 self.errors.append(f"{kind} watch: {error}")
 
+    @staticmethod
+    def _data(kind: str, obj: Any) -> tuple[Any, str] | None:
+        """What the replay keeps of one object, and its resourceVersion (None: not one the replay follows)."""
+        if kind == "pod":
+            gpus = any(m.GPU_RESOURCE in ((c.resources.limits or {}) | (c.resources.requests or {})) for c in obj.spec.containers)
+            ready = any(c.type == "Ready" and c.status == "True" for c in (obj.status.conditions or []))
+            template_hash = (obj.metadata.annotations or {}).get(m.ANNOTATION_TEMPLATE_HASH)
+            data = (obj.metadata.uid, gpus, ready and not obj.metadata.deletion_timestamp, dict(obj.metadata.labels or {}), template_hash)
+            return data, obj.metadata.resource_version
+        if kind == "svc":
+            if obj.metadata.name != FLEET:
+                return None
+            return dict(obj.spec.selector or {}), obj.metadata.resource_version
+        return (obj.get("status") or {}).get("phase"), obj["metadata"]["resourceVersion"]
+
     def _stream(self, kind: str, w: Any, fn: Any, args: tuple, start: str) -> None:
         for event in w.stream(fn, *args, resource_version=start, timeout_seconds=3600):
-            obj = event["object"]
-            if kind == "pod":
-                gpus = any(m.GPU_RESOURCE in ((c.resources.limits or {}) | (c.resources.requests or {})) for c in obj.spec.containers)
-                ready = any(c.type == "Ready" and c.status == "True" for c in (obj.status.conditions or []))
-                data = (obj.metadata.uid, gpus, ready and not obj.metadata.deletion_timestamp, dict(obj.metadata.labels or {}))
-                rv = obj.metadata.resource_version
-            elif kind == "svc":
-                if obj.metadata.name != FLEET:
-                    continue
-                data, rv = dict(obj.spec.selector or {}), obj.metadata.resource_version
-            else:
-                data, rv = (obj.get("status") or {}).get("phase"), obj["metadata"]["resourceVersion"]
+            found = self._data(kind, event["object"])
+            if found is None:
+                continue
             with self.lock:
-                self.events.append((int(rv), kind, event["type"], data))
+                self.events.append((int(found[1]), kind, event["type"], found[0]))
 
     def stop(self) -> None:
         self.stopped = True
@@ -377,3 +389,81 @@ def test_kubectl_scale_during_a_walk_changes_its_goal(operator: Any, sims: Any, 
     assert scale["status"] == {"replicas": 4, "selector": m.fleet_selector(FLEET)}
     most, _ = recorder.replay({"Promoted"})
     assert most <= 6
+
+
+def arrived(custom_objects: Any, core_v1: Any, namespace: str, replicas: int) -> dict | None:
+    """A fleet rolled out; a one-server resource (no walk) promoted with only its speculative server left."""
+    if replicas >= 2:
+        return rolled_out(custom_objects, namespace)
+    st = fleet_status(custom_objects, namespace)
+    settled = st.get("phase") == "Promoted" and st.get("speculativeReplicas") == 1 and st.get("readyReplicas") == 1
+    return st if settled and server_pods(core_v1, namespace) == {"base": 0, "speculative": 1} else None
+
+
+@pytest.mark.parametrize("replicas", [4, 1])
+def test_a_new_drafter_of_a_walked_fleet_walks_back_before_any_speculative_pod_of_the_new_template_exists(
+    operator: Any, sims: Any, custom_objects: Any, core_v1: Any, apps_v1: Any, namespace: str, replicas: int
+) -> None:
+    """4 replicas: never fewer than 3 Ready behind the stable Service. 1 replica (keepBaseWarm false, so only the
+    promoted speculative server runs): the base loads first and the old speculative server answers until then."""
+    from test_operator_e2e import event_reasons
+
+    max_unavailable = 1
+    _, _, first = start_fleet(operator, sims, custom_objects, core_v1, namespace, replicas)
+    try:
+        wait_until(lambda: arrived(custom_objects, core_v1, namespace, replicas), timeout=240, message="the fleet rolled out")
+    finally:
+        first.stop()
+    old_revision = fleet_status(custom_objects, namespace)["probe"]["revision"]
+    old_hash = apps_v1.read_namespaced_deployment(f"{FLEET}-spec", namespace).spec.template.metadata.annotations[m.ANNOTATION_TEMPLATE_HASH]
+    recorder = Recorder(core_v1, custom_objects, namespace)
+    try:
+        custom_objects.patch_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, PLURAL, FLEET, {"spec": {"drafter": {"path": "eagle3/llama-v2"}}}
+        )
+        st = wait_until(
+            lambda: (s := arrived(custom_objects, core_v1, namespace, replicas)) and s["probe"]["revision"] != old_revision and s,
+            timeout=300,
+            message="the new revision rolled out",
+        )
+    finally:
+        recorder.stop()
+    assert st["phase"] == "Promoted" and st["rolloutProgress"] == f"{replicas}/{replicas} speculative"
+    assert server_pods(core_v1, namespace) == {"base": 0, "speculative": replicas}
+
+    # Replayed from the API server's watch streams, in resourceVersion order.
+    with recorder.lock:
+        events = sorted(recorder.events, key=lambda e: e[0])
+    pods: dict[str, tuple] = {}
+    selector: dict[str, str] | None = None
+    fewest, most, walk_back_finished, phases = 10**9, 0, False, []
+    for _, kind, kind_of_event, data in events:
+        if kind == "pod":
+            if kind_of_event == "DELETED":
+                pods.pop(data[0], None)
+            else:
+                pods[data[0]] = data
+        elif kind == "svc":
+            selector = data
+        elif not phases or phases[-1] != data:
+            phases.append(data)
+        speculative = [p for p in pods.values() if p[3].get(m.LABEL_VARIANT) == "speculative"]
+        old = [p for p in speculative if p[4] == old_hash]
+        new = [p for p in speculative if p[4] != old_hash]
+        assert not (old and new), f"speculative pods of the old and the new template existed together: {len(old)} old, {len(new)} new"
+        if new:
+            walk_back_finished = True
+        assert not (old and walk_back_finished), "a speculative pod of the old template came back"
+        most = max(most, sum(1 for p in pods.values() if p[1]))
+        if selector:
+            fewest = min(fewest, sum(1 for p in pods.values() if p[2] and all(p[3].get(k) == v for k, v in selector.items())))
+    assert walk_back_finished
+    floor = max(1, replicas - max_unavailable)
+    assert fewest >= floor, f"only {fewest} Ready servers behind the stable Service during the revision change"
+    budget = replicas if replicas >= 2 else 2  # maxSurge 0; a one-server trial runs two servers
+    assert most <= budget, f"{most} servers held or asked for GPUs at once"
+    assert phases[:2] == ["Promoted", "Deploying"] and "Probing" in phases and phases[-1] == "Promoted", phases
+    reasons = event_reasons(core_v1, namespace, FLEET)
+    assert reasons.count("SpeedupConfirmed") == 2
+    if replicas >= 2:
+        assert reasons.count("WalkStarted") >= 3  # out; back; out again

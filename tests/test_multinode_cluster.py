@@ -270,3 +270,66 @@ def test_without_the_crd_a_multi_node_spec_is_refused_and_with_it_leaderworkerse
         assert leader and worker and leader != worker
         for node in (leader, worker):
             assert core_v1.read_node(node).metadata.labels["nvidia.com/gpu.family"] == "blackwell"
+
+
+def test_nodes_1_to_2_replaces_the_deployments_with_leaderworkersets_and_deletes_them_once_a_group_serves(
+    standin_crd: Any, operator: Operator, sims: Any, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
+) -> None:
+    standin_crd()
+    base = sims.start("llama31-8b-base", time_scale=10.0)
+    spec_sim = sims.start("llama31-8b-eagle3", time_scale=10.0)
+    operator.map("grow-base", base.url)
+    operator.map("grow-spec", spec_sim.url)
+    operator.start()
+    # maxSurge 1 >= replicas 1: room for the new kind beside the old (reconcile/retire.py).
+    cr = example("llama31-8b-eagle3.yaml", "grow", namespace, annotations=compatible_annotations(), rollout__maxSurge=1)
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    wait_until(lambda: status(custom_objects, namespace, "grow").get("phase") in ("Promoted", "RolledBack"), timeout=180, message="a decision")
+    stable_before = core_v1.read_namespaced_service("grow", namespace).spec.selector
+    assert m.LABEL_ROLE not in stable_before
+    custom_objects.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "grow", {"spec": {"resources": {"nodes": 2, "gpus": 4, "gpuFamily": "blackwell"}}}
+    )
+
+    def both_sets() -> list | None:
+        found = custom_objects.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, m.LWS_PLURAL)["items"]
+        return found if {o["metadata"]["name"] for o in found} == {"grow-base", "grow-spec"} else None
+
+    wait_until(both_sets, timeout=60, message="LeaderWorkerSets grow-base and grow-spec")
+    time.sleep(3)  # a few operator steps with no group pod yet
+    assert {d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items} == {"grow-base", "grow-spec"}
+    assert core_v1.read_namespaced_service("grow", namespace).spec.selector == stable_before  # still the Deployments' pods
+    st = status(custom_objects, namespace, "grow")
+    assert "come up beside the Deployments" in st["message"], st["message"]
+
+    owner = get(custom_objects, namespace, "grow")
+    for lws_name in ("grow-base", "grow-spec"):
+        play_the_lws_controller(core_v1, custom_objects, namespace, owner, lws_name)
+
+    def leader_ready() -> bool:
+        pod = core_v1.read_namespaced_pod("grow-base-0", namespace)
+        return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+    # Poll until the Deployments are gone: they must still exist while no base group is Ready.
+    deadline = time.monotonic() + 90
+    while apps_v1.list_namespaced_deployment(namespace).items:
+        assert time.monotonic() < deadline, "the Deployments were never deleted"
+        ready_now = leader_ready()
+        selector = core_v1.read_namespaced_service("grow", namespace).spec.selector
+        if not ready_now:
+            assert selector == stable_before, f"the stable Service left the Deployments' pods before a group was Ready: {selector}"
+        time.sleep(0.2)
+    assert leader_ready(), "the Deployments were deleted before the base group was Ready"
+    selector = wait_until(
+        lambda: (s := core_v1.read_namespaced_service("grow", namespace).spec.selector).get(m.LABEL_ROLE) and s, timeout=30, message="leaders"
+    )
+    assert selector[m.LABEL_ROLE] == m.ROLE_LEADER and selector[m.LABEL_INSTANCE] == "grow"
+    # The garbage collector took the Deployments' pods; the groups' pods stay.
+    wait_until(
+        lambda: all(
+            m.LABEL_ROLE in (p.metadata.labels or {}) for p in core_v1.list_namespaced_pod(namespace, label_selector=f"{m.LABEL_INSTANCE}=grow").items
+        ),
+        timeout=60,
+        message="the Deployments' pods gone",
+    )
+    wait_until(lambda: "resources.nodes changed" not in status(custom_objects, namespace, "grow").get("message", ""), timeout=30, message="status")

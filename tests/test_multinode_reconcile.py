@@ -49,6 +49,9 @@ class GroupWorld:
         plan = reconcile(self.spec, obs, copy.deepcopy(self.status), NOW)
         for obj in plan.apply:
             obj = copy.deepcopy(obj)
+            if m.is_replicas_only(obj):  # a merge patch of spec.replicas (kubewriter): the templates stay
+                self.children[(obj["kind"], obj["metadata"]["name"])]["spec"]["replicas"] = obj["spec"]["replicas"]
+                continue
             obj["metadata"]["ownerReferences"] = [{"uid": UID}]
             self.children[(obj["kind"], obj["metadata"]["name"])] = obj
         self.status = plan.status
@@ -209,3 +212,131 @@ def test_group_state_counts_groups_by_their_leaders_for_the_walk() -> None:
     assert rollout.plan_step(rollout.Counts(base=0, speculative=2), fleet, replicas=3, max_surge=0, max_unavailable=1).speculative == 3
     leaving = group_state(2, [pod(0, "leader", True), pod(1, "leader", True, deleting=True)], Variant.SPECULATIVE)
     assert (leaving.pods, leaving.ready, leaving.terminating, leaving.ready_by_index) == (2, 1, 1, (True, False))
+
+
+class KindWorld:
+    """Children of both kinds (by kind and name), as the handlers observe them: the spec's kind as the servers, the
+    other kind as retiring; deleting an object takes its pods with it (the garbage collector)."""
+
+    def __init__(self, spec: dict, name: str = "llama") -> None:
+        self.spec_dict = spec
+        self.name = name
+        self.status: dict = {}
+        self.children: dict[tuple[str, str], dict] = {}
+        self.pods: list[dict] = []
+        self.deleted: list[tuple[str, str]] = []
+
+    def step(self, **observed: Any):
+        spec = parse_spec(self.spec_dict)
+        serving = m.LWS_KIND if m.multi_node(spec) else "Deployment"
+        servers = {n: o for (k, n), o in self.children.items() if k == serving}
+        retiring = {n: o for (k, n), o in self.children.items() if k in ("Deployment", m.LWS_KIND) and k != serving}
+        services = {n: o for (k, n), o in self.children.items() if k == "Service"}
+        obs = Observed(
+            name=self.name,
+            namespace="ns",
+            uid=UID,
+            generation=1,
+            deployments=copy.deepcopy(servers),
+            retiring=copy.deepcopy(retiring),
+            services=copy.deepcopy(services),
+            pods=copy.deepcopy(self.pods),
+            **observed,
+        )
+        plan = reconcile(spec, obs, copy.deepcopy(self.status), NOW)
+        for obj in plan.apply:
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["ownerReferences"] = [{"uid": UID}]
+            self.children[(obj["kind"], obj["metadata"]["name"])] = obj
+        for obj in plan.delete:
+            self.deleted.append((obj["kind"], obj["metadata"]["name"]))
+            self.children.pop((obj["kind"], obj["metadata"]["name"]), None)
+        self.status = plan.status
+        return plan
+
+    def deployment_pod(self, variant: str) -> None:
+        template = self.children[("Deployment", m.child_name(self.name, variant))]["spec"]["template"]
+        status = {"conditions": [{"type": "Ready", "status": "True"}]}
+        if variant == "speculative":
+            status["initContainerStatuses"] = [{"name": m.VALIDATOR_CONTAINER, "state": {"terminated": {"exitCode": 0, "message": COMPATIBLE}}}]
+        meta = {"name": f"{variant}-pod", "labels": dict(template["metadata"]["labels"]), "annotations": dict(template["metadata"]["annotations"])}
+        self.pods.append({"metadata": meta, "status": status})
+
+    def group_pods(self, variant: str) -> None:
+        lwt = self.children[(m.LWS_KIND, m.child_name(self.name, variant))]["spec"]["leaderWorkerTemplate"]
+        for rank in range(lwt["size"]):
+            template = lwt["leaderTemplate"] if rank == 0 else lwt["workerTemplate"]
+            labels = {**template["metadata"]["labels"], m.LWS_LABEL_GROUP_INDEX: "0", m.LWS_LABEL_WORKER_INDEX: str(rank)}
+            meta = {"name": f"{variant}-0-{rank}", "labels": labels, "annotations": dict(template["metadata"]["annotations"])}
+            self.pods.append({"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+
+    def gone(self, kind: str) -> None:
+        """The garbage collector removed the pods of the deleted objects."""
+        self.pods = [p for p in self.pods if (m.LABEL_ROLE in p["metadata"]["labels"]) == (kind == "Deployment")]
+
+
+def one_node(**changes: Any) -> dict:
+    from test_reconcile import llama_spec
+
+    return llama_spec(**{"rollout.keepBaseWarm": False, **changes})
+
+
+def two_nodes(spec: dict) -> dict:
+    spec = copy.deepcopy(spec)
+    spec.setdefault("resources", {}).update({"nodes": 2, "gpus": 4, "gpuFamily": "blackwell"})
+    return spec
+
+
+def test_nodes_1_to_2_with_max_surge_0_deletes_the_deployments_first_and_asks_for_groups_once_their_pods_are_gone() -> None:
+    world = KindWorld(one_node())
+    world.step()
+    world.deployment_pod("base")
+    world.deployment_pod("speculative")
+    world.step()
+    world.spec_dict = two_nodes(world.spec_dict)
+    plan = world.step()
+    assert sorted(world.deleted) == [("Deployment", "llama-base"), ("Deployment", "llama-spec")]
+    groups = {n: o["spec"]["replicas"] for (k, n), o in world.children.items() if k == m.LWS_KIND}
+    assert groups == {"llama-base": 0, "llama-spec": 0}  # the Deployments' pods still hold their GPUs
+    assert "no room for the LeaderWorkerSets beside the Deployments" in plan.status["message"]
+    world.gone("Deployment")
+    plan = world.step()
+    groups = {n: o["spec"]["replicas"] for (k, n), o in world.children.items() if k == m.LWS_KIND}
+    assert groups == {"llama-base": 1, "llama-spec": 1} and not plan.delete
+    assert world.children[("Service", "llama")]["spec"]["selector"][m.LABEL_ROLE] == m.ROLE_LEADER
+    assert "resources.nodes changed" not in plan.status["message"]
+
+
+def test_nodes_1_to_2_with_room_keeps_the_deployments_serving_until_a_group_is_ready_and_back() -> None:
+    world = KindWorld(one_node(**{"rollout.maxSurge": 1}))
+    world.step()
+    world.deployment_pod("base")
+    world.deployment_pod("speculative")
+    world.step()
+    stable = copy.deepcopy(world.children[("Service", "llama")])
+    world.spec_dict = two_nodes(world.spec_dict)
+    plan = world.step()
+    assert not plan.delete and not world.deleted
+    groups = {n: o["spec"]["replicas"] for (k, n), o in world.children.items() if k == m.LWS_KIND}
+    assert groups == {"llama-base": 1, "llama-spec": 1}  # beside the Deployments
+    assert world.children[("Service", "llama")] == stable  # still the Deployments' pods
+    assert "come up beside the Deployments" in plan.status["message"]
+    world.group_pods("speculative")
+    assert not world.step().delete  # a speculative group Ready is not the base that serves while undecided
+    world.group_pods("base")
+    plan = world.step()
+    assert sorted(world.deleted) == [("Deployment", "llama-base"), ("Deployment", "llama-spec")]
+    assert world.children[("Service", "llama")]["spec"]["selector"] == {**m.selector_labels("llama", "base"), m.LABEL_ROLE: m.ROLE_LEADER}
+    # Services first, then the deletions (handlers.execute deletes after the applies).
+    assert any(o["kind"] == "Service" and o["metadata"]["name"] == "llama" for o in plan.apply)
+    world.gone("Deployment")
+    # And back to one node: the LeaderWorkerSets serve until a Deployment's base pod is Ready.
+    world.deleted = []
+    world.spec_dict = one_node(**{"rollout.maxSurge": 1})
+    plan = world.step()
+    assert not plan.delete and ("Deployment", "llama-base") in world.children
+    assert world.children[("Service", "llama")]["spec"]["selector"][m.LABEL_ROLE] == m.ROLE_LEADER
+    world.deployment_pod("base")
+    plan = world.step()
+    assert sorted(world.deleted) == [(m.LWS_KIND, "llama-base"), (m.LWS_KIND, "llama-spec")]
+    assert world.children[("Service", "llama")]["spec"]["selector"] == m.selector_labels("llama", "base")

@@ -64,6 +64,9 @@ class World:
         plan = reconcile(self.spec, obs, copy.deepcopy(self.status), now)
         for obj in plan.apply:
             obj = copy.deepcopy(obj)
+            if m.is_replicas_only(obj):  # a merge patch of spec.replicas (kubewriter): the template stays
+                self.deployments[obj["metadata"]["name"]]["spec"]["replicas"] = obj["spec"]["replicas"]
+                continue
             obj["metadata"]["ownerReferences"] = [{"uid": UID, "kind": "SpeculativeServer", "name": self.name}]
             {"Deployment": self.deployments, "ConfigMap": self.config_maps}.get(obj["kind"], self.services)[obj["metadata"]["name"]] = obj
         self.status = plan.status
@@ -291,10 +294,30 @@ def test_unrelated_edits_keep_the_decision_drafter_edits_revalidate_and_reprobe(
     same = world.step()
     assert same.revision == promoted.revision
     assert same.status["phase"] == "Promoted" and same.events == [] and same.status["observedGeneration"] == 2
+    # Both pod templates changed (podMetadata). The base's is applied; the speculative server keeps its old template
+    # (and the traffic) until the base serves on its new one and the stable Service selects it.
+    assert world.template("base")["metadata"]["annotations"]["owner"] == "team-a"
+    assert all(o["metadata"]["name"] != "llama-spec" for o in same.apply)
+    assert "owner" not in world.template("speculative")["metadata"]["annotations"]
+    world.pods = [p for p in world.pods if p["metadata"]["labels"][m.LABEL_VARIANT] != "base"]
+    world.add_pod("base", ready=True)
+    switched = world.step()
+    assert [(e.reason, e.message) for e in switched.events] == [("TrafficSwitched", "stable Service llama now selects the base server")]
+    assert "owner" not in world.template("speculative")["metadata"]["annotations"]
+    assert world.step().status["phase"] == "Promoted"  # the Service selects the base: the template changes now
+    assert world.template("speculative")["metadata"]["annotations"]["owner"] == "team-a"
     base_template = world.template("base")
+    world.probe_running = None
+    # The speculative pod of the podMetadata edit, Ready: the promoted server serves again.
+    world.pods = [p for p in world.pods if p["metadata"]["labels"][m.LABEL_VARIANT] != "speculative"]
+    world.add_pod("speculative", ready=True, init=(0, COMPATIBLE))
+    world.step()
+    assert world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
     world.spec_dict = llama_spec(**{"drafter.numSteps": 4, "monitor.window": 8, "podMetadata": {"annotations": {"owner": "team-a"}}})
     world.generation = 3
-    world.probe_running = None
+    held = world.step()  # the old speculative server answers until the base takes the traffic
+    assert held.status["phase"] == "Deploying" and held.status["reason"] == "WalkingToBase" and held.status["activeVariant"] == "base"
+    assert world.template("speculative")["metadata"]["annotations"][m.ANNOTATION_REVISION] == promoted.revision
     changed = world.step()
     assert world.template("base") == base_template  # the base keeps serving: its pod is not restarted
     assert changed.revision != promoted.revision

@@ -170,6 +170,8 @@ def test_turning_load_aware_off_restores_the_plain_speculative_server_and_its_de
     world.generation += 1
     off = world.step()
     assert off.status["phase"] == "RolledBack" and off.status["reason"] == "SpeedupBelowThreshold"  # the plain decision
+    assert off.status["activeVariant"] == "base" and "--speculative-adaptive" in spec_command(world)  # traffic leaves it first
+    off = world.step()  # the stable Service selects the base: the speculative template changes
     assert "--speculative-adaptive" not in spec_command(world)  # the plain speculative server
     assert m.ANNOTATION_ADAPTIVE_CONFIG not in world.template("speculative")["metadata"]["annotations"]
     assert off.status["activeVariant"] == "base" and not off.start_probe

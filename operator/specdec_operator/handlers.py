@@ -203,7 +203,7 @@ class Runtime:
         if refused is not None:  # nothing is created or changed: the children that exist stay as they are
             await self.fail(body, state, Reason.LEADER_WORKER_SET_MISSING, refused)
             return None
-        observed = self.gather(key, state, body, pods, deployments, services, scrape, config_maps or [])
+        observed = self.gather(key, state, body, pods, deployments, services, scrape, config_maps or [], multi_node=m.multi_node(spec))
         try:
             plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
@@ -235,8 +235,13 @@ class Runtime:
         services: list,
         scrape: dict[str, Sample] | None,
         config_maps: list,
+        multi_node: bool = False,
     ) -> Observed:
-        observed_deployments = {d["metadata"]["name"]: d for d in deployments}
+        # A variant's server is a Deployment or (multi-node) a LeaderWorkerSet of the same name; those of the kind
+        # the spec does not use are retiring (a resources.nodes change: reconcile/retire.py).
+        serving_kind = m.LWS_KIND if multi_node else "Deployment"
+        observed_deployments = {d["metadata"]["name"]: d for d in deployments if d.get("kind", "Deployment") == serving_kind}
+        retiring = {d["metadata"]["name"]: d for d in deployments if d.get("kind", "Deployment") != serving_kind}
         observed_services = {s["metadata"]["name"]: s for s in services}
         observed_config_maps = {c["metadata"]["name"]: c for c in config_maps}
         by_kind = {"Deployment": observed_deployments, m.LWS_KIND: observed_deployments, "ConfigMap": observed_config_maps}
@@ -250,6 +255,7 @@ class Runtime:
             deployments=observed_deployments,
             services=observed_services,
             config_maps=observed_config_maps,
+            retiring=retiring,
             pods=list(pods),
             probe_running=self.probes.running(key),
             probe_result=self.probes.finished(key),
@@ -290,6 +296,10 @@ class Runtime:
             for obj, taken_by in zip(wave, results):
                 if taken_by is not None:
                     self._found_foreign(key, state, obj, taken_by, logger)
+        # The old kind's servers after a resources.nodes change (retire.py): after the applies, so the Services
+        # already select the new kind when the old servers go.
+        for obj in plan.delete:
+            await self.writer.delete(obj)
         state.written, state.status = written, plan.new_status
         for event in plan.events:
             await self.writer.post_event(body, event)

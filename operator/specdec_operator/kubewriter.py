@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
+from . import manifests as m
 from .metrics import OperatorMetrics
 from .reconcile import Event
 from .reconcile.diff import owned_by
@@ -108,6 +109,18 @@ class KubernetesWriter:
             existing = self._read(obj)
             if existing is not None and not owned_by(existing, uid):
                 return existing
+        if m.is_replicas_only(obj):
+            # Only the count changes (a fleet walking back before its speculative template changes): an apply of
+            # this body would drop the template the field manager owns.
+            self.request(
+                "PATCH",
+                child_path(obj["kind"]),
+                {"namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]},
+                query=[("fieldManager", FIELD_MANAGER)],
+                content_type="application/merge-patch+json",
+                body={"spec": {"replicas": obj["spec"]["replicas"]}},
+            )
+            return None
         kopf.append_owner_reference(obj, owner=owner)
         # The body is serialized here (apply_body): the client would send json.dumps' ASCII output.
         self.request(
@@ -119,6 +132,22 @@ class KubernetesWriter:
             body=apply_body(obj),
         )
         return None
+
+    def _delete(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if meta.get("uid"):  # this very object, not one made since under the same name
+            body["preconditions"] = {"uid": meta["uid"]}
+        try:
+            self.request("DELETE", child_path(obj["kind"]), {"namespace": meta["namespace"], "name": meta["name"]}, body=body)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone already, or replaced (the precondition failed)
+                raise
+
+    async def delete(self, obj: dict[str, Any]) -> None:
+        """Delete one server object of the kind the spec no longer uses (retire.py); its pods go with it (garbage
+        collection in the background)."""
+        await asyncio.to_thread(self._delete, obj)
 
     def _read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -485,6 +485,24 @@ def with_replicas(server: dict[str, Any], replicas: int) -> dict[str, Any]:
     return {**server, "spec": {**server["spec"], "replicas": replicas}}
 
 
+def replicas_only(kind: str, name: str, namespace: str, variant: str | Variant, replicas: int) -> dict[str, Any]:
+    """A server object (Deployment or LeaderWorkerSet) that says only its spec.replicas: written as a merge patch
+    of that one field, so the pod template it has stays (a fleet walking back before its speculative template
+    changes scales the old template's servers down; the operator's index keeps no template to re-apply)."""
+    api_version = "apps/v1" if kind == "Deployment" else LWS_API_VERSION
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": child_name(name, variant), "namespace": namespace},
+        "spec": {"replicas": replicas},
+    }
+
+
+def is_replicas_only(obj: dict[str, Any]) -> bool:
+    """Whether a desired server object is replicas_only's (to be merge-patched, never applied)."""
+    return obj.get("kind") in ("Deployment", LWS_KIND) and set(obj.get("spec") or {}) == {"replicas"}
+
+
 def leader_template(server: dict[str, Any]) -> dict[str, Any]:
     """The leader's pod template of a rendered LeaderWorkerSet (its hash is the group's: the leader serves)."""
     return server["spec"]["leaderWorkerTemplate"]["leaderTemplate"]

@@ -91,16 +91,18 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
   verbs: ["update"]
 {{- end }}
 # <name>-base and <name>-spec, owned by their SpeculativeServer: server-side apply (a patch, authorized as
-# create when it creates), a read before taking a name, Kopf's label-filtered watch. Deletion is left to the
-# garbage collector through owner references: no delete verb.
+# create when it creates), a read before taking a name, Kopf's label-filtered watch. Delete: only when
+# resources.nodes changes between 1 and more, of the ones it owns (owner reference, labels, uid precondition) once
+# LeaderWorkerSets replace them; otherwise the garbage collector removes them through their owner references.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Multi-node servers (resources.nodes > 1): <name>-base and <name>-spec as LeaderWorkerSets
-# (sigs.k8s.io/lws), applied, read and watched like the Deployments; unused in a cluster without that CRD.
+# (sigs.k8s.io/lws), applied, read and watched like the Deployments, deleted like them when resources.nodes goes
+# back to 1; unused in a cluster without that CRD.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # <name>-base, <name>-spec and the stable <name>, whose selector is the promotion and the rollback.
 - apiGroups: [""]
   resources: ["services"]

@@ -34,9 +34,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from .. import manifests as m
-from ..api import Phase, SpeculativeServerSpec, SpeculativeServerStatus, Variant
+from ..api import Phase, ProbeStatus, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
 from ..resource import speculative_revision
-from ..textutil import parse_time
+from ..textutil import clip, parse_time
+from . import retire
 from .diff import merge_patch, needs_apply, owned_by
 from .events import transition_events
 from .lifecycle import (
@@ -125,6 +126,9 @@ def reconcile(
     """
     prev = read_status(status)
     revision = speculative_revision(spec)
+    retirement = retire.retiring(spec, observed)
+    if retirement is not None:  # resources.nodes changed kind: the lifecycle sees the new kind's pods only
+        observed = retire.without_old_pods(observed, retirement)
     trial = settle_trial(
         spec, stored_probe(prev, revision), observed.probe_result if observed.probe_result and observed.probe_result.revision == revision else None
     )
@@ -133,13 +137,17 @@ def reconcile(
     decision = settle_decision(facts, validation)
     decision, monitor = apply_drift(facts, decision)
     replicas = plan_replicas(facts, validation, decision)
-    active = choose_active(facts, decision)
+    active = choose_active(facts, decision, replicas.holding)
     both = selects_both(facts, replicas, decision, validation)
-    outcome = settle_phase(facts, validation, decision)
+    outcome = walking_back(facts, replicas, decision, settle_phase(facts, validation, decision))
     conditions = build_conditions(facts, validation, decision, replicas, active, outcome, both)
     new_status = build_status(facts, validation, decision, monitor, active, outcome, conditions, replicas)
 
     desired = desired_children(facts, replicas, active, both)
+    delete: list[dict[str, Any]] = []
+    if retirement is not None:
+        desired, delete, note = retire.adjust(retirement, desired, observed, spec, replicas.state, active)
+        new_status = new_status.model_copy(update={"message": clip(f"{note}; {new_status.message or ''}")})
     to_apply = [obj for obj in desired if obj["metadata"]["name"] not in facts.conflicts and needs_apply(obj, _observed_child(facts.observed, obj))]
     probe_running = observed.probe_running
     start_probe = outcome.probing and probe_running != facts.probe_id
@@ -149,13 +157,15 @@ def reconcile(
         revision=revision,
         apply=to_apply,
         new_status=new_status,
-        events=transition_events(prev, new_status, name=observed.name, workloads=workloads, probe_starting=start_probe),
+        events=transition_events(
+            prev, new_status, name=observed.name, workloads=workloads, probe_starting=start_probe, replicas=spec.replicas, both=both
+        ),
         start_probe=start_probe,
         cancel_probe=probe_running is not None
         and (probe_running != facts.probe_id or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
         monitor_due=monitor_due,
         next_scrape_in=next_scrape_in,
-        settled=_settled(facts, outcome, to_apply, replicas),
+        settled=_settled(facts, outcome, to_apply, replicas) and retirement is None,
         # Services before Deployments when one step both re-points an existing Service and changes a Deployment
         # (switch, then scale the loser to 0): traffic must leave a server before it goes away.
         switch_first=any(o["kind"] in ("Deployment", m.LWS_KIND) for o in to_apply)
@@ -163,22 +173,44 @@ def reconcile(
         desired=desired,
         probe_id=facts.probe_id,
         adaptive_probe=trial is not None,
+        delete=delete,
     )
+
+
+def walking_back(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, outcome: PhaseOutcome) -> PhaseOutcome:
+    """The phase of an undecided revision while the fleet walks back before the speculative template changes
+    (plan_replicas): Deploying, reason WalkingToBase, saying so (the validator and the probe wait for the template)."""
+    if not fleet.holding or decision is not None or outcome.phase in (Phase.FAILED, Phase.INVALID):
+        return outcome
+    state = fleet.state
+    message = (
+        f"walking back to the base before the speculative pod template changes (revision {facts.revision}): "
+        f"{state.base.ready} base and {state.speculative.ready} speculative servers Ready "
+        f"(base {fleet[BASE]}, speculative {fleet[SPECULATIVE]} asked); the new revision's canary starts when no "
+        "speculative server of the old template is left"
+    )
+    return PhaseOutcome(Phase.DEPLOYING, Reason.WALKING_TO_BASE, message)
 
 
 def desired_children(facts: Facts, replicas: Fleet | dict[Variant, int], active: Variant, both: bool = False) -> list[dict[str, Any]]:
     """The five children, Services first (see Plan.switch_first), and during load-aware speculation the adaptive
-    table's ConfigMap before them all (the speculative pod mounts it)."""
+    table's ConfigMap before them all (the speculative pod mounts it).
+
+    While a fleet walks back before its speculative template changes (Fleet.holding), the speculative server is
+    replicas-only (manifests.replicas_only): its count changes, its old template stays."""
     name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
+    holding = isinstance(replicas, Fleet) and replicas.holding
+    kind = m.LWS_KIND if facts.leader_worker_sets else "Deployment"
+    held = [m.replicas_only(kind, name, namespace, SPECULATIVE.value, replicas[SPECULATIVE])] if holding else []
     if facts.leader_worker_sets:  # multi-node: one LeaderWorkerSet per variant, its Services selecting the leaders
-        groups = [m.with_replicas(facts.leader_worker_sets[v], replicas[v]) for v in (BASE, SPECULATIVE)]
+        groups = [m.with_replicas(facts.leader_worker_sets[v], replicas[v]) for v in (BASE, SPECULATIVE) if not (holding and v == SPECULATIVE)]
         leaders = [
             m.service(name, namespace, BASE.value, settings=ms, leaders_only=True),
             m.service(name, namespace, SPECULATIVE.value, settings=ms, leaders_only=True),
             m.service(name, namespace, None, active=active.value, settings=ms, both=both, leaders_only=True),
         ]
         tables = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
-        return tables + leaders + groups
+        return tables + leaders + groups + held
     deployments = [
         m.deployment(
             name,
@@ -191,6 +223,7 @@ def desired_children(facts: Facts, replicas: Fleet | dict[Variant, int], active:
             template=facts.templates[variant],
         )
         for variant in (BASE, SPECULATIVE)
+        if not (holding and variant == SPECULATIVE)
     ]
     services = [
         m.service(name, namespace, BASE.value, settings=ms),
@@ -198,7 +231,7 @@ def desired_children(facts: Facts, replicas: Fleet | dict[Variant, int], active:
         m.service(name, namespace, None, active=active.value, settings=ms, both=both),
     ]
     config_maps = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
-    return config_maps + services + deployments
+    return config_maps + services + deployments + held
 
 
 def _observed_child(observed: Observed, obj: dict[str, Any]) -> dict[str, Any] | None:

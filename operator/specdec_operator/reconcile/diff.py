@@ -33,6 +33,8 @@ def needs_apply(desired: dict[str, Any], observed: dict[str, Any] | None) -> boo
     if desired["kind"] == "ConfigMap":
         return desired.get("data") != observed.get("data")
     want, have = desired.get("spec") or {}, observed.get("spec") or {}
+    if m.is_replicas_only(desired):
+        return want.get("replicas") != have.get("replicas")
     if desired["kind"] == "Deployment":
         if want.get("replicas") != have.get("replicas"):
             return True
@@ -55,6 +57,20 @@ def needs_apply(desired: dict[str, Any], observed: dict[str, Any] | None) -> boo
         return [(p.get("name"), p.get("port"), p.get("targetPort")) for p in spec.get("ports") or []]
 
     return ports(want) != ports(have)
+
+
+def template_differs(desired: dict[str, Any], observed: dict[str, Any]) -> bool:
+    """Whether a server object (Deployment or LeaderWorkerSet) runs another pod template than the desired one (by
+    the template hash annotations, which the operator's slim index keeps)."""
+    want, have = desired.get("spec") or {}, observed.get("spec") or {}
+    if desired["kind"] == "Deployment":
+        want_hash = annotations_of(want["template"]).get(m.ANNOTATION_TEMPLATE_HASH)
+        return want_hash != annotations_of(have.get("template") or {}).get(m.ANNOTATION_TEMPLATE_HASH)
+    want_lwt, have_lwt = want["leaderWorkerTemplate"], have.get("leaderWorkerTemplate") or {}
+    return want_lwt.get("size") != have_lwt.get("size") or any(
+        annotations_of(want_lwt[t]).get(m.ANNOTATION_TEMPLATE_HASH) != annotations_of(have_lwt.get(t) or {}).get(m.ANNOTATION_TEMPLATE_HASH)
+        for t in ("leaderTemplate", "workerTemplate")
+    )
 
 
 def merge_patch(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:

@@ -17,11 +17,19 @@ from .pods import finding_summary
 
 
 def transition_events(
-    prev: SpeculativeServerStatus, new: SpeculativeServerStatus, *, name: str, workloads: list[str], probe_starting: bool = False
+    prev: SpeculativeServerStatus,
+    new: SpeculativeServerStatus,
+    *,
+    name: str,
+    workloads: list[str],
+    probe_starting: bool = False,
+    replicas: int = 1,
+    both: bool = False,
 ) -> list[Event]:
     """The Events for the step from ``prev`` (stored) to ``new``; ``probe_starting``: the step starts a probe.
 
-    ``name`` and ``workloads`` only word them."""
+    ``name``, ``workloads``, ``replicas`` (spec.replicas) and ``both`` (the stable Service selects both variants
+    while a fleet walks) only word them."""
     events: list[Event] = []
     if new.validation is not None and not _validated(prev.validation, new.validation.revision):
         events.append(_validation_event(new.validation))
@@ -45,11 +53,25 @@ def transition_events(
             Event("Normal", Reason.PROBE_STARTED, f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})")
         )
     if prev.active_variant and new.active_variant and prev.active_variant != new.active_variant and new.reason != Reason.NAME_CONFLICT:
-        events.append(Event("Normal", Reason.TRAFFIC_SWITCHED, f"stable Service {name} now selects the {new.active_variant} server"))
+        events.append(Event("Normal", Reason.TRAFFIC_SWITCHED, _switched_message(new, name, replicas, both)))
     events.extend(_walk_events(prev, new))
     if new.phase == Phase.FAILED and (prev.phase, prev.reason, prev.message) != (new.phase, new.reason, new.message):
         events.append(Event("Warning", new.reason or Phase.FAILED, new.message or ""))
     return events
+
+
+def _switched_message(new: SpeculativeServerStatus, name: str, replicas: int, both: bool) -> str:
+    """What the stable Service selects now: one server's variant, or a fleet's, with how far its walk is."""
+    variant = str(new.active_variant or "")
+    if replicas < 2:
+        return f"stable Service {name} now selects the {variant} server"
+    progress = (
+        f"{new.rollout_progress}, {new.ready_replicas or 0} servers Ready" if new.rollout_progress else f"{new.ready_replicas or 0} servers Ready"
+    )
+    if both:
+        other = "base" if variant == "speculative" else "speculative"
+        return f"stable Service {name} now selects the fleet's {variant} servers and, while the fleet walks, its {other} servers ({progress})"
+    return f"stable Service {name} now selects the fleet's {variant} servers ({progress})"
 
 
 def _sick_pod_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus) -> list[Event]:

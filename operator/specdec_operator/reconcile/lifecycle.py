@@ -40,7 +40,7 @@ from ..loadaware import Trial, never_slower, trial_for, unsupported_note
 from ..monitor import observe_fleet
 from ..textutil import clip, rfc3339
 from .conditions import Conditions
-from .diff import labels_of, owned_by
+from .diff import labels_of, owned_by, template_differs
 from .model import Observed, Settings
 from .pods import (
     VALIDATING_MESSAGE,
@@ -346,6 +346,9 @@ class Fleet:
     state: rollout.FleetState
     counts: dict[Variant, int]  # the next spec.replicas of each Deployment
     toward: Variant | None = None  # the variant a decided fleet walks to (None before a decision)
+    # Walking back to the base before the speculative template changes (old_speculative_servers): the speculative
+    # server keeps its old template (a replicas-only write) until this walk has finished.
+    holding: bool = False
 
     def __getitem__(self, variant: Variant) -> int:
         return self.counts[variant]
@@ -381,17 +384,67 @@ def fleet_state(facts: Facts) -> rollout.FleetState:
     return rollout.FleetState(base=variants[BASE], speculative=variants[SPECULATIVE])
 
 
+def old_speculative_servers(facts: Facts) -> int:
+    """Servers the speculative Deployment (or LeaderWorkerSet) asks for on a pod template older than this step's.
+
+    Changing the template of a server that serves would replace its pods at once (a Deployment's Recreate), so
+    while this is more than 0 and the base alone cannot serve, the fleet first walks back to the base
+    (plan_replicas) and the template waits.
+    0 when the speculative server does not exist, is not ours, is of the other kind (resources.nodes changed:
+    the other kind's servers are replaced beside, see retiring_servers) or already runs this step's template.
+    """
+    server = facts.observed.deployments.get(m.child_name(facts.name, SPECULATIVE.value))
+    if server is None or not owned_by(server, facts.observed.uid):
+        return 0
+    if facts.leader_worker_sets:
+        desired: dict[str, Any] = facts.leader_worker_sets[SPECULATIVE]
+    else:
+        desired = {"kind": "Deployment", "spec": {"template": facts.templates[SPECULATIVE]}}
+    if server.get("kind", desired["kind"]) != desired["kind"] or not template_differs(desired, server):
+        return 0
+    asked = (server.get("spec") or {}).get("replicas")
+    return 1 if asked is None else int(asked)
+
+
+def _walked_back_one_server(facts: Facts) -> bool:
+    """A one-server resource may change its speculative template once the base serves and the stable Service
+    selects it (observed): the old speculative server answered until then."""
+    stable = facts.observed.services.get(facts.name)
+    return facts.servers[BASE].ready and stable is not None and not m.selects_both(stable) and m.service_variant(stable) == BASE.value
+
+
 def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None) -> Fleet:
     """The next spec.replicas of the two Deployments.
 
     One server (spec.replicas 1): a base and a speculative server while undecided, the loser scaled to 0 once the
     winner serves (unless rollout.keepBaseWarm). A fleet: one step of rollout.plan_step toward the goal (the canary
     while undecided, every server on the winner after the decision), within rollout.maxSurge/maxUnavailable.
+
+    Before the speculative pod template changes (a new drafter, any field the speculative pod is made of) while
+    old speculative servers run and the Ready base servers alone are fewer than max(1, N - maxUnavailable), the
+    fleet walks back to the base first (the walk of a rollback, within maxSurge/maxUnavailable) and the
+    speculative servers keep their old template until the base servers keep that floor; then the template changes
+    (its Recreate replaces what is left of the old servers) and gets its canary (or, for a decided revision, its
+    walk) as usual. A one-server resource keeps its
+    old speculative server until its base serves and the stable Service selects the base.
     """
     n = facts.spec.replicas
     state = fleet_state(facts)
     broken = is_invalid(validation) or never_started(decision)
     toward = None if decision is None and not broken else (SPECULATIVE if is_promoted(decision) and not broken else BASE)
+    old = old_speculative_servers(facts)
+    if n == 1 and old and not _walked_back_one_server(facts):
+        held = rollout.Counts(base=1, speculative=old)
+        return Fleet(n, held, state, {BASE: 1, SPECULATIVE: old}, None, holding=True)
+    ro = facts.spec.rollout
+    if n >= 2 and old and state.base.ready < max(1, rollout.floor(n, ro.max_unavailable)):
+        # The old speculative servers may all go at once (the template change) only when the Ready base servers
+        # alone keep the floor: a canary beside N - 1 base servers is replaced at once, a walked fleet walks back.
+        after = rollout.canary_goal(n, ro.max_surge) if toward is None else rollout.walk_goal(n, toward)
+        # The walk back ends at the base servers the next goal keeps, and never below the floor of Ready servers.
+        back = rollout.Counts(base=max(after.base, rollout.floor(n, ro.max_unavailable), 1), speculative=0)
+        counts = rollout.plan_step(back, state, replicas=n, max_surge=ro.max_surge, max_unavailable=ro.max_unavailable)
+        return Fleet(n, back, state, {BASE: counts.base, SPECULATIVE: counts.speculative}, BASE, holding=True)
     if n == 1:
         replicas = {BASE: 1, SPECULATIVE: 1}
         if broken:
@@ -412,9 +465,12 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
     return Fleet(n, goal, state, {BASE: counts.base, SPECULATIVE: counts.speculative}, toward)
 
 
-def choose_active(facts: Facts, decision: ProbeStatus | None) -> Variant:
-    """The server the stable Service selects: the decided one, unless it cannot answer and the other can."""
-    desired = SPECULATIVE if is_promoted(decision) else BASE
+def choose_active(facts: Facts, decision: ProbeStatus | None, holding: bool = False) -> Variant:
+    """The server the stable Service selects: the decided one, unless it cannot answer and the other can.
+
+    holding: the speculative servers keep an old template until the fleet has walked back (plan_replicas): the
+    base, as soon as it serves on its current template (an older one is being replaced too)."""
+    desired = SPECULATIVE if is_promoted(decision) and not (holding and facts.servers[BASE].ready) else BASE
     if facts.servers[desired].any_ready:
         return desired
     stable = facts.observed.services.get(facts.name)
@@ -441,6 +497,8 @@ def selects_both(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, valid
     """
     if fleet.replicas < 2 or facts.conflicts or is_invalid(validation):
         return False
+    if fleet.holding:  # walking back before the speculative template changes: its old servers answer meanwhile
+        return facts.servers[BASE].any_ready and facts.servers[SPECULATIVE].any_ready
     if decision is None:
         return facts.servers[SPECULATIVE].ready and facts.servers[BASE].any_ready
     if not fleet.walks or fleet.done:
@@ -584,7 +642,10 @@ def build_conditions(
         else:
             reason = Reason.WALKING_TO_SPECULATIVE if replicas.toward == SPECULATIVE else Reason.WALKING_TO_BASE
             asked = f"base {replicas[BASE]}, speculative {replicas[SPECULATIVE]}"
-            conditions.set(ConditionType.ROLLED_OUT, "False", reason, f"walking toward {replicas.toward.value}: {progress} (Deployments at {asked})")
+            why = " before the speculative pod template changes" if replicas.holding else ""
+            conditions.set(
+                ConditionType.ROLLED_OUT, "False", reason, f"walking toward {replicas.toward.value}{why}: {progress} (Deployments at {asked})"
+            )
     elif conditions.get(ConditionType.ROLLED_OUT) is not None:
         conditions.remove(ConditionType.ROLLED_OUT)  # a new revision is probed, or the fleet is one server again
     return conditions

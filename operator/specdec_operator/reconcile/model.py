@@ -34,6 +34,9 @@ class Observed:
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name (and the LeaderWorkerSets of multi-node servers)
     services: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name
     config_maps: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name (the adaptive table's)
+    # Server objects of the kind the spec no longer uses (Deployments of a spec now at resources.nodes > 1, or
+    # LeaderWorkerSets of one now at 1), by object name: replaced by the other kind, then deleted (retire.py).
+    retiring: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods labelled with this instance
     probe_running: str | None = None  # what the probe task running in this process measures (Facts.probe_id), if any
     probe_result: ProbeStatus | None = None  # a probe that just finished (its revision set; loadAware set: the adaptive server's)
@@ -83,6 +86,9 @@ class Plan:
     desired: list[dict[str, Any]] = field(default_factory=list)  # all children this object should have
     probe_id: str = ""  # what a probe started now measures: the revision, or "<revision>/adaptive-<table hash>"
     adaptive_probe: bool = False  # the probe to start measures the load-aware (adaptive) speculative server
+    # Server objects of the other kind to delete (a resources.nodes change, retire.py), after this plan's applies:
+    # {"apiVersion", "kind", "metadata": {"name", "namespace", "uid"}}.
+    delete: list[dict[str, Any]] = field(default_factory=list)
 
     @cached_property
     def status(self) -> dict[str, Any]:
