@@ -86,6 +86,11 @@ class FakeProbes:
         self.revision: str | None = None
         self.read_config_map = None  # set by the Operator (a ConfigMap prompt source, read through the API)
 
+        async def no_file_dataset(*args, **kwargs):
+            raise AssertionError("no File prompt source expected")
+
+        self.read_file_dataset = no_file_dataset  # a File source would start a reader pod: none of these specs has one
+
     def running(self, key):
         return self.revision if self.result is None else None
 
@@ -99,7 +104,7 @@ class FakeProbes:
         self.settled += 1
         self.result = self.revision = None
 
-    def start(self, key, spec, revision, on_done, *, probe_id=None, load_aware=None):
+    def start(self, key, spec, revision, on_done, *, probe_id=None, load_aware=None, owner_uid=None):
         self.started.append(revision)
         self.revision = probe_id or revision
 
