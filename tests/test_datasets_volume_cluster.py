@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import yaml
 from kube import wait_until
+from kubernetes import watch
+from kubernetes.client.rest import ApiException
 from test_operator_e2e import (  # noqa: F401
     GROUP,
     PLURAL,
@@ -112,16 +114,42 @@ class ReaderKubelet:
         os.replace(staged, path)  # the operator rereads the file when it changes: never a half-written one
 
     def _loop(self) -> None:
+        # A watch, not a poll: a pod the scheduler refuses (no claim) lives only until the operator reads its
+        # condition and deletes it, which can be shorter than any poll interval. The watch resumes from the last
+        # resourceVersion it saw, so no pod is missed between its streams.
+        resource_version = None
         while not self.stopped.is_set():
             try:
-                pods = self.core_v1.list_namespaced_pod(self.namespace, label_selector=READER_SELECTOR).items
+                if resource_version is None:
+                    listed = self.core_v1.list_namespaced_pod(self.namespace, label_selector=READER_SELECTOR)
+                    resource_version = listed.metadata.resource_version
+                    for pod in listed.items:
+                        self._saw(pod)
+                stream = watch.Watch().stream(
+                    self.core_v1.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=READER_SELECTOR,
+                    resource_version=resource_version,
+                    timeout_seconds=2,
+                )
+                for event in stream:
+                    pod = event["object"]
+                    resource_version = pod.metadata.resource_version
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._saw(pod)
+                    if self.stopped.is_set():
+                        break
+            except ApiException as e:
+                if e.status == 410:  # the resourceVersion is too old: list again
+                    resource_version = None
+                self.stopped.wait(0.2)
             except Exception:  # the API server is busy: look again
-                pods = []
-            for pod in pods:
-                self.seen_pods.add(pod.metadata.name)
-                if pod.metadata.uid not in self.procs and pod.spec.node_name and not pod.metadata.deletion_timestamp:
-                    self._run(pod)
-            self.stopped.wait(0.2)
+                self.stopped.wait(0.2)
+
+    def _saw(self, pod: Any) -> None:
+        self.seen_pods.add(pod.metadata.name)
+        if pod.metadata.uid not in self.procs and pod.spec.node_name and not pod.metadata.deletion_timestamp:
+            self._run(pod)
 
     def stop(self) -> None:
         self.stopped.set()
