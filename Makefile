@@ -68,8 +68,9 @@ lint: venv
 	$(VENV)/bin/mypy
 
 # CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/test_realnode_e2e.py) needs the
-# node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself.
-test: TOOL_GROUPS := kube etcd helm node
+# node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself. The
+# LeaderWorkerSet test (tests/test_fleet_cluster.py) needs group lws: the real controller and its CRD.
+test: TOOL_GROUPS := kube etcd helm node lws
 test: venv lint tools node-deps
 	$(VENV)/bin/pytest
 

@@ -1242,7 +1242,7 @@ def reap_orphans() -> list[str]:
 # ------------------------------------------------------------------------------------------------------------
 # The LeaderWorkerSet controller (optional: multi-node servers)
 #
-# The real controller (sigs.k8s.io/lws, built by `hack/tools.sh lws` from hack/go/lws) runs as a local process like
+# The real controller (sigs.k8s.io/lws, built by `hack/tools.sh lws` from its module, hack/go/lws) runs as a local process like
 # the other components. Its webhooks are not optional: the pod webhook is what labels each pod of a group with its
 # worker index and group key and injects LWS_LEADER_ADDRESS / LWS_WORKER_INDEX / LWS_GROUP_SIZE, so they stay on
 # (ENABLE_WEBHOOKS=false would leave the pods without their ranks). In a cluster the API server reaches them
@@ -1251,8 +1251,8 @@ def reap_orphans() -> list[str]:
 # (the controller's own certificate rotation, which writes a Secret for a Service DNS name, is turned off).
 
 LWS_COMPONENT = "lws-controller"
-LWS_SOURCE = HACK_DIR / "go" / "lws"
-LWS_CRD_FILE = LWS_SOURCE / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+# The release's CRD, which `hack/tools.sh lws` copies from the same module into the tools directory.
+LWS_CRD_FILE_NAME = "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 # (configuration name, webhook name, path, API group, resource, operations): the controller's own webhooks
 # (config/webhook/manifests.yaml of its release), less the DisaggregatedSet ones.
@@ -1283,9 +1283,14 @@ _LWS_WEBHOOKS = {
 _DISAGGREGATED_KINDS = (("DisaggregatedSet", "disaggregatedsets"), ("DisaggregatedSetRoleScaler", "disaggregatedsetrolescalers"))
 
 
+def lws_crd_file(tools: Path | None = None) -> Path:
+    """The LeaderWorkerSet CRD of the release the controller was built from."""
+    return (tools or tools_dir()) / LWS_CRD_FILE_NAME
+
+
 def lws_tool_missing(tools: Path | None = None) -> bool:
-    """True when the LeaderWorkerSet controller is not built (run `hack/tools.sh lws`)."""
-    return not os.access((tools or tools_dir()) / LWS_COMPONENT, os.X_OK)
+    """True when the LeaderWorkerSet controller or its CRD is not built (run `hack/tools.sh lws`)."""
+    return not os.access((tools or tools_dir()) / LWS_COMPONENT, os.X_OK) or not lws_crd_file(tools).is_file()
 
 
 def _stub_crd(kind: str, plural: str) -> dict:
@@ -1402,7 +1407,7 @@ def start_lws(cluster: Cluster, *, tie_to_parent: bool = False, timeout: float =
         (directory / "lws-config.yaml").write_text(json.dumps(config, indent=2) + "\n")
         # The CRD first (server-side: its schema is larger than the last-applied annotation may be).
         crds = [_stub_crd(kind, plural) for kind, plural in _DISAGGREGATED_KINDS]
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(LWS_CRD_FILE), timeout=120)
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(lws_crd_file(tools)), timeout=120)
         cluster.kubectl(
             "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": crds})
         )
@@ -1443,6 +1448,27 @@ def start_lws(cluster: Cluster, *, tie_to_parent: bool = False, timeout: float =
             "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": hooks})
         )
     say(f"{LWS_COMPONENT} ready after {time.monotonic() - started:.1f}s (webhooks at https://127.0.0.1:{webhook_port})")
+
+
+def stop_lws(cluster: Cluster, *, timeout: float = 120.0) -> None:
+    """Undo start_lws: the webhook configurations, the controller process and the CRDs (every LeaderWorkerSet in
+    the cluster goes with its CRD). A no-op where none of them is there."""
+    deadline = time.monotonic() + timeout
+    with _locked(cluster.name):
+        hooks = [f"{kind}webhookconfiguration/specdec-dev-lws-{kind}" for kind in _LWS_WEBHOOKS]
+        cluster.kubectl("delete", "--ignore-not-found", *hooks, timeout=60)
+        state = _read_state(cluster.name)
+        pids = state.get("pids") or {}
+        if LWS_COMPONENT in pids:
+            _stop_pid(int(pids.pop(LWS_COMPONENT)), cluster.directory)
+            state.pop("lws", None)
+            _write_state(cluster.name, state)
+        crds = [f"crd/{LWS_CRD_NAME}"] + [f"crd/{plural}.disaggregatedset.x-k8s.io" for _, plural in _DISAGGREGATED_KINDS]
+        cluster.kubectl("delete", "--ignore-not-found", "--wait=false", *crds, timeout=60)
+        while cluster.kubectl("get", crds[0], check=False).returncode == 0:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the CRD {LWS_CRD_NAME} was not deleted within {timeout:.0f}s")
+            time.sleep(0.5)
 
 
 # ------------------------------------------------------------------------------------------------------------

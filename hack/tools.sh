@@ -21,7 +21,7 @@
 #   --print-dir  print the tools directory and exit
 #   --check      exit 0 when every binary is present and stamped, 1 otherwise (builds nothing)
 #   GROUP...     which groups (default: kube etcd helm; `node` adds the real node's kubelet, kube-proxy, coredns;
-#                `lws` the LeaderWorkerSet controller, built from its source in hack/go/lws)
+#                `lws` the LeaderWorkerSet controller and its CRD, from the sigs.k8s.io/lws module: hack/go/lws)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -42,6 +42,8 @@ ETCD_BINS=(etcd)
 HELM_BINS=(helm)
 NODE_BINS=(kubelet kube-proxy coredns pause)
 LWS_BINS=(lws-controller)
+# Beside the controller, group lws leaves the release's LeaderWorkerSet CRD in the tools directory.
+LWS_CRD_FILE=leaderworkerset.x-k8s.io_leaderworkersets.yaml
 
 log() { printf 'tools: %s\n' "$*" >&2; }
 die() { printf 'tools: error: %s\n' "$*" >&2; exit 1; }
@@ -70,9 +72,8 @@ stamp_of() {
       lws) echo "$LWS_VERSION" ;;
     esac
     cat "$HACK_DIR/go/$group/go.mod" "$HACK_DIR/go/$group/go.sum"
-    # The node module has main packages of its own (coredns' plugin set, pause); lws is the controller's source.
+    # The node module has main packages of its own (coredns' plugin set, pause).
     [[ "$group" == node ]] && cat "$HACK_DIR"/go/node/*/*.go
-    [[ "$group" == lws ]] && find "$HACK_DIR/go/lws" -name '*.go' -print0 | LC_ALL=C sort -z | xargs -0 cat
     true
   } | sha256sum | cut -c1-16
 }
@@ -106,6 +107,7 @@ group_is_current() {
   [[ -f "$TOOLS_DIR/.stamp-$group" ]] || return 1
   [[ "$(cat "$TOOLS_DIR/.stamp-$group")" == "$(stamp_of "$group")" ]] || return 1
   for bin in $(bins_of "$group"); do [[ -x "$TOOLS_DIR/$bin" ]] || return 1; done
+  [[ "$group" != lws || -f "$TOOLS_DIR/$LWS_CRD_FILE" ]] || return 1
   return 0
 }
 
@@ -247,8 +249,16 @@ build_group() {
   ) >"$logfile" 2>&1 || { rm -rf "$scratch"; return 1; }
   # go names the binary of go.etcd.io/etcd/server/v3 after the element before the major-version suffix.
   if [[ "$group" == etcd && ! -e "$scratch/etcd" ]]; then mv "$scratch/server" "$scratch/etcd"; fi
-  # ... and sigs.k8s.io/lws/cmd after its last element.
-  if [[ "$group" == lws ]]; then mv "$scratch/cmd" "$scratch/lws-controller"; fi
+  # ... and sigs.k8s.io/lws/cmd after its last element. The release's CRD comes from the same module (the file its
+  # own install manifests are made from), so the controller and its CRD are always of one version.
+  if [[ "$group" == lws ]]; then
+    mv "$scratch/cmd" "$scratch/lws-controller"
+    local module_dir
+    module_dir="$(cd "$HACK_DIR/go/lws" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' sigs.k8s.io/lws)" \
+      && cp "$module_dir/config/crd/bases/$LWS_CRD_FILE" "$scratch/$LWS_CRD_FILE" && chmod 0644 "$scratch/$LWS_CRD_FILE" \
+      || { rm -rf "$scratch"; echo "the LeaderWorkerSet CRD (config/crd/bases/$LWS_CRD_FILE) is not in sigs.k8s.io/lws@$LWS_VERSION" >>"$logfile"; return 1; }
+    mv -f "$scratch/$LWS_CRD_FILE" "$TOOLS_DIR/$LWS_CRD_FILE"
+  fi
   for bin in $(bins_of "$group"); do
     [[ -x "$scratch/$bin" ]] || { rm -rf "$scratch"; echo "expected binary $bin was not produced" >>"$logfile"; return 1; }
     mv -f "$scratch/$bin" "$TOOLS_DIR/$bin"
@@ -262,20 +272,12 @@ check_pins() {
   local file pin
   for entry in "kube:k8s.io/kubernetes $KUBERNETES_VERSION" "kube:sigs.k8s.io/kwok $KWOK_VERSION" \
                "etcd:go.etcd.io/etcd/server/v3 $ETCD_VERSION" "helm:helm.sh/helm/v4 $HELM_VERSION" \
-               "node:k8s.io/kubernetes $NODE_KUBERNETES_VERSION" "node:github.com/coredns/coredns $COREDNS_VERSION"; do
+               "node:k8s.io/kubernetes $NODE_KUBERNETES_VERSION" "node:github.com/coredns/coredns $COREDNS_VERSION" \
+               "lws:sigs.k8s.io/lws $LWS_VERSION"; do
     file="$HACK_DIR/go/${entry%%:*}/go.mod"; pin="${entry#*:}"
     grep -qE "^[[:space:]]*(require[[:space:]]+)?${pin//./\\.}([[:space:]]|$)" "$file" \
       || die "hack/versions.env pins '${pin}' but $file does not require it: update both (then go mod tidy there)"
   done
-  # hack/go/lws is the controller's own source, of the tag its VERSION file names. It is not in the repository: the
-  # Go module proxy serves sigs.k8s.io/lws's go.mod but refuses its module zip (403), and the project does not carry
-  # copies of other projects' source. Group lws builds only where someone put that tag's source there.
-  if [[ " ${GROUPS_WANTED[*]} " == *" lws "* ]]; then
-    [[ -f "$HACK_DIR/go/lws/VERSION" ]] \
-      || die "group lws needs the LeaderWorkerSet $LWS_VERSION source in hack/go/lws (the module proxy refuses sigs.k8s.io/lws's zip): check it out there, or leave LWS unset"
-    [[ "$(cat "$HACK_DIR/go/lws/VERSION")" == "$LWS_VERSION" ]] \
-      || die "hack/versions.env pins LWS_VERSION=$LWS_VERSION but hack/go/lws holds $(cat "$HACK_DIR/go/lws/VERSION"): copy that tag's source there"
-  fi
 }
 
 # progress: one line every 30 seconds per running build (packages compiled so far, out of the total).

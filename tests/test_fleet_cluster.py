@@ -1,5 +1,5 @@
 """Fleets and multi-node servers on the real control plane: `kubectl scale` through the scale subresource, and
-the real LeaderWorkerSet controller (hack/go/lws, run by devcluster.start_lws) creating the leader and worker pods
+the real LeaderWorkerSet controller (sigs.k8s.io/lws built by hack/tools.sh lws, run by devcluster.start_lws) creating the leader and worker pods
 of a group that manifests.leader_worker_set rendered, with their ranks, on distinct nodes."""
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ def lws_controller(kube_cluster: devcluster.Cluster) -> devcluster.Cluster:
         if kube_cluster.kubectl("get", f"crd/{m.LWS_CRD_NAME}", check=False).returncode != 0:
             pytest.fail("the SPECDEC_KUBECONFIG cluster has no LeaderWorkerSet controller: start it with hack/devcluster.py up --lws", pytrace=False)
         return kube_cluster
-    if devcluster.lws_tool_missing(kube_cluster.tools) or not devcluster.LWS_CRD_FILE.exists():
-        # Blocked here: the Go module proxy refuses sigs.k8s.io/lws's module zip, so the controller can only be built
-        # from a checkout of its source in hack/go/lws (hack/tools.sh lws), which the repository does not carry.
-        pytest.skip(f"the LeaderWorkerSet controller is not built in {kube_cluster.tools}: put its source in hack/go/lws and run `hack/tools.sh lws`")
+    if devcluster.lws_tool_missing(kube_cluster.tools):  # `make test` builds it: a missing one is a setup error
+        pytest.fail(
+            f"the LeaderWorkerSet controller is not built in {kube_cluster.tools}: run `hack/tools.sh lws` (or `make tools LWS=1`)", pytrace=False
+        )
     try:
         devcluster.start_lws(kube_cluster, tie_to_parent=True)
     except devcluster.ClusterError as error:
@@ -124,7 +124,8 @@ def test_the_leaderworkerset_controller_runs_a_rendered_two_node_group_with_its_
             (container,) = [c for c in pod.spec.containers if c.name == m.SERVER_CONTAINER]
             env = {e.name: e.value for e in container.env if e.value is not None}
             assert env["LWS_WORKER_INDEX"] == str(rank) and env["LWS_GROUP_SIZE"] == "2"
-            assert env["LWS_LEADER_ADDRESS"].startswith(f"kimi-spec-{index}.kimi-spec.{namespace}")
+            # subdomainPolicy UniquePerReplica: the group's own headless Service, named after its leader.
+            assert env["LWS_LEADER_ADDRESS"] == f"kimi-spec-{index}.kimi-spec-{index}.{namespace}"
             argv = kubelet_expand(container.command, env)
             flags = argv[len(sglang_args.RELEASES[spec.sglang_version].entrypoint) :]
             args = ServerArgs.from_cli_args(server_parser.parse_args(flags))
@@ -140,6 +141,12 @@ def test_the_leaderworkerset_controller_runs_a_rendered_two_node_group_with_its_
         return status.get("readyReplicas") == 2
 
     wait_until(ready, timeout=60, message="LeaderWorkerSet kimi-spec readyReplicas 2")
+    # Each group's headless Service resolves its leader before the leader is Ready (the workers must reach it to
+    # join, and the leader is Ready only once they have).
+    for index in ("0", "1"):
+        svc = core_v1.read_namespaced_service(f"kimi-spec-{index}", namespace)
+        assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses
+        assert svc.spec.selector == {m.LWS_LABEL_NAME: "kimi-spec", m.LWS_LABEL_GROUP_INDEX: index}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,22 +7,19 @@
    LeaderWorkerSet per variant whose ranks SGLang's parser accepts, the probe decides, and a rollback scales the
    speculative LeaderWorkerSet to 0 groups: the speculative group goes as one.
 
-The CRD here is a TEST STAND-IN (STANDIN_CRD below: the real group, kind and names, a schema that keeps any
-field), not the upstream one: the LeaderWorkerSet source cannot be fetched here (the Go module proxy refuses
-sigs.k8s.io/lws's zip, and the repository does not carry other projects' source), so neither its CRD nor its
-controller runs. The test plays the controller's part that the operator depends on: it creates each group's
-leader and worker pods from the LeaderWorkerSet's templates, with the controller's labels.
+The LeaderWorkerSet CRD and controller are the real ones (sigs.k8s.io/lws at hack/versions.env's LWS_VERSION, built
+by `hack/tools.sh lws`, run by devcluster.start_lws): the test stops them to see the refusal, starts them to see the
+resource go on, and the controller makes each group's leader and worker pods (kwok runs them), with the ranks and
+the leader's address its webhook injects.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from typing import Any
 
 import pytest
-import yaml
 from kube import wait_until
 from test_multinode import kubelet_expand
 from test_operator_e2e import (  # noqa: F401  (operator and sims are fixtures)
@@ -39,6 +36,7 @@ from test_operator_e2e import (  # noqa: F401  (operator and sims are fixtures)
     status,
 )
 
+from hack import devcluster
 from specdec_operator import manifests as m
 from specdec_operator import sglang as sglang_args
 from specdec_operator.resource import parse_spec
@@ -46,42 +44,6 @@ from specdec_operator.resource import parse_spec
 pytestmark = pytest.mark.cluster
 
 LWS_GROUP, LWS_VERSION = m.LWS_API_VERSION.split("/")
-
-# A TEST STAND-IN for the LeaderWorkerSet CRD (sigs.k8s.io/lws): the served group/version/kind/plural the operator
-# uses, with status and scale subresources like the real one, and no schema beyond "an object" (the real schema is
-# checked by tests/test_multinode.py when the pinned CRD file is present).
-STANDIN_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": m.LWS_CRD_NAME, "labels": {"specdec.test/stand-in": "true"}},
-    "spec": {
-        "group": LWS_GROUP,
-        "scope": "Namespaced",
-        "names": {
-            "kind": m.LWS_KIND,
-            "listKind": "LeaderWorkerSetList",
-            "plural": m.LWS_PLURAL,
-            "singular": "leaderworkerset",
-            "shortNames": ["lws"],
-        },
-        "versions": [
-            {
-                "name": LWS_VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                "subresources": {
-                    "status": {},
-                    "scale": {
-                        "specReplicasPath": ".spec.replicas",
-                        "statusReplicasPath": ".status.replicas",
-                        "labelSelectorPath": ".status.hpaPodSelector",
-                    },
-                },
-            }
-        ],
-    },
-}
 
 
 def multi_node_example(name: str, namespace: str, **changes: Any) -> dict:
@@ -111,68 +73,35 @@ def warning_reasons(core_v1: Any, namespace: str, name: str) -> list[str]:
 
 
 @pytest.fixture
-def no_lws_crd(kube_cluster: Any) -> None:
-    if kube_cluster.kubectl("get", f"crd/{m.LWS_CRD_NAME}", check=False).returncode == 0:
-        pytest.skip("this cluster has a LeaderWorkerSet CRD: the refusal cannot be seen here")
-
-
-@pytest.fixture
-def standin_crd(kube_cluster: Any) -> Any:
-    """Installs the stand-in CRD when called; removes it at the end (only if it is the stand-in)."""
-    installed = []
-
-    def install() -> None:
-        kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(STANDIN_CRD))
-        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{m.LWS_CRD_NAME}", "--timeout=30s")
-        installed.append(True)
-
-    yield install
-    if installed:
-        kube_cluster.kubectl("delete", f"crd/{m.LWS_CRD_NAME}", "--wait=false", check=False)
-        wait_until(
-            lambda: kube_cluster.kubectl("get", f"crd/{m.LWS_CRD_NAME}", check=False).returncode != 0, timeout=60, message="stand-in CRD removed"
+def lws(kube_cluster: Any) -> Any:
+    """The real LeaderWorkerSet controller and CRD: stopped and removed at the start (a session may have started them),
+    started again by calling the fixture's value."""
+    if kube_cluster.name == "external":
+        pytest.skip("a SPECDEC_KUBECONFIG cluster: its LeaderWorkerSet controller cannot be stopped and started here")
+    if devcluster.lws_tool_missing(kube_cluster.tools):  # `make test` builds it: a missing one is a setup error
+        pytest.fail(
+            f"the LeaderWorkerSet controller is not built in {kube_cluster.tools}: run `hack/tools.sh lws` (or `make tools LWS=1`)", pytrace=False
         )
+    devcluster.stop_lws(kube_cluster)
+
+    def start() -> None:
+        devcluster.start_lws(kube_cluster, tie_to_parent=True)
+
+    return start
 
 
-def play_the_lws_controller(core_v1: Any, custom_objects: Any, namespace: str, owner: dict, lws_name: str) -> list[str]:
-    """What the LeaderWorkerSet controller would do for group 0: a leader and its workers from the templates, with
-    the controller's labels (group index, worker index, group key) and the variables its webhook injects."""
-    lws = custom_objects.get_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, m.LWS_PLURAL, lws_name)
-    lwt = lws["spec"]["leaderWorkerTemplate"]
-    reference = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": owner["kind"],
-        "name": owner["metadata"]["name"],
-        "uid": owner["metadata"]["uid"],
-        "controller": True,
-    }
-    names = []
-    for rank in range(lwt["size"]):
-        template = copy.deepcopy(lwt["leaderTemplate"] if rank == 0 else lwt["workerTemplate"])
-        pod_name = f"{lws_name}-0" + (f"-{rank}" if rank else "")
-        labels = {
-            **template["metadata"]["labels"],
-            m.LWS_LABEL_NAME: lws_name,
-            m.LWS_LABEL_GROUP_INDEX: "0",
-            m.LWS_LABEL_WORKER_INDEX: str(rank),
-            m.LWS_LABEL_GROUP_KEY: f"{lws_name}-group-0",
-        }
-        env = [
-            {"name": "LWS_LEADER_ADDRESS", "value": f"{lws_name}-0.{lws_name}.{namespace}"},
-            {"name": "LWS_GROUP_SIZE", "value": str(lwt["size"])},
-            {"name": "LWS_WORKER_INDEX", "value": str(rank)},
-        ]
-        for container in template["spec"]["containers"]:
-            container["env"] = env + container.get("env", [])
-        metadata = {**template["metadata"], "name": pod_name, "namespace": namespace, "labels": labels, "ownerReferences": [reference]}
-        core_v1.create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
-        names.append(pod_name)
-    return names
+def group_pods(core_v1: Any, namespace: str, lws_name: str) -> dict[str, Any]:
+    """The pods the controller made for a LeaderWorkerSet's groups, by name."""
+    return {p.metadata.name: p for p in core_v1.list_namespaced_pod(namespace, label_selector=f"{m.LWS_LABEL_NAME}={lws_name}").items}
+
+
+def server_env(pod: Any) -> dict[str, str]:
+    (container,) = [c for c in pod.spec.containers if c.name == m.SERVER_CONTAINER]
+    return {e.name: e.value for e in container.env or [] if e.value is not None}
 
 
 def test_without_the_crd_a_multi_node_spec_is_refused_and_with_it_leaderworkersets_are_made_and_rolled_back_as_groups(
-    no_lws_crd: None,
-    standin_crd: Any,
+    lws: Any,
     operator: Operator,
     sims: Any,
     namespace: str,
@@ -218,9 +147,10 @@ def test_without_the_crd_a_multi_node_spec_is_refused_and_with_it_leaderworkerse
     assert after == before  # no Deployment for kimi; single's untouched (its spec: status changes with its pods)
     custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "single")
 
-    # The CRD arrives: within the discovery recheck (30 s) the operator makes one LeaderWorkerSet per variant.
+    # The controller and its CRD arrive: within the discovery recheck (30 s) the operator makes one LeaderWorkerSet
+    # per variant.
     installed = time.monotonic()
-    standin_crd()
+    lws()
 
     def both_sets() -> list | None:
         found = custom_objects.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, m.LWS_PLURAL)["items"]
@@ -231,25 +161,42 @@ def test_without_the_crd_a_multi_node_spec_is_refused_and_with_it_leaderworkerse
     assert status(custom_objects, namespace, "kimi")["phase"] != "Failed"
     owner = get(custom_objects, namespace, "kimi")
     parsed_spec = parse_spec(owner["spec"])
-    for lws_name, lws in sets.items():
-        assert lws["spec"]["replicas"] == 1 and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
-        assert lws["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
-        # The ranks the kubelet would run, with the variables the webhook injects: commands SGLang accepts.
-        address = f"{lws_name}-0.{lws_name}.{namespace}"
-        for rank, which in enumerate(("leaderTemplate", "workerTemplate")):
-            command = lws["spec"]["leaderWorkerTemplate"][which]["spec"]["containers"][0]["command"]
-            argv = kubelet_expand(command, {"LWS_LEADER_ADDRESS": address, "LWS_WORKER_INDEX": str(rank)})
-            args = ServerArgs.from_cli_args(server_parser.parse_args(argv[len(sglang_args.RELEASES[parsed_spec.sglang_version].entrypoint) :]))
-            assert (args.nnodes, args.node_rank, args.tp_size) == (2, rank, 8)
-            assert args.dist_init_addr == f"{address}:{sglang_args.DIST_INIT_PORT}"
+    for lws_object in sets.values():
+        assert lws_object["spec"]["replicas"] == 1 and lws_object["spec"]["leaderWorkerTemplate"]["size"] == 2
+        assert lws_object["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
     for svc in ("kimi", "kimi-base", "kimi-spec"):
         selector = wait_until(lambda svc=svc: core_v1.read_namespaced_service(svc, namespace).spec.selector, timeout=30, message=f"Service {svc}")
         assert selector[m.LABEL_ROLE] == m.ROLE_LEADER
 
-    # The groups' pods (the controller's part, played by the test); the probe measures the leaders, and the
-    # drafter that accepts nothing is rolled back: the speculative LeaderWorkerSet goes to 0 groups at once.
+    # The controller makes each group's leader and worker; its webhook gives each its rank and the leader's address,
+    # and the kubelet's expansion of our command with them is one SGLang's parser accepts.
+    nodes: dict[str, str] = {}
     for lws_name in ("kimi-base", "kimi-spec"):
-        play_the_lws_controller(core_v1, custom_objects, namespace, owner, lws_name)
+        pods = wait_until(
+            lambda lws_name=lws_name: (
+                (p := group_pods(core_v1, namespace, lws_name)).keys() == {f"{lws_name}-0", f"{lws_name}-0-1"}
+                and all(pod.spec.node_name for pod in p.values())
+                and p
+            ),
+            timeout=60,
+            message=f"{lws_name}: a leader and a worker, scheduled",
+        )
+        nodes.update({name: pod.spec.node_name for name, pod in pods.items()})
+        address = f"{lws_name}-0.{lws_name}-0.{namespace}"
+        for rank, pod_name in enumerate((f"{lws_name}-0", f"{lws_name}-0-1")):
+            pod = pods[pod_name]
+            env = server_env(pod)
+            assert env["LWS_LEADER_ADDRESS"] == address and env["LWS_WORKER_INDEX"] == str(rank), env
+            argv = kubelet_expand(pod.spec.containers[0].command, env)
+            args = ServerArgs.from_cli_args(server_parser.parse_args(argv[len(sglang_args.RELEASES[parsed_spec.sglang_version].entrypoint) :]))
+            assert (args.nnodes, args.node_rank, args.tp_size) == (2, rank, 8)
+            assert args.dist_init_addr == f"{address}:{sglang_args.DIST_INIT_PORT}"
+        # The leader's address resolves before it is Ready: the group's own headless Service publishes it.
+        headless = core_v1.read_namespaced_service(f"{lws_name}-0", namespace)
+        assert headless.spec.cluster_ip == "None" and headless.spec.publish_not_ready_addresses
+
+    # The probe measures the leaders, and the drafter that accepts nothing is rolled back: the speculative
+    # LeaderWorkerSet goes to 0 groups at once, and the controller deletes the group, leader and worker together.
     st = wait_until(
         lambda: (s := status(custom_objects, namespace, "kimi")).get("phase") in ("Promoted", "RolledBack", "Failed") and s,
         timeout=180,
@@ -261,21 +208,22 @@ def test_without_the_crd_a_multi_node_spec_is_refused_and_with_it_leaderworkerse
         timeout=30,
         message="kimi-spec at 0 groups",
     )
+    wait_until(lambda: not group_pods(core_v1, namespace, "kimi-spec"), timeout=60, message="the speculative group's leader and worker deleted")
     assert custom_objects.get_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, m.LWS_PLURAL, "kimi-base")["spec"]["replicas"] == 1
+    assert group_pods(core_v1, namespace, "kimi-base").keys() == {"kimi-base-0", "kimi-base-0-1"}
     assert core_v1.read_namespaced_service("kimi", namespace).spec.selector == {**m.selector_labels("kimi", "base"), m.LABEL_ROLE: m.ROLE_LEADER}
     # The ranks of each group ran on distinct Blackwell nodes (the group's anti-affinity, gpuFamily's affinity).
-    nodes = {p.metadata.name: p.spec.node_name for p in core_v1.list_namespaced_pod(namespace).items if p.metadata.name.startswith("kimi-")}
     for lws_name in ("kimi-base", "kimi-spec"):
-        leader, worker = nodes[f"{lws_name}-0"], nodes[f"{lws_name}-0-1"]
-        assert leader and worker and leader != worker
+        leader, worker = nodes.get(f"{lws_name}-0"), nodes.get(f"{lws_name}-0-1")
+        assert leader and worker and leader != worker, nodes
         for node in (leader, worker):
             assert core_v1.read_node(node).metadata.labels["nvidia.com/gpu.family"] == "blackwell"
 
 
 def test_nodes_1_to_2_replaces_the_deployments_with_leaderworkersets_and_deletes_them_once_a_group_serves(
-    standin_crd: Any, operator: Operator, sims: Any, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
+    lws: Any, operator: Operator, sims: Any, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:
-    standin_crd()
+    lws()
     base = sims.start("llama31-8b-base", time_scale=10.0)
     spec_sim = sims.start("llama31-8b-eagle3", time_scale=10.0)
     operator.map("grow-base", base.url)
@@ -296,19 +244,11 @@ def test_nodes_1_to_2_replaces_the_deployments_with_leaderworkersets_and_deletes
         return found if {o["metadata"]["name"] for o in found} == {"grow-base", "grow-spec"} else None
 
     wait_until(both_sets, timeout=60, message="LeaderWorkerSets grow-base and grow-spec")
-    time.sleep(3)  # a few operator steps with no group pod yet
-    assert {d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items} == {"grow-base", "grow-spec"}
-    assert core_v1.read_namespaced_service("grow", namespace).spec.selector == stable_before  # still the Deployments' pods
-    st = status(custom_objects, namespace, "grow")
-    assert "come up beside the Deployments" in st["message"], st["message"]
 
-    owner = get(custom_objects, namespace, "grow")
-    for lws_name in ("grow-base", "grow-spec"):
-        play_the_lws_controller(core_v1, custom_objects, namespace, owner, lws_name)
-
+    # The controller makes the groups' pods (kwok runs them).
     def leader_ready() -> bool:
-        pod = core_v1.read_namespaced_pod("grow-base-0", namespace)
-        return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+        pod = group_pods(core_v1, namespace, "grow-base").get("grow-base-0")  # none until the controller makes it
+        return pod is not None and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
     # Poll until the Deployments are gone: they must still exist while no base group is Ready.
     deadline = time.monotonic() + 90

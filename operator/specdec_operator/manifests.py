@@ -469,7 +469,12 @@ def leader_worker_set(
             "replicas": replicas,
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
-            "networkConfig": {"subdomainPolicy": "Shared"},
+            # One headless Service per group, named after its leader pod (the controller makes it, owned by the
+            # leader, publishing not-ready addresses): LWS_LEADER_ADDRESS is <set>-<group>.<set>-<group>.<ns>. With
+            # Shared the controller would make a Service named <set> only if none exists, and <name>-base /
+            # <name>-spec are our own per-variant Services (headless, Ready leaders only), so the workers could not
+            # resolve a leader that is not Ready yet, and it is not Ready until they have joined.
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
             "leaderWorkerTemplate": {
                 "size": spec.resources.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
@@ -519,7 +524,7 @@ def lws_missing_message(spec: SpeculativeServerSpec, installed_crds: set[str] | 
     return (
         f"spec.resources.nodes is {spec.resources.nodes}: a multi-node server runs as a LeaderWorkerSet group, and "
         f"this cluster has no {LWS_CRD_NAME} CustomResourceDefinition; install the LeaderWorkerSet controller "
-        "(sigs.k8s.io/lws, e.g. its Helm chart or manifests of release v0.10.0 or later) or set resources.nodes to 1"
+        "(sigs.k8s.io/lws, e.g. its Helm chart or manifests of release v0.9.0 or later) or set resources.nodes to 1"
     )
 
 
