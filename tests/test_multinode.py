@@ -4,7 +4,6 @@ LeaderWorkerSet that runs each server as a group of pods on distinct nodes."""
 from __future__ import annotations
 
 import copy
-import pathlib
 import re
 
 import kubernetes_validate
@@ -17,7 +16,6 @@ from specdec_operator import sglang as sglang_args
 from specdec_operator.errors import InputError
 from specdec_operator.resource import parse_spec
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The pinned release's CRD, which `hack/tools.sh lws` copies from the sigs.k8s.io/lws module (`make test` builds it).
 LWS_CRD = devcluster.lws_crd_file()
 
