@@ -306,9 +306,12 @@ def tables(paths: list[str]) -> None:
             print(f"| {key[0]} | {key[1]} | {key[2]} | {label} | {len(runs)} | {decisions} | {gpu:.1f} | {_fmt_width(widest)} | {wider} |")
     print()
     for part in ("seed", "heldout"):
-        if (part, "before") in totals and (part, "after") in totals:
-            b, a = totals[(part, "before")], totals[(part, "after")]
-            print(f"{part}: GPU-s summed over the cases' means: before {b:.1f}, after {a:.1f} ({100 * (a - b) / b:+.0f} %)")
+        if (part, "before") not in totals:
+            continue
+        b = totals[(part, "before")]
+        others = [(label, a) for (p, label), a in totals.items() if p == part and label != "before"]
+        changes = ", ".join(f"{label} {a:.1f} ({100 * (a - b) / b:+.0f} %)" for label, a in others)
+        print(f"{part}: GPU-s summed over the cases' means: before {b:.1f}, {changes}")
 
 
 def main() -> int:

@@ -36,9 +36,13 @@ from specdec_operator.probe.stats import (
     log_ratio_interval,
     paired_interval,
     paired_round,
+    pooled_block_variance,
+    pooled_blocks_for,
+    pooled_satterthwaite,
     satterthwaite,
     t_quantile,
     weighted_paired_round,
+    with_pooled_variance,
 )
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
@@ -181,6 +185,102 @@ def test_weighted_paired_round_is_the_arithmetic_mix():
     assert mix.var == pytest.approx((3 * 2 / (4 * m)) ** 2 * 0.01 + (1 / (4 * m)) ** 2 * 0.04)
     one = weighted_paired_round({"a": rounds["a"]}, {"a": 5.0})
     assert one.log_ratio == pytest.approx(math.log(2.0)) and one.var == pytest.approx(0.01)
+
+
+# --- the pooled block variance (short measurements) --------------------------------------------------------
+
+
+def _wave_profile(rng: random.Random, level: float, sigma: float, shape: list[float]) -> list[float]:
+    """One measurement's block rates: a closed loop's repeated shape (e.g. a prefill stall, the drain) times level."""
+    return [level * c * (1.0 + rng.gauss(0.0, sigma)) for c in shape]
+
+
+SHAPE = [0.3, 1.4, 1.5, 0.8]  # four blocks (mean 1): the first wave's prefill, two decode blocks, the drain
+SPECULATIVE_SHAPE = [0.5, 1.2, 1.3, 1.0]  # another server's shape, also mean 1: the ratio of levels is the speedup
+
+
+def test_pooled_blocks_for_needs_two_events_per_stream_and_block():
+    assert pooled_blocks_for(64 * 8, 32) == 8  # batch-32: 64 requests x 8 events; its own blocks_for is 0
+    assert blocks_for(64 * 8, 32) == 0
+    assert pooled_blocks_for(3, 1) == 0  # fewer than two blocks
+    assert pooled_blocks_for(10**6, 1) == 40  # capped like the own blocks
+
+
+def test_pooled_block_variance_removes_the_repeated_shape_and_recovers_the_noise():
+    rng = random.Random(11)
+    sigma, rows = 0.05, 400
+    profiles = [_wave_profile(rng, 1000.0, sigma, SHAPE) for _ in range(rows)]
+    var, df = pooled_block_variance(profiles)
+    assert (rows - 1) * 2 < df <= (rows - 1) * len(SHAPE)  # Satterthwaite over the positions' unequal variances
+    # The measurement's log tok/s: mean of K blocks of relative noise sigma * c_j / mean(c), so its variance is
+    # sigma^2 * mean(c^2) / mean(c)^2 / K; the estimate is within a few % with 1,197 df.
+    c2 = sum(c * c for c in SHAPE) / len(SHAPE) / (sum(SHAPE) / len(SHAPE)) ** 2
+    assert var == pytest.approx(sigma**2 * c2 / len(SHAPE), rel=0.1)
+    # The same rows one at a time, through the successive-difference MAD: the shape's jumps read as noise.
+    own = [log_rate(sum(p) / len(p), p) for p in profiles[:50]]
+    assert all(lr.var == math.inf or lr.var > 5 * var for lr in own)
+
+
+def test_pooled_block_variance_edges():
+    assert pooled_block_variance([[1.0, 2.0, 3.0]]) is None  # one measurement: nothing to pool
+    assert pooled_block_variance([[1.0, 2.0], [1.0, 2.0, 3.0]]) is None  # block counts differ
+    assert pooled_block_variance([[0.0, 0.0], [0.0, 0.0]]) is None  # no tokens at all
+    assert pooled_block_variance([[1.0], [2.0]]) is None  # one block each
+    assert pooled_block_variance([[1.0, 3.0], [1.0, 3.0]]) == (0.0, 1.0)  # the same blocks twice: no noise
+    # Rows at two levels (mean 3): the level change between measurements counts as noise. Per position, relative to
+    # the mean: [1/3, 2/3] has variance 1/18, [1, 2] has 1/2; the mean of two blocks has their sum / 2^2.
+    var, df = pooled_block_variance([[1.0, 3.0], [2.0, 6.0]])
+    assert var == pytest.approx((1 / 18 + 1 / 2) / 4) and df == pytest.approx((10 / 18) ** 2 / ((1 / 18) ** 2 + (1 / 2) ** 2))
+
+
+def test_a_pooled_estimate_counts_its_df_once():
+    # Two rounds share one pooled estimate with 3 df: the sum has 3 df, not the 6 of two independent ones.
+    assert pooled_satterthwaite([("w/base", 0.01, 3.0), ("w/base", 0.01, 3.0)]) == pytest.approx(3.0)
+    assert pooled_satterthwaite([(None, 0.01, 3.0), (None, 0.01, 3.0)]) == pytest.approx(6.0)
+    shared = [paired_round(LogRate(0.1, 0.01, 3.0, pool="w/speculative"), LogRate(0.0, 0.01, 3.0, pool="w/base")) for _ in range(4)]
+    assert paired_interval(shared, 0.95).df == pytest.approx(6.0)  # two pools of 3 df, whatever the rounds
+    mix = weighted_paired_round({"a": shared[0], "b": PairedRound(0.0, 0.01, 10.0)}, {"a": 1.0, "b": 1.0})
+    assert {key for key, _, _ in mix.parts} == {"w/speculative", "w/base", None}
+
+
+def test_with_pooled_variance_takes_the_pooled_estimate_where_it_has_more_df():
+    rng = random.Random(12)
+    profiles = [_wave_profile(rng, 1000.0, 0.05, SHAPE * 4) for _ in range(3)]  # 16 coarse blocks, 3 rounds
+    var, df = pooled_block_variance(profiles)
+    short = LogRate(math.log(1000.0), math.inf, 1.0)  # too few events for its own blocks
+    few = LogRate(math.log(1000.0), 1e-6, 2.6)  # its own 8 blocks: 0.37 x 7 df
+    many = LogRate(math.log(1000.0), 2e-6, 40.0)  # more df of its own than the pool's (~14 here)
+    dead = LogRate(-math.inf, math.inf, 1.0)  # no tokens: stays as it is
+    out = with_pooled_variance([short, few, many, dead], profiles, "w/base")
+    assert out[0] == LogRate(short.log_rate, var, df, pool="w/base")
+    assert out[1] == LogRate(few.log_rate, var, df, pool="w/base") and df > few.df
+    assert out[2] is many and out[3] is dead and df < many.df
+    assert with_pooled_variance([short], profiles[:1], "w/base") == [short]  # one round: nothing to pool yet
+
+
+def _pooled_rounds(rng: random.Random, ratio: float, n: int, sigma: float = 0.06) -> list[PairedRound]:
+    """n rounds of a short workload (four blocks per measurement, a repeated shape): each server's variance
+    pooled over its measurements, as the probe does when a measurement has too few events for its own blocks."""
+    profiles: dict[str, list[list[float]]] = {"base": [], "speculative": []}
+    for _ in range(n):
+        profiles["base"].append(_wave_profile(rng, 1000.0, sigma, SHAPE))
+        profiles["speculative"].append(_wave_profile(rng, 1000.0 * ratio, sigma, SPECULATIVE_SHAPE))
+    rates = {}
+    for variant, rows in profiles.items():
+        var, df = pooled_block_variance(rows)
+        rates[variant] = [LogRate(math.log(sum(p) / len(p)), var, df, pool=variant) for p in rows]
+    return [paired_round(rates["speculative"][i], rates["base"][i]) for i in range(n)]
+
+
+@pytest.mark.parametrize("n, level", [(2, 0.95), (3, 0.95), (4, 0.9)])
+def test_paired_interval_with_pooled_variances_covers_a_known_ratio(n, level):
+    rng = random.Random(2000 + n)
+    draws, hits = 300, 0
+    for _ in range(draws):
+        iv = paired_interval(_pooled_rounds(rng, 1.3, n), level)
+        assert iv.within
+        hits += iv.low <= 1.3 <= iv.high
+    assert hits / draws >= level - 0.04
 
 
 # --- the paired interval ---------------------------------------------------------------------------------
@@ -356,3 +456,32 @@ def test_equal_servers_stop_early_for_futility_and_never_report_a_wide_interval_
         w = r.workloads[0]
         if r.rounds < 6:  # a decision before max_rounds: every reported interval within [0.5x, 2x]
             assert w.speedup_low and w.speedup_high and max(w.speedup_high / w.speedup, w.speedup / w.speedup_low) <= MAX_WIDTH
+
+
+def test_a_short_workload_decides_from_round_two_with_pooled_block_variances():
+    # FEW_BLOCKS: 16 requests x 24 tokens at concurrency 4, 8 tokens per event: 4 blocks per measurement, below
+    # MIN_BLOCKS, so no measurement has a variance of its own. Before the pooled variance the probe fell back to the
+    # round-level interval (no decision before round 3); now a clear gain promotes after round 2, with a bounded
+    # interval, and equal servers still never promote.
+    bench = load_benchmark()
+    profile, few = bench.EQUAL, bench.FEW_BLOCKS
+
+    async def one(seed: int, candidate: dict):
+        async with AsyncExitStack() as stack:
+            a = await stack.enter_async_context(SimulatorServer(profile_from_dict(profile), time_scale=4, seed=seed, load_seconds=0))
+            b = await stack.enter_async_context(SimulatorServer(profile_from_dict(candidate), time_scale=4, seed=seed + 1000, load_seconds=0))
+            return await run_probe(a, b, few, seed=seed)
+
+    async def all_of():
+        # The gains one at a time: probes sharing the event loop add timing noise of their own to the blocks.
+        gains = [await one(s, bench.faster(profile, 0.5)) for s in range(300, 304)]
+        return gains, await asyncio.gather(*(one(s, profile) for s in range(310, 313)))
+
+    gains, equal = asyncio.run(all_of())
+    # Round 2 is the earliest a promotion can happen; the round-level fallback could not decide before round 3.
+    assert min(r.rounds for r in gains) == 2, [(r.rounds, r.message) for r in gains]
+    for r in gains:
+        assert str(r.reason) == "SpeedupConfirmed", r.message
+        w = r.workloads[0]
+        assert w.speedup_low > 1.0 and max(w.speedup_high / w.speedup, w.speedup / w.speedup_low) <= MAX_WIDTH
+    assert all(str(r.decision) == "rollback" for r in equal), [r.message for r in equal]

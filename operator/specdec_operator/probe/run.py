@@ -48,7 +48,9 @@ from .stats import (
     paired_interval,
     paired_round,
     per_look_level,
+    pooled_blocks_for,
     weighted_paired_round,
+    with_pooled_variance,
 )
 from .traffic import WorkloadTraffic, build_traffic
 
@@ -416,6 +418,9 @@ async def _probe(
     by_name = {w.name: r for w, r in zip(wls, result.workloads)}
     tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
     logs: dict[str, dict[str, list[LogRate]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
+    # Per workload and server: every measurement's coarse block rates, for the pooled variance of the measurements
+    # that have too few stream events for their own blocks (the block count is fixed by the first measurement).
+    profiles: dict[str, dict[str, list[list[float]]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
     last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
     spec_tokens = spec_verify = 0
     level = per_look_level(confidence, max_rounds)  # one look after every round
@@ -475,9 +480,10 @@ async def _probe(
                         continue
                     tok_s[w.name][variant].append(m.tokens_per_second)
                     logs[w.name][variant].append(_log_rate(m, w))
+                    profiles[w.name][variant].append(_pooled_profile(m, w, profiles[w.name][variant]))
                     last[w.name][variant] = m
         except TimeoutError:
-            _summarize(wls, result, tok_s, logs, last, level)
+            _summarize(wls, result, tok_s, logs, profiles, last, level)
             return Outcome(
                 Decision.ROLLBACK,
                 Reason.INCONCLUSIVE,
@@ -488,7 +494,7 @@ async def _probe(
         server_accept = await _server_accept_length(session, speculative_url, result)
         if server_accept is not None:
             result.server_accept_length = server_accept
-        intervals, paired = _summarize(wls, result, tok_s, logs, last, level)
+        intervals, paired = _summarize(wls, result, tok_s, logs, profiles, last, level)
         verdicts = {w.name: judge_paired(intervals.get(w.name), min_speedup) for w in wls}
         for w in wls:
             by_name[w.name].verdict = verdicts[w.name].value
@@ -539,7 +545,7 @@ async def _probe(
     raise AssertionError("unreachable: the last round always yields an outcome")
 
 
-def _summarize(wls, result: ProbeResult, tok_s, logs, last, level: float) -> tuple[dict[str, RatioInterval], dict[str, list[PairedRound]]]:
+def _summarize(wls, result: ProbeResult, tok_s, logs, profiles, last, level: float) -> tuple[dict[str, RatioInterval], dict[str, list[PairedRound]]]:
     """Fill the per-workload results from the measurements; return each workload's interval and paired rounds."""
     intervals: dict[str, RatioInterval] = {}
     paired: dict[str, list[PairedRound]] = {}
@@ -550,7 +556,8 @@ def _summarize(wls, result: ProbeResult, tok_s, logs, last, level: float) -> tup
         r.base_tok_s = sum(base) / len(base) if base else None
         r.speculative_tok_s = sum(speculative) / len(speculative) if speculative else None
         r.ratios = [speculative[i] / base[i] if base[i] > 0 else math.inf for i in range(n)]
-        paired[w.name] = [paired_round(logs[w.name][SPECULATIVE][i], logs[w.name][BASE][i]) for i in range(n)]
+        rates = {v: with_pooled_variance(logs[w.name][v], profiles[w.name][v], f"{w.name}/{v}") for v in (BASE, SPECULATIVE)}
+        paired[w.name] = [paired_round(rates[SPECULATIVE][i], rates[BASE][i]) for i in range(n)]
         if n:
             iv = intervals[w.name] = paired_interval(paired[w.name], level)
             r.speedup, r.speedup_low = iv.estimate, iv.low
@@ -569,6 +576,15 @@ def _log_rate(m: Measurement, w: Workload) -> LogRate:
         rate = m.tokens_per_second
         return LogRate(math.log(rate) if rate > 0 else -math.inf, math.inf, 1.0)
     return log_rate(m.tokens_per_second, block_rates(m.arrivals, m.started_at, m.duration_s, blocks))
+
+
+def _pooled_profile(m: Measurement, w: Workload, earlier: Sequence[Sequence[float]]) -> list[float]:
+    """The measurement's coarse block rates for the pooled variance: as many blocks as the server's first measurement
+    of this workload had (the two-way layout needs the same number in every row); [] when there are too few events."""
+    blocks = len(earlier[0]) if earlier else pooled_blocks_for(len(m.arrivals), min(w.concurrency, w.requests))
+    if not blocks:
+        return []
+    return block_rates(m.arrivals, m.started_at, m.duration_s, blocks)
 
 
 ACCEPT_LENGTH_ONLY = frozenset({"sglang:spec_accept_length"})

@@ -1,8 +1,10 @@
 """Paired-ratio statistics for the probe: Student-t intervals on log speedups, corrected for repeated looks.
 
 Two methods: the within-round one (``paired_interval``, below: time blocks inside each measurement as evidence,
-plus the spread between rounds), which the probe uses, and the round-level one (``log_ratio_interval``), its
-fallback when a measurement has too few stream events for blocks. Why the round-level one (docs/probe.md has
+or, for measurements too short for their own blocks, coarser blocks pooled over all rounds of that server and
+workload (``pooled_block_variance``), plus the spread between rounds), which the probe uses, and the round-level
+one (``log_ratio_interval``), its fallback when there is no block evidence at all (the first round of a short
+workload, or one with fewer than two coarse blocks). Why the round-level one (docs/probe.md has
 the longer argument, and the within-round method's):
 
 * The unit of evidence is a *round*: base and candidate measured back to back on the same machine. Requests
@@ -226,6 +228,9 @@ class LogRate:
     log_rate: float
     var: float
     df: float
+    # Key of a variance estimate that several measurements share (pooled_block_variance: one estimate from all rounds
+    # of one server on one workload); None: this measurement's own. A shared estimate's df counts once, not per round.
+    pool: str | None = None
 
 
 def log_rate(rate: float, rates: Sequence[float]) -> LogRate:
@@ -251,6 +256,66 @@ def log_rate(rate: float, rates: Sequence[float]) -> LogRate:
     return LogRate(math.log(rate), sigma * sigma / k / (rate * rate), max(1.0, 0.37 * m))
 
 
+# Pooled block variance, for measurements with too few stream events for their own MIN_BLOCKS blocks (short
+# workloads: 64 requests x 64 tokens at concurrency 32, or one wave of 128 long streams): coarser blocks, as many as
+# give every stream POOLED_EVENTS_PER_BLOCK events (at least MIN_POOLED_BLOCKS), the same number in every measurement
+# of one server on one workload, and the noise estimated over all of them (pooled_block_variance).
+POOLED_EVENTS_PER_BLOCK = 2
+MIN_POOLED_BLOCKS = 2
+
+
+def pooled_blocks_for(events: int, streams: int) -> int:
+    """Blocks per measurement for the pooled estimate (0: too few events even for that)."""
+    k = min(MAX_BLOCKS, events // max(1, streams * POOLED_EVENTS_PER_BLOCK))
+    return k if k >= MIN_POOLED_BLOCKS else 0
+
+
+def pooled_block_variance(profiles: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """Variance of one measurement's log tok/s, and its df, from the block rates of repeated measurements.
+
+    ``profiles``: one server's block rates on one workload, one row per measurement (round), the same number K of
+    blocks in each. A closed loop repeats its structure (the waves' prefill stalls, the drain) in every measurement
+    of the same workload, so instead of ignoring a few large jumps (what the MAD in :func:`log_rate` does) the
+    variance is taken per block position, over the measurements: the repeated structure is each position's mean
+    and drops out, whatever its shape, and each position keeps its own noise (a prefill block is not as noisy as a
+    decode block). With the blocks independent, a measurement's tok/s has variance ``sum_j s_j^2 / K^2``; on the
+    log scale divided by the mean rate squared; df by Satterthwaite over the K positions, each with R - 1.
+    Structure that does not repeat (waves that drift in phase) and level changes between rounds stay in the
+    variance: wider, never narrower. None with fewer than two rows or two blocks.
+    """
+    rows = [list(p) for p in profiles if len(p) >= MIN_POOLED_BLOCKS]
+    if len(rows) < 2 or len(rows) != len(profiles) or len({len(r) for r in rows}) != 1:
+        return None
+    r, k = len(rows), len(rows[0])
+    level = sum(map(sum, rows)) / (r * k)
+    if not level > 0 or not math.isfinite(level):
+        return None
+    column_vars = []
+    for j in range(k):
+        col = [row[j] / level for row in rows]
+        mean = sum(col) / r
+        column_vars.append(sum((x - mean) ** 2 for x in col) / (r - 1))
+    return sum(column_vars) / (k * k), satterthwaite([(v, float(r - 1)) for v in column_vars])
+
+
+def with_pooled_variance(rates: Sequence[LogRate], profiles: Sequence[Sequence[float]], key: str) -> list[LogRate]:
+    """One server's measurements of one workload, each with the better-founded of its own variance and the pooled one.
+
+    ``profiles``: the same measurements' coarse blocks (:func:`pooled_block_variance`). A measurement takes the
+    pooled estimate, marked with ``key`` (its df counts once however many rounds share it), when it has no variance
+    of its own (too few events for MIN_BLOCKS blocks) or when the pooled one has more degrees of freedom. The choice
+    compares degrees of freedom (set mostly by the block counts and the number of rounds), never which variance is
+    smaller: picking the smaller one would understate the noise.
+    """
+    pooled = pooled_block_variance(profiles)
+    if pooled is None:
+        return list(rates)
+    var, df = pooled
+    return [
+        lr if not math.isfinite(lr.log_rate) or (math.isfinite(lr.var) and lr.df >= df) else LogRate(lr.log_rate, var, df, pool=key) for lr in rates
+    ]
+
+
 @dataclass(frozen=True)
 class PairedRound:
     """One round of one workload (or of the weighted mix): log speedup, its within-round variance and df."""
@@ -258,12 +323,32 @@ class PairedRound:
     log_ratio: float
     var: float
     df: float
+    # The variance's components (pool key or None, variance, df); empty: one independent component (var, df).
+    parts: tuple[tuple[str | None, float, float], ...] = ()
+
+    def components(self) -> tuple[tuple[str | None, float, float], ...]:
+        return self.parts or ((None, self.var, self.df),)
 
 
 def paired_round(speculative: LogRate, base: LogRate) -> PairedRound:
     """The round's log speedup; variance of a difference of two independent measurements, Satterthwaite df."""
     var = speculative.var + base.var
-    return PairedRound(speculative.log_rate - base.log_rate, var, satterthwaite([(speculative.var, speculative.df), (base.var, base.df)]))
+    parts = ((speculative.pool, speculative.var, speculative.df), (base.pool, base.var, base.df))
+    return PairedRound(speculative.log_rate - base.log_rate, var, pooled_satterthwaite(parts), parts)
+
+
+def pooled_satterthwaite(parts: Sequence[tuple[str | None, float, float]]) -> float:
+    """Satterthwaite df of a sum of variance components, where components with the same pool key are one estimate
+    (scaled copies of it: their variances add, and its df counts once)."""
+    merged: dict[str, tuple[float, float]] = {}
+    free: list[tuple[float, float]] = []
+    for key, var, df in parts:
+        if key is None:
+            free.append((var, df))
+        else:
+            v, d = merged.get(key, (0.0, df))
+            merged[key] = (v + var, min(d, df))
+    return satterthwaite(free + list(merged.values()))
 
 
 def satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
@@ -281,8 +366,10 @@ def weighted_paired_round(rounds: Mapping[str, PairedRound], weights: Mapping[st
     total = sum(weights[name] for name in rounds)
     ratios = {name: math.exp(p.log_ratio) for name, p in rounds.items()}
     mix = sum(weights[name] * ratios[name] for name in rounds) / total
-    parts = [((weights[name] * ratios[name] / (total * mix)) ** 2 * p.var, p.df) for name, p in rounds.items()]
-    return PairedRound(math.log(mix), sum(v for v, _ in parts), satterthwaite(parts))
+    parts = tuple(
+        (key, (weights[name] * ratios[name] / (total * mix)) ** 2 * var, df) for name, p in rounds.items() for key, var, df in p.components()
+    )
+    return PairedRound(math.log(mix), sum(v for _, v, _ in parts), pooled_satterthwaite(parts), parts)
 
 
 def regularized_gamma_q(a: float, x: float) -> float:
@@ -363,7 +450,7 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
         est = _exp(mean) if math.isfinite(mean) else 0.0
         return PairedInterval(est, 0.0, math.inf, n, level, df=0.0)
     var = sum(r.var for r in rounds) / (n * n)
-    df = satterthwaite([(r.var / (n * n), r.df) for r in rounds])
+    df = pooled_satterthwaite([(key, v / (n * n), d) for r in rounds for key, v, d in r.components()])
     heterogeneous = False
     if n >= 2:
         between = sum((r.log_ratio - mean) ** 2 for r in rounds) / (n - 1) / n
