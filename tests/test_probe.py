@@ -166,7 +166,7 @@ async def probe_between(base, candidate, workloads, *, scale=2.0, seed=0, **kwar
 def test_clear_win_promotes_with_intervals_above_one():
     result = asyncio.run(probe_between(BASE, WIN, [SINGLE, parse_workload("mid:16:32:64:32")], scale=2))
     assert (result.decision, result.reason) == ("promote", "SpeedupConfirmed"), result.message
-    assert 3 <= result.rounds <= 6
+    assert 2 <= result.rounds <= 6  # a promotion needs both orders of the servers (PROMOTE_MIN_ROUNDS)
     single = result.workloads[0]
     # Client round trips count against both servers in wall time, so the measured ratio sits a little under
     # the model's 2.08x (more so on a loaded host).
@@ -301,7 +301,8 @@ def test_on_round_sees_each_round():
         return await probe_between(BASE, WIN, [SINGLE], scale=4, on_round=hook)
 
     result = asyncio.run(scenario())
-    assert result.rounds >= 3 and seen == [(i, i) for i in range(1, result.rounds + 1)]
+    # A promotion takes at least two rounds (PROMOTE_MIN_ROUNDS), and the hook sees every one of them.
+    assert str(result.reason) == "SpeedupConfirmed" and result.rounds >= 2 and seen == [(i, i) for i in range(1, result.rounds + 1)]
 
 
 def test_scrape_metrics_reads_the_simulator():
