@@ -485,3 +485,25 @@ def test_a_short_workload_decides_from_round_two_with_pooled_block_variances():
         w = r.workloads[0]
         assert w.speedup_low > 1.0 and max(w.speedup_high / w.speedup, w.speedup / w.speedup_low) <= MAX_WIDTH
     assert all(str(r.decision) == "rollback" for r in equal), [r.message for r in equal]
+
+
+def test_a_five_percent_loss_never_promotes_with_own_or_pooled_block_variances():
+    # The 100-run benchmark's 5 %-slower case (0 of 100 promoted on each workload), five seeds on each: SMALL has
+    # blocks of its own, FEW_BLOCKS only the pooled variance.
+    bench = load_benchmark()
+    profile = bench.EQUAL
+
+    async def one(seed: int, workloads):
+        async with AsyncExitStack() as stack:
+            a = await stack.enter_async_context(SimulatorServer(profile_from_dict(profile), time_scale=4, seed=seed, load_seconds=0))
+            b = await stack.enter_async_context(
+                SimulatorServer(profile_from_dict(bench.slower(profile, 0.05)), time_scale=4, seed=seed + 1000, load_seconds=0)
+            )
+            return await run_probe(a, b, workloads, seed=seed)
+
+    async def all_of():
+        return await asyncio.gather(*(one(s, w) for s in range(400, 405) for w in (bench.SMALL, bench.FEW_BLOCKS)))
+
+    results = asyncio.run(all_of())
+    assert all(str(r.decision) == "rollback" for r in results), [r.message for r in results]
+    assert sum(str(r.reason) == "SpeedupBelowThreshold" for r in results) >= 3, [r.message for r in results]
