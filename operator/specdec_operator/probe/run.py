@@ -418,8 +418,8 @@ async def _probe(
     by_name = {w.name: r for w, r in zip(wls, result.workloads)}
     tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
     logs: dict[str, dict[str, list[LogRate]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
-    # Per workload and server: every measurement's coarse block rates, for the pooled variance of the measurements
-    # that have too few stream events for their own blocks (the block count is fixed by the first measurement).
+    # Per workload and server: every measurement's coarse block rates, for the pooled variance (stats.with_pooled_variance:
+    # measurements too short for their own blocks, or whose own blocks have fewer df; the first measurement fixes the count).
     profiles: dict[str, dict[str, list[list[float]]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
     last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
     spec_tokens = spec_verify = 0
@@ -580,7 +580,8 @@ def _log_rate(m: Measurement, w: Workload) -> LogRate:
 
 def _pooled_profile(m: Measurement, w: Workload, earlier: Sequence[Sequence[float]]) -> list[float]:
     """The measurement's coarse block rates for the pooled variance: as many blocks as the server's first measurement
-    of this workload had (the two-way layout needs the same number in every row); [] when there are too few events."""
+    of this workload had (the variance per block position needs the same positions in every row); [] when there are too
+    few events."""
     blocks = len(earlier[0]) if earlier else pooled_blocks_for(len(m.arrivals), min(w.concurrency, w.requests))
     if not blocks:
         return []

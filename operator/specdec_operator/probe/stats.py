@@ -257,7 +257,8 @@ def log_rate(rate: float, rates: Sequence[float]) -> LogRate:
 
 
 # Pooled block variance, for measurements with too few stream events for their own MIN_BLOCKS blocks (short
-# workloads: 64 requests x 64 tokens at concurrency 32, or one wave of 128 long streams): coarser blocks, as many as
+# workloads: 64 requests x 64 tokens at concurrency 32, or one wave of 128 long streams) and for those whose own blocks
+# give fewer degrees of freedom than the pool (with_pooled_variance): coarser blocks, as many as
 # give every stream POOLED_EVENTS_PER_BLOCK events (at least MIN_POOLED_BLOCKS), the same number in every measurement
 # of one server on one workload, and the noise estimated over all of them (pooled_block_variance).
 POOLED_EVENTS_PER_BLOCK = 2
