@@ -15,6 +15,7 @@ include images/images.env
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
 	@echo "make test         install everything into $(VENV), build the control-plane tools, lint, run the whole suite"
+	@echo "make test-unit    the tests that need no control plane (tests/unit), on every core"
 	@echo "make lint         ruff (lint and format check) and mypy over the tree (configured in pyproject.toml)"
 	@echo "make tools        build kube-apiserver/controller-manager/scheduler, etcd, kwok, helm into $(SPECDEC_TOOLS_DIR)"
 	@echo "make cluster-up   start the local control plane with simulated GPU nodes (cluster-down stops it)"
@@ -52,10 +53,10 @@ node-deps:
 	hack/node-deps.sh
 
 cluster-up: tools venv $(if $(REAL_NODE),node-deps)
-	$(PY) hack/devcluster.py up $(if $(REAL_NODE),--real-node --load-images) $(if $(LWS),--lws)
+	$(PY) -m hack.devcluster up $(if $(REAL_NODE),--real-node --load-images) $(if $(LWS),--lws)
 
 cluster-down:
-	$(PY) hack/devcluster.py down
+	$(PY) -m hack.devcluster down
 
 crd: venv
 	$(VENV)/bin/specdec crd > crds/specdec.io_speculativeservers.yaml
@@ -67,19 +68,25 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/test_realnode_e2e.py) needs the
+# CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/cluster/test_realnode_e2e.py) needs the
 # node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself. The
-# LeaderWorkerSet test (tests/test_fleet_cluster.py) needs group lws: the real controller and its CRD.
+# LeaderWorkerSet test (tests/cluster/test_fleet_cluster.py) needs group lws: the real controller and its CRD.
 # The three preparations run side by side (-j3): the Go builds are CPU-bound, apt-get and pip mostly wait on the
 # network, and on a fresh 2-core machine the sequence cost about 4 minutes more than the tool builds alone.
-# --durations: the slowest tests, to see where a fresh machine's time goes.
+# PYTEST_WORKERS > 0 runs pytest-xdist workers, each a session with its own control plane (tests/support/kube.py):
+# the cluster tests mostly wait, so workers could fill the idle cores. The default is 0 (one process) until the
+# tests that measure simulated servers in real time (probe statistics, speedup curves, fleet walks) hold under 4
+# control planes on 2 cores: on a loaded machine they came out Inconclusive or timed out (docs/development.md).
+# --durations: where a fresh machine's time goes.
+PYTEST_WORKERS ?= 0
 test: TOOL_GROUPS := kube etcd helm node lws
 test:
 	$(MAKE) --no-print-directory -j3 lint tools node-deps TOOL_GROUPS="$(TOOL_GROUPS)"
-	$(VENV)/bin/pytest --durations=30
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --durations=30
 
+# tests/unit: no control plane (the chart's tests still need helm from `make tools`).
 test-unit: venv
-	$(VENV)/bin/pytest -m "not cluster"
+	$(VENV)/bin/pytest -n auto tests/unit
 
 demo: venv tools
 	$(PY) hack/demo.py
@@ -90,7 +97,7 @@ manifests: venv tools
 # `make images`: the operator, drafter-training and SGLang-simulator images from images/*/Dockerfile, with Docker/
 # BuildKit where an engine answers and with buildah otherwise (hack/build-image.sh; same Dockerfiles, arguments and
 # tags either way). With buildah each image is also written as an OCI archive under ~/.cache/specdec-operator/images
-# for `ctr images import` (the real node of hack/devcluster.py loads them).
+# for `ctr images import` (the real node of hack/devcluster loads them).
 # IMAGES: which images (default all three). The training base carries torch 2.14.1 + CUDA 13 (several GB).
 IMAGES ?= operator training simulator
 BUILD_IMAGE := hack/build-image.sh

@@ -2,8 +2,8 @@
 measured against the pods' own times (creationTimestamp, status.startTime, the Ready condition's
 lastTransitionTime), and the operator's API writes per step.
 
-Starts its own local control plane (hack/devcluster.py, cluster `fleet-bench`, removed afterwards), the operator
-as a `specdec run` process (as tests/test_operator_e2e.py does: --endpoints maps the Services to two simulators
+Starts its own local control plane (hack/devcluster, cluster `fleet-bench`, removed afterwards), the operator
+as a `specdec run` process (as tests/cluster/test_operator_e2e.py does: --endpoints maps the Services to two simulators
 on loopback, --reconcile-interval 1), and one SpeculativeServer of --replicas Blackwell 8-GPU servers with
 rollout.maxSurge 0, maxUnavailable 1, keepBaseWarm false. kwok makes a pod Ready --ready-after after its
 containers start (a model load of that length). API writes are the operator's own count
@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "operator"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "operator")]
 
 from kubernetes import client, config
 
@@ -60,8 +60,9 @@ def main() -> int:
     parser.add_argument("--ready-after", default="2s")
     args = parser.parse_args()
 
-    from simulators import Simulators
     from test_operator_e2e import Operator, compatible_annotations, example, free_port
+
+    from tests.support.simulators import Simulators
 
     cluster = devcluster.up("fleet-bench", tie_to_parent=True)
     sims = Simulators()

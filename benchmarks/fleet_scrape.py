@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO / "operator"))
 
 from aiohttp import web
 
-from specdec_operator.config import Endpoints, OperatorConfig
-from specdec_operator.probescheduler import ProbeScheduler
+from specdec_operator.controller.config import Endpoints, OperatorConfig
+from specdec_operator.controller.probescheduler import ProbeScheduler
 from specdec_operator.simulator import SimulatorServer, load_profile
 
 

@@ -6,7 +6,7 @@ streams cut half-way, malformed JSON chunks, streams that stall past the client'
 dies mid-round, or a mix. The claim checked: zero promotions, and every run ends with a reason.
 
 Usage: .venv/bin/python benchmarks/probe_faults.py [--runs 100] [--parallel 10]
-(tests/test_probe_faults.py runs the same campaign and asserts on it.)
+(tests/unit/test_probe_faults.py runs the same campaign and asserts on it.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ WORKLOAD = Workload(name="faults", concurrency=2, input_tokens=8, output_tokens=
 REQUEST_TIMEOUT = 1.5  # seconds a request may take
 READ_TIMEOUT = 0.5  # seconds between two reads of a stream: a stall longer than this is past the deadline
 # A lenient decision rule (95 %, 4 rounds) makes promotion as easy as it gets, so "zero promotions under
-# faults" is the stronger claim; the control run (tests/test_probe_faults.py) promotes with these settings.
+# faults" is the stronger claim; the control run (tests/unit/test_probe_faults.py) promotes with these settings.
 PROBE_SETTINGS = {"max_rounds": 4, "confidence": 0.95, "request_timeout": REQUEST_TIMEOUT, "read_timeout": READ_TIMEOUT}
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scale: many SpeculativeServers on the local control plane, one operator (results: docs/scale.md).
 
-Starts its own local control plane (hack/devcluster.py, cluster name `scale`, removed afterwards unless --keep),
+Starts its own local control plane (hack/devcluster, cluster name `scale`, removed afterwards unless --keep),
 adds enough simulated one-GPU-per-pod capacity (kwok nodes), starts a few SGLang simulators shared by every
 object through the operator's --endpoints mapping, runs the real `specdec run` as a subprocess, creates the
 objects across namespaces and waits until every one has settled in a terminal phase (Promoted, RolledBack,
@@ -451,7 +451,7 @@ def run_baseline(args: Any, cluster: Any, api_client: Any, result: dict[str, Any
     from kubernetes import client
 
     from specdec_operator import manifests as m
-    from specdec_operator.handlers import CREATIONS_AT_ONCE
+    from specdec_operator.controller.execute import CREATIONS_AT_ONCE
 
     core = client.CoreV1Api(api_client)
     names = [

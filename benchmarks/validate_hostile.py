@@ -1,6 +1,6 @@
 """Time and memory of `specdec validate` on hostile model directories.
 
-Every case of tests/hostile_dirs.py (truncated safetensors headers, a header claiming 2^60 bytes, a
+Every case of tests/support/hostile_dirs.py (truncated safetensors headers, a header claiming 2^60 bytes, a
 100 MB config.json, symlink loops, FIFOs, /dev/zero, non-UTF-8 names, ...) plus a few whole-directory
 cases is built in a temporary directory, then validated by the real CLI in a fresh process per run.
 Printed per case: exit status, whether stderr was exactly one line, wall time (median of --runs) and
@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # tests.support: the hostile cases, model directories
 sys.path.insert(0, str(ROOT / "operator"))
 
 EXTRA_CASES = ("drafter-dir-symlink-loop", "non-utf8-dir-name", "full-moe-model-as-drafter", "24k-tensors-3-shards")
 
 
 def build(root: Path) -> None:
-    import hostile_dirs as hd
-    import model_dirs as md
+    from tests.support import hostile_dirs as hd
+    from tests.support import model_dirs as md
 
     md.make_target(root / "target", md.kimi_k25(), tokenizer_config=md.KIMI_TOKENIZER)
     for name, (breaker, _) in hd.CASES.items():
@@ -65,7 +65,7 @@ def main() -> int:
         build(Path(opts.build))
         return 0
 
-    import hostile_dirs as hd
+    from tests.support import hostile_dirs as hd
 
     with tempfile.TemporaryDirectory(prefix="validate-hostile-") as tmp:
         root = Path(tmp)

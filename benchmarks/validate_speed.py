@@ -26,13 +26,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # tests.support: model directories
 sys.path.insert(0, str(ROOT / "operator"))
-
-import model_dirs as md
 
 from specdec_operator import validator
 from specdec_operator.validator.modelmeta import MetaReader
+from tests.support import model_dirs as md
 
 
 def time_in_process(args: argparse.Namespace, runs: int) -> tuple[list[float], int, validator.ValidationReport]:

@@ -11,7 +11,7 @@
 --                whose Ready condition is False
 --   Unknown      a phase this script does not know (a newer operator)
 --
--- tests/test_argocd_health.py runs this file in a real Lua runtime (lupa) against sample objects.
+-- tests/unit/test_argocd_health.py runs this file in a real Lua runtime (lupa) against sample objects.
 
 local hs = {}
 

@@ -4,7 +4,7 @@
     specdec-train capture    --samples samples.jsonl --target DIR --out caps/ [--source hf|sglang]
     specdec-train vocab      --capture caps/ [--draft-vocab-size 32000]
     specdec-train train      --capture caps/ --target DIR --out run/ [--ttt-steps 7 --epochs 10]
-    specdec-train export     --run run/ --target DIR --out drafter/
+    specdec-train export     --run run/ --target DIR --out drafter/ [--engine sglang|vllm]
     specdec-train evaluate   --target DIR --drafter run/final --prompts heldout.jsonl
 
 Every stage resumes where an interrupted run stopped. Unusable input exits 2 with one line naming the
@@ -19,6 +19,7 @@ import logging
 import sys
 from typing import Any
 
+from specdec_operator.choices import ENGINES
 from specdec_operator.errors import InputError
 
 
@@ -90,11 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default=None)
 
-    e = sub.add_parser("export", help="write the SGLang checkpoint and training_provenance.json")
+    e = sub.add_parser("export", help="write the EAGLE-3 checkpoint for the serving engine and training_provenance.json")
     e.add_argument("--run", required=True, help="training output directory (its final/ is exported)")
     e.add_argument("--target", required=True)
     e.add_argument("--out", required=True)
     e.add_argument("--target-model", default=None, help="name recorded as target_model (default: capture's)")
+    e.add_argument(
+        "--engine",
+        type=str.lower,
+        choices=ENGINES,
+        default="sglang",
+        help="the engine that will serve the drafter (default sglang): they read the aux layer ids one layer apart",
+    )
 
     ev = sub.add_parser("evaluate", help="real acceptance length by chain speculative decoding")
     ev.add_argument("--target", required=True)
@@ -204,9 +212,9 @@ def _run(args: argparse.Namespace) -> Any:
     if args.stage == "export":
         from pathlib import Path
 
-        from .export import export_sglang
+        from .export import export_drafter
 
-        return export_sglang(Path(args.run) / "final", args.target, args.out, target_model=args.target_model)
+        return export_drafter(Path(args.run) / "final", args.target, args.out, engine=args.engine, target_model=args.target_model).to_json()
     if args.stage == "evaluate":
         return _evaluate(args, progress)
     raise AssertionError(args.stage)

@@ -1,12 +1,17 @@
-"""Stage 5: export a trained draft in SGLang's EAGLE-3 format, with its training provenance.
+"""Stage 5: export a trained draft in the EAGLE-3 format of the engine that will serve it, with its provenance.
 
 config.json: `architectures: ["LlamaForCausalLMEagle3"]`, Llama fields, `num_hidden_layers: 1`,
 `vocab_size` (the target's), `draft_vocab_size`, `target_hidden_size`, `tie_word_embeddings: false` (so
-SGLang loads our `lm_head.weight` over the draft vocabulary), and `eagle_config` with
-`eagle_aux_hidden_state_layer_ids` in SGLang's config convention (layer outputs; SGLang adds one).
+the engine loads our `lm_head.weight` over the draft vocabulary), and `eagle_config` with
+`eagle_aux_hidden_state_layer_ids` in the serving engine's convention. The two engines read those ids one
+layer apart: SGLang captures the input of target layer id + 1 (LlamaForCausalLM.set_eagle3_layers_to_capture
+adds one), vLLM the hidden state after `id` layers, i.e. the input of layer id (vLLM 0.32's LlamaModel.forward
+calls _maybe_add_hidden_state with start_layer before its loop and with idx + 1 after layer idx). Training records the layer outputs (SGLang's numbers), so `--engine vllm` writes each id
+plus one. Both engines load the same architecture name and the same tensors.
 model.safetensors: `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight` (bf16), `d2t` (int64),
-`t2d` (bool). SGLang skips unknown names silently, so `check_export` verifies every expected name.
-training_provenance.json: what the validator compares against the serving target.
+`t2d` (bool). The engines skip unknown names silently, so `check_export` verifies every expected name.
+training_provenance.json (validator/provenance.py's DrafterProvenance): what the validator compares against
+the serving target and engine.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from specdec_operator.choices import ENGINES
 from specdec_operator.errors import InputError
+from specdec_operator.validator.provenance import FILENAME as PROVENANCE
+from specdec_operator.validator.provenance import TRAINER, CaptureLayerIds, DrafterProvenance
 
 from .model import DraftConfig
 from .target import read_config, tokenizer_sha256
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-PROVENANCE = "training_provenance.json"
 
 
 def expected_weight_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
@@ -53,7 +60,9 @@ def expected_weight_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def sglang_config(cfg: DraftConfig, target_cfg: dict[str, Any]) -> dict[str, Any]:
+def draft_config_json(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str = "sglang") -> dict[str, Any]:
+    """config.json for `engine`; cfg.aux_layer_ids are the trained layers as output indices (SGLang's convention)."""
+    aux_layer_ids = CaptureLayerIds.from_output_index(list(cfg.aux_layer_ids)).for_engine(engine)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -79,14 +88,23 @@ def sglang_config(cfg: DraftConfig, target_cfg: dict[str, Any]) -> dict[str, Any
         "eos_token_id": target_cfg.get("eos_token_id"),
         "pad_token_id": target_cfg.get("pad_token_id"),
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "eagle_aux_hidden_state_layer_ids": aux_layer_ids,
             "use_aux_hidden_state": True,
         },
     }
 
 
-def export_sglang(final_dir: str | Path, target_dir: str | Path, out_dir: str | Path, *, target_model: str | None = None) -> dict[str, Any]:
-    """Write config.json, model.safetensors and training_provenance.json; returns the provenance."""
+def export_drafter(
+    final_dir: str | Path,
+    target_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    engine: str = "sglang",
+    target_model: str | None = None,
+) -> DrafterProvenance:
+    """Write config.json (for `engine`), model.safetensors and training_provenance.json; returns the provenance."""
+    if engine not in ENGINES:
+        raise InputError(f"--engine {engine}: must be one of {', '.join(ENGINES)}")
     final_dir, out_dir = Path(final_dir), Path(out_dir)
     try:
         cfg = DraftConfig.from_dict(json.loads((final_dir / "draft_config.json").read_text()))
@@ -117,36 +135,34 @@ def export_sglang(final_dir: str | Path, target_dir: str | Path, out_dir: str | 
         tensors[name] = t.contiguous()
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(sglang_config(cfg, target_cfg), indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(draft_config_json(cfg, target_cfg, engine), indent=2) + "\n")
     capture = summary.get("capture", {})
     final_eval = (summary.get("evals") or [{}])[-1]
-    provenance = {
-        "target_model": target_model or capture.get("target_model") or str(target_dir),
-        "target_quantization": capture.get("target_quantization", "unknown"),
-        "hidden_state_source": {"hf": "transformers"}.get(capture.get("source"), capture.get("source", "unknown")),
-        "num_samples": summary.get("num_samples"),
-        "epochs": summary.get("epochs_completed"),
-        "tokenizer_sha256": tokenizer_sha256(target_dir),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "capture_layer_ids": {
-            "sglang_config_output_index": list(cfg.aux_layer_ids),
-            "input_index": [i + 1 for i in cfg.aux_layer_ids],
-        },
-        "hidden_state_storage": capture.get("storage"),
-        "ttt_steps": summary.get("config", {}).get("ttt_steps"),
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "simulated_acceptance_length": final_eval.get("simulated_acceptance_length"),
-        "trainer": "specdec-operator drafter_training",
-    }
-    if capture.get("tokenizer_sha256") and capture["tokenizer_sha256"] != provenance["tokenizer_sha256"]:
+    provenance = DrafterProvenance(
+        target_model=target_model or capture.get("target_model") or str(target_dir),
+        target_quantization=capture.get("target_quantization", "unknown"),
+        hidden_state_source={"hf": "transformers"}.get(capture.get("source"), capture.get("source", "unknown")),
+        num_samples=summary.get("num_samples"),
+        epochs=summary.get("epochs_completed"),
+        tokenizer_sha256=tokenizer_sha256(target_dir),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        engine=engine,
+        capture_layer_ids=CaptureLayerIds.from_output_index(list(cfg.aux_layer_ids)),
+        hidden_state_storage=capture.get("storage"),
+        ttt_steps=summary.get("config", {}).get("ttt_steps"),
+        draft_vocab_size=cfg.draft_vocab_size,
+        simulated_acceptance_length=final_eval.get("simulated_acceptance_length"),
+        trainer=TRAINER,
+    )
+    if capture.get("tokenizer_sha256") and capture["tokenizer_sha256"] != provenance.tokenizer_sha256:
         raise InputError(f"{target_dir}: tokenizer differs from the one the hidden states were captured with; export against the captured target")
-    (out_dir / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+    (out_dir / PROVENANCE).write_text(provenance.dumps())
     check_export(out_dir)
     return provenance
 
 
 def check_export(out_dir: str | Path) -> None:
-    """Reopen an export and check every name, shape and dtype SGLang needs (it would skip them silently)."""
+    """Reopen an export and check every name, shape and dtype the engines need (they would skip them silently)."""
     out_dir = Path(out_dir)
     cfg_json = json.loads((out_dir / "config.json").read_text())
     if cfg_json.get("architectures") != [ARCHITECTURE]:
@@ -166,7 +182,7 @@ def check_export(out_dir: str | Path) -> None:
         names = set(f.keys())
         for name, shape in expected_weight_shapes(cfg).items():
             if name not in names:
-                raise InputError(f"{out_dir}/model.safetensors: {name} missing (SGLang would skip it silently)")
+                raise InputError(f"{out_dir}/model.safetensors: {name} missing (the engine would skip it silently)")
             t = f.get_slice(name)
             if tuple(t.get_shape()) != shape:
                 raise InputError(f"{out_dir}/model.safetensors: {name} shape {tuple(t.get_shape())} != {shape}")

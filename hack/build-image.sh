@@ -12,7 +12,7 @@
 #   LOCAL_BASE_IMAGE, LOCAL_BASE_SUITE   from images/images.env (the Makefile exports them)
 #
 # With buildah, every image is also written as an OCI archive, $SPECDEC_IMAGES_DIR/<name>_<tag>.oci.tar, which
-# `ctr images import` loads into a containerd (hack/devcluster.py --real-node does, for its node).
+# `ctr images import` loads into a containerd (hack/devcluster --real-node does, for its node).
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make demo`: the operator deciding, on this machine, what the seed found out by hand over a day of GPU time.
 
-1. Start a local Kubernetes control plane (hack/devcluster.py: real kube-apiserver, scheduler, controller-manager;
+1. Start a local Kubernetes control plane (hack/devcluster: real kube-apiserver, scheduler, controller-manager;
    kwok plays the kubelets of simulated 8-GPU Blackwell and Hopper nodes) and install the CRD.
 2. Start SGLang simulators (specdec simulate) for every server: the Kimi-K2.5 base and the two drafters from the
    seed's table, and a Llama-3.1-8B-like pair whose drafter pays off.
@@ -35,7 +35,7 @@ import yaml
 HACK = Path(__file__).resolve().parent
 REPO = HACK.parent
 sys.path.insert(0, str(HACK))
-sys.path.insert(0, str(REPO / "tests"))  # model_dirs: metadata-only model directories for the validator
+sys.path.insert(0, str(REPO))  # tests.support.model_dirs: metadata-only model directories for the validator
 
 import devcluster
 
@@ -209,7 +209,7 @@ FLEET_CASE = Case(None, FLEET, "llama31-8b-base", "llama31-8b-eagle3", 10.0, "a 
 
 def validator_verdicts(workdir: Path) -> None:
     """Run the real `specdec validate` on metadata-only model directories shaped like each case's models."""
-    import model_dirs as md
+    from tests.support import model_dirs as md
 
     models = workdir / "models"
     kimi = md.make_target(models / "kimi-k2.5-int4", md.kimi_k25(), tokenizer_config=md.KIMI_TOKENIZER, shards=2)
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if args.keep:
-            say(f"\n--keep: left running (workdir {workdir}); stop with `python hack/devcluster.py down --name {CLUSTER}`")
+            say(f"\n--keep: left running (workdir {workdir}); stop with `python -m hack.devcluster down --name {CLUSTER}`")
         else:
             say("\nCleaning up: deleting the SpeculativeServers (children are garbage-collected), stopping everything.")
             try:

@@ -13,5 +13,5 @@ PLURAL = "speculativeservers"
 
 # The SGLang release this package is written against: the validator's tables (validator/tables.py) are read
 # from it, it is the default spec.sglangVersion, and `make test` installs its wheel (the Makefile's copy is
-# kept equal by tests/test_sglang_version.py).
+# kept equal by tests/unit/test_sglang_version.py).
 SGLANG_VERSION = "0.5.23"

@@ -16,10 +16,10 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from . import SGLANG_VERSION
-from .choices import Algorithm, Quantization
+from .choices import SGLANG_VERSIONS, Algorithm, Quantization, SGLangVersion
 
 # --------------------------------------------------------------------------------------------------
 # Shared vocabulary: phases, variants, condition types and reasons are constants, never ad-hoc strings.
@@ -113,6 +113,17 @@ class Reason(StrEnum):
     STARTING = "Starting"
     NO_POD = "NoPod"
     REPLACING = "Replacing"
+    # Why a wait has no end, read from the pods and their Events (reconcile/stuck.py), and the deadline that ends it
+    VOLUME_NOT_MOUNTED = "VolumeNotMounted"
+    IMAGE_NOT_PULLED = "ImageNotPulled"
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    # By hand (specdec.io/* annotations, `kubectl specdec`): decisions made by a person, and their Events
+    ABORTED = "Aborted"
+    PROMOTED_BY_HAND = "PromotedByHand"
+    RETRY_REQUESTED = "RetryRequested"
+    WALK_PAUSED = "WalkPaused"
+    WALK_RESUMED = "WalkResumed"
     SCALED_DOWN = "ScaledDown"
     # SpeedupVerified before a decision
     NOT_PROBED = "NotProbed"
@@ -177,6 +188,9 @@ _MANAGED_FLAG_RE = (
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A model load of the largest targets takes 5-10 minutes (seed: Kimi-K2.5, 547 GB), a probe up to its rounds: an
+# hour without progress is a wait without an end, not a slow load.
+DEFAULT_PROGRESS_DEADLINE_S = 3600
 VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$"
 # Kubernetes label syntax: key = [prefix/]name (name at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends;
 # prefix a DNS subdomain), value empty or like a name. The API server checks it only on the children, so a spec
@@ -185,14 +199,91 @@ _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 LABEL_KEY_PATTERN = rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$"
 LABEL_VALUE_PATTERN = rf"^({_LABEL_NAME})?$"
 
+# The SGLang release an image tag names: an image of a repository called sglang (lmsysorg/sglang, a mirror's
+# .../sglang) tagged v0.5.23, 0.5.23, v0.5.23-cu129, v0.5.9_b200 (after the version, '-' or '_' starts the build's
+# own suffix: CUDA, platform), with or without a registry port or a digest. latest, dev, nightly-... or v0.5.23rc1
+# name no release, nor does the version tag of another repository (my-team/inference:1.4.2 is that image's own
+# version, not SGLang's). '[.]' rather than '\\.' (see _NO_DOTDOT below).
+_RELEASE = "[0-9]+[.][0-9]+[.][0-9]+([.]post[0-9]+)?"
 
-def _cel(*rules: tuple[str, str, str | None]) -> dict[str, Any]:
-    """json_schema_extra carrying CEL rules: (rule, message, fieldPath or None)."""
+
+def _image_tag_pattern(release: str) -> str:
+    """Regex matching an image of a repository called sglang whose tag names `release` (a regex)."""
+    return f"^([^@]*/)?sglang:v?({release})([-_][A-Za-z0-9_.-]*)?(@.*)?$"
+
+
+IMAGE_NAMES_A_RELEASE = _image_tag_pattern(_RELEASE)
+_IMAGE_RELEASE = {v: _image_tag_pattern(v.replace(".", "[.]")) for v in SGLANG_VERSIONS}
+IMAGE_NAMES_A_SUPPORTED_RELEASE = _image_tag_pattern("|".join(v.replace(".", "[.]") for v in SGLANG_VERSIONS))
+
+
+def image_release(image: str) -> str | None:
+    """The SGLang release image's tag names (lmsysorg/sglang:v0.5.23-cu129 -> 0.5.23), or None when it names none."""
+    found = re.match(IMAGE_NAMES_A_RELEASE, image)
+    return found.group(2) if found else None
+
+
+def _supported_list() -> str:
+    return ", ".join(SGLANG_VERSIONS[:-1]) + " or " + SGLANG_VERSIONS[-1]
+
+
+def _tag_release_expression() -> str:
+    """CEL: the supported release self.image's tag names (only evaluated when it names one)."""
+    expr = f"'{SGLANG_VERSIONS[-1]}'"
+    for version in reversed(SGLANG_VERSIONS[:-1]):
+        expr = f"(self.image.matches('{_IMAGE_RELEASE[version]}') ? '{version}' : {expr})"
+    return expr
+
+
+def _release_rules() -> list[tuple[str, str, str | None, str]]:
+    """CEL rules tying spec.image's tag to spec.sglangVersion: one truth about the release (docs/sglang-args.md)."""
+    agreement = " || ".join(f"(self.sglangVersion == '{v}' && self.image.matches('{p}'))" for v, p in _IMAGE_RELEASE.items())
+    return [
+        (
+            f"!self.image.matches('{IMAGE_NAMES_A_RELEASE}') || self.image.matches('{IMAGE_NAMES_A_SUPPORTED_RELEASE}')",
+            f"image: its tag names an SGLang release the operator cannot render a command line for; use an image of SGLang {_supported_list()}",
+            ".image",
+            f"'image ' + self.image + ': its tag names an SGLang release the operator cannot render a command line for; "
+            f"use an image of SGLang {_supported_list()}'",
+        ),
+        (
+            f"!has(self.sglangVersion) || !self.image.matches('{IMAGE_NAMES_A_SUPPORTED_RELEASE}') || {agreement}",
+            "sglangVersion disagrees with the release the image's tag names: leave sglangVersion out (the release comes from the tag) or use an image of that release",
+            ".sglangVersion",
+            "'sglangVersion ' + self.sglangVersion + ' disagrees with image ' + self.image + ' (SGLang ' + "
+            + _tag_release_expression()
+            + " + '): leave sglangVersion out (the release comes from the tag) or use an image of SGLang ' + self.sglangVersion",
+        ),
+    ]
+
+
+def release_disagreement(image: str, sglang_version: str | None) -> str | None:
+    """What _release_rules refuses, in the same words (the CLI and the operator parse specs with pydantic)."""
+    tagged = image_release(image)
+    if tagged is None:
+        return None
+    if tagged not in SGLANG_VERSIONS:
+        return f"image {image}: its tag names an SGLang release the operator cannot render a command line for; use an image of SGLang {_supported_list()}"
+    if sglang_version is not None and sglang_version != tagged:
+        return (
+            f"sglangVersion {sglang_version} disagrees with image {image} (SGLang {tagged}): leave sglangVersion out "
+            f"(the release comes from the tag) or use an image of SGLang {sglang_version}"
+        )
+    return None
+
+
+def _cel(*rules: tuple[str, str, str | None] | tuple[str, str, str | None, str]) -> dict[str, Any]:
+    """json_schema_extra carrying CEL rules: (rule, message, fieldPath or None[, messageExpression]).
+
+    A messageExpression (a CEL expression giving the message) lets the refusal name the values it refuses; the
+    static message stays for clients and documents that show rules without evaluating them."""
     out = []
-    for rule, message, field_path in rules:
+    for rule, message, field_path, *message_expression in rules:
         item = {"rule": rule, "message": message}
         if field_path:
             item["fieldPath"] = field_path
+        if message_expression:
+            item["messageExpression"] = message_expression[0]
         out.append(item)
     return {"x-kubernetes-validations": out}
 
@@ -338,6 +429,14 @@ class Drafter(_SpecModel):
             (
                 "self.algorithm == 'NEXTN' || has(self.path)",
                 "drafter.path is required for EAGLE3 and EAGLE (only NEXTN/MTP uses the target's own layers)",
+                ".path",
+            ),
+            (
+                # A NEXTN server drafts with the target's own layers: a path would be ignored by the command line,
+                # and the operator would wait for a validator verdict no init container ever gives.
+                "self.algorithm != 'NEXTN' || !has(self.path)",
+                "drafter.path must not be set with algorithm NEXTN, which drafts with the target's own multi-token-prediction "
+                "layers: remove drafter.path, or choose EAGLE3 or EAGLE for a separate draft model",
                 ".path",
             ),
             (
@@ -732,7 +831,14 @@ class Rollout(_SpecModel):
     keep_base_warm: bool = Field(
         True,
         alias="keepBaseWarm",
-        description="Keep the losing server running after the decision (instant rollback/promotion) instead of scaling it to 0 to free its GPUs.",
+        description="After a promotion, keep the base server running (its GPUs serve no traffic) for an instant rollback, instead of "
+        "scaling it to 0. One server only: a fleet walks every server to the winner.",
+    )
+    keep_speculative_warm: bool = Field(
+        False,
+        alias="keepSpeculativeWarm",
+        description="After a rollback, keep the speculative server that lost running (its GPUs serve no traffic), e.g. to debug its "
+        "acceptance. Off by default: a speculative server that lost holds no GPUs. One server only.",
     )
     load_aware: Literal["Auto", "Off"] = Field(
         LoadAware.AUTO.value,
@@ -779,6 +885,250 @@ class PodMetadata(_SpecModel):
     _keys = field_validator("labels", "annotations")(_check_label_keys)
 
 
+# What the operator puts into every server pod itself, and what a podTemplate may therefore not take: the volumes'
+# names and the directories they are mounted at (manifests.py renders them; tests/unit/test_podtemplate.py keeps the
+# two equal). The model volume is mounted at model.mountPath.
+OPERATOR_VOLUME_NAMES = ("model", "dshm", "tmp", "cache", "adaptive-config")
+OPERATOR_MOUNT_PATHS = ("/dev/shm", "/tmp", "/cache", "/etc/specdec/adaptive")
+_ABSOLUTE_PATH = r"^(/[^/\x00]+)+$"  # absolute, no trailing slash, not "/": the rules compare prefixes joined with "/"
+
+
+def _free_list(max_items: int, item_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Schema of a list of embedded Kubernetes objects passed through unchanged (tolerations, volumes, ...)."""
+    return {"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, **(item_extra or {})}, "maxItems": max_items}
+
+
+class LocalObjectReference(_SpecModel):
+    name: str = Field(description="Name of an object in the SpeculativeServer's namespace.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+
+
+class PodTemplate(_SpecModel):
+    """What a platform team sets on its pods, taken by every server pod the operator creates (both variants'
+    Deployments, or the leader and worker templates of LeaderWorkerSets).
+
+    The operator owns the rest: the containers' image, command, GPU limits, probes and ports, the model volume and
+    its mount, /dev/shm, /tmp and /cache. A field that would change those is refused at admission.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "!has(self.volumes) || self.volumes.all(v, !(v.name in " + repr(list(OPERATOR_VOLUME_NAMES)) + "))",
+                "podTemplate.volumes[].name must not be "
+                + ", ".join(OPERATOR_VOLUME_NAMES)
+                + ": the operator's own volumes have those names; give the volume another name",
+                ".volumes",
+            ),
+            (
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+                "podTemplate.volumeMounts[].name must name a volume of podTemplate.volumes",
+                ".volumeMounts",
+            ),
+            (
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, "
+                + repr(list(OPERATOR_MOUNT_PATHS))
+                + ".all(p, m.mountPath != p && !p.startsWith(m.mountPath + '/')))",
+                "podTemplate.volumeMounts[].mountPath must not be "
+                + ", ".join(OPERATOR_MOUNT_PATHS)
+                + " or a directory above one of them (the operator mounts its own volumes there); a directory below "
+                "/tmp or /cache is fine",
+                ".volumeMounts",
+            ),
+            (
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, !m.mountPath.matches('" + r"(^|/)[.][.](/|$)" + "'))",
+                "podTemplate.volumeMounts[].mountPath must not contain '..' segments",
+                ".volumeMounts",
+            ),
+            (
+                # The validator init container runs as UID 65532 with runAsNonRoot unless told otherwise: root
+                # without runAsNonRoot false would never start (the kubelet refuses the container).
+                "!has(self.containerSecurityContext) || !has(self.containerSecurityContext.runAsUser) "
+                "|| self.containerSecurityContext.runAsUser != 0 "
+                "|| (has(self.containerSecurityContext.runAsNonRoot) && self.containerSecurityContext.runAsNonRoot == false)",
+                "podTemplate.containerSecurityContext: runAsUser 0 also needs runAsNonRoot: false (the validator init "
+                "container runs as non-root unless told otherwise)",
+                ".containerSecurityContext",
+            ),
+        )
+    )
+
+    metadata: PodMetadata | None = Field(None, description="Extra labels and annotations of the server pods (the operator's own labels win).")
+    node_selector: dict[str, LabelValue] | None = Field(
+        None,
+        alias="nodeSelector",
+        description="Extra node selector of the server pods.",
+        max_length=64,
+        json_schema_extra=_label_keys("podTemplate.nodeSelector"),
+    )
+    _node_selector_drop_null = field_validator("node_selector", mode="before")(_drop_null_values)
+
+    @field_validator("node_selector")
+    @classmethod
+    def _node_selector_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else _check_label_keys(value)
+
+    affinity: dict[str, Any] | None = Field(
+        None,
+        description="core/v1 Affinity of the server pods (node affinity terms are ANDed with the one from resources.gpuFamily; "
+        "multi-node servers add their own pod (anti-)affinity terms).",
+        json_schema_extra=_free_object(),
+    )
+    tolerations: list[dict[str, Any]] | None = Field(
+        None,
+        description="core/v1 Tolerations of the server pods, in addition to the nvidia.com/gpu taint toleration the operator adds.",
+        max_length=64,
+        json_schema_extra=_free_list(64),
+    )
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(
+        None,
+        alias="topologySpreadConstraints",
+        description="core/v1 TopologySpreadConstraints of the server pods (e.g. spread a fleet's servers over zones).",
+        max_length=16,
+        json_schema_extra=_free_list(16),
+    )
+    priority_class_name: str | None = Field(
+        None, alias="priorityClassName", description="PriorityClass of the server pods.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253
+    )
+    runtime_class_name: str | None = Field(
+        None,
+        alias="runtimeClassName",
+        description="RuntimeClass of the server pods (e.g. nvidia, where the NVIDIA container runtime is not the default).",
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        max_length=253,
+    )
+    service_account_name: str | None = Field(
+        None,
+        alias="serviceAccountName",
+        description="ServiceAccount of the server pods (unset: the namespace's default).",
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        max_length=253,
+    )
+    automount_service_account_token: bool | None = Field(
+        None,
+        alias="automountServiceAccountToken",
+        description="Mount the ServiceAccount's API token into the server pods (unset: false; SGLang never calls the Kubernetes API).",
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        None,
+        alias="imagePullSecrets",
+        description="Secrets for pulling the SGLang image and the validator image (a private mirror).",
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    security_context: dict[str, Any] | None = Field(
+        None,
+        alias="securityContext",
+        description="core/v1 PodSecurityContext of the server pods (runAsUser, fsGroup, supplementalGroups, seLinuxOptions, ...), "
+        "its fields over the operator's (seccompProfile RuntimeDefault).",
+        json_schema_extra=_free_object(),
+    )
+    container_security_context: dict[str, Any] | None = Field(
+        None,
+        alias="containerSecurityContext",
+        description="core/v1 SecurityContext of the server container and the validator init container, its fields over the "
+        "operator's (no privilege escalation, read-only root filesystem, every capability dropped; the validator also "
+        "runAsNonRoot as UID/GID 65532).",
+        json_schema_extra={
+            **_free_object(),
+            "properties": {
+                "runAsUser": {"type": "integer", "minimum": 0, "maximum": 2147483647, "description": "UID of the containers."},
+                "runAsNonRoot": {"type": "boolean", "description": "Refuse to start as UID 0."},
+            },
+        },
+    )
+    volumes: list[dict[str, Any]] | None = Field(
+        None,
+        description="Extra core/v1 Volumes of the server pods (certificates, a persistent compile cache, ...); names must not be "
+        "the operator's own (" + ", ".join(OPERATOR_VOLUME_NAMES) + ").",
+        max_length=32,
+        json_schema_extra={
+            **_free_list(
+                32,
+                {
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string", "pattern": DNS_LABEL_PATTERN, "maxLength": 63, "description": "Volume name."}},
+                },
+            ),
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
+    volume_mounts: list[dict[str, Any]] | None = Field(
+        None,
+        alias="volumeMounts",
+        description="Extra core/v1 VolumeMounts of the server container, of podTemplate.volumes; not at or under model.mountPath, "
+        "nor at or above " + ", ".join(OPERATOR_MOUNT_PATHS) + ".",
+        max_length=32,
+        json_schema_extra={
+            **_free_list(
+                32,
+                {
+                    "required": ["name", "mountPath"],
+                    "properties": {
+                        "name": {"type": "string", "pattern": DNS_LABEL_PATTERN, "maxLength": 63, "description": "The volume's name."},
+                        "mountPath": {"type": "string", "pattern": _ABSOLUTE_PATH, "maxLength": 1024, "description": "Where it is mounted."},
+                    },
+                },
+            ),
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["mountPath"],
+        },
+    )
+
+    @field_validator("volumes", "volume_mounts")
+    @classmethod
+    def _named_items(cls, value: list[dict[str, Any]] | None, info: ValidationInfo) -> list[dict[str, Any]] | None:
+        # The items' schema lives in json_schema_extra (the objects pass through): enforce it here too.
+        keys = ("name",) if info.field_name == "volumes" else ("name", "mountPath")
+        patterns = {"name": DNS_LABEL_PATTERN, "mountPath": _ABSOLUTE_PATH}
+        seen: set[str] = set()
+        for i, item in enumerate(value or []):
+            for key in keys:
+                if not isinstance(item.get(key), str) or not re.match(patterns[key], item[key]):
+                    raise ValueError(f"[{i}].{key} must be {'a DNS label' if key == 'name' else 'an absolute path without a trailing slash'}")
+            unique = item[keys[-1]]
+            if unique in seen:
+                raise ValueError(f"[{i}].{keys[-1]} {unique!r} is repeated: it must be unique")
+            seen.add(unique)
+        return value
+
+
+# The pod fields a spec had before podTemplate gathered them (spec.X -> spec.podTemplate.Y). Still accepted: they are
+# validated where they are (errors name them there, as the API server's do), then moved into podTemplate, and a spec
+# that sets both places is refused.
+LEGACY_POD_FIELDS = {"nodeSelector": "nodeSelector", "affinity": "affinity", "tolerations": "tolerations", "podMetadata": "metadata"}
+_LEGACY_ATTRIBUTES = {"node_selector": "node_selector", "affinity": "affinity", "tolerations": "tolerations", "pod_metadata": "metadata"}
+
+
+def _legacy_set(attribute: str, value: Any) -> bool:
+    """Whether an older pod field says anything, as _legacy_rules decides it (the API server defaults podMetadata to {})."""
+    if attribute == "pod_metadata":
+        return any(getattr(value, k) for k in ("labels", "annotations"))
+    if attribute == "affinity":
+        return value is not None
+    return bool(value)
+
+
+def _legacy_rules() -> list[tuple[str, str, str | None]]:
+    rules: list[tuple[str, str, str | None]] = []
+    for old, new in LEGACY_POD_FIELDS.items():
+        # Whether the old field says anything: the API server defaults podMetadata to {}.
+        if old == "podMetadata":
+            unsaid = "(!has(self.podMetadata.labels) || size(self.podMetadata.labels) == 0) && (!has(self.podMetadata.annotations) || size(self.podMetadata.annotations) == 0)"
+        elif old == "affinity":
+            unsaid = "false"
+        else:
+            unsaid = f"size(self.{old}) == 0"
+        rules.append(
+            (
+                f"!has(self.{old}) || ({unsaid}) || !has(self.podTemplate) || !has(self.podTemplate.{new})",
+                f"{old} and podTemplate.{new} are both set: {old} is the older place for it; move it into podTemplate.{new}",
+                f".{old}",
+            )
+        )
+    return rules
+
+
 class SpeculativeServerSpec(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
@@ -807,8 +1157,38 @@ class SpeculativeServerSpec(_SpecModel):
                 "monitor.acceptLengthFloor must be below the draft tokens per verify (drafter.numDraftTokens, or numSteps + 1): no verify step accepts more",
                 ".monitor.acceptLengthFloor",
             ),
+            (
+                "!has(self.podTemplate) || !has(self.podTemplate.volumeMounts) || self.podTemplate.volumeMounts.all(m, "
+                "m.mountPath != self.model.mountPath && !m.mountPath.startsWith(self.model.mountPath + '/') "
+                "&& !self.model.mountPath.startsWith(m.mountPath + '/'))",
+                "podTemplate.volumeMounts[].mountPath must not be model.mountPath, a directory under it or one above it "
+                "(the model volume is mounted there, read-only): mount the volume elsewhere",
+                ".podTemplate.volumeMounts",
+            ),
+            *_legacy_rules(),
+            *_release_rules(),
         )
     )
+
+    @model_validator(mode="after")
+    def _legacy_pod_fields(self) -> SpeculativeServerSpec:
+        """Move nodeSelector/affinity/tolerations/podMetadata into podTemplate: the rest of the code reads only it."""
+        moved: dict[str, Any] = {}
+        for (old, new), alias in zip(_LEGACY_ATTRIBUTES.items(), LEGACY_POD_FIELDS, strict=True):
+            value = getattr(self, old)
+            if not _legacy_set(old, value):
+                continue
+            if getattr(self.pod_template, new) is not None:
+                raise ValueError(
+                    f"{alias} and podTemplate.{LEGACY_POD_FIELDS[alias]} are both set: {alias} is the older place for it; "
+                    f"move it into podTemplate.{LEGACY_POD_FIELDS[alias]}"
+                )
+            moved[new] = value
+        if moved:
+            self.pod_template = self.pod_template.model_copy(update=moved)
+            self.node_selector, self.affinity, self.tolerations, self.pod_metadata = {}, None, [], PodMetadata()
+        return self
+
     replicas: int = Field(
         1,
         description=(
@@ -818,24 +1198,65 @@ class SpeculativeServerSpec(_SpecModel):
         ge=0,
         le=1000,
     )
-    image: str = Field(description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23-cu130.", min_length=1, max_length=512)
-    sglang_version: str = Field(
-        SGLANG_VERSION,
-        alias="sglangVersion",
-        description="The SGLang release inside image: flags differ between releases and the command line is rendered for this one.",
-        pattern=VERSION_PATTERN,
-        max_length=32,
+    progress_deadline_seconds: int = Field(
+        DEFAULT_PROGRESS_DEADLINE_S,
+        alias="progressDeadlineSeconds",
+        description="How long a waiting state (Pending, Validating, Deploying, Probing, a walk step) may go without progress before the "
+        "resource ends in phase Failed, reason ProgressDeadlineExceeded, with the cause read from the pods (as a Deployment's "
+        "progressDeadlineSeconds). The default allows a large model's load; the base keeps serving where it serves.",
+        ge=60,
+        le=7 * 24 * 3600,
     )
+    image: str = Field(description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23-cu130.", min_length=1, max_length=512)
+    # After parsing, the release the command line is rendered for: the one the image's tag names, else the one
+    # given, else the operator's own (SGLANG_VERSION). Unset on the wire unless the user sets it.
+    sglang_version: SGLangVersion | None = Field(
+        None,
+        alias="sglangVersion",
+        description=(
+            "The SGLang release inside image (flags differ between releases; the command line is rendered for this one). "
+            "Unset: the release the tag of an image of a repository called sglang names (lmsysorg/sglang:v0.5.23-cu129 is 0.5.23), or "
+            f"{SGLANG_VERSION} when the image names none (latest, a digest, an image of your own). Set, it must agree with the tag."
+        ),
+        validate_default=True,
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image_of_a_supported_release(cls, image: str) -> str:
+        problem = release_disagreement(image, None)
+        if problem:
+            raise ValueError(problem)
+        return image
+
+    @field_validator("sglang_version")
+    @classmethod
+    def _release_of_the_image(cls, value: str | None, info: ValidationInfo) -> str:
+        image = info.data.get("image")
+        if not isinstance(image, str):  # image itself is invalid: its own error is reported
+            return value or SGLANG_VERSION
+        problem = release_disagreement(image, value)
+        if problem:
+            raise ValueError(problem)
+        return image_release(image) or value or SGLANG_VERSION
+
     model: ModelStorage = Field(description="Where the target and drafter weights are.")
     target: Target = Field(description="The model being served.")
     # Required: Drafter()'s defaults (EAGLE3 without a path) are not a valid drafter, and an object default
     # that breaks its own CEL rules makes the API server refuse the whole CRD.
     drafter: Drafter = Field(description="The draft model and the speculation shape.")
     resources: Resources = Field(default_factory=Resources, description="GPUs and memory of each server.")
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        alias="podTemplate",
+        description="What the server pods take from you: metadata, scheduling (nodeSelector, affinity, tolerations, topology spread, "
+        "priority class, runtime class), identity (ServiceAccount, image pull secrets), security contexts and extra volumes. "
+        "The operator owns the containers' image, command, GPU limits, probes and the model mount.",
+    )
     node_selector: dict[str, LabelValue] = Field(
         default_factory=dict,
         alias="nodeSelector",
-        description="Extra node selector of the server pods.",
+        description="Deprecated: podTemplate.nodeSelector (moved there when parsed; setting both is refused).",
         max_length=64,
         json_schema_extra=_label_keys("nodeSelector"),
     )
@@ -843,17 +1264,19 @@ class SpeculativeServerSpec(_SpecModel):
     _node_selector_keys = field_validator("node_selector")(_check_label_keys)
     affinity: dict[str, Any] | None = Field(
         None,
-        description="core/v1 Affinity merged into the server pods (node affinity terms are ANDed with the one from resources.gpuFamily).",
+        description="Deprecated: podTemplate.affinity (moved there when parsed; setting both is refused).",
         json_schema_extra=_free_object(),
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="core/v1 Tolerations of the server pods, in addition to the nvidia.com/gpu taint toleration the operator adds.",
+        description="Deprecated: podTemplate.tolerations (moved there when parsed; setting both is refused).",
         max_length=64,
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
     pod_metadata: PodMetadata = Field(
-        default_factory=PodMetadata, alias="podMetadata", description="Extra labels and annotations of the server pods."
+        default_factory=PodMetadata,
+        alias="podMetadata",
+        description="Deprecated: podTemplate.metadata (moved there when parsed; setting both is refused).",
     )
     sglang: SGLangSettings = Field(default_factory=SGLangSettings, description="SGLang server settings shared by both servers.")
     rollout: Rollout = Field(default_factory=Rollout, description="How the speculative server is measured against the base before it serves.")
@@ -993,6 +1416,25 @@ class MonitorStatus(_Model):
     )
 
 
+class GpuStatus(_Model):
+    base: int = Field(0, description="GPUs requested by the base server's pods that exist (terminating ones included).")
+    speculative: int = Field(0, description="GPUs requested by the speculative server's pods that exist.")
+    idle: int = Field(
+        0,
+        description="Of those, GPUs of servers that serve no traffic and are not being probed (a warm base after a promotion, "
+        "keepSpeculativeWarm, pods still going away).",
+    )
+
+
+class SteeringStatus(_Model):
+    retried: str | None = Field(None, description="The specdec.io/retry token last acted on (a retry happens once per new token).")
+    override: str | None = Field(
+        None, description="promote or abort while a specdec.io/promote or specdec.io/abort annotation holds the resource there."
+    )
+    reason: str | None = Field(None, description="The reason given with the override.")
+    paused: bool | None = Field(None, description="True while specdec.io/paused holds a fleet's walk.")
+
+
 class SpeculativeServerStatus(_Model):
     phase: Phase | None = Field(None, description="Pending, Validating, Deploying, Probing, Promoted, RolledBack, Invalid or Failed.")
     active_variant: Variant | None = Field(None, alias="activeVariant", description="Which server the stable Service selects: base or speculative.")
@@ -1017,6 +1459,24 @@ class SpeculativeServerStatus(_Model):
     selector: str | None = Field(
         None, description="Label selector of the fleet's server pods, as a string (the scale subresource's labelSelectorPath, for HPA)."
     )
+    service_address: str | None = Field(
+        None,
+        alias="serviceAddress",
+        description="Where clients reach the servers: the stable Service's in-cluster address, <name>.<namespace>.svc:<port> "
+        "(set once the Service exists).",
+    )
     validation: ValidationStatus | None = Field(None, description="Result of the drafter/target validator.")
     probe: ProbeStatus | None = Field(None, description="Result of the speedup probe.")
     monitor: MonitorStatus | None = Field(None, description="Drift monitor state after promotion.")
+    gpus: GpuStatus | None = Field(None, description="The GPUs each variant's pods hold, and how many of them serve no traffic.")
+    steering: SteeringStatus | None = Field(None, description="What was asked by hand (the specdec.io/* annotations) and acted on.")
+    waiting_for: str | None = Field(
+        None,
+        alias="waitingFor",
+        description="What the resource waits for now, e.g. 'the speculative server (VolumeNotMounted)'; unset when nothing is awaited.",
+    )
+    waiting_since: str | None = Field(
+        None,
+        alias="waitingSince",
+        description="Since when it waits for that (RFC 3339): spec.progressDeadlineSeconds counts from here, and a change of waitingFor is progress.",
+    )

@@ -34,6 +34,16 @@ def _typed(schema: dict[str, Any], value: Any) -> Any:
     return value
 
 
+def _message(rule: dict[str, Any], activation: dict[str, Any]) -> str:
+    """The rule's messageExpression evaluated, as the API server does, else its static message."""
+    if "messageExpression" in rule:
+        try:
+            return str(_program(rule["messageExpression"]).evaluate(activation))
+        except celpy.CELEvalError:  # the API server, too, falls back to the static message
+            pass
+    return str(rule.get("message", rule["rule"]))
+
+
 def violations(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[tuple[str, str]]:
     """Yield (field path, message) for every CEL rule of `schema` that `value` breaks, depth first."""
     for rule in schema.get("x-kubernetes-validations", []):
@@ -47,7 +57,7 @@ def violations(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[t
         except celpy.CELEvalError as exc:  # a rule that cannot evaluate is a failed rule, as in the API server
             ok, rule = False, {**rule, "message": f"{rule.get('message', rule['rule'])} ({exc.args[0] if exc.args else exc})"}
         if not ok:
-            yield path + rule.get("fieldPath", ""), rule.get("message", rule["rule"])
+            yield path + rule.get("fieldPath", ""), _message(rule, activation)
     if isinstance(value, dict):
         props = schema.get("properties", {})
         extra = schema.get("additionalProperties")

@@ -3,14 +3,12 @@
 pydantic emits JSON Schema with $refs, anyOf-null for optionals and JSON-Schema-2020 exclusive bounds;
 Kubernetes wants a *structural* OpenAPI v3 schema: every node typed, no $ref, no anyOf for nullability,
 boolean exclusiveMinimum/Maximum. `structural_schema` converts one into the other; nothing in crds/ is
-written by hand (`specdec crd > crds/specdec.io_speculativeservers.yaml`, checked by a drift test).
+written by hand (`specdec crd > crds/specdec.io_speculativeservers.yaml`, cli/crd.py; checked by a drift test).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import sys
 from typing import Any
 
 from pydantic import BaseModel
@@ -43,6 +41,13 @@ PRINTER_COLUMNS = [
         "description": "Load-aware speculation: the batch sizes the speculative server drafts at, or why it does not run.",
     },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "description": "What is happening now.", "priority": 1},
+    {
+        "name": "Address",
+        "type": "string",
+        "jsonPath": ".status.serviceAddress",
+        "description": "The stable Service's in-cluster address (<name>.<namespace>.svc:<port>).",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -92,8 +97,11 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], default_objects: bool) 
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"cannot express a union in a structural schema: {node}")
+        # The field's own keys (its description, json_schema_extra: e.g. the items of a list of free objects) win
+        # over those of the type they annotate.
         inner = {k: v for k, v in node.items() if k != "anyOf"}
-        inner.update(_resolve(options[0], defs))
+        for key, value in _resolve(options[0], defs).items():
+            inner.setdefault(key, value)
         inner.pop("default", None) if node.get("default") is None else None
         return _convert(inner, defs, default_objects)
     if "allOf" in node and len(node["allOf"]) == 1:
@@ -119,10 +127,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], default_objects: bool) 
         out["type"] = "object"
         out["properties"] = {name: _convert(sub, defs, default_objects) for name, sub in node["properties"].items()}
         for name, sub in out["properties"].items():
-            # An optional object whose fields all have defaults defaults to {} so the API server fills them in.
+            # An optional object whose fields all have defaults defaults to {} so the API server fills them in
+            # (not one whose default is None: unset means "not given", e.g. podTemplate.metadata).
             if (
                 default_objects
                 and name not in node.get("required", [])
+                and _resolve(node["properties"][name], defs).get("default", ...) is not None
                 and sub.get("type") == "object"
                 and "properties" in sub
                 and not sub.get("required")
@@ -280,20 +290,3 @@ def render_reference() -> str:
     rules(root["spec"], "spec")
     out.append("")
     return "\n".join(out)
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="specdec crd", description="Print the SpeculativeServer CRD generated from the API models.")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
-    parser.add_argument("--reference", action="store_true", help="print the Markdown field reference (docs/api.md)")
-    args = parser.parse_args(argv)
-    if args.reference:
-        sys.stdout.write(render_reference())
-    elif args.json:
-        import json
-
-        json.dump(custom_resource_definition(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_yaml())
-    return 0

@@ -8,7 +8,7 @@ derived from a probe's own measurements:
 * ``adaptive_config(break_even, num_steps)``: the spec's numSteps below the first batch size where speculation may
   stop paying, 0 from there up. Each bucket has a single candidate, so SGLang's EMA never moves it: a bucket that
   also listed 1 would go back to drafting for one update interval out of two, probing, even when nothing is
-  accepted (simulator/adaptive.py reproduces SGLang's rule; tests/test_simulator_adaptive.py checks it against
+  accepted (simulator/adaptive.py reproduces SGLang's rule; tests/unit/test_simulator_adaptive.py checks it against
   SGLang's own). The start of the no-draft range is the low end of the break-even interval when it is bounded:
   speculation is switched off wherever the measurements cannot rule out a loss.
 * ``adaptive_unsupported_reason(spec)``: why SGLang would not run adaptive for this spec, in SGLang's words. SGLang
@@ -24,13 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from .api import BreakEvenStatus, Decision, LoadAwareStatus, ProbeMeasurement, Reason, SpeculativeServerSpec
-from .cliparse import ArgumentParser
-from .errors import InputError
 from .probe.curve import BreakEven
 
 # Flags of sglang.extraArgs under which SGLang 0.5.23's adaptive_unsupported_reason says no
@@ -96,17 +93,18 @@ def never_slower(probe: ProbeMeasurement, min_speedup: float) -> tuple[Decision,
 
 
 # --------------------------------------------------------------------------------------------------
-# The operator's load-aware trial: when to run one, and what it runs
+# The load-aware probe: when the operator runs one, and what it runs
 
 
 # Plain decisions that may hide a win at low load: the measured speedup did not clear the bar everywhere. A drafter
 # that accepts nothing (DrafterNotAccepting) or a server that could not be measured (ProbeFailed) has no curve.
-_TRIAL_REASONS = (Reason.SPEEDUP_BELOW_THRESHOLD, Reason.INCONCLUSIVE)
+_LOAD_AWARE_PROBE_REASONS = (Reason.SPEEDUP_BELOW_THRESHOLD, Reason.INCONCLUSIVE)
 
 
 @dataclass(frozen=True)
-class Trial:
-    """A load-aware trial: the adaptive table derived from the plain probe, which the speculative server runs."""
+class LoadAwareProbe:
+    """A load-aware probe: the adaptive table derived from the plain probe, which the speculative server runs while
+    it is measured against the base again (status wording: "load-aware trial", Reason LoadAwareTrial)."""
 
     plan: AdaptivePlan
     plain: ProbeMeasurement  # the plain probe's decision and curve
@@ -143,14 +141,14 @@ def _break_even(found: BreakEvenStatus | None) -> BreakEven | None:
     return BreakEven(found.concurrency, found.low, found.high, found.summary)
 
 
-def trial_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -> Trial | str | None:
+def load_aware_probe_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -> LoadAwareProbe | str | None:
     """What load-aware speculation makes of a plain probe's decision.
 
-    A Trial when plain speculation was rolled back for its speed, wins measurably at the lowest concurrency and stops
+    A LoadAwareProbe when plain speculation was rolled back for its speed, wins measurably at the lowest concurrency and stops
     paying at a break-even that leaves batch sizes to draft on; SGLang's reason (a string) when such a curve was
     measured but SGLang cannot run adaptive speculation for this spec; None when there is nothing to try.
     """
-    if plain.decision != Decision.ROLLBACK or plain.reason not in _TRIAL_REASONS:
+    if plain.decision != Decision.ROLLBACK or plain.reason not in _LOAD_AWARE_PROBE_REASONS:
         return None
     curve = sorted((w for w in plain.workloads or [] if w.speedup is not None), key=lambda w: w.concurrency)
     found = _break_even(plain.break_even)
@@ -162,7 +160,7 @@ def trial_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -> Trial | s
     if plan is None:
         return None
     unsupported = adaptive_unsupported_reason(spec)
-    return unsupported if unsupported is not None else Trial(plan, plain)
+    return unsupported if unsupported is not None else LoadAwareProbe(plan, plain)
 
 
 def unsupported_note(reason: str) -> LoadAwareStatus:
@@ -172,46 +170,3 @@ def unsupported_note(reason: str) -> LoadAwareStatus:
         message=f"plain speculation wins at low load and loses at high, but SGLang's adaptive speculation does not run with this spec: {reason}; "
         "the plain decision stands",
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# `specdec adaptive-config`
-
-
-def _break_even_of(document: Any, source: str) -> BreakEven:
-    found = document.get("break_even") if isinstance(document, dict) else None
-    if not isinstance(found, dict) or not isinstance(found.get("summary"), str):
-        raise InputError(f"{source}: no break_even in it: give the `specdec probe --json` document of a probe with two or more workloads")
-    numbers = {key: found.get(key) for key in ("concurrency", "low", "high")}
-    if any(value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))) for value in numbers.values()):
-        raise InputError(f"{source}: break_even.concurrency, .low and .high must be numbers or null")
-    return BreakEven(numbers["concurrency"], numbers["low"], numbers["high"], found["summary"])
-
-
-def main(argv: list[str]) -> int:
-    """Print SGLang's --speculative-adaptive-config for the curve a `specdec probe --json` run measured."""
-    parser = ArgumentParser(
-        prog="specdec adaptive-config",
-        description="Derive SGLang's --speculative-adaptive-config from a measured speedup curve: the given number of "
-        "draft steps below the first batch size where speculation may stop paying (the low end of the break-even "
-        "interval), no drafting from there up. Exit 0 with the JSON on stdout; 1 when the curve has no such range.",
-    )
-    parser.add_argument("--probe-json", required=True, metavar="FILE", help="the output of `specdec probe --json`")
-    parser.add_argument("--num-steps", required=True, type=int, help="draft steps where speculation pays (the spec's drafter.numSteps)")
-    args = parser.parse_args(argv)
-    try:
-        with open(args.probe_json, encoding="utf-8") as fh:
-            document = json.load(fh)
-    except OSError as exc:
-        raise InputError(f"--probe-json {args.probe_json}: cannot read: {exc.strerror}") from None
-    except ValueError as exc:
-        raise InputError(f"--probe-json {args.probe_json}: not JSON: {exc}") from None
-    if args.num_steps < 1:
-        raise InputError(f"--num-steps {args.num_steps}: must be >= 1")
-    found = _break_even_of(document, args.probe_json)
-    plan = adaptive_config(found, args.num_steps)
-    if plan is None:
-        print(f"specdec adaptive-config: no load range to speculate on: break-even {found.summary}", file=sys.stderr)
-        return 1
-    print(json.dumps(plan.config, indent=2))
-    return 0

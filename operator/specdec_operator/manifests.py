@@ -25,7 +25,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .api import SpeculativeServerSpec, Variant
+from . import API_GROUP, API_VERSION, KIND
+from .api import PodMetadata, SpeculativeServerSpec, Variant, Workload
+from .probe import reader
+from .probe.traffic import describe_source
 from .sglang import SERVER_PORT, draft_model_path, target_model_path
 
 # ---------------------------------------------------------------------------------------------------------
@@ -80,6 +83,11 @@ def child_name(name: str, variant: str | None) -> str:
     return name if variant is None else f"{name}-{SUFFIX[_v(variant)]}"
 
 
+def service_address(name: str, namespace: str, settings: ManifestSettings) -> str:
+    """status.serviceAddress: the stable Service's in-cluster address (the cluster domain left to the resolver)."""
+    return f"{child_name(name, None)}.{namespace}.svc:{settings.port}"
+
+
 def adaptive_config_map_name(name: str) -> str:
     return f"{name}-adaptive"
 
@@ -123,7 +131,7 @@ class ManifestSettings:
 
 def _gpu_affinity(spec: SpeculativeServerSpec) -> dict[str, Any] | None:
     """The user's affinity with the gpuFamily requirement ANDed into every node selector term."""
-    affinity = copy.deepcopy(spec.affinity) if spec.affinity else {}
+    affinity = copy.deepcopy(spec.pod_template.affinity) if spec.pod_template.affinity else {}
     if spec.resources.gpu_family == "any":
         return affinity or None
     requirement = {"key": GPU_FAMILY_LABEL, "operator": "In", "values": [spec.resources.gpu_family]}
@@ -147,6 +155,11 @@ def _container_security() -> dict[str, Any]:
         "privileged": False,
         "capabilities": {"drop": ["ALL"]},
     }
+
+
+def _over(operator: dict[str, Any], user: dict[str, Any] | None) -> dict[str, Any]:
+    """A security context: the user's fields (podTemplate) over the operator's, field by field."""
+    return {**operator, **copy.deepcopy(user)} if user else operator
 
 
 def _validator_memory_request(limit: str) -> str:
@@ -193,7 +206,10 @@ def validator_container(spec: SpeculativeServerSpec, settings: ManifestSettings)
             "requests": {"cpu": "100m", "memory": _validator_memory_request(settings.validator_memory_limit)},
             "limits": {"cpu": "1", "memory": settings.validator_memory_limit},
         },
-        "securityContext": {**_container_security(), "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+        "securityContext": _over(
+            {**_container_security(), "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+            spec.pod_template.container_security_context,
+        ),
     }
 
 
@@ -232,6 +248,8 @@ def server_container(spec: SpeculativeServerSpec, command: list[str], settings: 
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
             {"name": TMP_VOLUME, "mountPath": "/tmp"},
             {"name": CACHE_VOLUME, "mountPath": CACHE_DIR},
+            # After the operator's: a mount below /tmp or /cache lands inside their emptyDirs.
+            *copy.deepcopy(spec.pod_template.volume_mounts or []),
         ],
         "startupProbe": {
             "httpGet": {"path": "/health", "port": PORT_NAME},
@@ -251,7 +269,7 @@ def server_container(spec: SpeculativeServerSpec, command: list[str], settings: 
             "timeoutSeconds": 10,
             "failureThreshold": 5,
         },
-        "securityContext": _container_security(),
+        "securityContext": _over(_container_security(), spec.pod_template.container_security_context),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
@@ -283,8 +301,10 @@ def pod_template(
     ``<name>-adaptive`` ConfigMap (its command line says so; ``command`` names ADAPTIVE_CONFIG_PATH).
     """
     variant = _v(variant)
-    labels = {**spec.pod_metadata.labels, **instance_labels(name), **selector_labels(name, variant)}
-    annotations = dict(spec.pod_metadata.annotations)
+    user = spec.pod_template
+    user_metadata = user.metadata or PodMetadata()
+    labels = {**user_metadata.labels, **instance_labels(name), **selector_labels(name, variant)}
+    annotations = dict(user_metadata.annotations)
     if variant == Variant.SPECULATIVE.value:
         # Only the speculative pod carries the revision (its validator verdict is read per revision): a drafter
         # change must not restart the base server, which keeps serving while the new drafter is validated.
@@ -292,23 +312,33 @@ def pod_template(
     model_volume = {"name": MODEL_VOLUME, **copy.deepcopy(spec.model.volume)}
     pod_spec: dict[str, Any] = {
         "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
+        "automountServiceAccountToken": bool(user.automount_service_account_token),
         "hostNetwork": False,
         "hostIPC": False,
         "hostPID": False,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": _over({"seccompProfile": {"type": "RuntimeDefault"}}, user.security_context),
         "terminationGracePeriodSeconds": 60,
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] + [copy.deepcopy(t) for t in spec.tolerations],
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] + copy.deepcopy(user.tolerations or []),
         "volumes": [
             model_volume,
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
             {"name": TMP_VOLUME, "emptyDir": {}},
             {"name": CACHE_VOLUME, "emptyDir": {}},
+            *copy.deepcopy(user.volumes or []),
         ],
         "containers": [server_container(spec, command, settings)],
     }
-    if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    # Only what the user set is rendered: a spec without these fields keeps its template hash (no restart on upgrade).
+    for key, value in (
+        ("serviceAccountName", user.service_account_name),
+        ("imagePullSecrets", [{"name": ref.name} for ref in user.image_pull_secrets or []]),
+        ("priorityClassName", user.priority_class_name),
+        ("runtimeClassName", user.runtime_class_name),
+        ("topologySpreadConstraints", copy.deepcopy(user.topology_spread_constraints or [])),
+        ("nodeSelector", dict(user.node_selector or {})),
+    ):
+        if value:
+            pod_spec[key] = value
     affinity = _gpu_affinity(spec)
     if affinity:
         pod_spec["affinity"] = affinity
@@ -339,6 +369,32 @@ def template_hash(template: dict[str, Any]) -> str:
 # Objects
 
 
+# The speculative server's groups are replaced one at a time with no surge: the operator walks the fleet back to the
+# base before the speculative template changes (reconcile), so no speculative server serves alone while it changes.
+_GROUP_AT_A_TIME = {"maxUnavailable": 1, "maxSurge": 0}
+
+
+def base_rolling_update(spec: SpeculativeServerSpec) -> dict[str, int]:
+    """How a base template change (a new image, new arguments) replaces the base servers: never all at once.
+
+    A fleet walks within rollout.maxSurge/maxUnavailable (the API refuses both at 0), each new server Ready before
+    the next old one goes when maxUnavailable is 0. A one-server resource surges: the new pod loads beside the old
+    one, which keeps serving until the new one is Ready. Where the GPUs do not allow the surge, the new pod waits
+    Unschedulable and the old one keeps serving (status says so; the progress deadline ends the wait).
+    """
+    if spec.replicas <= 1:
+        return {"maxSurge": 1, "maxUnavailable": 0}
+    return {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}
+
+
+def deployment_strategy(spec: SpeculativeServerSpec, variant: str | Variant) -> dict[str, Any]:
+    """The base rolls (base_rolling_update); the speculative server is recreated, since the operator has already
+    walked the traffic to the base before its template changes (a speculative pod cannot surge on a full node)."""
+    if _v(variant) == Variant.BASE.value:
+        return {"type": "RollingUpdate", "rollingUpdate": base_rolling_update(spec)}
+    return {"type": "Recreate"}
+
+
 def deployment(
     name: str,
     namespace: str,
@@ -366,8 +422,7 @@ def deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(name, variant)},
-            # A GPU pod cannot surge on a full node: the old pod goes first.
-            "strategy": {"type": "Recreate"},
+            "strategy": deployment_strategy(spec, variant),
             "revisionHistoryLimit": 3,
             # The startup probe allows long loads; the Deployment must not call that a stalled rollout first.
             "progressDeadlineSeconds": settings.startup_allowance_s + 600,
@@ -468,7 +523,10 @@ def leader_worker_set(
         "spec": {
             "replicas": replicas,
             "startupPolicy": "LeaderCreated",
-            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": base_rolling_update(spec) if variant == Variant.BASE.value else _GROUP_AT_A_TIME,
+            },
             # One headless Service per group, named after its leader pod (the controller makes it, owned by the
             # leader, publishing not-ready addresses): LWS_LEADER_ADDRESS is <set>-<group>.<set>-<group>.<ns>. With
             # Shared the controller would make a Service named <set> only if none exists, and <name>-base /
@@ -585,13 +643,135 @@ def adaptive_config_map(name: str, namespace: str, config_json: str) -> dict[str
     }
 
 
-def service_variant(svc: dict[str, Any]) -> str | None:
+def service_variant(svc: dict[str, Any]) -> Variant | None:
     """Which variant a Service's selector selects (None if it selects neither, or both: see selects_both)."""
     selector = (svc.get("spec") or {}).get("selector") or {}
-    return selector.get(LABEL_VARIANT)
+    value = selector.get(LABEL_VARIANT)
+    return Variant(value) if value in SUFFIX else None
 
 
 def selects_both(svc: dict[str, Any]) -> bool:
     """Whether a stable Service selects the servers of both variants (a fleet walking from one to the other)."""
     selector = (svc.get("spec") or {}).get("selector") or {}
     return LABEL_INSTANCE in selector and LABEL_VARIANT not in selector
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reader pod of a File prompt source (controller/datasetreader.py creates it when a probe starts, reads the
+# dataset it serves and deletes it; docs/probe.md).
+
+READER_CONTAINER = "reader"
+READER_VOLUME = "dataset"
+READER_MOUNT = "/dataset"
+READER_PORT = reader.DEFAULT_PORT
+READER_APP = "specdec-dataset-reader"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_DATASET_FOR = "specdec.io/dataset-for"
+COMPONENT = "dataset-reader"
+# The reader's own unprivileged user (the operator image's), as the validator init container runs.
+READER_UID = 65532
+
+
+def reader_pod_name(name: str, workload: str) -> str:
+    return f"{name}-dataset-{workload}"
+
+
+def describe_file(workload: Workload) -> str:
+    """How errors name a File source: ``dataset file PATH on claim CLAIM`` (or ``on the model volume``)."""
+    return f"dataset {describe_source(workload)}"
+
+
+def reader_labels(name: str) -> dict[str, str]:
+    # Not the server pods' labels (no app.kubernetes.io/name=sglang, no managed-by): the operator's pod index and
+    # status.selector (HPA) must never count a reader as a server.
+    labels = {"app.kubernetes.io/name": READER_APP, LABEL_COMPONENT: COMPONENT, LABEL_PART_OF: MANAGED_BY}
+    if len(name) <= 63:
+        labels[LABEL_DATASET_FOR] = name
+    return labels
+
+
+def reader_pod(
+    name: str, namespace: str, owner_uid: str, workload: Workload, spec: SpeculativeServerSpec, settings: ManifestSettings
+) -> dict[str, Any]:
+    """The reader pod of one workload's File source (pure). The operator's image, no GPU, the volume read-only."""
+    file = workload.prompts.file
+    if workload.prompts.source != "File" or file is None:
+        raise ValueError(f"workload {workload.name}: prompts.source is {workload.prompts.source}, not File")
+    if file.claim_name:
+        volume: dict[str, Any] = {"name": READER_VOLUME, "persistentVolumeClaim": {"claimName": file.claim_name, "readOnly": True}}
+    else:  # the model volume, exactly as the servers mount it
+        volume = {"name": READER_VOLUME, **copy.deepcopy(spec.model.volume)}
+    container = {
+        "name": READER_CONTAINER,
+        "image": settings.validator_image,
+        "command": [
+            "specdec",
+            "dataset-serve",
+            "--file",
+            f"{READER_MOUNT}/{file.path}",
+            "--format",
+            workload.prompts.format or "Auto",
+            "--source",
+            describe_file(workload),
+            "--port",
+            str(READER_PORT),
+        ],
+        "ports": [{"name": "http", "containerPort": READER_PORT, "protocol": "TCP"}],
+        # Ready once the file is read, whatever its verdict: the verdict is the answer to GET /dataset.
+        "readinessProbe": {"httpGet": {"path": reader.HEALTH_PATH, "port": READER_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        # A dataset is at most 64 MiB (datasets.MAX_BYTES); parsed, it takes a few times that.
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "volumeMounts": [{"name": READER_VOLUME, "mountPath": READER_MOUNT, "readOnly": True}],
+        "securityContext": {
+            **_container_security(),
+            "runAsNonRoot": True,
+            "runAsUser": READER_UID,
+            "runAsGroup": READER_UID,
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "hostNetwork": False,
+        "hostIPC": False,
+        "hostPID": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True},
+        "terminationGracePeriodSeconds": 5,
+        # A reader the operator could not delete (a crash) ends by itself; the owner reference removes it later.
+        "activeDeadlineSeconds": 3600,
+        # Where the servers run: a hostPath model volume exists on those nodes, and a ReadWriteOnce claim the
+        # servers hold can only be mounted on their node. The tolerations let it land there; it asks for no GPU.
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] + copy.deepcopy(spec.pod_template.tolerations or []),
+        "volumes": [volume],
+        "containers": [container],
+    }
+    if spec.pod_template.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.pod_template.node_selector)
+    # Its image is the operator's (the validator's): a private mirror needs the same pull secrets as the servers.
+    if spec.pod_template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": ref.name} for ref in spec.pod_template.image_pull_secrets]
+    affinity = _gpu_affinity(spec)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": reader_pod_name(name, workload.name),
+            "namespace": namespace,
+            "labels": reader_labels(name),
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                    "kind": KIND,
+                    "name": name,
+                    "uid": owner_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": pod_spec,
+    }

@@ -36,7 +36,7 @@ def parse_spec(spec: dict[str, Any], *, source: str = "spec", check_rules: bool 
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InputError(f"{source}: spec.{loc}: {err['msg']}{more}") from None
+        raise InputError(f"{source}: {'spec.' + loc if loc else 'spec'}: {err['msg']}{more}") from None
     if check_rules:
         from .celrules import violations
         from .crd import structural_schema

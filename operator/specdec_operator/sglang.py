@@ -1,7 +1,7 @@
-"""SGLang command lines of the base and the speculative server (`specdec sglang-args`).
+"""SGLang command lines of the base and the speculative server (`specdec sglang-args` prints them: cli/sglang_args.py).
 
 `render_argv(spec, variant)` is a pure function: the full container command of one server, for the SGLang
-release the spec names in `sglangVersion`. The two variants are identical except for the speculative flags, so
+release of the spec (the one its image tag names, else `sglangVersion`). The two variants are identical except for the speculative flags, so
 the probe compares the draft model and nothing else.
 
 Every supported release is listed in `RELEASES` with what was verified against its published wheel (see
@@ -13,17 +13,12 @@ This module never imports SGLang: the operator renders command lines for images 
 
 from __future__ import annotations
 
-import json
 import posixpath
-import shlex
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant
-from .cliparse import ArgumentParser
 from .errors import InputError
-from .resource import load_custom_resource
 
 # SGLang's own default port; the pods, Services and probes all use it.
 SERVER_PORT = 30000
@@ -106,8 +101,9 @@ def supported_versions() -> list[str]:
 
 
 def release_of(spec: SpeculativeServerSpec) -> Release:
-    """The release table entry of spec.sglangVersion; InputError (phase Failed) for an unknown release."""
-    release = RELEASES.get(spec.sglang_version)
+    """The release table entry of spec.sglangVersion (parsing sets it: the image tag's release, the one given, or the
+    operator's own); InputError (phase Failed) for an unknown release, which admission refuses already."""
+    release = RELEASES.get(spec.sglang_version) if spec.sglang_version else None
     if release is None:
         raise InputError(
             f"spec.sglangVersion: SGLang {spec.sglang_version} is not supported (command-line flags differ between "
@@ -241,22 +237,3 @@ def render_argv(spec: SpeculativeServerSpec, variant: Variant | str, *, adaptive
         argv += speculative_args(spec, adaptive_config_path)
     argv += list(spec.sglang.extra_args)
     return argv
-
-
-# --------------------------------------------------------------------------------------------------
-# `specdec sglang-args`
-
-
-def main(argv: list[str]) -> int:
-    parser = ArgumentParser(
-        prog="specdec sglang-args",
-        description="Print the SGLang command line of one server of a SpeculativeServer, as a JSON array.",
-    )
-    parser.add_argument("-f", "--filename", required=True, help="SpeculativeServer YAML file")
-    parser.add_argument("--variant", required=True, choices=[v.value for v in Variant], help="which server")
-    parser.add_argument("--shell", action="store_true", help="print one shell-quoted line instead of JSON")
-    args = parser.parse_args(argv)
-    _, spec = load_custom_resource(args.filename)
-    command = render_argv(spec, args.variant)
-    sys.stdout.write((shlex.join(command) if args.shell else json.dumps(command)) + "\n")
-    return 0

@@ -70,7 +70,7 @@ app.kubernetes.io/part-of: specdec-operator
 {{/*
 RBAC rules for the namespaced objects the operator reads and writes. Shared by the ClusterRole (cluster-wide
 mode) and the per-namespace Roles (namespaced mode), so both modes grant exactly the same verbs.
-This is what the operator was measured to use (tests/test_chart.py runs it under this ServiceAccount through a
+This is what the operator was measured to use (tests/cluster/test_chart.py runs it under this ServiceAccount through a
 recording proxy, and fails on any refused request and on any grant it never used); `kubectl auth can-i` proves
 each rule and that nothing else (Secrets, wildcards, other resources) is granted.
 */}}
@@ -121,10 +121,11 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
-# An Event for every decision (Kopf posts core/v1 Events).
+# An Event for every decision (Kopf posts core/v1 Events); list: the Warning Events about its own pods while a
+# server waits, where the kubelet says why a volume does not mount (FailedMount), which pod status never says.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 {{- end }}
 
 {{/* Peering rules (namespaced or cluster-scoped peering resource). */}}

@@ -1,4 +1,4 @@
-// Consumer module of the real node (hack/devcluster.py --real-node): kubelet and kube-proxy of Kubernetes v1.35
+// Consumer module of the real node (hack/devcluster --real-node): kubelet and kube-proxy of Kubernetes v1.35
 // and CoreDNS. v1.35, not the control plane's v1.36: Debian's containerd 1.6 lacks the CRI RuntimeConfig call a
 // v1.36 kubelet requires, and a v1.35 kubelet is inside the supported skew of a v1.36 API server. CoreDNS v1.14.7
 // is built against the same client-go (v0.35.4), so the two share their compiled Kubernetes libraries.

@@ -42,7 +42,21 @@ except ImportError:  # pragma: no cover - orjson is optional
 
 
 class ProbeRequestError(Exception):
-    """A request did not produce a complete, well-formed answer."""
+    """A request did not produce a complete, well-formed answer.
+
+    ``transient``: the kind of failure that a later attempt can clear by itself (a connection reset or refused, a
+    5xx or 429, a timeout, a request the server aborted: a restarting or preempted pod, an overloaded proxy), as
+    opposed to an answer that is wrong in itself (malformed, the wrong token count). The probe scheduler retries a
+    probe that failed transiently, with backoff, a bounded number of times, before ProbeFailed."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def transient_status(status: int) -> bool:
+    """HTTP statuses that mean "not now" rather than "never": server errors and rate limiting."""
+    return status >= 500 or status == 429
 
 
 def parse_workload(text: str) -> Workload:
@@ -146,7 +160,7 @@ async def _one_request(
         async with session.post(url, data=body, timeout=timeout, headers={"Content-Type": "application/json"}) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:200].replace("\n", " ")
-                raise ProbeRequestError(f"{url}: HTTP {resp.status}: {text}")
+                raise ProbeRequestError(f"{url}: HTTP {resp.status}: {text}", transient=transient_status(resp.status))
             async for chunk in resp.content.iter_any():
                 buf += chunk
                 while True:
@@ -193,9 +207,9 @@ async def _one_request(
                         final_meta = meta
                         finish_seen = meta["finish_reason"]
     except TimeoutError:
-        raise ProbeRequestError(f"{url}: timed out after {time.perf_counter() - start:.1f}s") from None
+        raise ProbeRequestError(f"{url}: timed out after {time.perf_counter() - start:.1f}s", transient=True) from None
     except aiohttp.ClientError as exc:
-        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}", transient=True) from None
     if buf.strip():
         raise ProbeRequestError(f"{url}: stream ended inside an event ({buf[:60]!r})")
     if final_meta is None or not done:
@@ -203,7 +217,7 @@ async def _one_request(
     finish = finish_seen or {}
     if (isinstance(finish, dict) and finish.get("type") == "abort") or finish == "abort":
         message = finish.get("message") if isinstance(finish, dict) else "abort"
-        raise ProbeRequestError(f"{url}: request aborted by the server: {message}")
+        raise ProbeRequestError(f"{url}: request aborted by the server: {message}", transient=True)
     if exact and last_tokens != expected_tokens:
         raise ProbeRequestError(f"{url}: returned {last_tokens} of {expected_tokens} tokens (ignore_eos ignored?)")
     if not exact and not 1 <= last_tokens <= expected_tokens:
@@ -278,12 +292,12 @@ async def get_json(session: aiohttp.ClientSession, url: str, timeout: float = 10
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
-                raise ProbeRequestError(f"{url}: HTTP {resp.status}")
+                raise ProbeRequestError(f"{url}: HTTP {resp.status}", transient=transient_status(resp.status))
             raw = await resp.read()
     except TimeoutError:
-        raise ProbeRequestError(f"{url}: timed out after {timeout:g}s") from None
+        raise ProbeRequestError(f"{url}: timed out after {timeout:g}s", transient=True) from None
     except aiohttp.ClientError as exc:
-        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}", transient=True) from None
     try:
         data = _loads(raw)
     except Exception:

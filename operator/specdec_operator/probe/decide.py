@@ -131,6 +131,7 @@ class Outcome:
     decision: Decision
     reason: Reason
     message: str
+    transient: bool = False  # ProbeFailed on a failure a later attempt can clear (ProbeRequestError.transient)
 
 
 def outcome_for(verdict: Verdict, *, final: bool, detail: str, futility: bool = False, rounds: int = 0) -> Outcome | None:

@@ -7,7 +7,7 @@ from collections import defaultdict
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from .client import ProbeRequestError
+from .client import ProbeRequestError, transient_status
 
 
 def parse_sglang_metrics(text: str, prefix: str = "sglang:", only: frozenset[str] | None = None) -> dict[str, float]:
@@ -52,12 +52,14 @@ async def scrape_metrics(
         try:
             async with s.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
-                    raise ProbeRequestError(f"{url}: HTTP {resp.status} (is the server run with --enable-metrics?)")
+                    raise ProbeRequestError(
+                        f"{url}: HTTP {resp.status} (is the server run with --enable-metrics?)", transient=transient_status(resp.status)
+                    )
                 return await resp.text()
         except TimeoutError:
-            raise ProbeRequestError(f"{url}: timed out after {timeout:g}s") from None
+            raise ProbeRequestError(f"{url}: timed out after {timeout:g}s", transient=True) from None
         except aiohttp.ClientError as exc:
-            raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+            raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}", transient=True) from None
 
     if session is None:
         async with aiohttp.ClientSession() as own:

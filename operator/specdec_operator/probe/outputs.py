@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from ..api import Decision, OutputCheck, Reason
-from .client import ProbeRequestError, _loads
+from .client import ProbeRequestError, _loads, transient_status
 from .decide import Outcome
 from .traffic import WorkloadTraffic, _dumps
 
@@ -91,11 +91,11 @@ async def _output_ids(session: aiohttp.ClientSession, url: str, body: bytes, tim
         async with session.post(url, data=body, timeout=aiohttp.ClientTimeout(total=timeout), headers={"Content-Type": "application/json"}) as resp:
             raw = await resp.read()
             if resp.status != 200:
-                raise ProbeRequestError(f"{url}: HTTP {resp.status}: {raw[:200].decode(errors='replace')}")
+                raise ProbeRequestError(f"{url}: HTTP {resp.status}: {raw[:200].decode(errors='replace')}", transient=transient_status(resp.status))
     except TimeoutError:
-        raise ProbeRequestError(f"{url}: timed out after {timeout:g}s (output check)") from None
+        raise ProbeRequestError(f"{url}: timed out after {timeout:g}s (output check)", transient=True) from None
     except aiohttp.ClientError as exc:
-        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}") from None
+        raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}", transient=True) from None
     try:
         data = _loads(raw)
         ids = data["output_ids"]

@@ -147,6 +147,9 @@ class ProbeResult:
     synthetic: list[str] = field(default_factory=list)  # workloads that sent random token ids
     output_match_rate: float | None = None  # outputs.py: the greedy completions' match with the base's
     outputs_compared: int | None = None
+    # ProbeFailed on a failure that a later attempt can clear (a connection reset, a 5xx, a timeout, a server that
+    # went away): the probe scheduler tries again, with backoff, before it reports ProbeFailed.
+    transient: bool = False
 
     @property
     def wall_seconds(self) -> float | None:
@@ -333,7 +336,7 @@ async def run_probe(
             result.output_match_rate, result.outputs_compared = comparison.match_rate, comparison.compared
             outcome = judge_outputs(outcome, comparison, output_check.min_match_rate)
     except ProbeRequestError as exc:
-        outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}")
+        outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}", transient=exc.transient)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a bug or an unforeseen server answer must still end in a reason
@@ -342,6 +345,7 @@ async def run_probe(
         if own_session:
             await session.close()
     result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
+    result.transient = outcome.reason == Reason.PROBE_FAILED and outcome.transient
     if result.accept_length is None and result.server_accept_length is not None:
         # Chat streams carry no spec_verify_ct: the server's own sglang:spec_accept_length stands in.
         result.accept_length = result.server_accept_length
@@ -390,30 +394,9 @@ async def _probe(
     deadline = loop.time() + timeout
     rng = random.Random(seed)
 
-    # Preflight: both servers answer /server_info; read the effective max_running_requests.
-    try:
-        base_info = await get_json(session, base_url + "/server_info", timeout=min(30.0, timeout))
-    except ProbeRequestError as exc:
-        result.base_reachable = False
-        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"base server unreachable: {exc}")
-    try:
-        speculative_info = await get_json(session, speculative_url + "/server_info", timeout=min(30.0, timeout))
-    except ProbeRequestError as exc:
-        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"speculative server unreachable: {exc}")
-    result.base_max_running_requests = _max_running(base_info)
-    result.speculative_max_running_requests = _max_running(speculative_info)
-    for label, cap in (("speculative", result.speculative_max_running_requests), ("base", result.base_max_running_requests)):
-        if cap is None:
-            continue
-        for w in wls:
-            if cap < w.concurrency:
-                result.warnings.append(
-                    f"{label} max_running_requests={cap} is below workload {w.name}'s concurrency {w.concurrency}: "
-                    f"SGLang queues the rest (speculative SGLang defaults to 48 unless --max-running-requests "
-                    f"is passed)"
-                )
-    if speculative_info.get("speculative_algorithm") in (None, "", "None"):
-        result.warnings.append("speculative /server_info reports no speculative_algorithm: is it speculating?")
+    failed = await _preflight(session, base_url, speculative_url, wls, result, timeout)
+    if failed is not None:
+        return failed
 
     by_name = {w.name: r for w, r in zip(wls, result.workloads)}
     tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
@@ -427,28 +410,8 @@ async def _probe(
     active = list(wls)
     combined: RatioInterval | None = None
 
-    def drafter_check(w: Workload) -> Callable[[Measurement], bool]:
-        # Early stop inside the first speculative measurement: a few finished requests are enough to see a
-        # drafter that accepts nothing, so the seed's broken drafter costs seconds, not a benchmark.
-        return lambda m: m.requests >= min(4, w.requests) and drafter_not_accepting(m.accept_length, floor)
-
     async def run_one(w: Workload, url: str, check: bool) -> Measurement:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise TimeoutError
-        return await asyncio.wait_for(
-            measure(
-                session,
-                url,
-                w,
-                rng=rng,
-                request_timeout=request_timeout,
-                read_timeout=read_timeout,
-                stop_early=drafter_check(w) if check else None,
-                traffic=traffic.get(w.name) if traffic is not None else None,
-            ),
-            timeout=remaining,
-        )
+        return await _measure_one(session, url, w, loop.time, deadline, rng, request_timeout, read_timeout, floor if check else None, traffic)
 
     for rnd in range(1, max_rounds + 1):
         order = [SPECULATIVE, BASE] if rnd % 2 == 1 else [BASE, SPECULATIVE]
@@ -463,19 +426,9 @@ async def _probe(
                         spec_verify += m.spec_verify_ct
                         result.accept_length = spec_tokens / spec_verify if spec_verify else None
                         if first_speculative:
-                            accept = m.accept_length
-                            if accept is None:
-                                accept = await _server_accept_length(session, speculative_url, result)
-                            if drafter_not_accepting(accept, floor):
-                                result.accept_length = accept
-                                result.rounds = 0
-                                return Outcome(
-                                    Decision.ROLLBACK,
-                                    Reason.DRAFTER_NOT_ACCEPTING,
-                                    f"drafter not accepting: acceptance length {accept:.3f} <= floor {floor:g} "
-                                    f"after {m.requests} request(s) of workload {w.name} (1.00 = no draft token "
-                                    f"accepted); the base keeps serving",
-                                )
+                            rejected = await _drafter_rejected(session, speculative_url, result, m, w, floor)
+                            if rejected is not None:
+                                return rejected
                     if m.aborted_early:  # only happens through drafter_check, handled above
                         continue
                     tok_s[w.name][variant].append(m.tokens_per_second)
@@ -498,51 +451,176 @@ async def _probe(
         verdicts = {w.name: judge_paired(intervals.get(w.name), min_speedup) for w in wls}
         for w in wls:
             by_name[w.name].verdict = verdicts[w.name].value
-        if policy == "weighted":
-            weights = {w.name: w.weight for w in wls}
-            n = min(len(paired[w.name]) for w in wls)
-            series = [weighted_paired_round({w.name: paired[w.name][i] for w in wls}, weights) for i in range(n)]
-            combined = paired_interval(series, level) if series else None
-            verdict = judge_paired(combined, min_speedup)
-            if combined is not None:
-                result.speedup, result.speedup_low, result.speedup_high = combined.estimate, combined.low, combined.high
-        else:
-            verdict = combine_all(verdicts)
-            estimates = [r for r in result.workloads if r.speedup is not None]
-            if estimates:
-                worst = min(estimates, key=lambda r: r.speedup or 0.0)
-                result.speedup, result.speedup_low, result.speedup_high = (worst.speedup, worst.speedup_low, worst.speedup_high)
-            # A workload already confirmed needs no more GPU time; the undecided ones go on.
-            active = [w for w in wls if verdicts[w.name] is not Verdict.PASS]
+        verdict, combined, active = _judge_round(wls, result, verdicts, paired, policy, level, min_speedup, combined, active)
         final = rnd == max_rounds
-        futility = False
-        if verdict is Verdict.UNDECIDED and not final:
-            if policy == "weighted":
-                futility = futile(combined, min_speedup, max_rounds)
-            else:  # one workload that cannot pass keeps the whole server from promoting
-                futility = any(futile(intervals.get(w.name), min_speedup, max_rounds) for w in wls if verdicts[w.name] is Verdict.UNDECIDED)
-        if (verdict is not Verdict.UNDECIDED or futility) and not final:
-            # A decision reports every workload's interval: ones wider than the bound are measured again first
-            # (under `all` only those; a weighted mix measures them all).
-            wide = [w for w in wls if width(intervals.get(w.name)) > MAX_WIDTH]
-            if wide:
-                verdict, futility = Verdict.UNDECIDED, False
-                if policy != "weighted":
-                    active = wide
+        verdict, futility, active = _stop_or_go_on(wls, verdict, verdicts, intervals, combined, policy, min_speedup, max_rounds, final, active)
         outcome = outcome_for(verdict, final=final, detail=_detail(result.workloads, min_speedup, combined), futility=futility, rounds=rnd)
         if on_round is not None:
             maybe = on_round(result)
             if inspect.isawaitable(maybe):
                 await maybe
         if outcome is not None:
-            if outcome.reason is Reason.INCONCLUSIVE and max_rounds < PROMOTE_MIN_ROUNDS:
-                outcome = Outcome(
-                    outcome.decision,
-                    outcome.reason,
-                    outcome.message + f" (max rounds {max_rounds} < {PROMOTE_MIN_ROUNDS}: no promotion without both orders of the servers)",
-                )
-            return outcome
+            return _with_rounds_note(outcome, max_rounds)
     raise AssertionError("unreachable: the last round always yields an outcome")
+
+
+async def _measure_one(
+    session: aiohttp.ClientSession,
+    url: str,
+    w: Workload,
+    clock: Callable[[], float],
+    deadline: float,
+    rng: random.Random,
+    request_timeout: float,
+    read_timeout: float,
+    check_floor: float | None,
+    traffic: Mapping[str, WorkloadTraffic] | None,
+) -> Measurement:
+    """One measurement of one workload on one server, within the probe's deadline (TimeoutError past it).
+
+    ``check_floor``: the first speculative measurement stops early once a few finished requests show a drafter that
+    accepts nothing (acceptance at or below the floor), so the seed's broken drafter costs seconds, not a benchmark."""
+    remaining = deadline - clock()
+    if remaining <= 0:
+        raise TimeoutError
+    floor = check_floor
+    stop_early = (lambda m: m.requests >= min(4, w.requests) and drafter_not_accepting(m.accept_length, floor)) if floor is not None else None
+    return await asyncio.wait_for(
+        measure(
+            session,
+            url,
+            w,
+            rng=rng,
+            request_timeout=request_timeout,
+            read_timeout=read_timeout,
+            stop_early=stop_early,
+            traffic=traffic.get(w.name) if traffic is not None else None,
+        ),
+        timeout=remaining,
+    )
+
+
+def _with_rounds_note(outcome: Outcome, max_rounds: int) -> Outcome:
+    """An inconclusive outcome says when max_rounds was too few for a promotion at all."""
+    if outcome.reason is Reason.INCONCLUSIVE and max_rounds < PROMOTE_MIN_ROUNDS:
+        return Outcome(
+            outcome.decision,
+            outcome.reason,
+            outcome.message + f" (max rounds {max_rounds} < {PROMOTE_MIN_ROUNDS}: no promotion without both orders of the servers)",
+        )
+    return outcome
+
+
+async def _preflight(
+    session: aiohttp.ClientSession, base_url: str, speculative_url: str, wls: list[Workload], result: ProbeResult, timeout: float
+) -> Outcome | None:
+    """Both servers answer /server_info (else the probe fails); their max_running_requests and what it means."""
+    try:
+        base_info = await get_json(session, base_url + "/server_info", timeout=min(30.0, timeout))
+    except ProbeRequestError as exc:
+        result.base_reachable = False
+        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"base server unreachable: {exc}", transient=exc.transient)
+    try:
+        speculative_info = await get_json(session, speculative_url + "/server_info", timeout=min(30.0, timeout))
+    except ProbeRequestError as exc:
+        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"speculative server unreachable: {exc}", transient=exc.transient)
+    result.base_max_running_requests = _max_running(base_info)
+    result.speculative_max_running_requests = _max_running(speculative_info)
+    for label, cap in (("speculative", result.speculative_max_running_requests), ("base", result.base_max_running_requests)):
+        if cap is None:
+            continue
+        for w in wls:
+            if cap < w.concurrency:
+                result.warnings.append(
+                    f"{label} max_running_requests={cap} is below workload {w.name}'s concurrency {w.concurrency}: "
+                    f"SGLang queues the rest (speculative SGLang defaults to 48 unless --max-running-requests "
+                    f"is passed)"
+                )
+    if speculative_info.get("speculative_algorithm") in (None, "", "None"):
+        result.warnings.append("speculative /server_info reports no speculative_algorithm: is it speculating?")
+
+    return None
+
+
+async def _drafter_rejected(
+    session: aiohttp.ClientSession, speculative_url: str, result: ProbeResult, m: Measurement, w: Workload, floor: float | None
+) -> Outcome | None:
+    """After the first speculative measurement: a drafter that accepts nothing ends the probe at once."""
+    accept = m.accept_length
+    if accept is None:
+        accept = await _server_accept_length(session, speculative_url, result)
+    if not drafter_not_accepting(accept, floor):
+        return None
+    assert accept is not None and floor is not None
+    result.accept_length = accept
+    result.rounds = 0
+    return Outcome(
+        Decision.ROLLBACK,
+        Reason.DRAFTER_NOT_ACCEPTING,
+        f"drafter not accepting: acceptance length {accept:.3f} <= floor {floor:g} "
+        f"after {m.requests} request(s) of workload {w.name} (1.00 = no draft token "
+        f"accepted); the base keeps serving",
+    )
+
+
+def _judge_round(
+    wls: list[Workload],
+    result: ProbeResult,
+    verdicts: dict[str, Verdict],
+    paired: dict[str, list[PairedRound]],
+    policy: str,
+    level: float,
+    min_speedup: float,
+    combined: RatioInterval | None,
+    active: list[Workload],
+) -> tuple[Verdict, RatioInterval | None, list[Workload]]:
+    """The verdict of a round under the policy, the weighted mix's interval, and the workloads still measured."""
+    if policy == "weighted":
+        weights = {w.name: w.weight for w in wls}
+        n = min(len(paired[w.name]) for w in wls)
+        series = [weighted_paired_round({w.name: paired[w.name][i] for w in wls}, weights) for i in range(n)]
+        combined = paired_interval(series, level) if series else None
+        verdict = judge_paired(combined, min_speedup)
+        if combined is not None:
+            result.speedup, result.speedup_low, result.speedup_high = combined.estimate, combined.low, combined.high
+        return verdict, combined, active
+    verdict = combine_all(verdicts)
+    estimates = [r for r in result.workloads if r.speedup is not None]
+    if estimates:
+        worst = min(estimates, key=lambda r: r.speedup or 0.0)
+        result.speedup, result.speedup_low, result.speedup_high = (worst.speedup, worst.speedup_low, worst.speedup_high)
+    # A workload already confirmed needs no more GPU time; the undecided ones go on.
+    return verdict, combined, [w for w in wls if verdicts[w.name] is not Verdict.PASS]
+
+
+def _stop_or_go_on(
+    wls: list[Workload],
+    verdict: Verdict,
+    verdicts: dict[str, Verdict],
+    intervals: dict[str, RatioInterval],
+    combined: RatioInterval | None,
+    policy: str,
+    min_speedup: float,
+    max_rounds: int,
+    final: bool,
+    active: list[Workload],
+) -> tuple[Verdict, bool, list[Workload]]:
+    """Futility (no promotion is reachable any more), and intervals too wide to report: (verdict, futility, active)."""
+    futility = False
+    if verdict is Verdict.UNDECIDED and not final:
+        if policy == "weighted":
+            futility = futile(combined, min_speedup, max_rounds)
+        else:  # one workload that cannot pass keeps the whole server from promoting
+            futility = any(futile(intervals.get(w.name), min_speedup, max_rounds) for w in wls if verdicts[w.name] is Verdict.UNDECIDED)
+    if (verdict is not Verdict.UNDECIDED or futility) and not final:
+        # A decision reports every workload's interval: ones wider than the bound are measured again first
+        # (under `all` only those; a weighted mix measures them all).
+        wide = [w for w in wls if width(intervals.get(w.name)) > MAX_WIDTH]
+        if wide:
+            verdict, futility = Verdict.UNDECIDED, False
+            if policy != "weighted":
+                active = wide
+    return verdict, futility, active
 
 
 def _summarize(wls, result: ProbeResult, tok_s, logs, profiles, last, level: float) -> tuple[dict[str, RatioInterval], dict[str, list[PairedRound]]]:

@@ -1,14 +1,20 @@
 """One reconcile step of a SpeculativeServer, as a pure function.
 
 ``reconcile(spec, observed, status, now)`` looks at what exists (the five children, their pods, the result of
-a probe that just finished, a fresh metrics scrape) and at the stored status, and returns a :class:`Plan`: the
-children to create or change, the complete new status, the Events to post, and whether a probe must start (or
-stop). The Kopf handlers gather ``observed``, call this, and execute the plan; nothing here talks to anything.
+a probe that just finished, a fresh metrics scrape, and why the spec cannot be served: it does not parse, the
+cluster lacks the LeaderWorkerSet CRD, the API server refused a request) and at the stored status, and returns
+a :class:`Plan`: the children to create or change, the complete new status, the Events to post, and whether a
+probe must start (or stop). It is the only code that decides a status. The controller gathers ``observed``,
+calls this, and executes the plan; nothing here talks to anything.
 
-The step is a pipeline of named pure functions (lifecycle.py)::
+The step is a pipeline of named pure functions, one module per concern::
 
-    facts = gather_facts(...)  ->  settle_validation  ->  settle_decision  ->  apply_drift  ->  plan_replicas
-          ->  choose_active  ->  settle_phase  ->  build_conditions / build_status
+    refused.refusal                          a spec that is not served: phase Failed (refused.py)
+    facts = gather_facts(...)                what exists, the pod templates, each server's state (facts.py)
+      -> settle_validation -> settle_decision -> apply_drift                             (decision.py)
+      -> plan_replicas -> choose_active, route_both                             (fleet.py: fleet routing)
+      -> settle_phase -> walking_back -> build_conditions / build_status                    (status.py)
+      -> desired_children                                                                  (children.py)
     events = transition_events(stored status, new status)      (events.py: the only place Events are made)
 
 Restart safety comes from the status: the validation result and every decision are stored with the speculative
@@ -27,6 +33,7 @@ The lifecycle (docs/operator.md)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -34,42 +41,33 @@ from typing import Any
 from pydantic import ValidationError
 
 from .. import manifests as m
-from ..api import Phase, ProbeStatus, Reason, SpeculativeServerSpec, SpeculativeServerStatus, Variant
+from .. import steering
+from ..api import Phase, ProbeStatus, Reason, SpeculativeServerSpec, SpeculativeServerStatus, ValidationStatus, Variant
+from ..errors import InputError
 from ..resource import speculative_revision
 from ..textutil import clip, parse_time
-from . import retire
+from . import deadline, overrides, refused, retire
+from .children import desired_children, observed_child
+from .decision import apply_drift, is_invalid, is_promoted, settle_decision, settle_validation
 from .diff import merge_patch, needs_apply, owned_by
 from .events import transition_events
-from .lifecycle import (
-    BASE,
-    SPECULATIVE,
-    Facts,
-    Fleet,
-    PhaseOutcome,
-    apply_drift,
-    build_conditions,
-    build_status,
-    choose_active,
-    gather_facts,
-    is_invalid,
-    is_promoted,
-    plan_replicas,
-    selects_both,
-    settle_decision,
-    settle_phase,
-    settle_trial,
-    settle_validation,
-    stored_probe,
-)
-from .model import Event, Observed, Plan, Settings, status_document
+from .facts import BASE, SPECULATIVE, Facts, gather_facts, settle_load_aware_probe, stored_probe
+from .fleet import Fleet, choose_active, plan_replicas, route_both
+from .gpus import gpu_status
+from .model import ApiRefusal, Event, Observed, Plan, ProbeAction, Settings, StartProbe, StopProbe, status_document
 from .pods import ServerState, parse_validator_report, server_state, validation_from_pods
+from .status import PhaseOutcome, build_conditions, build_status, settle_phase, walking_back
 
 __all__ = [
+    "ApiRefusal",
     "Event",
     "Observed",
     "Plan",
+    "ProbeAction",
     "ServerState",
     "Settings",
+    "StartProbe",
+    "StopProbe",
     "merge_patch",
     "needs_apply",
     "owned_by",
@@ -104,53 +102,91 @@ def read_status(stored: SpeculativeServerStatus | Mapping[str, Any] | None) -> S
         return SpeculativeServerStatus.model_validate(readable)
 
 
-def _default_render(spec: SpeculativeServerSpec, variant: str, adaptive_config_path: str | None = None, worker: bool = False) -> list[str]:
+def _default_render(spec: SpeculativeServerSpec, variant: Variant, adaptive_config_path: str | None = None, worker: bool = False) -> list[str]:
     from ..sglang import render_argv
 
-    return render_argv(spec, Variant(variant), adaptive_config_path=adaptive_config_path, worker=worker)
+    return render_argv(spec, variant, adaptive_config_path=adaptive_config_path, worker=worker)
 
 
 def reconcile(
-    spec: SpeculativeServerSpec,
+    spec: SpeculativeServerSpec | None,
     observed: Observed,
     status: SpeculativeServerStatus | Mapping[str, Any] | None,
     now: datetime,
     settings: Settings = Settings(),
     render_argv: Callable[..., list[str]] = _default_render,
-    rendered: dict[str, Any] | None = None,
+    rendered: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Compute the next step for one SpeculativeServer (see the module docstring).
 
-    ``rendered``: a dict the caller keeps for this object while its spec (generation) stays the same; the pod
-    templates are rendered into it once instead of on every step (they were a third of a step's CPU).
+    ``spec``: None when it did not parse (``observed.spec_error`` says why) or is not known (``observed.api_refusal``:
+    a refused request reported from outside a step). ``rendered``: ``Plan.rendered`` of an earlier step of the same
+    generation; its pod templates are reused instead of rendered again.
     """
     prev = read_status(status)
+    if observed.api_refusal is not None:
+        return refused.api_refused_plan(prev, observed, now, observed.api_refusal)
+    refusal = refused.refusal(spec, observed)
+    if refusal is not None:
+        return refused.refused_plan(prev, observed, now, *refusal)
+    if spec is None:
+        raise ValueError("reconcile: no spec, and observed says no reason (spec_error)")
+    try:
+        return _serve(spec, observed, prev, now, settings, render_argv, rendered or {})
+    except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
+        return refused.refused_plan(prev, observed, now, Reason.INVALID_SPEC, str(exc))
+
+
+def _serve(
+    spec: SpeculativeServerSpec,
+    observed: Observed,
+    prev: SpeculativeServerStatus,
+    now: datetime,
+    settings: Settings,
+    render_argv: Callable[..., list[str]],
+    rendered: Mapping[str, Any],
+) -> Plan:
     revision = speculative_revision(spec)
+    stored = prev
+    asked = steering.read(observed.annotations, prev.steering.retried if prev.steering is not None else None)
+    prev = overrides.before_settling(prev, asked, revision)
     retirement = retire.retiring(spec, observed)
     if retirement is not None:  # resources.nodes changed kind: the lifecycle sees the new kind's pods only
         observed = retire.without_old_pods(observed, retirement)
-    trial = settle_trial(
+    load_aware_probe = settle_load_aware_probe(
         spec, stored_probe(prev, revision), observed.probe_result if observed.probe_result and observed.probe_result.revision == revision else None
     )
-    facts = gather_facts(spec, observed, prev, now, revision, settings, render_argv, rendered if rendered is not None else {}, trial)
+    facts = gather_facts(spec, observed, prev, now, revision, settings, render_argv, rendered, load_aware_probe)
+    facts = dataclasses.replace(facts, steering=asked)
     validation = settle_validation(facts)
     decision = settle_decision(facts, validation)
     decision, monitor = apply_drift(facts, decision)
-    replicas = plan_replicas(facts, validation, decision)
-    active = choose_active(facts, decision, replicas.holding)
-    both = selects_both(facts, replicas, decision, validation)
-    outcome = walking_back(facts, replicas, decision, settle_phase(facts, validation, decision))
-    conditions = build_conditions(facts, validation, decision, replicas, active, outcome, both)
-    new_status = build_status(facts, validation, decision, monitor, active, outcome, conditions, replicas)
+    decision = overrides.override(decision, asked, revision, facts.now_s, is_invalid(validation))
+    decision, fleet, wait, since = _within_deadline(facts, stored, validation, decision)
+    active = choose_active(facts, decision, fleet.holding)
+    both = route_both(facts, fleet, decision, validation)
+    outcome = walking_back(facts, fleet, decision, settle_phase(facts, validation, decision))
+    if wait is not None and since is not None and wait.side == Variant.BASE and deadline.passed(since, now, spec.progress_deadline_seconds):
+        outcome = deadline.base_expired(facts, wait, since, outcome)
+    conditions = build_conditions(facts, validation, decision, fleet, active, outcome, both)
+    new_status = build_status(facts, validation, decision, monitor, active, outcome, conditions, fleet)
+    serving = {Variant.BASE, Variant.SPECULATIVE} if both else {active}
+    new_status = new_status.model_copy(
+        update={
+            "gpus": gpu_status(observed.pods, serving, outcome.probing),
+            "steering": overrides.steering_status(stored, asked, decision, fleet.walks),
+            "waiting_for": wait.what if wait is not None else None,
+            "waiting_since": since,
+        }
+    )
 
-    desired = desired_children(facts, replicas, active, both)
+    desired = desired_children(facts, fleet, active, both)
     delete: list[dict[str, Any]] = []
     if retirement is not None:
-        desired, delete, note = retire.adjust(retirement, desired, observed, spec, replicas.state, active)
+        desired, delete, note = retire.adjust(retirement, desired, observed, spec, fleet.state, active)
         new_status = new_status.model_copy(update={"message": clip(f"{note}; {new_status.message or ''}")})
-    to_apply = [obj for obj in desired if obj["metadata"]["name"] not in facts.conflicts and needs_apply(obj, _observed_child(facts.observed, obj))]
-    probe_running = observed.probe_running
-    start_probe = outcome.probing and probe_running != facts.probe_id
+    to_apply = [obj for obj in desired if obj["metadata"]["name"] not in facts.conflicts and needs_apply(obj, observed_child(facts.observed, obj))]
+    probe = _probe_action(facts, outcome, decision, validation, new_status)
     monitor_due, next_scrape_in = _scrape_schedule(facts, new_status)
     workloads = [w.name for w in spec.rollout.workloads]
     return Plan(
@@ -158,88 +194,56 @@ def reconcile(
         apply=to_apply,
         new_status=new_status,
         events=transition_events(
-            prev, new_status, name=observed.name, workloads=workloads, probe_starting=start_probe, replicas=spec.replicas, both=both
+            stored,
+            new_status,
+            name=observed.name,
+            workloads=workloads,
+            probe_starting=isinstance(probe, StartProbe),
+            replicas=spec.replicas,
+            both=both,
         ),
-        start_probe=start_probe,
-        cancel_probe=probe_running is not None
-        and (probe_running != facts.probe_id or decision is not None or bool(facts.conflicts) or is_invalid(validation)),
+        probe=probe,
         monitor_due=monitor_due,
         next_scrape_in=next_scrape_in,
-        settled=_settled(facts, outcome, to_apply, replicas) and retirement is None,
+        settled=_settled(facts, outcome, to_apply, fleet) and retirement is None,
         # Services before Deployments when one step both re-points an existing Service and changes a Deployment
         # (switch, then scale the loser to 0): traffic must leave a server before it goes away.
         switch_first=any(o["kind"] in ("Deployment", m.LWS_KIND) for o in to_apply)
         and any(o["kind"] == "Service" and o["metadata"]["name"] in observed.services for o in to_apply),
-        desired=desired,
-        probe_id=facts.probe_id,
-        adaptive_probe=trial is not None,
         delete=delete,
+        rendered=facts.rendered,
     )
 
 
-def walking_back(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, outcome: PhaseOutcome) -> PhaseOutcome:
-    """The phase of an undecided revision while the fleet walks back before the speculative template changes
-    (plan_replicas): Deploying, reason WalkingToBase, saying so (the validator and the probe wait for the template)."""
-    if not fleet.holding or decision is not None or outcome.phase in (Phase.FAILED, Phase.INVALID):
-        return outcome
-    state = fleet.state
-    message = (
-        f"walking back to the base before the speculative pod template changes (revision {facts.revision}): "
-        f"{state.base.ready} base and {state.speculative.ready} speculative servers Ready "
-        f"(base {fleet[BASE]}, speculative {fleet[SPECULATIVE]} asked); the new revision's canary starts when no "
-        "speculative server of the old template is left"
-    )
-    return PhaseOutcome(Phase.DEPLOYING, Reason.WALKING_TO_BASE, message)
+def _within_deadline(
+    facts: Facts, stored: SpeculativeServerStatus, validation: ValidationStatus | None, decision: ProbeStatus | None
+) -> tuple[ProbeStatus | None, Fleet, deadline.Wait | None, str | None]:
+    """The fleet for ``decision``, what the step waits for and since when; a speculative side that waited past
+    spec.progressDeadlineSeconds is given up for the revision (deadline.py), and the fleet follows that."""
+    fleet = plan_replicas(facts, validation, decision)
+    wait = deadline.waiting_for(facts, validation, decision, fleet)
+    since = deadline.waiting_since(stored, wait, facts.now_s)
+    expired = wait is not None and since is not None and deadline.passed(since, facts.now, facts.spec.progress_deadline_seconds)
+    if expired and wait is not None and since is not None and wait.side == Variant.SPECULATIVE and (decision is None or is_promoted(decision)):
+        decision = deadline.speculative_expired(facts, wait, since)
+        fleet = plan_replicas(facts, validation, decision)
+        wait = deadline.waiting_for(facts, validation, decision, fleet)
+        since = deadline.waiting_since(stored, wait, facts.now_s)
+    return decision, fleet, wait, since
 
 
-def desired_children(facts: Facts, replicas: Fleet | dict[Variant, int], active: Variant, both: bool = False) -> list[dict[str, Any]]:
-    """The five children, Services first (see Plan.switch_first), and during load-aware speculation the adaptive
-    table's ConfigMap before them all (the speculative pod mounts it).
-
-    While a fleet walks back before its speculative template changes (Fleet.holding), the speculative server is
-    replicas-only (manifests.replicas_only): its count changes, its old template stays."""
-    name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
-    holding = isinstance(replicas, Fleet) and replicas.holding
-    kind = m.LWS_KIND if facts.leader_worker_sets else "Deployment"
-    held = [m.replicas_only(kind, name, namespace, SPECULATIVE.value, replicas[SPECULATIVE])] if holding else []
-    if facts.leader_worker_sets:  # multi-node: one LeaderWorkerSet per variant, its Services selecting the leaders
-        groups = [m.with_replicas(facts.leader_worker_sets[v], replicas[v]) for v in (BASE, SPECULATIVE) if not (holding and v == SPECULATIVE)]
-        leaders = [
-            m.service(name, namespace, BASE.value, settings=ms, leaders_only=True),
-            m.service(name, namespace, SPECULATIVE.value, settings=ms, leaders_only=True),
-            m.service(name, namespace, None, active=active.value, settings=ms, both=both, leaders_only=True),
-        ]
-        tables = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
-        return tables + leaders + groups + held
-    deployments = [
-        m.deployment(
-            name,
-            namespace,
-            facts.spec,
-            variant.value,
-            replicas=replicas[variant],
-            revision=facts.revision,
-            settings=ms,
-            template=facts.templates[variant],
-        )
-        for variant in (BASE, SPECULATIVE)
-        if not (holding and variant == SPECULATIVE)
-    ]
-    services = [
-        m.service(name, namespace, BASE.value, settings=ms),
-        m.service(name, namespace, SPECULATIVE.value, settings=ms),
-        m.service(name, namespace, None, active=active.value, settings=ms, both=both),
-    ]
-    config_maps = [m.adaptive_config_map(name, namespace, facts.trial.config_json)] if facts.trial is not None else []
-    return config_maps + services + deployments + held
-
-
-def _observed_child(observed: Observed, obj: dict[str, Any]) -> dict[str, Any] | None:
-    # A variant's LeaderWorkerSet is observed with the Deployments (one server object per variant name).
-    children = {"Deployment": observed.deployments, m.LWS_KIND: observed.deployments, "ConfigMap": observed.config_maps}.get(
-        obj["kind"], observed.services
-    )
-    return children.get(obj["metadata"]["name"])
+def _probe_action(
+    facts: Facts, outcome: PhaseOutcome, decision: ProbeStatus | None, validation: ValidationStatus | None, new_status: SpeculativeServerStatus
+) -> ProbeAction | None:
+    """Start a probe when both servers are ready and this step's probe is not the one running; stop the running one
+    when it measures something else, or a decision, a name conflict or an incompatible drafter ends it."""
+    running = facts.observed.probe_running
+    if outcome.probing and running != facts.probe_id:
+        load_aware = new_status.probe.load_aware if facts.load_aware_probe is not None and new_status.probe is not None else None
+        return StartProbe(facts.probe_id, facts.revision, load_aware)
+    if running is not None and (running != facts.probe_id or decision is not None or bool(facts.conflicts) or is_invalid(validation)):
+        return StopProbe()
+    return None
 
 
 def _scrape_schedule(facts: Facts, new_status: SpeculativeServerStatus) -> tuple[bool, float | None]:
@@ -254,13 +258,13 @@ def _scrape_schedule(facts: Facts, new_status: SpeculativeServerStatus) -> tuple
     return elapsed >= monitor.interval, max(0.0, monitor.interval - elapsed)
 
 
-def _settled(facts: Facts, outcome: PhaseOutcome, to_apply: list[dict[str, Any]], replicas: Fleet) -> bool:
+def _settled(facts: Facts, outcome: PhaseOutcome, to_apply: list[dict[str, Any]], fleet: Fleet) -> bool:
     """Decided, nothing to apply, every server that should run is ready and a fleet's walk has arrived: nothing
     changes with time alone."""
     return (
         outcome.phase in (Phase.PROMOTED, Phase.ROLLED_BACK, Phase.INVALID)
         and not outcome.probing
         and not to_apply
-        and all(facts.servers[v].ready for v in (BASE, SPECULATIVE) if replicas[v] > 0)
-        and (replicas.replicas < 2 or replicas.done)
+        and all(facts.servers[v].ready for v in (BASE, SPECULATIVE) if fleet[v] > 0)
+        and (fleet.replicas < 2 or fleet.done)
     )

@@ -33,7 +33,7 @@ def transition_events(
     events: list[Event] = []
     if new.validation is not None and not _validated(prev.validation, new.validation.revision):
         events.append(_validation_event(new.validation))
-    if _trial_started(prev.probe, new.probe):
+    if _load_aware_probe_started(prev.probe, new.probe):
         assert new.probe is not None and new.probe.load_aware is not None
         events.append(Event("Normal", Reason.LOAD_AWARE_TRIAL, f"{new.probe.load_aware.message}; restarting it to measure it against the base again"))
     if new.probe is not None and new.probe.decision and _is_new_decision(prev.probe, new.probe):
@@ -48,6 +48,11 @@ def transition_events(
                 )
             )
     events += _sick_pod_events(prev, new)
+    events += _stuck_events(prev, new)
+    if new.steering is not None and new.steering.retried and new.steering.retried != (prev.steering.retried if prev.steering else None):
+        events.append(
+            Event("Normal", Reason.RETRY_REQUESTED, f"retry {new.steering.retried} (specdec.io/retry): revision {_revision(new)} is tried again")
+        )
     if probe_starting and new.probe is not None:
         events.append(
             Event("Normal", Reason.PROBE_STARTED, f"both servers are ready: measuring {', '.join(workloads)} (revision {new.probe.revision})")
@@ -112,13 +117,13 @@ def _validation_event(validation: ValidationStatus) -> Event:
     )
 
 
-def _trial_started(prev: ProbeStatus | None, new: ProbeStatus | None) -> bool:
-    """A load-aware trial begins: the new status has the plain probe of a trial that the stored one did not."""
-    trial = new.load_aware if new is not None else None
-    if trial is None or trial.plain_probe is None or trial.reason != Reason.LOAD_AWARE_TRIAL:
+def _load_aware_probe_started(prev: ProbeStatus | None, new: ProbeStatus | None) -> bool:
+    """A load-aware probe begins: the new status has the plain probe of a load-aware probe that the stored one did not."""
+    load_aware_probe = new.load_aware if new is not None else None
+    if load_aware_probe is None or load_aware_probe.plain_probe is None or load_aware_probe.reason != Reason.LOAD_AWARE_TRIAL:
         return False
     before = prev.load_aware if prev is not None and prev.revision == new.revision else None  # type: ignore[union-attr]
-    return before is None or before.plain_probe is None or before.config != trial.config
+    return before is None or before.plain_probe is None or before.config != load_aware_probe.config
 
 
 def _is_new_decision(prev: ProbeStatus | None, new: ProbeStatus) -> bool:
@@ -127,6 +132,8 @@ def _is_new_decision(prev: ProbeStatus | None, new: ProbeStatus) -> bool:
 
 def _decision_event(decision: ProbeStatus) -> Event:
     detail = decision.message or ""
+    if decision.reason == Reason.PROMOTED_BY_HAND:  # no probe vouches for it: a Warning, with the reason given
+        return Event("Warning", Reason.PROMOTED_BY_HAND, detail)
     if decision.decision == Decision.PROMOTE:
         return Event("Normal", decision.reason or Reason.SPEEDUP_CONFIRMED, f"promoted: {detail}" if detail else "promoted")
     if decision.reason == Reason.ACCEPTANCE_DRIFT:  # its message says what happens next
@@ -148,9 +155,32 @@ def _walk_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus) ->
     before, after = _rolled_out(prev), _rolled_out(new)
     if after is None:
         return []
+    if after.reason == Reason.WALK_PAUSED and (before is None or before.reason != Reason.WALK_PAUSED):
+        return [Event("Normal", Reason.WALK_PAUSED, after.message)]
+    if before is not None and before.reason == Reason.WALK_PAUSED and after.reason in _WALKING:
+        return [Event("Normal", Reason.WALK_RESUMED, f"resumed: {after.message}")]
     if after.reason in _WALKING and (before is None or before.reason != after.reason):
         turned = before is not None and before.reason in _WALKING
         return [Event("Normal", Reason.WALK_STARTED, f"{'turned back, ' if turned else ''}{after.message}")]
-    if after.status == "True" and before is not None and before.reason in _WALKING:
+    if after.status == "True" and before is not None and (before.reason in _WALKING or before.reason == Reason.WALK_PAUSED):
         return [Event("Normal", Reason.WALK_FINISHED, f"walk finished: {after.message}")]
     return []
+
+
+# Server condition reasons that name the cause of a wait (reconcile/stuck.py): each is announced once, as a Warning.
+_STUCK = frozenset({Reason.VOLUME_NOT_MOUNTED, Reason.IMAGE_NOT_PULLED, Reason.CONTAINER_CONFIG_ERROR, Reason.UNSCHEDULABLE, Reason.CRASH_LOOP})
+
+
+def _stuck_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus) -> list[Event]:
+    """A Warning when a server's condition turns to a cause of a wait (a volume not mounted, an image not pulled, ...)."""
+    events = []
+    for ctype in (ConditionType.BASE_READY, ConditionType.SPECULATIVE_READY):
+        before = next((c for c in prev.conditions if c.type == ctype), None)
+        after = next((c for c in new.conditions if c.type == ctype), None)
+        if after is not None and after.reason in _STUCK and (before is None or before.reason != after.reason):
+            events.append(Event("Warning", after.reason, after.message or ""))
+    return events
+
+
+def _revision(status: SpeculativeServerStatus) -> str:
+    return (status.probe.revision if status.probe is not None else None) or (status.validation.revision if status.validation else None) or "?"

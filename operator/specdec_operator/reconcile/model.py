@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from .. import manifests as m
-from ..api import ProbeStatus, SpeculativeServerStatus
+from ..api import LoadAwareStatus, ProbeStatus, SpeculativeServerStatus
 from ..monitor import Sample
 from ..resource import dump
 
@@ -21,6 +21,15 @@ class Settings:
     # A speculative server whose main container restarted this often (CrashLoopBackOff) is given up on:
     # the decision for its revision is ProbeFailed and it is scaled to 0 instead of holding its GPUs.
     crash_restart_limit: int = 3
+
+
+@dataclass(frozen=True)
+class ApiRefusal:
+    """A request the API server refused (the controller caught it): reconcile decides whether status says so."""
+
+    status: int  # the HTTP status
+    message: str  # the message of the API server's Status answer, or the HTTP reason
+    body: str = ""  # the answer as it came (server-side apply's typed-patch failures are told by it)
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,11 @@ class Observed:
     # LeaderWorkerSets of one now at 1), by object name: replaced by the other kind, then deleted (retire.py).
     retiring: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)  # pods labelled with this instance
+    # Events about those pods (read while a server waits): the kubelet reports a volume that does not mount only
+    # there (FailedMount), never in the pod's status (reconcile/stuck.py).
+    pod_events: list[dict[str, Any]] = field(default_factory=list)
+    # The resource's own metadata.annotations: the specdec.io/* requests made by hand (steering.py).
+    annotations: Mapping[str, str] = field(default_factory=dict)
     probe_running: str | None = None  # what the probe task running in this process measures (Facts.probe_id), if any
     probe_result: ProbeStatus | None = None  # a probe that just finished (its revision set; loadAware set: the adaptive server's)
     probe_progress: str | None = None  # what the running probe has done so far ("round 2 of up to 6")
@@ -45,6 +59,12 @@ class Observed:
     # scrapes before it (they tell an idle server from a working one, and give the verify calls in between).
     scrape: Mapping[str, Sample] | None = None
     previous_scrape: Mapping[str, Sample] | None = None
+    # Why the spec cannot be served at all, as the controller found it: the spec did not parse (its one-line
+    # error), the cluster does not serve LeaderWorkerSets (asked only for multi-node specs), or a request of the
+    # last step was refused. reconcile turns each into phase Failed (refused.py).
+    spec_error: str | None = None
+    leader_worker_sets_served: bool = True
+    api_refusal: ApiRefusal | None = None
 
     def __post_init__(self) -> None:
         # A result written by hand (tests, tools) may come as status.probe's camelCase mapping.
@@ -65,6 +85,24 @@ class Event:
     rollback: bool = False  # the Event announces a rollback decision (counted in specdec_rollbacks_total)
 
 
+@dataclass(frozen=True)
+class StartProbe:
+    """Start a probe of this resource (stopping the one running, which measures something else)."""
+
+    probe_id: str  # what it measures: the revision, or "<revision>/adaptive-<table hash>" (the load-aware probe)
+    revision: str
+    # The load-aware probe: the adaptive table the speculative server runs (its result carries it). None: a plain probe.
+    load_aware_probe: LoadAwareStatus | None = None
+
+
+@dataclass(frozen=True)
+class StopProbe:
+    """Stop the running probe: it measures something else (another revision, the plain server) or must not go on."""
+
+
+ProbeAction = StartProbe | StopProbe
+
+
 @dataclass
 class Plan:
     """What to do now."""
@@ -73,9 +111,8 @@ class Plan:
     apply: list[dict[str, Any]]  # children to create or update (server-side apply; owner reference added by the caller)
     new_status: SpeculativeServerStatus  # the complete new status
     events: list[Event]  # derived from the stored and the new status (events.transition_events)
-    start_probe: bool  # start a probe of `probe_id` (none is running in this process)
-    cancel_probe: bool  # the running probe measures something else (another revision, the plain server) or must not go on
-    monitor_due: bool  # the speculative server should be scraped now (checked before the next step)
+    probe: ProbeAction | None = None  # start or stop this resource's probe; None: leave it as it is
+    monitor_due: bool = False  # the speculative server should be scraped now (checked before the next step)
     next_scrape_in: float | None = None  # seconds until the next scrape is due (None: no monitoring)
     # Decided, and every server that should run is ready: nothing in the status changes with time alone, so only
     # an event (or the slow resync) needs a step. Unsettled resources are stepped often (deadlines, probe progress).
@@ -83,12 +120,24 @@ class Plan:
     # Apply the Services before the Deployments: an existing Service is re-pointed while a Deployment changes
     # (traffic must leave a server before it is scaled to 0). Otherwise everything is applied at once.
     switch_first: bool = False
-    desired: list[dict[str, Any]] = field(default_factory=list)  # all children this object should have
-    probe_id: str = ""  # what a probe started now measures: the revision, or "<revision>/adaptive-<table hash>"
-    adaptive_probe: bool = False  # the probe to start measures the load-aware (adaptive) speculative server
     # Server objects of the other kind to delete (a resources.nodes change, retire.py), after this plan's applies:
     # {"apiVersion", "kind", "metadata": {"name", "namespace", "uid"}}.
     delete: list[dict[str, Any]] = field(default_factory=list)
+    # The pod templates (and LeaderWorkerSets) this step used, by variant and table: the caller keeps them for the
+    # next step of the same generation and hands them back (rendering them was a third of a step's CPU).
+    rendered: dict[str, Any] = field(default_factory=dict)
+    # The spec is not served (InvalidSpec, LeaderWorkerSetMissing, an API refusal: refused.py): only the status
+    # and its Events are written; no child, no probe.
+    refused: bool = False
+
+    @property
+    def starts_probe(self) -> bool:
+        return isinstance(self.probe, StartProbe)
+
+    @property
+    def stops_probe(self) -> bool:
+        """The running probe, if any, stops (a probe started by this plan replaces it)."""
+        return self.probe is not None
 
     @cached_property
     def status(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from .. import rollout
 from ..api import Finding, Reason, ValidationStatus, Variant
 from ..textutil import clip, parse_time, rfc3339
 from .diff import annotations_of, labels_of
+from .stuck import diagnose, last_termination
 
 # At most this many findings are read back from a termination message (at most 4096 bytes anyway).
 MAX_FINDINGS = 32
@@ -48,8 +49,11 @@ def pods_of(pods: list[dict[str, Any]], variant: Variant) -> list[dict[str, Any]
     return live([p for p in pods if labels_of(p).get(m.LABEL_VARIANT) == variant.value])
 
 
-def server_state(pods: list[dict[str, Any]], template_hash: str) -> ServerState:
-    """Describe a variant's server from its pods: ready, loading (since when), crash-looping, ..."""
+def server_state(pods: list[dict[str, Any]], template_hash: str, events: list[dict[str, Any]] | None = None) -> ServerState:
+    """Describe a variant's server from its pods: ready, loading (since when), crash-looping, ...
+
+    ``events``: the Events about these pods, where the kubelet says what pod states do not (a volume that does not
+    mount leaves the pod PodInitializing or ContainerCreating): stuck.diagnose names the cause of a wait."""
     current_pods = live(pods)
     any_ready = any(is_ready(p) for p in current_pods)
     current = [p for p in current_pods if annotations_of(p).get(m.ANNOTATION_TEMPLATE_HASH) == template_hash]
@@ -61,10 +65,11 @@ def server_state(pods: list[dict[str, Any]], template_hash: str) -> ServerState:
         return ServerState(False, False, Reason.NO_POD, "no pod yet")
     pod = max(current, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
     status = pod.get("status") or {}
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            why = cond.get("message") or cond.get("reason") or "unschedulable"
-            return ServerState(False, any_ready, Reason.UNSCHEDULABLE, clip(f"waiting for a node: {why}"))
+    # A new pod beside a Ready one of an older template (a base rolling update): the old one serves meanwhile.
+    beside = "; the pod of the older template keeps serving" if any_ready else ""
+    cause = diagnose(pod, events)
+    if cause is not None and cause.reason != Reason.CRASH_LOOP:
+        return ServerState(False, any_ready, cause.reason, clip(cause.message + beside))
     validating = _validator_state(status)
     if validating is not None:
         return ServerState(False, any_ready, Reason.VALIDATING, validating)
@@ -98,11 +103,8 @@ def _server_container_state(cs: dict[str, Any], status: dict[str, Any], any_read
     restarts = int(cs.get("restartCount") or 0)
     waiting = state.get("waiting") or {}
     if waiting.get("reason") == "CrashLoopBackOff":
-        last = ((cs.get("lastState") or {}).get("terminated")) or {}
-        why = last.get("reason") or "Error"
-        code = last.get("exitCode")
-        detail = f"{why}, exit code {code}" if code is not None else why
-        return ServerState(False, any_ready, Reason.CRASH_LOOP, clip(f"crash-looping ({detail}; {restarts} restarts)"), restarts)
+        # The last termination message says why (SGLang's last words: an unknown flag, an out-of-memory, ...).
+        return ServerState(False, any_ready, Reason.CRASH_LOOP, clip(f"crash-looping ({last_termination(cs)})"), restarts)
     running = state.get("running")
     if running is not None:
         started = parse_time(running.get("startedAt")) or parse_time(status.get("startTime"))

@@ -16,14 +16,22 @@ import re
 from typing import Any
 
 from .. import SGLANG_VERSION
-from ..choices import ALGORITHMS, QUANTIZATIONS
+from ..choices import ALGORITHMS, ENGINES, QUANTIZATIONS
 from ..errors import InputError
 from .modelmeta import ModelMeta, TensorInfo
+from .provenance import FILENAME as PROVENANCE_FILENAME
 from .quantization import checkpoint_quantization, normalize_quantization
 from .report import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding, ValidationReport
 from .tables import (
+    CAPTURE_DELEGATED,
+    CAPTURE_FIRST_ID_ONE,
+    CAPTURE_MAX_IS_BOUNDARY,
+    CAPTURE_PLUS_ONE,
     CONTEXT_LENGTH_KEYS,
-    DEEPSEEK_CAPTURE_CONVENTION,
+    DRAFT_CONFIG_DEFAULTS,
+    EAGLE3_CAPTURE_RULE,
+    EAGLE3_CAPTURES_LAST_LAYER_OUTPUT,
+    EAGLE3_DEFAULT_IDS_PLUS_ONE,
     EAGLE3_DRAFT_ARCHITECTURES,
     EAGLE3_TARGET_ARCHITECTURES,
     EAGLE_DRAFT_ARCHITECTURES,
@@ -31,6 +39,7 @@ from .tables import (
 )
 
 MIN_TRAINING_SAMPLES = 100_000
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 
 CONVERT_EAGLE3_LLAMA = (
     'vLLM\'s name for the same layout: set architectures to ["LlamaForCausalLMEagle3"] in config.json '
@@ -44,8 +53,12 @@ CONVERT_SPECULATORS = (
 )
 
 
-def derived_context_length(cfg: dict[str, Any]) -> int | None:
-    """The context length SGLang derives from a (text) config, as utils.get_context_length does."""
+def derived_context_length(cfg: dict[str, Any], default_max_position: int | None = None) -> int | None:
+    """The context length SGLang derives from a (text) config, as utils.get_context_length does.
+
+    default_max_position: what the config object says for max_position_embeddings when config.json leaves it
+    out (its transformers class default); get_context_length reads the attribute, not the file.
+    """
     factor: float = 1
     rope = cfg.get("rope_scaling")
     if isinstance(rope, dict) and rope:
@@ -55,15 +68,26 @@ def derived_context_length(cfg: dict[str, Any]) -> int | None:
             factor = 1
     for key in CONTEXT_LENGTH_KEYS:
         value = cfg.get(key)
+        if value is None and key == "max_position_embeddings":
+            value = default_max_position
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             length = factor * value
             return int(length) if math.isfinite(length) else None
     return None
 
 
+def draft_config_default(cfg: dict[str, Any], key: str) -> int | None:
+    """The transformers default of `key` for this draft config's model_type (tables.DRAFT_CONFIG_DEFAULTS),
+    None when the model_type is not one the table knows or the class has no default."""
+    model_type = cfg.get("model_type")
+    defaults = DRAFT_CONFIG_DEFAULTS.get(model_type) if isinstance(model_type, str) else None
+    return defaults.get(key) if defaults else None
+
+
 class _Checks:
-    def __init__(self, target: ModelMeta, drafter: ModelMeta) -> None:
+    def __init__(self, target: ModelMeta, drafter: ModelMeta, engine: str) -> None:
         self.t, self.d = target, drafter
+        self.engine = engine
         self.findings: list[Finding] = []
 
     def add(self, severity: str, code: str, message: str, field_: str | None = None) -> None:
@@ -77,12 +101,14 @@ def validate(
     quantization: str | None = None,
     context_length: int | None = None,
     algorithm: str = "EAGLE3",
+    engine: str = "sglang",
 ) -> ValidationReport:
     """Check a drafter against its target from metadata alone.
 
     quantization: the serving precision (bf16|fp8|int8|int4|fp4, "none" = bf16); None or "auto"
     derives it from the target's quantization_config. context_length: what the server will be
-    started with (None: the target's own). algorithm: EAGLE3 | EAGLE | NEXTN (MTP).
+    started with (None: the target's own). algorithm: EAGLE3 | EAGLE | NEXTN (MTP). engine: the engine that
+    will serve the pair (sglang | vllm); the two read eagle_aux_hidden_state_layer_ids one layer apart.
     Raises InputError when a field the checks need is missing or malformed.
     """
     algorithm = algorithm.upper()
@@ -90,7 +116,9 @@ def validate(
         algorithm = "NEXTN"
     if algorithm not in ALGORITHMS:
         raise InputError(f"--algorithm {algorithm}: must be one of {', '.join(ALGORITHMS)}")
-    c = _Checks(target, drafter)
+    if engine not in ENGINES:
+        raise InputError(f"--engine {engine}: must be one of {', '.join(ENGINES)}")
+    c = _Checks(target, drafter, engine)
 
     ckpt_q, ckpt_how = checkpoint_quantization(target)
     if quantization in (None, "auto"):
@@ -115,6 +143,7 @@ def validate(
     t_layers = target.text_int("num_hidden_layers", required=True, minimum=1)
     assert t_hidden is not None and t_vocab is not None and t_layers is not None
 
+    _check_target_weights(c)
     if algorithm == "EAGLE3":
         _check_eagle3(c, t_hidden, t_vocab, t_layers)
     elif algorithm == "EAGLE":
@@ -130,6 +159,7 @@ def validate(
     findings = sorted(c.findings, key=lambda f: SEVERITY_ORDER[f.severity])
     return ValidationReport(
         algorithm=algorithm,
+        engine=engine,
         serving_quantization=serving_q,
         checkpoint_quantization=ckpt_q,
         findings=findings,
@@ -183,12 +213,20 @@ def _draft_layout(c: _Checks, *, expected: str) -> str | None:
         c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is a full model ({arch}), not a draft{hint}", where)
         return None
     names = " or ".join(EAGLE3_DRAFT_ARCHITECTURES) if expected == "EAGLE3" else ", ".join(sorted(EAGLE_DRAFT_ARCHITECTURES))
-    c.add(ERROR, "DrafterArchitectureUnsupported", f"SGLang {SGLANG_VERSION} has no {expected} draft class {arch}; it loads {names}", where)
+    moe = _moe_fields(d.config)
+    hint = (
+        f"; its decoder layer is a mixture of experts ({', '.join(moe)}), which neither SGLang draft class builds "
+        "(renaming architectures would serve an uninitialised dense MLP)"
+        if moe and expected == "EAGLE3"
+        else ""
+    )
+    c.add(ERROR, "DrafterArchitectureUnsupported", f"SGLang {SGLANG_VERSION} has no {expected} draft class {arch}; it loads {names}{hint}", where)
     return None
 
 
-def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> None:
-    t, d = c.t, c.d
+def _check_eagle3_target(c: _Checks) -> None:
+    """The target can capture the auxiliary hidden states EAGLE-3 drafts from."""
+    t = c.t
     t_arch = t.architecture
     if t_arch is None:
         c.add(ERROR, "TargetArchitectureUnsupported", f"{t.config_file} has no architectures", "target.config.architectures")
@@ -201,6 +239,33 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
             "or --algorithm NEXTN/EAGLE",
             "target.config.architectures",
         )
+
+
+def _check_mla_layout(c: _Checks) -> None:
+    """kimi_k25_eagle3: one MLA decoder layer, and q_lora_rank is required (ValueError otherwise)."""
+    d = c.d
+    if d.top_int("num_hidden_layers", minimum=0) not in (None, 1):
+        c.add(
+            ERROR,
+            "DrafterConfigIncomplete",
+            f"Eagle3DeepseekV2ForCausalLM supports exactly 1 layer; num_hidden_layers is {d.config.get('num_hidden_layers')}",
+            "drafter.config.num_hidden_layers",
+        )
+    missing_mla = [
+        k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if d.top_int(k, minimum=1) is None
+    ]
+    if missing_mla:
+        c.add(
+            ERROR,
+            "DrafterConfigIncomplete",
+            f"Eagle3DeepseekV2ForCausalLM needs the MLA fields {', '.join(missing_mla)} in config.json",
+            f"drafter.config.{missing_mla[0]}",
+        )
+
+
+def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> None:
+    d = c.d
+    _check_eagle3_target(c)
 
     layout = _draft_layout(c, expected="EAGLE3")
     if layout is None:
@@ -245,24 +310,7 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
             "drafter.config.model_type",
         )
     if layout == "mla":
-        # kimi_k25_eagle3: one MLA decoder layer, and q_lora_rank is required (ValueError otherwise).
-        if d.top_int("num_hidden_layers", minimum=0) not in (None, 1):
-            c.add(
-                ERROR,
-                "DrafterConfigIncomplete",
-                f"Eagle3DeepseekV2ForCausalLM supports exactly 1 layer; num_hidden_layers is {d.config.get('num_hidden_layers')}",
-                "drafter.config.num_hidden_layers",
-            )
-        missing_mla = [
-            k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if d.top_int(k, minimum=1) is None
-        ]
-        if missing_mla:
-            c.add(
-                ERROR,
-                "DrafterConfigIncomplete",
-                f"Eagle3DeepseekV2ForCausalLM needs the MLA fields {', '.join(missing_mla)} in config.json",
-                f"drafter.config.{missing_mla[0]}",
-            )
+        _check_mla_layout(c)
     if draft_vocab is not None and draft_vocab > min(d_vocab, t_vocab):
         c.add(
             ERROR,
@@ -271,6 +319,7 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
             "drafter.config.draft_vocab_size",
         )
 
+    _check_draft_config_fields(c, layout)
     eagle_cfg = d.eagle_config
     use_aux = eagle_cfg.get("use_aux_hidden_state", True)
     if use_aux is False:
@@ -285,6 +334,7 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
     num_aux_cfg = d.top_int("num_aux_hidden_states", minimum=1)
     num_aux = num_aux_cfg or (len(ids) if ids else 3)
     _check_aux_layers(c, ids, num_aux_cfg, t_layers)
+    _check_exported_engine(c, ids)
 
     if d.weight_format == "bin":
         c.add(
@@ -311,44 +361,121 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
     )
 
 
+def eagle3_captured_layers(t_arch: str, ids: list[int] | None, t_layers: int) -> tuple[list[int], str]:
+    """The layer indices SGLang captures for a drafter's aux layer ids on this target class, and the rule.
+
+    Mirrors each class's set_eagle3_layers_to_capture (tables.EAGLE3_CAPTURE_RULE names the file): index i
+    is the input of layer i, index num_layers the last layer's output where the class captures it.
+    """
+    rule = EAGLE3_CAPTURE_RULE.get(t_arch, CAPTURE_PLUS_ONE)
+    if ids is None:
+        # Every set_eagle3_layers_to_capture: layers_to_capture = [2, num_layers // 2, num_layers - 3].
+        defaults = [2, t_layers // 2, t_layers - 3]
+        if t_arch in EAGLE3_DEFAULT_IDS_PLUS_ONE:  # minimax_m3_vl.py adds 1 to its defaults as well
+            return [i + 1 for i in defaults], "defaults [2, L//2, L-3] + 1"
+        return defaults, "defaults [2, L//2, L-3]"
+    if rule == CAPTURE_FIRST_ID_ONE:
+        # deepseek_v2.py DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
+        if ids and ids[0] == 1:
+            return [i + 1 for i in ids], "id + 1 (the first id is 1)"
+        return list(ids), "id as given (the first id is not 1)"
+    if rule == CAPTURE_MAX_IS_BOUNDARY:
+        # gpt_oss.py GptOssForCausalLM.set_eagle3_layers_to_capture
+        if ids and max(ids) == t_layers:
+            return list(ids), f"id as given (the largest id is num_hidden_layers {t_layers})"
+        return [i + 1 for i in ids], "id + 1"
+    return [i + 1 for i in ids], "id + 1"
+
+
 def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None, t_layers: int) -> None:
     t_arch = c.t.architecture or ""
     where = "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids"
-    if ids is None:
-        captured = [2, t_layers // 2, t_layers - 3]
-        c.add(
-            INFO,
-            "AuxLayersDefaulted",
-            f"drafter config names no eagle_aux_hidden_state_layer_ids; SGLang captures the inputs of target "
-            f"layers {captured}, which must be the layers it was trained on",
-            where,
-        )
-        if num_aux_cfg is not None and num_aux_cfg != 3:
-            c.add(
-                ERROR, "AuxLayerOutOfRange", f"num_aux_hidden_states is {num_aux_cfg} but SGLang captures 3 layers when no layer ids are given", where
-            )
-        return
-    if not ids:
+    if ids is not None and not ids:
         c.add(ERROR, "AuxLayerOutOfRange", "eagle_aux_hidden_state_layer_ids is empty", where)
         return
-    if num_aux_cfg is not None and num_aux_cfg != len(ids):
+    if ids is not None and num_aux_cfg is not None and num_aux_cfg != len(ids):
         c.add(ERROR, "AuxLayerOutOfRange", f"num_aux_hidden_states {num_aux_cfg} != {len(ids)} layer ids: fc's input width cannot match", where)
-    plus_one = not (t_arch in DEEPSEEK_CAPTURE_CONVENTION and ids[0] != 1)
-    captured = [i + 1 if plus_one else i for i in ids]
-    bad = [i for i, cap in zip(ids, captured) if i < 0 or cap >= t_layers]
+    engine = ENGINE_NAMES[c.engine]
+    if ids is None and num_aux_cfg is not None and num_aux_cfg != 3:
+        c.add(
+            ERROR, "AuxLayerOutOfRange", f"num_aux_hidden_states is {num_aux_cfg} but {engine} captures 3 layers when no layer ids are given", where
+        )
+    if c.engine == "vllm":
+        # vLLM captures the hidden state after `id` layers (LlamaModel.forward's _maybe_add_hidden_state before the
+        # loop and after each layer): 0..N, N being the last layer's output; its default ids are (2, N // 2, N - 3).
+        captured = list(ids) if ids is not None else [2, t_layers // 2, t_layers - 3]
+        rule = "the hidden state after `id` layers (vLLM)"
+        last = t_layers
+    elif EAGLE3_CAPTURE_RULE.get(t_arch) == CAPTURE_DELEGATED:
+        c.add(INFO, "AuxLayers", f"{t_arch} hands the layer ids to a model outside SGLang's source; which layers it captures is not checked", where)
+        return
+    else:
+        captured, rule = eagle3_captured_layers(t_arch, ids, t_layers)
+        # Index num_layers (the last layer's output) exists only where the model's forward captures it.
+        last = t_layers if t_arch in EAGLE3_CAPTURES_LAST_LAYER_OUTPUT else t_layers - 1
+    shown_ids = ids if ids is not None else captured
+    bad = [i for i, cap in zip(shown_ids, captured) if i < 0 or cap < 0 or cap > last]
     if bad:
-        rule = "id + 1" if plus_one else "id"
+        reach = f"layer inputs 0..{t_layers - 1}" + (f" and the last layer's output ({t_layers})" if last == t_layers else "")
         c.add(
             ERROR,
             "AuxLayerOutOfRange",
-            f"layer ids {bad} are out of range: {t_arch or 'the target'} captures the input of layer {rule}, "
-            f"and the target has {t_layers} layers (0..{t_layers - 1}); that hidden state is never produced",
+            f"layer ids {bad} are out of range: {t_arch or 'the target'} captures index {rule} and produces only "
+            f"{reach} ({t_layers} layers); that hidden state is never produced",
             where,
         )
-    elif len(set(captured)) != len(captured):
-        c.add(WARNING, "AuxLayersDuplicated", f"layer ids {ids} capture the same layer twice", where)
-    else:
-        c.add(INFO, "AuxLayers", f"SGLang captures the inputs of target layers {captured}", where)
+        return
+    if len(set(captured)) != len(captured):
+        # Each forward appends once per captured layer: fc then gets fewer inputs than it was built for (the
+        # DeepSeek family's preallocated AuxHiddenStatePacker leaves a slot uninitialised).
+        c.add(
+            ERROR,
+            "AuxLayersDuplicated",
+            f"layer ids {shown_ids} capture the same layer twice ({captured}): fc gets fewer inputs than it expects",
+            where,
+        )
+        return
+    if ids is None:
+        c.add(
+            INFO,
+            "AuxLayersDefaulted",
+            f"drafter config names no eagle_aux_hidden_state_layer_ids; {engine} captures the inputs of target "
+            f"layers {captured}, which must be the layers it was trained on",
+            where,
+        )
+        return
+    described = [f"{cap} (last layer's output)" if cap == t_layers else str(cap) for cap in captured]
+    c.add(INFO, "AuxLayers", f"{engine} captures the inputs of target layers [{', '.join(described)}] ({rule})", where)
+
+
+def _check_exported_engine(c: _Checks, ids: list[int] | None) -> None:
+    """A drafter exported by specdec-train names its aux layer ids in one engine's convention; served by the other
+    engine, every aux hidden state comes from one layer off and acceptance drops (measured in docs/vllm-cpu.md)."""
+    prov = c.d.provenance
+    if prov is None:
+        return
+    shown = f"{c.d.path}/{PROVENANCE_FILENAME}"
+    exported_for = prov.exported_for()
+    if exported_for is not None and exported_for != c.engine:
+        c.add(
+            ERROR,
+            "DrafterExportedForOtherEngine",
+            f"{shown}: the drafter was exported for {ENGINE_NAMES[exported_for]} but this server runs {ENGINE_NAMES[c.engine]}, which "
+            f"reads eagle_aux_hidden_state_layer_ids one layer apart; re-export it with `specdec-train export --engine {c.engine}`",
+            "drafter.provenance.engine",
+        )
+        return
+    if exported_for is None or ids is None or prov.capture_layer_ids is None:
+        return
+    trained = prov.capture_layer_ids.for_engine(c.engine)
+    if ids != trained:
+        c.add(
+            ERROR,
+            "AuxLayersNotTrained",
+            f"config.json's eagle_aux_hidden_state_layer_ids {ids} are not the layers the drafter was trained on: {shown} "
+            f"records {trained} for {ENGINE_NAMES[c.engine]}; re-export it with `specdec-train export --engine {c.engine}`",
+            "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids",
+        )
 
 
 def _draft_weight_name(name: str) -> str:
@@ -360,14 +487,55 @@ def _draft_weight_name(name: str) -> str:
     return name.replace("midlayer.", "layers.0.")
 
 
-class _DraftWeights:
-    """A draft checkpoint's tensors, named as _draft_weight_name spells them, and what the checks found
-    missing or misshapen (in the order they looked)."""
+# Legacy checkpoint names llama_eagle3.py LlamaForCausalLMEagle3.load_weights rewrites (legacy_name_map).
+_LLAMA_LEGACY_NAMES = (("midlayer", "layers.0"), ("aux_norm_low", "fc_norm.0"), ("aux_norm_mid", "fc_norm.1"), ("aux_norm_high", "fc_norm.2"))
 
-    def __init__(self, tensors: dict[str, TensorInfo]) -> None:
-        self.tensors = {_draft_weight_name(n): info for n, info in tensors.items()}
+
+def _eagle3_weight_name(name: str, layout: str) -> str | None:
+    """A draft checkpoint's tensor name as the draft class's load_weights resolves it, spelt without the
+    "model." prefix (layers.0 for the decoder layer); None when load_weights skips it.
+
+    llama: llama_eagle3.py LlamaForCausalLMEagle3.load_weights applies legacy_name_map anywhere in the name,
+    takes d2t/t2d by substring, then tries `name` and `model.{name}` against its parameters (lm_head.weight is
+    top-level, so model.lm_head.weight finds nothing).
+    mla: kimi_k25_eagle3.py Eagle3DeepseekV2ForCausalLM.load_weights takes d2t/t2d by suffix, maps ^layers.0.
+    to midlayer. and prefixes model. (lm_head. stays top-level): a name that already has model. is skipped.
+    """
+    if layout == "llama":
+        for legacy, current in _LLAMA_LEGACY_NAMES:
+            name = name.replace(legacy, current)
+        if "d2t" in name:
+            return "d2t"
+        if "t2d" in name:
+            return "t2d"
+        if name.startswith("model.lm_head."):
+            return None
+        return name[len("model.") :] if name.startswith("model.") else name
+    if name == "d2t" or name.endswith(".d2t"):
+        return "d2t"
+    if name == "t2d" or name.endswith(".t2d"):
+        return "t2d"
+    if name.startswith("model."):
+        return None
+    return "layers.0." + name[len("midlayer.") :] if name.startswith("midlayer.") else name
+
+
+class _DraftWeights:
+    """A draft checkpoint's tensors, named as _eagle3_weight_name resolves them, those the draft class skips,
+    and what the checks found missing or misshapen (in the order they looked)."""
+
+    def __init__(self, tensors: dict[str, TensorInfo], layout: str) -> None:
+        self.tensors: dict[str, TensorInfo] = {}
+        self.skipped: list[str] = []
+        for raw, info in tensors.items():
+            name = _eagle3_weight_name(raw, layout)
+            if name is None:
+                self.skipped.append(raw)
+            else:
+                self.tensors[name] = info
         self.missing: list[str] = []
         self.bad_shapes: list[str] = []
+        self.missing_norms: list[str] = []
 
     def expect(self, name: str, shape: tuple[int, ...] | None, why: str = "") -> None:
         info = self.tensors.get(name)
@@ -375,6 +543,97 @@ class _DraftWeights:
             self.missing.append(name + (f" ({why})" if why else ""))
         elif shape is not None and info.shape != shape:
             self.bad_shapes.append(f"{name} is {list(info.shape)}, expected {list(shape)}{f' ({why})' if why else ''}")
+
+    def expect_norm(self, name: str, shape: tuple[int, ...], why: str) -> None:
+        """An optional norm the config switches on: RMSNorm starts as ones, so a missing weight loads silently."""
+        info = self.tensors.get(name)
+        if info is None:
+            self.missing_norms.append(f"{name} ({why})")
+        elif info.shape != shape:
+            self.bad_shapes.append(f"{name} is {list(info.shape)}, expected {list(shape)} ({why})")
+
+
+def _truthy(value: Any) -> bool:
+    """How Python reads a config flag (getattr(config, name, False) in an if)."""
+    return bool(value)
+
+
+def draft_build_flags(cfg: dict[str, Any], layout: str) -> dict[str, bool]:
+    """Which optional modules the SGLang draft class builds for this config.json, read where SGLang reads them.
+
+    llama_eagle3.py LlamaModel.__init__: fc bias = getattr(config, "bias"); input_norm when
+      eagle_config.norm_before_fc, else config.norm_before_fc; fc_norm when config.fc_norm or config.use_aux_norm;
+      norm_output = config.norm_output (no tensor: which hidden state feeds the next draft step).
+    llama.py LlamaDecoderLayer.__init__: o_proj bias = config.attention_bias or config.bias (llama_eagle3
+      replaces qkv_proj with bias=False; LlamaMLP has no bias).
+    kimi_k25_eagle3.py Eagle3MLAModel.__init__: fc bias, fc_norm and norm_output as above; no input_norm.
+    """
+    raw = cfg.get("eagle_config")
+    eagle: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    norm_before_fc = _truthy(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False)))
+    return {
+        "fc_bias": _truthy(cfg.get("bias")),
+        "o_proj_bias": layout == "llama" and (_truthy(cfg.get("attention_bias")) or _truthy(cfg.get("bias"))),
+        "input_norm": layout == "llama" and norm_before_fc,
+        "fc_norm": _truthy(cfg.get("fc_norm")) or _truthy(cfg.get("use_aux_norm")),
+        "norm_before_fc_ignored": layout == "mla" and norm_before_fc,
+    }
+
+
+# Fields SGLang reads only at the top level of config.json (getattr(config, ...)); nested in eagle_config they
+# are ignored. norm_before_fc is the one it also reads from eagle_config (llama_eagle3.py LlamaModel.__init__).
+_TOP_LEVEL_ONLY_FIELDS = ("fc_norm", "use_aux_norm", "norm_output", "bias")
+
+
+def _check_draft_config_fields(c: _Checks, layout: str) -> None:
+    """Config fields that change what the SGLang draft class builds or computes, checked from config.json alone."""
+    d = c.d
+    cls = "LlamaForCausalLMEagle3" if layout == "llama" else "Eagle3DeepseekV2ForCausalLM"
+    eagle = d.eagle_config
+    ignored = [k for k in _TOP_LEVEL_ONLY_FIELDS if _truthy(eagle.get(k)) and not _truthy(d.config.get(k))]
+    if draft_build_flags(d.config, layout)["norm_before_fc_ignored"]:
+        # kimi_k25_eagle3.py Eagle3MLAModel has no input_norm: the trained norm over fc's input is dropped.
+        ignored.append("norm_before_fc (Eagle3DeepseekV2ForCausalLM has no norm before fc)")
+    if ignored:
+        c.add(
+            ERROR,
+            "DrafterConfigIgnored",
+            f"SGLang {SGLANG_VERSION}'s {cls} ignores {', '.join(ignored)} in eagle_config (it reads these at the top "
+            "level of config.json): the draft would run without the behaviour it was trained with; move them to the top level",
+            "drafter.config.eagle_config",
+        )
+    moe = _moe_fields(d.config)
+    if "use_moe" in moe:
+        # llama_eagle3.py LlamaDecoderLayer / kimi_k25_eagle3.py Eagle3MLADecoderLayer build a dense MLP.
+        c.add(
+            ERROR,
+            "DrafterMoEUnsupported",
+            f"config.json says use_moe: the drafter's decoder layer is a mixture of experts, but SGLang {SGLANG_VERSION}'s "
+            f"{cls} always builds a dense MLP: the experts are skipped and the dense MLP is served uninitialised",
+            "drafter.config.use_moe",
+        )
+    elif moe and d.tensors is None:
+        c.add(
+            WARNING,
+            "DrafterMoEUnsupported",
+            f"config.json has mixture-of-experts fields ({', '.join(moe)}) and the weights were not inspected: SGLang's "
+            f"{cls} builds a dense MLP, so an MoE checkpoint would serve uninitialised MLP weights",
+            f"drafter.config.{moe[0]}",
+        )
+
+
+# Tensors of a mixture-of-experts MLP (Qwen3-MoE, gpt-oss, Mixtral, DeepSeek spellings). Both SGLang draft
+# classes build a dense MLP (llama_eagle3.py LlamaDecoderLayer: LlamaMLP; kimi_k25_eagle3.py
+# Eagle3MLADecoderLayer: DeepseekV2MLP), so these are skipped and the dense MLP stays uninitialised.
+_MOE_TENSOR = re.compile(r"^layers\.\d+\.(mlp\.(experts|gate|router|shared_experts?)\b|block_sparse_moe\.|feed_forward\.experts)")
+# Config fields that describe an MoE layer (Qwen3-MoE: num_experts; gpt-oss/Mixtral: num_local_experts;
+# DeepSeek: n_routed_experts), and the explicit switch some trainers write.
+_MOE_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _moe_fields(cfg: dict[str, Any]) -> list[str]:
+    found = [k for k in _MOE_COUNT_FIELDS if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool) and cfg[k] > 0]
+    return (["use_moe"] if _truthy(cfg.get("use_moe")) else []) + found
 
 
 def _check_draft_weights(
@@ -391,13 +650,21 @@ def _check_draft_weights(
 ) -> None:
     d = c.d
     assert d.tensors is not None
-    w = _DraftWeights(d.tensors)
+    w = _DraftWeights(d.tensors, layout)
+    flags = draft_build_flags(d.config, layout)
     tie = bool(d.config.get("tie_word_embeddings", False))
     lm_head_from_target = not tie and draft_vocab is None
     head_rows = draft_vocab if draft_vocab is not None else d_vocab
 
     if use_aux:
         w.expect("fc.weight", (d_hidden, fed_width * num_aux), f"hidden x {num_aux} x target hidden")
+        if flags["fc_bias"]:
+            w.expect("fc.bias", (d_hidden,), "config bias: true builds fc with a bias")
+        if flags["input_norm"]:
+            w.expect_norm("input_norm.weight", (fed_width * num_aux,), "norm_before_fc")
+        if flags["fc_norm"]:
+            for i in range(num_aux):
+                w.expect_norm(f"fc_norm.{i}.weight", (fed_width,), "fc_norm")
     if not tie and not lm_head_from_target:
         w.expect("lm_head.weight", (head_rows, d_hidden), "draft_vocab x hidden")
     if d.top_int("target_hidden_size") not in (None, d_hidden):
@@ -409,10 +676,22 @@ def _check_draft_weights(
     w.expect("layers.0.hidden_norm.weight", (d_hidden,))
     w.expect("layers.0.input_layernorm.weight", (d_hidden,))
     if layout == "llama":
-        _expect_llama_layer(w, d, d_hidden)
+        _expect_llama_layer(w, d, d_hidden, flags)
     else:
-        _expect_mla_layer(w, d_hidden)
+        _expect_mla_layer(w, d, d_hidden)
 
+    moe_tensors = sorted(n for n in w.tensors if _MOE_TENSOR.match(n))
+    if moe_tensors:
+        c.add(
+            ERROR,
+            "DrafterMoEUnsupported",
+            f"the drafter's decoder layer is a mixture of experts ({', '.join(moe_tensors[:3])}{' ...' if len(moe_tensors) > 3 else ''}) "
+            f"but SGLang {SGLANG_VERSION}'s {d.architecture} always builds a dense MLP: the expert tensors are skipped "
+            "and the dense MLP it serves is never loaded (uninitialised weights)",
+            "drafter.weights",
+        )
+        # The dense MLP tensors are missing because the layer is MoE: one finding says so.
+        w.missing = [m for m in w.missing if ".mlp." not in m]
     if w.missing:
         c.add(
             ERROR,
@@ -421,17 +700,27 @@ def _check_draft_weights(
             "missing names silently, so it would load and then accept nothing",
             "drafter.weights",
         )
+    if w.missing_norms:
+        c.add(
+            WARNING,
+            "DrafterNormMissing",
+            f"config.json switches on {', '.join(w.missing_norms[:4])} but the checkpoint has no weight for it: SGLang's "
+            "RMSNorm then keeps its initial ones instead of the trained scale, which quietly costs acceptance",
+            "drafter.weights",
+        )
     _check_token_maps(w, draft_vocab, t_vocab)
     if w.bad_shapes:
         c.add(ERROR, "DrafterWeightShapeMismatch", "; ".join(w.bad_shapes[:4]) + (" ..." if len(w.bad_shapes) > 4 else ""), "drafter.weights")
-    _check_unused_weights(c, w.tensors)
+    _check_unbuilt_weights(c, w, layout, flags, moe_tensors)
 
 
-def _expect_llama_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int) -> None:
+def _expect_llama_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int, flags: dict[str, bool]) -> None:
     """llama_eagle3's decoder layer: attention over [embedding, fc output] (2 x hidden wide), then the MLP."""
     heads = d.top_int("num_attention_heads", minimum=1)
     kv_heads = d.top_int("num_key_value_heads", minimum=1) or heads
-    head_dim = d.top_int("head_dim", minimum=1) or (d_hidden // heads if heads else None)
+    # llama.py LlamaAttention: getattr(config, "head_dim", hidden_size // num_attention_heads); the config
+    # class may set head_dim itself (Qwen3Config: 128).
+    head_dim = d.top_int("head_dim", minimum=1) or draft_config_default(d.config, "head_dim") or (d_hidden // heads if heads else None)
     q_rows = heads * head_dim if heads and head_dim else None
     kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
     for proj, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
@@ -443,17 +732,30 @@ def _expect_llama_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int) -> None:
             w.bad_shapes.append(
                 f"{name} is {list(info.shape)}, expected [{rows if rows else '*'}, {2 * d_hidden}] (input is 2 x hidden: embedding and fc output)"
             )
-    # transformers' LlamaConfig defaults intermediate_size to 11008 when absent; SGLang's weight
-    # loader then asserts on the first MLP tensor, after the target has loaded.
-    inter = d.top_int("intermediate_size", minimum=1) or 11008
     w.expect("layers.0.self_attn.o_proj.weight", (d_hidden, q_rows) if q_rows else None)
-    w.expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
-    w.expect("layers.0.mlp.up_proj.weight", (inter, d_hidden), "intermediate_size x hidden")
-    w.expect("layers.0.mlp.down_proj.weight", (d_hidden, inter), "hidden x intermediate_size")
+    if flags["o_proj_bias"]:
+        w.expect("layers.0.self_attn.o_proj.bias", (d_hidden,), "attention_bias/bias: true builds o_proj with a bias")
+    inter, field_name = _draft_mlp_width(d)
+    w.expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden), f"{field_name} x hidden")
+    w.expect("layers.0.mlp.up_proj.weight", (inter, d_hidden), f"{field_name} x hidden")
+    w.expect("layers.0.mlp.down_proj.weight", (d_hidden, inter), f"hidden x {field_name}")
 
 
-def _expect_mla_layer(w: _DraftWeights, d_hidden: int) -> None:
-    """kimi_k25_eagle3's MLA decoder layer: its input projections read [embedding, fc output], 2 x hidden."""
+def _draft_mlp_width(d: ModelMeta) -> tuple[int, str]:
+    """The MLP width llama_eagle3.py LlamaDecoderLayer builds: config.intermediate_size_mlp for model_type
+    llama4_text, else config.intermediate_size; a field absent from config.json takes its transformers class
+    default (LlamaConfig: 11008, Llama4TextConfig: 16384 for intermediate_size_mlp)."""
+    key = "intermediate_size_mlp" if d.config.get("model_type") == "llama4_text" else "intermediate_size"
+    value = d.top_int(key, minimum=1)
+    if value is not None:
+        return value, key
+    default = draft_config_default(d.config, key)
+    return (default if default is not None else 11008), f"{key} (default)"
+
+
+def _expect_mla_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int) -> None:
+    """kimi_k25_eagle3's MLA decoder layer: its input projections read [embedding, fc output], 2 x hidden,
+    then DeepseekV2MLP(intermediate_size)."""
     for proj in ("q_a_proj", "kv_a_proj_with_mqa"):
         name = f"layers.0.self_attn.{proj}.weight"
         info = w.tensors.get(name)
@@ -463,6 +765,10 @@ def _expect_mla_layer(w: _DraftWeights, d_hidden: int) -> None:
             w.bad_shapes.append(f"{name} is {list(info.shape)}, expected input width {2 * d_hidden} (2 x hidden)")
     for name in ("layers.0.self_attn.kv_b_proj.weight", "layers.0.self_attn.o_proj.weight"):
         w.expect(name, None)
+    inter = d.top_int("intermediate_size", minimum=1) or draft_config_default(d.config, "intermediate_size")
+    w.expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden) if inter else None, "intermediate_size x hidden")
+    w.expect("layers.0.mlp.up_proj.weight", (inter, d_hidden) if inter else None, "intermediate_size x hidden")
+    w.expect("layers.0.mlp.down_proj.weight", (d_hidden, inter) if inter else None, "hidden x intermediate_size")
 
 
 def _check_token_maps(w: _DraftWeights, draft_vocab: int | None, t_vocab: int) -> None:
@@ -478,15 +784,63 @@ def _check_token_maps(w: _DraftWeights, draft_vocab: int | None, t_vocab: int) -
         w.bad_shapes.append(f"t2d is {list(t2d.shape)}, expected [{t_vocab}] (one flag per target token)")
 
 
-# The names a draft class has parameters for; SGLang skips any other tensor without a word.
-_KNOWN_DRAFT_WEIGHT = re.compile(
-    r"^(fc\.(weight|bias)|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|input_norm\.weight|"
-    r"fc_norm\.\d+\.weight|aux_norm_(low|mid|high)\.weight|layers\.\d+\..+)$"
+# Parameter names each draft class builds regardless of config (beyond the optional ones draft_build_flags
+# switches): llama_eagle3.py LlamaModel / LlamaDecoderLayer (any number of layers), kimi_k25_eagle3.py
+# Eagle3MLAModel (one midlayer with DeepseekV2AttentionMLA's projections and norms).
+_BUILT_LLAMA = re.compile(
+    r"^(fc\.weight|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|"
+    r"layers\.\d+\.(input_layernorm|hidden_norm|post_attention_layernorm)\.weight|"
+    r"layers\.\d+\.self_attn\.[qkvo]_proj\.weight|layers\.\d+\.mlp\.(gate|up|down)_proj\.weight|"
+    r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq)$"
+)
+_BUILT_MLA = re.compile(
+    r"^(fc\.weight|lm_head\.weight|embed_tokens\.weight|norm\.weight|d2t|t2d|"
+    r"layers\.0\.(input_layernorm|hidden_norm|post_attention_layernorm)\.weight|"
+    r"layers\.0\.self_attn\.(q_a_proj|q_a_layernorm|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_a_layernorm|kv_b_proj|o_proj)\.weight|"
+    r"layers\.0\.mlp\.(gate|up|down)_proj\.weight)$"
+)
+# Trained tensors whose module exists only when a config field asks for it, and that field.
+_OPTIONAL_TENSORS = (
+    (re.compile(r"^fc\.bias$"), "fc_bias", "bias: true"),
+    (re.compile(r"^input_norm\.weight$"), "input_norm", "norm_before_fc: true (in eagle_config or at the top level)"),
+    (re.compile(r"^fc_norm\.\d+\.weight$"), "fc_norm", "fc_norm: true (top level)"),
+    (re.compile(r"^layers\.\d+\.self_attn\.o_proj\.bias$"), "o_proj_bias", "attention_bias: true"),
 )
 
 
-def _check_unused_weights(c: _Checks, tensors: dict[str, TensorInfo]) -> None:
-    unused = sorted(n for n in tensors if not _KNOWN_DRAFT_WEIGHT.match(n))
+def _check_unbuilt_weights(c: _Checks, w: _DraftWeights, layout: str, flags: dict[str, bool], moe_tensors: list[str]) -> None:
+    """Tensors the draft class has no parameter for: SGLang skips them (llama_eagle3 silently, kimi_k25_eagle3
+    with a log line). A trained module the config does not switch on is dropped at serving time."""
+    built = _BUILT_LLAMA if layout == "llama" else _BUILT_MLA
+    cls = "LlamaForCausalLMEagle3" if layout == "llama" else "Eagle3DeepseekV2ForCausalLM"
+    dropped: list[str] = []
+    unused: list[str] = list(w.skipped)
+    for name in sorted(w.tensors):
+        if built.match(name) or name in moe_tensors:
+            continue
+        for pattern, flag, switch in _OPTIONAL_TENSORS:
+            if pattern.match(name):
+                if flags.get(flag, False):
+                    pass  # built: loaded
+                elif layout == "mla" and flag in ("input_norm", "o_proj_bias"):
+                    dropped.append(f"{name} ({cls} has no such parameter)")
+                else:
+                    dropped.append(f"{name} (needs {switch})")
+                break
+        else:
+            if re.match(r"^layers\.\d+\.(self_attn\.[qkv]_proj|mlp\.(gate|up|down)_proj)\.bias$", name):
+                dropped.append(f"{name} ({cls} builds this projection without a bias)")
+            else:
+                unused.append(name)
+    if dropped:
+        c.add(
+            ERROR,
+            "DrafterConfigTensorMismatch",
+            f"trained modules SGLang {SGLANG_VERSION} would not build: {', '.join(dropped[:4])}{' ...' if len(dropped) > 4 else ''}; "
+            "their weights are skipped and the draft serves a different function than it was trained as (set the "
+            "config field, or re-export the checkpoint)",
+            "drafter.config",
+        )
     if unused:
         c.add(
             WARNING,
@@ -572,7 +926,7 @@ def _check_provenance(c: _Checks, serving_q: str | None) -> None:
                 "drafter.provenance",
             )
         return
-    source = normalize_quantization(prov.get("target_quantization")) or normalize_quantization(prov.get("hidden_state_source"))
+    source = normalize_quantization(prov.target_quantization) or normalize_quantization(prov.hidden_state_source)
     if source is None:
         if quantized:
             c.add(
@@ -586,12 +940,12 @@ def _check_provenance(c: _Checks, serving_q: str | None) -> None:
             WARNING,
             "HiddenStateSourceMismatch",
             f"the drafter was trained on hidden states of the target served as {source} "
-            f"({prov.get('hidden_state_source') or prov.get('target_quantization')}) but this server runs {serving_q}: "
+            f"({prov.hidden_state_source or prov.target_quantization}) but this server runs {serving_q}: "
             f"acceptance can collapse; retrain on hidden states captured from the {serving_q} server",
             "drafter.provenance.target_quantization",
         )
-    samples = prov.get("num_samples")
-    if isinstance(samples, int) and samples < MIN_TRAINING_SAMPLES:
+    samples = prov.num_samples
+    if samples is not None and samples < MIN_TRAINING_SAMPLES:
         c.add(
             WARNING,
             "SmallTrainingSet",
@@ -675,13 +1029,33 @@ def _check_context(c: _Checks, context_length: int | None) -> None:
         )
     if _same_dir(c.t, c.d):
         return
-    d_ctx = derived_context_length(c.d.text)
+    d_ctx = derived_context_length(c.d.text, draft_config_default(c.d.text, "max_position_embeddings"))
     if served is not None and d_ctx is not None and served > d_ctx:
+        if not any(k in c.d.text for k in CONTEXT_LENGTH_KEYS):
+            # model_config.py _derive_context_length gives the draft the target's length and compares it with
+            # get_context_length(draft config), which reads the config class default when the file has none.
+            source = f"no max_position_embeddings in config.json: transformers' {c.d.text.get('model_type')} default"
+        else:
+            source = "max_position_embeddings"
         c.add(
             WARNING,
             "ContextLengthExceedsDrafter",
             f"the server runs with context {served} but the drafter was built for {d_ctx} "
-            f"(max_position_embeddings): SGLang {SGLANG_VERSION} refuses to start unless "
+            f"({source}): SGLang {SGLANG_VERSION} refuses to start unless "
             "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, and acceptance degrades on long prompts",
             "drafter.config.max_position_embeddings",
         )
+
+
+def _check_target_weights(c: _Checks) -> None:
+    """A target directory without weights (a config-only download, the wrong directory) cannot serve: SGLang would
+    fail only after the pod has scheduled, pulled its image and taken its GPUs."""
+    if c.t.weight_format != "none":
+        return
+    c.add(
+        ERROR,
+        "TargetWeightsMissing",
+        f"target {c.t.path} has a config.json but no weights (no *.safetensors, model.safetensors.index.json or "
+        "pytorch_model*.bin): finish the download, or point target.path at the directory that holds them",
+        "target.path",
+    )

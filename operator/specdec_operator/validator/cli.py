@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from ..choices import ALGORITHMS, QUANTIZATIONS
+from ..choices import ALGORITHMS, ENGINES, QUANTIZATIONS
 from ..cliparse import ArgumentParser
 from ..errors import InputError
 from .checks import validate
@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ALGORITHMS,
         help="speculative algorithm (default EAGLE3; MTP is an alias of NEXTN)",
     )
+    p.add_argument(
+        "--engine",
+        default="sglang",
+        type=str.lower,
+        choices=ENGINES,
+        help="the engine that will serve the pair (default sglang); they read a drafter's aux layer ids one layer apart",
+    )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.add_argument("--termination-log", metavar="PATH", help="also write a compact JSON summary (<= 4096 bytes) here, e.g. /dev/termination-log")
     return p
@@ -99,7 +106,9 @@ def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[Val
         # from its config without parsing hundreds of shard headers.
         if drafter.config.get("architectures") and drafter.architecture in DRAFT_CLASSES_WITH_CHECKED_WEIGHTS:
             read_weights(drafter, "headers", reader)
-    report = validate(target, drafter, quantization=args.quantization, context_length=args.context_length, algorithm=args.algorithm)
+    report = validate(
+        target, drafter, quantization=args.quantization, context_length=args.context_length, algorithm=args.algorithm, engine=args.engine
+    )
     return report, reader
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 from ..errors import InputError
 from ..textutil import clip
+from .provenance import FILENAME as PROVENANCE_FILENAME
+from .provenance import DrafterProvenance
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -50,7 +52,7 @@ CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CHAT_TEMPLATE = "chat_template.jinja"
 HF_QUANT_CONFIG = "hf_quant_config.json"
-PROVENANCE = "training_provenance.json"
+PROVENANCE = PROVENANCE_FILENAME
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -342,7 +344,7 @@ class ModelMeta:
     tokenizer_config: dict[str, Any] | None = None
     chat_template: str | None = None
     hf_quant_config: dict[str, Any] | None = None
-    provenance: dict[str, Any] | None = None
+    provenance: DrafterProvenance | None = None
     # Weights: "safetensors" (one file), "sharded" (index + shards), "bin" (pickled torch, not
     # inspectable without loading), or "none".
     weight_format: str = "none"
@@ -469,7 +471,7 @@ class ModelMeta:
         if self.tensors is not None:
             facts["tensors"] = len(self.tensors)
         if self.provenance is not None:
-            facts["provenance"] = self.provenance
+            facts["provenance"] = self.provenance.to_json()
         return facts
 
 
@@ -549,7 +551,7 @@ def read_model_dir(
     if _exists(join(path, HF_QUANT_CONFIG)):
         meta.hf_quant_config = reader.read_json(join(path, HF_QUANT_CONFIG), MAX_SMALL_JSON_BYTES, "hf_quant_config.json")
     if role == "drafter" and _exists(join(path, PROVENANCE)):
-        meta.provenance = _check_provenance(
+        meta.provenance = DrafterProvenance.from_json(
             reader.read_json(join(path, PROVENANCE), MAX_SMALL_JSON_BYTES, "training_provenance.json"),
             f"{shown}/{PROVENANCE}",
         )
@@ -557,18 +559,6 @@ def read_model_dir(
     _read_weights(meta, path, weights, reader)
     meta.bytes_read = reader.bytes_read - start
     return meta
-
-
-# Provenance fields and the JSON types they must have (written by drafter_training; readable by hand).
-PROVENANCE_FIELDS: dict[str, tuple[type, ...]] = {
-    "target_model": (str,),
-    "target_quantization": (str,),
-    "hidden_state_source": (str,),
-    "num_samples": (int,),
-    "epochs": (int, float),
-    "tokenizer_sha256": (str,),
-    "created": (str,),
-}
 
 
 def read_weights(meta: ModelMeta, weights: str, reader: MetaReader | None = None) -> ModelMeta:
@@ -581,19 +571,6 @@ def read_weights(meta: ModelMeta, weights: str, reader: MetaReader | None = None
     _read_weights(meta, meta.fs_path, weights, reader)
     meta.bytes_read += reader.bytes_read - start
     return meta
-
-
-def _check_provenance(prov: dict[str, Any], shown: str) -> dict[str, Any]:
-    for key, types in PROVENANCE_FIELDS.items():
-        value = prov.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, types):
-            kind = " or ".join("an integer" if t is int else "a number" if t is float else "a string" for t in types)
-            raise InputError(f"{shown}: {key} must be {kind}, got {_short(value)}")
-        if key == "num_samples" and isinstance(value, int) and value < 0:
-            raise InputError(f"{shown}: num_samples must be >= 0, got {value}")
-    return prov
 
 
 def _read_weights(meta: ModelMeta, path: str, weights: str, reader: MetaReader) -> None:

@@ -38,6 +38,7 @@ class ValidationReport:
     findings: list[Finding] = field(default_factory=list)
     target: dict[str, Any] = field(default_factory=dict)
     drafter: dict[str, Any] = field(default_factory=dict)
+    engine: str = "sglang"  # the serving engine the pair was checked for
 
     @property
     def compatible(self) -> bool:
@@ -50,6 +51,7 @@ class ValidationReport:
         return {
             "compatible": self.compatible,
             "algorithm": self.algorithm,
+            "engine": self.engine,
             "sglang_version": SGLANG_VERSION,
             "serving_quantization": self.serving_quantization,
             "checkpoint_quantization": self.checkpoint_quantization,

@@ -1,5 +1,5 @@
 // Command pause is the real node's pod sandbox process: it holds the pod's namespaces, reaps orphaned children
-// and exits 0 on SIGINT/SIGTERM. No registry is reachable here, so hack/devcluster.py packs this static binary
+// and exits 0 on SIGINT/SIGTERM. No registry is reachable here, so hack/devcluster packs this static binary
 // into a one-layer OCI image itself and imports it into containerd as the CRI sandbox image.
 package main
 

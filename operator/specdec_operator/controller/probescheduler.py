@@ -1,0 +1,273 @@
+"""The probe scheduler: the only code of the operator that talks to SGLang.
+
+It runs each resource's probe as an asyncio task beside the reconcile loop (at most ``max_concurrent_probes``
+measuring at once, since the client must not set the pace of what it measures), keeps the finished result until
+a step has recorded it, and scrapes every Ready speculative pod's /metrics for the drift monitor (concurrently, bounded). Every URL is
+derived from the resource's own name and namespace and the operator's endpoints configuration; nothing in a spec
+names a host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import aiohttp
+
+from .. import manifests as m
+from ..api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeServerSpec, Variant, Workload
+from ..errors import InputError
+from ..monitor import Sample, sample_from_metrics
+from ..probe import ProbeRequestError, run_probe, scrape_metrics
+from ..probe.datasets import Prompt, parse_dataset
+from ..textutil import clip, rfc3339
+from .config import OperatorConfig
+
+Key = tuple[str, str]  # (namespace, name)
+ReadConfigMap = Callable[[str, str], Awaitable["dict | None"]]  # (namespace, name) -> the ConfigMap or None
+# (namespace, name, owner uid, workload, spec) -> the prompts of a File source (datasetreader.FileDatasetReader.read)
+ReadFileDataset = Callable[[str, str, str, Workload, SpeculativeServerSpec], Awaitable[list[Prompt]]]
+
+
+@dataclass
+class _Probe:
+    key: Key
+    revision: str
+    probe_id: str  # the revision, or "<revision>/adaptive-<hash>" for the load-aware server (Facts.probe_id)
+    load_aware_probe: LoadAwareStatus | None = None  # set for the load-aware probe (the adaptive server); its result carries it
+    owner_uid: str | None = None  # the resource's uid: the owner reference of a File source's reader pod
+    task: asyncio.Task[ProbeStatus] | None = None
+    progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
+
+
+def probe_failed(revision: str, message: str) -> ProbeStatus:
+    """The decision of a probe that could not measure: never a promotion."""
+    return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, message=message, rounds=0, revision=revision)
+
+
+def dataset_invalid(revision: str, message: str) -> ProbeStatus:
+    """A workload's dataset could not be read or parsed: the probe did not run, nothing is promoted."""
+    return ProbeStatus(
+        decision=Decision.ROLLBACK,
+        reason=Reason.DATASET_INVALID,
+        message=f"{message} (the probe did not run; fix the dataset, then change the spec or recreate the resource to probe again)",
+        rounds=0,
+        revision=revision,
+    )
+
+
+def config_map_dataset(namespace: str, config_map: dict | None, name: str, key: str, fmt: str) -> list[Prompt]:
+    """The prompts in a ConfigMap key (pure: the operator has read the object); InputError names the source and line."""
+    source = f"dataset configmap/{name} key {key}"
+    if config_map is None:
+        raise InputError(f"{source}: ConfigMap {namespace}/{name} not found; create it (kubectl create configmap {name} --from-file={key}=FILE)")
+    data = config_map.get("data") or {}
+    if key not in data:
+        if key in (config_map.get("binaryData") or {}):
+            raise InputError(f"{source}: the key is in binaryData; store the dataset as UTF-8 text (data)")
+        keys = ", ".join(sorted(data)) or "none"
+        raise InputError(f"{source}: ConfigMap {namespace}/{name} has no key {key!r} (keys: {keys}); name an existing key")
+    return parse_dataset(data[key], source=source, fmt=fmt)
+
+
+def retry_delay(attempt: int, backoff: float) -> float:
+    """Seconds before attempt ``attempt + 2`` of a probe that failed transiently: backoff, doubled each time."""
+    return backoff * (2**attempt)
+
+
+class ProbeScheduler:
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self._probes: dict[Key, _Probe] = {}
+        self._slots: asyncio.Semaphore | None = None  # created in the event loop, on the first probe
+        self._session: aiohttp.ClientSession | None = None
+        self.read_config_map: ReadConfigMap | None = None  # set by the runtime: the writer's API client
+        self.read_file_dataset: ReadFileDataset | None = None  # set by the runtime: a reader pod per File source
+        self._scrape_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first scrape
+
+    def url(self, key: Key, variant: Variant) -> str:
+        namespace, name = key
+        return self.config.endpoints.url(namespace, m.child_name(name, variant.value))
+
+    # --- probes
+    def _running(self, key: Key) -> _Probe | None:
+        probe = self._probes.get(key)
+        return probe if probe is not None and probe.task is not None and not probe.task.done() else None
+
+    def running(self, key: Key) -> str | None:
+        """What is being probed for this resource (its probe id), if a probe is still running."""
+        probe = self._running(key)
+        return probe.probe_id if probe is not None else None
+
+    def finished(self, key: Key) -> ProbeStatus | None:
+        """The result of this resource's finished probe, kept until ``settle`` (a step recorded it)."""
+        probe = self._probes.get(key)
+        if probe is None or probe.task is None or not probe.task.done():
+            return None
+        if probe.task.cancelled():
+            self._probes.pop(key, None)
+            return None
+        exc = probe.task.exception()
+        if exc is not None:  # run() catches everything; belt and braces
+            result = probe_failed(probe.revision, f"probe failed: {exc}")
+        else:
+            result = probe.task.result()
+        # The adaptive server's result says so: reconcile judges it by the never-slower rule, not as a plain probe.
+        return result.model_copy(update={"load_aware": probe.load_aware_probe}) if probe.load_aware_probe is not None else result
+
+    def settle(self, key: Key) -> None:
+        """Forget a finished probe whose result a step has recorded."""
+        if self.finished(key) is not None:
+            self._probes.pop(key, None)
+
+    def progress(self, key: Key) -> str | None:
+        probe = self._running(key)
+        return probe.progress if probe is not None else None
+
+    def start(
+        self,
+        key: Key,
+        spec: SpeculativeServerSpec,
+        revision: str,
+        on_done: Callable[[], None],
+        *,
+        probe_id: str | None = None,
+        load_aware_probe: LoadAwareStatus | None = None,
+        owner_uid: str | None = None,
+    ) -> None:
+        """Probe ``revision`` of this resource; ``on_done`` is called when it finishes (and when it waits for a slot).
+
+        ``owner_uid``: the resource's uid, which a File source's reader pod is owned by.
+
+        ``load_aware_probe``: the speculative server runs the load-aware probe's adaptive table. An adaptive server does not
+        draft from its no-draft batch size up, so the acceptance-length floor does not apply to it."""
+        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware_probe, owner_uid)
+        probe.task = asyncio.create_task(self._run(probe, spec, on_done), name=f"probe {key[0]}/{key[1]}")
+        probe.task.add_done_callback(lambda _t: on_done())
+
+    def cancel(self, key: Key) -> None:
+        probe = self._probes.pop(key, None)
+        if probe is not None and probe.task is not None and not probe.task.done():
+            probe.task.cancel()
+
+    async def _run(self, probe: _Probe, spec: SpeculativeServerSpec, wake: Callable[[], None]) -> ProbeStatus:
+        rollout, key, revision = spec.rollout, probe.key, probe.revision
+
+        def on_round(partial: object) -> None:
+            speedups = ", ".join(f"{w.name} {w.speedup:.2f}x" for w in getattr(partial, "workloads", []) if w.speedup)
+            # Shown by the next periodic step (--reconcile-interval) rather than by a step of its own: a status patch
+            # per round, for every probing resource at once, was a large share of the status writes at scale.
+            probe.progress = f"round {getattr(partial, 'rounds', 0)} of up to {rollout.max_rounds}" + (f": {speedups}" if speedups else "")
+
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.config.max_concurrent_probes)
+        if self._slots.locked():
+            probe.progress = f"waiting for a probe slot ({self.config.max_concurrent_probes} probes running, the most at once)"
+            wake()
+        async with self._slots:
+            probe.progress = None
+            try:
+                datasets = await self._datasets(key, spec, probe.owner_uid)
+            except InputError as exc:
+                return dataset_invalid(revision, str(exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API refused the read (RBAC, unreachable): no probe, no promotion
+                one_line = " ".join(str(exc).split())[:200]
+                return dataset_invalid(revision, f"dataset: reading it failed: {type(exc).__name__}: {one_line}")
+            failures: list[str] = []
+            for attempt in range(self.config.probe_attempts):
+                try:
+                    result = await run_probe(
+                        self.url(key, Variant.BASE),
+                        self.url(key, Variant.SPECULATIVE),
+                        rollout.workloads,
+                        min_speedup=rollout.min_speedup,
+                        max_rounds=rollout.max_rounds,
+                        accept_length_floor=None if probe.load_aware_probe is not None else rollout.accept_length_floor,
+                        policy=rollout.policy,
+                        timeout=self.config.probe_timeout,
+                        request_timeout=self.config.probe_request_timeout,
+                        on_round=on_round,
+                        datasets=datasets,
+                        output_check=rollout.output_check,
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # an unusable argument or a bug still ends in a reason, never a promotion
+                    return probe_failed(revision, f"probe failed: {exc}")
+                if not result.transient or attempt + 1 >= self.config.probe_attempts:
+                    break
+                # A connection reset, a 5xx, a timeout, a preempted pod: measured again from the start after a
+                # backoff (a half-measured attempt is not mixed with the next), a bounded number of times.
+                failures.append(result.message)
+                delay = retry_delay(attempt, self.config.probe_retry_backoff)
+                probe.progress = f"attempt {attempt + 1} of {self.config.probe_attempts} failed ({clip(result.message, 160)}); again in {delay:g}s"
+                wake()
+                await asyncio.sleep(delay)
+            status = result.to_status(revision)
+            if failures and status.reason == Reason.PROBE_FAILED:
+                status.message = clip(f"{status.message} (after {len(failures) + 1} attempts; the earlier ones: {'; '.join(failures)})")
+            return status
+
+    async def _datasets(self, key: Key, spec: SpeculativeServerSpec, owner_uid: str | None) -> dict[str, list[Prompt]]:
+        """The prompts of the workloads whose source is a ConfigMap or a File, read now, before any request."""
+        namespace, name = key
+        out: dict[str, list[Prompt]] = {}
+        for w in spec.rollout.workloads:
+            if w.prompts.source == "File":
+                if self.read_file_dataset is None or owner_uid is None:
+                    raise InputError(f"workload {w.name}: prompts.source File, but this operator has no API client to start a reader pod")
+                out[w.name] = await self.read_file_dataset(namespace, name, owner_uid, w, spec)
+                continue
+            ref = w.prompts.config_map
+            if w.prompts.source != "ConfigMap" or ref is None:
+                continue
+            if self.read_config_map is None:
+                raise InputError(f"workload {w.name}: prompts.source ConfigMap, but this operator has no API client to read it")
+            config_map = await self.read_config_map(namespace, ref.name)
+            out[w.name] = config_map_dataset(namespace, config_map, ref.name, ref.key, w.prompts.format or "Auto")
+        return out
+
+    # --- the drift monitor's scrapes
+    async def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def pod_url(self, key: Key, pod: str, pod_ip: str | None) -> str | None:
+        namespace, name = key
+        return self.config.endpoints.pod_url(namespace, pod, pod_ip, m.child_name(name, Variant.SPECULATIVE.value))
+
+    async def scrape(self, key: Key, pods: Mapping[str, str | None]) -> dict[str, Sample]:
+        """One scrape of each speculative pod's /metrics (pod name -> pod IP), reduced to what the drift rule reads.
+
+        Concurrent, and bounded over all resources by ``max_concurrent_scrapes``: a slow pod holds one slot for at
+        most ``scrape_timeout`` seconds and delays no other pod's scrape beyond that."""
+        if self._scrape_slots is None:
+            self._scrape_slots = asyncio.Semaphore(self.config.max_concurrent_scrapes)
+        session = await self.session()
+        slots = self._scrape_slots
+
+        async def one(pod: str, url: str | None) -> Sample:
+            async with slots:
+                now = rfc3339(datetime.now(UTC))
+                if url is None:
+                    return Sample(time=now, error="the pod has no IP yet")
+                try:
+                    metrics = await scrape_metrics(session, url, timeout=self.config.scrape_timeout)
+                except ProbeRequestError as exc:
+                    return Sample(time=now, error=str(exc))
+                return sample_from_metrics(metrics, now)
+
+        names = sorted(pods)
+        samples = await asyncio.gather(*(one(pod, self.pod_url(key, pod, pods[pod])) for pod in names))
+        return dict(zip(names, samples, strict=True))
+
+    async def close(self) -> None:
+        for key in list(self._probes):
+            self.cancel(key)
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,64 @@
+"""The children a step wants: the adaptive table's ConfigMap, the three Services, the two servers (Deployments, or
+LeaderWorkerSets of multi-node servers), Services first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import manifests as m
+from ..api import (
+    Variant,
+)
+from .facts import BASE, SPECULATIVE, Facts
+from .fleet import Fleet
+from .model import Observed
+
+
+def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Variant, both: bool = False) -> list[dict[str, Any]]:
+    """The five children, Services first (see Plan.switch_first), and during load-aware speculation the adaptive
+    table's ConfigMap before them all (the speculative pod mounts it).
+
+    While a fleet walks back before its speculative template changes (Fleet.holding), the speculative server is
+    replicas-only (manifests.replicas_only): its count changes, its old template stays."""
+    name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
+    holding = isinstance(fleet, Fleet) and fleet.holding
+    kind = m.LWS_KIND if facts.leader_worker_sets else "Deployment"
+    held = [m.replicas_only(kind, name, namespace, SPECULATIVE, fleet[SPECULATIVE])] if holding else []
+    if facts.leader_worker_sets:  # multi-node: one LeaderWorkerSet per variant, its Services selecting the leaders
+        groups = [m.with_replicas(facts.leader_worker_sets[v], fleet[v]) for v in (BASE, SPECULATIVE) if not (holding and v == SPECULATIVE)]
+        leaders = [
+            m.service(name, namespace, BASE, settings=ms, leaders_only=True),
+            m.service(name, namespace, SPECULATIVE, settings=ms, leaders_only=True),
+            m.service(name, namespace, None, active=active, settings=ms, both=both, leaders_only=True),
+        ]
+        tables = [m.adaptive_config_map(name, namespace, facts.load_aware_probe.config_json)] if facts.load_aware_probe is not None else []
+        return tables + leaders + groups + held
+    deployments = [
+        m.deployment(
+            name,
+            namespace,
+            facts.spec,
+            variant,
+            replicas=fleet[variant],
+            revision=facts.revision,
+            settings=ms,
+            template=facts.templates[variant],
+        )
+        for variant in (BASE, SPECULATIVE)
+        if not (holding and variant == SPECULATIVE)
+    ]
+    services = [
+        m.service(name, namespace, BASE, settings=ms),
+        m.service(name, namespace, SPECULATIVE, settings=ms),
+        m.service(name, namespace, None, active=active, settings=ms, both=both),
+    ]
+    config_maps = [m.adaptive_config_map(name, namespace, facts.load_aware_probe.config_json)] if facts.load_aware_probe is not None else []
+    return config_maps + services + deployments + held
+
+
+def observed_child(observed: Observed, obj: dict[str, Any]) -> dict[str, Any] | None:
+    # A variant's LeaderWorkerSet is observed with the Deployments (one server object per variant name).
+    children = {"Deployment": observed.deployments, m.LWS_KIND: observed.deployments, "ConfigMap": observed.config_maps}.get(
+        obj["kind"], observed.services
+    )
+    return children.get(obj["metadata"]["name"])

@@ -1,0 +1,116 @@
+"""Security: what a user who can edit a SpeculativeServer can and cannot make the operator do.
+
+- Secrets: an environment variable taken from a Secret (sglang.env[].valueFrom.secretKeyRef) reaches the server
+  containers as that same reference. The operator never resolves it: the Secret's value appears nowhere the
+  operator writes or says (its log, the resource's status and annotations, Events, Deployments, Services, pods).
+- Traffic: the probe and the monitor talk only to the resource's own `<name>-base` / `<name>-spec` Services.
+  A user cannot re-point them: pod labels from the spec cannot impersonate another resource's pods (the
+  operator's labels win, so another resource's Services never select them), and a name that is not a valid
+  Service name (dots: `attacker.example.com`) produces no Service and no probe, only a status saying why.
+
+(tests/cluster/test_operator_e2e.py already covers a resource named after someone else's Service, and a URL-looking field
+in the spec, which the structural schema prunes. RBAC and pod security are tested with the chart.)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from tests.support.kube import wait_until
+from tests.support.operator_process import GROUP, PLURAL, VERSION, compatible_annotations, event_reasons, example, status, wait_phase
+from tests.support.operator_replicas import DECIDED, Cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def everything_written(c: Cluster, names: list[str]) -> str:
+    """The operator's log and every object it writes or touches in the namespace, as one string."""
+    ns = c.namespace
+    parts = [r.logs() for r in c.replicas]
+    for name in names:
+        parts.append(json.dumps(c.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)))
+    client = c.core.api_client
+    for items in (
+        c.apps.list_namespaced_deployment(ns).items,
+        c.apps.list_namespaced_replica_set(ns).items,
+        c.core.list_namespaced_service(ns).items,
+        c.core.list_namespaced_pod(ns).items,
+        c.core.list_namespaced_event(ns).items,
+    ):
+        parts += [json.dumps(client.sanitize_for_serialization(item)) for item in items]
+    return "\n".join(parts)
+
+
+def test_a_secret_reference_is_passed_through_and_its_value_never_logged_or_stored(cluster: Cluster) -> None:
+    from kubernetes import client
+
+    secret_value = f"hf_{uuid.uuid4().hex}"
+    cluster.core.create_namespaced_secret(
+        cluster.namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="hf-token"), string_data={"token": secret_value})
+    )
+    name = "secretive"
+    cluster.serve(name)
+    op = cluster.replica()
+    op.start()
+    cr = example("llama31-8b-eagle3.yaml", name, cluster.namespace, annotations=compatible_annotations())
+    reference = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    cr["spec"].setdefault("sglang", {})["env"] = [reference, {"name": "NCCL_DEBUG", "value": "WARN"}]
+    cluster.create(cr)
+    st = wait_phase(cluster.custom, cluster.namespace, name, DECIDED, timeout=120)
+    assert st["phase"] == "Promoted", st.get("message")
+
+    for variant in ("base", "spec"):
+        deployment = cluster.apps.read_namespaced_deployment(f"{name}-{variant}", cluster.namespace)
+        server = next(c for c in deployment.spec.template.spec.containers if any(e.name == "HF_TOKEN" for e in c.env or []))
+        env = {e.name: cluster.core.api_client.sanitize_for_serialization(e) for e in server.env}
+        assert env["HF_TOKEN"] == reference, "the reference must reach the server container unchanged"
+        assert env["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "WARN"}
+    assert secret_value not in everything_written(cluster, [name]), "the Secret's value was resolved and written somewhere"
+
+
+def test_spec_labels_cannot_impersonate_another_resource_and_a_dotted_name_gets_no_service_and_no_probe(cluster: Cluster) -> None:
+    cluster.serve("victim")
+    cluster.serve("attacker")
+    op = cluster.replica()
+    op.start()
+    cluster.create(example("llama31-8b-eagle3.yaml", "victim", cluster.namespace, annotations=compatible_annotations()))
+    # The attacker's pods claim to be the victim's speculative pods.
+    attacker = example("llama31-8b-eagle3.yaml", "attacker", cluster.namespace, annotations=compatible_annotations())
+    attacker["spec"]["podMetadata"]["labels"] = {
+        "app.kubernetes.io/instance": "victim",
+        "specdec.io/variant": "speculative",
+        "app.kubernetes.io/managed-by": "specdec-operator",
+    }
+    cluster.create(attacker)
+    # A name that is a valid resource name but no valid Service name.
+    dotted = example("llama31-8b-eagle3.yaml", "attacker.example.com", cluster.namespace, annotations=compatible_annotations())
+    cluster.create(dotted)
+
+    for name in ("victim", "attacker"):  # decided either way: what matters is where the Services point
+        assert wait_phase(cluster.custom, cluster.namespace, name, DECIDED, timeout=120)["phase"] in {"Promoted", "RolledBack"}
+    for pod in cluster.core.list_namespaced_pod(cluster.namespace, label_selector="app.kubernetes.io/instance=attacker").items:
+        assert pod.metadata.labels["app.kubernetes.io/instance"] == "attacker"
+    # The victim's Services select only the victim's pods.
+    victim_pods = {p.metadata.name for p in cluster.core.list_namespaced_pod(cluster.namespace).items if p.metadata.name.startswith("victim-")}
+    for service in ("victim", "victim-base", "victim-spec"):
+        selector = cluster.core.read_namespaced_service(service, cluster.namespace).spec.selector
+        selected = {
+            p.metadata.name
+            for p in cluster.core.list_namespaced_pod(cluster.namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items())).items
+        }
+        assert selected and selected <= victim_pods, f"{service} selects {selected - victim_pods}"
+
+    st = wait_until(
+        lambda: (s := status(cluster.custom, cluster.namespace, "attacker.example.com")).get("phase") in DECIDED and s,
+        timeout=60,
+        message="a status for the dotted name",
+    )
+    assert st["phase"] == "Failed" and st.get("message"), st
+    assert not [s for s in cluster.core.list_namespaced_service(cluster.namespace).items if s.metadata.name.startswith("attacker.")]
+    assert "ProbeStarted" not in event_reasons(cluster.core, cluster.namespace, "attacker.example.com")
+    time.sleep(2)
+    assert status(cluster.custom, cluster.namespace, "attacker.example.com")["phase"] == "Failed"

@@ -1,0 +1,236 @@
+"""The operator as a process on the local control plane: `specdec run` (the `operator` fixture), in-process SGLang
+simulators it reaches through --endpoints (the `sims` fixture), and helpers to create SpeculativeServers from
+examples/ and read their status and Events. Fixtures registered from tests/conftest.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.simulators import Simulators
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Simulators on a background event loop (tests/support/simulators.py)
+
+
+@pytest.fixture
+def sims() -> Any:
+    pool = Simulators()
+    yield pool
+    pool.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The operator process
+
+
+class Operator:
+    """`specdec run` as a subprocess, scoped to one namespace, with an endpoints mapping file."""
+
+    def __init__(self, kubeconfig: str, namespace: str, workdir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.workdir = workdir
+        self.endpoints: dict[str, str] = {}
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.extra_args: list[str] = []
+        self.peering: str | None = None  # --peering NAME instead of --standalone
+        self.all_procs: list[subprocess.Popen] = []
+
+    def map(self, service: str, url: str) -> None:
+        self.endpoints[f"{self.namespace}/{service}"] = url
+
+    def start(self) -> subprocess.Popen:
+        self.starts += 1
+        path = self.workdir / "endpoints.yaml"
+        path.write_text(yaml.safe_dump(self.endpoints))
+        log = open(self.workdir / f"operator-{self.starts}.log", "w")
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig}
+        peering = ["--peering", self.peering] if self.peering else ["--standalone"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec_operator.cli",
+            "run",
+            "--namespace",
+            self.namespace,
+            *peering,
+            "--endpoints",
+            str(path),
+            "--metrics-port",
+            "0",
+            "--reconcile-interval",
+            "1",
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+        self.all_procs.append(self.proc)
+        return self.proc
+
+    def log_of(self, start: int) -> str:
+        return (self.workdir / f"operator-{start}.log").read_text()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as a node failure or an OOM kill."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        for proc in self.all_procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.workdir.glob("operator-*.log")))
+
+
+@pytest.fixture
+def operator(kubeconfig_path: str, namespace: str, tmp_path: Path, custom_objects: Any, core_v1: Any) -> Any:
+    op = Operator(kubeconfig_path, namespace, tmp_path)
+    yield op
+    # Delete the resources while the operator runs (it owns the finalizer), and wait until the garbage collector
+    # removed the pods: the next test's servers need the GPUs of the simulated nodes.
+    try:
+        if op.proc is None or op.proc.poll() is not None:
+            op.start()
+        for item in custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+            custom_objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, item["metadata"]["name"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            left = custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+            if not left and not core_v1.list_namespaced_pod(namespace).items:
+                break
+            time.sleep(0.5)
+    finally:
+        op.stop()
+        if os.environ.get("SPECDEC_E2E_LOGS"):
+            print(op.logs())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def example(
+    file: str, name: str, namespace: str, *, annotations: dict[str, str] | None = None, workloads: list | None = None, **spec_changes: Any
+) -> dict:
+    cr = yaml.safe_load((EXAMPLES / file).read_text())
+    cr["metadata"] = {"name": name, "namespace": namespace}
+    cr["spec"]["podMetadata"] = {"annotations": dict(annotations or {})}
+    if workloads is not None:
+        cr["spec"].setdefault("rollout", {})["workloads"] = workloads
+    for dotted, value in spec_changes.items():
+        node = cr["spec"]
+        *path, last = dotted.split("__")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return cr
+
+
+def compatible_annotations(findings: list | None = None, ready_after: str = "1s") -> dict[str, str]:
+    return {
+        "specdec.test/init-exit-code": "0",
+        "specdec.test/init-message": json.dumps({"compatible": True, "findings": findings or []}),
+        "specdec.test/ready-after": ready_after,
+    }
+
+
+def get(custom_objects: Any, namespace: str, name: str) -> dict:
+    return custom_objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def status(custom_objects: Any, namespace: str, name: str) -> dict:
+    return get(custom_objects, namespace, name).get("status") or {}
+
+
+def wait_phase(custom_objects: Any, namespace: str, name: str, phases: set[str], timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status(custom_objects, namespace, name)
+        if st.get("phase") in phases:
+            return st
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"{namespace}/{name} not in {sorted(phases)} after {timeout:.0f}s: phase {st.get('phase')}, {st.get('message')}", pytrace=False
+            )
+        time.sleep(0.1)
+
+
+def events(core_v1: Any, namespace: str, name: str) -> list:
+    return [
+        e for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.kind == "SpeculativeServer" and e.involved_object.name == name
+    ]
+
+
+def event_reasons(core_v1: Any, namespace: str, name: str) -> list[str]:
+    out = []
+    for e in events(core_v1, namespace, name):
+        out += [e.reason] * max(1, e.count or 1)
+    return out
+
+
+def variant_pods(core_v1: Any, namespace: str, name: str, variant: str) -> list:
+    selector = f"app.kubernetes.io/instance={name},specdec.io/variant={variant}"
+    return core_v1.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def stable_variant(core_v1: Any, namespace: str, name: str) -> str:
+    return core_v1.read_namespaced_service(name, namespace).spec.selector["specdec.io/variant"]
+
+
+def validator_verdict(tmp_path: Path) -> tuple[int, str]:
+    """What the real `specdec validate` writes for a Kimi-K2 drafter put on a Llama-3.1-8B target."""
+    from tests.support import model_dirs as md
+
+    target = md.make_target(tmp_path / "models" / "llama", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER)
+    drafter = md.make_drafter(tmp_path / "models" / "drafter", md.kimi_drafter_config())
+    log = tmp_path / "termination-log"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specdec_operator.cli",
+            "validate",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--json",
+            "--termination-log",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc.returncode, log.read_text()

@@ -1,0 +1,188 @@
+"""`specdec-train export --engine`: a drafter written for the engine that serves it, the engine recorded in its
+provenance, and `specdec validate --engine` refusing a drafter exported for the other one (issue 26 item 2).
+
+SGLang captures the input of target layer id + 1, vLLM the input of layer id, so the same trained drafter needs
+config ids one apart. The provenance file is one model (validator/provenance.py) read and written by both sides;
+files exported before the engine field existed still read, as SGLang exports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from drafter_training.capture import capture_hf
+from drafter_training.export import export_drafter
+from drafter_training.regenerate import tokenize_conversation
+from drafter_training.train import TrainConfig, train
+from drafter_training.vocab import build_vocab
+from specdec_operator.errors import InputError
+from specdec_operator.validator.modelmeta import read_model_dir
+from specdec_operator.validator.provenance import TRAINER, CaptureLayerIds, DrafterProvenance
+from tests.support.tiny_models import make_model
+
+REPO = Path(__file__).resolve().parents[2]
+LAYERS = [0, 1, 2]  # output indices of a 4-layer target, as training records them
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("engine")
+    target = make_model(root / "target", "llama", layers=4)
+    tok = AutoTokenizer.from_pretrained(str(target))
+    with (root / "samples.jsonl").open("w") as f:
+        for i in range(8):
+            msgs = [{"role": "user", "content": f"hello {i} world"}, {"role": "assistant", "content": "def add(a, b): return a + b " * (1 + i % 3)}]
+            ids, mask = tokenize_conversation(tok, msgs)
+            f.write(json.dumps({"id": i, "input_ids": ids, "loss_mask": mask}) + "\n")
+    capture_hf(root / "samples.jsonl", target, root / "cap", quantization="none", capture_layers=LAYERS, progress=False)
+    build_vocab(root / "cap", root / "cap", 64)
+    train(
+        TrainConfig(
+            capture_dir=str(root / "cap"),
+            target_dir=str(target),
+            out_dir=str(root / "run"),
+            epochs=1,
+            batch_size=4,
+            ttt_steps=2,
+            eval_fraction=0.25,
+            progress=False,
+        )
+    )
+    torch.set_num_threads(before)
+    return root, target
+
+
+def validate_cli(target: Path, drafter: Path, *extra: str) -> tuple[int, dict]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(target), "--drafter", str(drafter), "--json", *extra],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def errors(report: dict) -> dict[str, str]:
+    return {f["code"]: f["message"] for f in report["findings"] if f["severity"] == "error"}
+
+
+def test_each_engine_gets_its_own_layer_ids_and_the_same_weights(trained_run):
+    root, target = trained_run
+    sglang = export_drafter(root / "run" / "final", target, root / "for-sglang", engine="sglang")
+    vllm = export_drafter(root / "run" / "final", target, root / "for-vllm", engine="vllm")
+
+    def ids(d: str) -> list[int]:
+        return json.loads((root / d / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+
+    assert ids("for-sglang") == LAYERS
+    assert ids("for-vllm") == [i + 1 for i in LAYERS]
+    assert (sglang.engine, vllm.engine) == ("sglang", "vllm")
+    assert sglang.capture_layer_ids == vllm.capture_layer_ids == CaptureLayerIds(LAYERS, [i + 1 for i in LAYERS])
+    a, b = load_file(str(root / "for-sglang" / "model.safetensors")), load_file(str(root / "for-vllm" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    on_disk = json.loads((root / "for-vllm" / "training_provenance.json").read_text())
+    assert on_disk["engine"] == "vllm" and on_disk["capture_layer_ids"] == {"sglang_config_output_index": LAYERS, "input_index": [1, 2, 3]}
+    # What the validator reads is what the export wrote.
+    assert read_model_dir(str(root / "for-vllm"), role="drafter").provenance == vllm
+
+
+def test_validator_passes_the_matching_engine_and_names_the_fix_for_the_other(trained_run):
+    root, target = trained_run
+    export_drafter(root / "run" / "final", target, root / "s", engine="sglang")
+    export_drafter(root / "run" / "final", target, root / "v", engine="vllm")
+
+    for drafter, engine in (("s", "sglang"), ("v", "vllm")):
+        rc, report = validate_cli(target, root / drafter, "--engine", engine)
+        assert rc == 0 and errors(report) == {} and report["engine"] == engine, report["findings"]
+
+    rc, report = validate_cli(target, root / "s", "--engine", "vllm")
+    message = errors(report)["DrafterExportedForOtherEngine"]
+    assert rc == 1
+    assert f"{root / 's'}/training_provenance.json" in message and "exported for SGLang" in message
+    assert "runs vLLM" in message and "specdec-train export --engine vllm" in message and "\n" not in message
+
+    rc, report = validate_cli(target, root / "v")  # the default engine is SGLang
+    assert rc == 1 and "specdec-train export --engine sglang" in errors(report)["DrafterExportedForOtherEngine"]
+    # vLLM's ids for this 4-layer target include 3, whose output SGLang never captures (3 + 1 == 4 layers).
+    assert "AuxLayerOutOfRange" in errors(report)
+
+
+def test_config_ids_edited_away_from_the_trained_layers_are_caught(trained_run):
+    root, target = trained_run
+    out = root / "edited"
+    export_drafter(root / "run" / "final", target, out, engine="vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = LAYERS  # SGLang's numbers under a vLLM provenance
+    (out / "config.json").write_text(json.dumps(cfg))
+    rc, report = validate_cli(target, out, "--engine", "vllm")
+    assert rc == 1 and "records [1, 2, 3] for vLLM" in errors(report)["AuxLayersNotTrained"]
+
+
+def test_drafters_exported_before_the_engine_field_read_as_sglang_exports(trained_run):
+    root, target = trained_run
+    out = root / "old"
+    export_drafter(root / "run" / "final", target, out, engine="sglang")
+    prov = json.loads((out / "training_provenance.json").read_text())
+    del prov["engine"]  # the file as exports before this field wrote it
+    (out / "training_provenance.json").write_text(json.dumps(prov))
+    read = read_model_dir(str(out), role="drafter").provenance
+    assert read is not None and read.engine is None and read.exported_for() == "sglang"
+    assert validate_cli(target, out)[0] == 0
+    rc, report = validate_cli(target, out, "--engine", "vllm")
+    assert rc == 1 and "DrafterExportedForOtherEngine" in errors(report)
+
+    # Provenance from another trainer says nothing about the engine: no engine finding either way.
+    (out / "training_provenance.json").write_text(json.dumps({"target_model": "t", "num_samples": 10}))
+    rc, report = validate_cli(target, out, "--engine", "vllm")
+    assert "DrafterExportedForOtherEngine" not in errors(report)
+
+
+def test_provenance_model_round_trips_and_refuses_bad_fields_in_one_line():
+    doc = {
+        "target_model": "m",
+        "num_samples": 3,
+        "epochs": 1.5,
+        "engine": "vllm",
+        "capture_layer_ids": {"sglang_config_output_index": [1, 5], "input_index": [2, 6]},
+        "trainer": TRAINER,
+        "notes": {"kept": True},  # a key the model does not know survives a round trip
+    }
+    prov = DrafterProvenance.from_json(doc, "p.json")
+    assert prov.extra == {"notes": {"kept": True}} and prov.capture_layer_ids is not None
+    assert prov.capture_layer_ids.for_engine("vllm") == [2, 6] and prov.capture_layer_ids.for_engine("sglang") == [1, 5]
+    assert DrafterProvenance.from_json(prov.to_json(), "p.json") == prov
+    for bad, words in (
+        ({"engine": "tgi"}, "p.json: engine must be one of sglang, vllm"),
+        ({"num_samples": -1}, "p.json: num_samples must be >= 0"),
+        ({"num_samples": True}, "p.json: num_samples must be an integer"),
+        (
+            {"capture_layer_ids": {"sglang_config_output_index": [1], "input_index": [1]}},
+            "p.json: capture_layer_ids: input_index [1] must be sglang_config_output_index [1] plus one",
+        ),
+        ([], "p.json: must be a JSON object"),
+    ):
+        with pytest.raises(InputError, match="^" + words.replace("[", r"\[").replace("]", r"\]")) as info:
+            DrafterProvenance.from_json(bad, "p.json")
+        assert "\n" not in str(info.value)
+
+
+def test_export_cli_takes_the_engine_and_refuses_an_unknown_one(trained_run):
+    root, target = trained_run
+    cli = [sys.executable, "-m", "drafter_training.cli", "--quiet", "export", "--run", str(root / "run"), "--target", str(target)]
+    proc = subprocess.run([*cli, "--out", str(root / "cli"), "--engine", "vLLM"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["engine"] == "vllm"
+    proc = subprocess.run([*cli, "--out", str(root / "cli2"), "--engine", "tgi"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 2 and "--engine: invalid choice: 'tgi'" in proc.stderr
