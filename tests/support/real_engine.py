@@ -1,0 +1,183 @@
+"""The real-engine tier's models: a tiny Llama target and EAGLE-3 drafters made by `specdec-train`, built once per
+machine and cached outside the checkout (issue 26).
+
+    ~/.cache/specdec-operator/real-engine/<key>/   key: a hash of the pipeline's source files and of BUILD below
+
+The build (about a minute or two on an idle 2-core machine):
+1. targets `a` and `b`: tests/support/tiny_models.make_model, llama, 4 layers, hidden 256 (4 heads of 64: vLLM's CPU
+   attention takes head sizes 32, 64, 80 ... 512 only), seeds 0 and 1 (same tokenizer, same shapes);
+2. for each target, `specdec-train regenerate` through a real HTTP server of that target (tests/support/tiny_server.py,
+   transformers' greedy generate: what vLLM serves greedily, in float32), `capture --capture-layers 0,1,2`,
+   `vocab`, `train`, and `export --engine vllm` (drafter-<t>-vllm) and `--engine sglang` (drafter-<t>-sglang);
+3. held-out prompts (same distribution, other seed) for the served acceptance and `specdec-train evaluate`.
+
+The draft vocabulary is smaller than the target's (BUILD["draft_vocab_size"] < 320): with the full vocabulary the
+export writes `d2t`, which vLLM 0.32's Eagle3LlamaForCausalLM refuses (docs/vllm-cpu.md). A changed source file or
+parameter gives a new key, so a changed pipeline is rebuilt; old keys are left for `rm -rf` (each is about 10 MB).
+The build happens in a temporary directory renamed into place, under a lock, so concurrent sessions build it once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("SPECDEC_REAL_ENGINE_CACHE", Path.home() / ".cache" / "specdec-operator" / "real-engine"))
+TRAIN = [sys.executable, "-m", "drafter_training.cli", "--quiet"]
+TARGET_SEEDS = {"a": 0, "b": 1}
+BUILD: dict[str, Any] = {
+    "layers": 4,
+    "hidden": 256,
+    "capture_layers": "0,1,2",  # output indices: 4 layers refuse the default [1, N/2-1, N-4]
+    "train_prompts": 48,
+    "heldout_prompts": 8,
+    "words_per_prompt": 6,
+    "max_new_tokens": 48,
+    "draft_vocab_size": 256,
+    "train_args": ["--epochs", "40", "--max-steps", "120", "--lr", "3e-3", "--batch-size", "4", "--ttt-steps", "3", "--max-length", "256"],
+}
+WORDS = ["alpha", "beta", "gamma", "delta", "def", "class", "return", "print", "hello", "world", "list", "dict", "quick", "fox"]
+
+
+@dataclass(frozen=True)
+class RealEngineModels:
+    root: Path
+
+    def target(self, name: str = "a") -> Path:
+        return self.root / f"target-{name}"
+
+    def drafter(self, target: str = "a", engine: str = "vllm") -> Path:
+        """The drafter trained for `target`, exported for `engine` (its aux layer ids in that engine's convention)."""
+        return self.root / f"drafter-{target}-{engine}"
+
+    def run(self, target: str = "a") -> Path:
+        """The training run (its final/ is what `specdec-train evaluate` loads)."""
+        return self.root / f"run-{target}"
+
+    @property
+    def heldout(self) -> Path:
+        return self.root / "heldout.jsonl"
+
+    def heldout_prompt_ids(self) -> list[list[int]]:
+        """The held-out prompts as the servers see them: the chat template applied, tokenized."""
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(self.target("a")))
+        out = []
+        for line in self.heldout.read_text().splitlines():
+            messages = json.loads(line)["messages"]
+            out.append(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        return out
+
+    @property
+    def build_report(self) -> dict[str, Any]:
+        return json.loads((self.root / "build.json").read_text())
+
+
+def pipeline_key() -> str:
+    """A hash of everything that decides what the build makes: the pipeline's sources and BUILD."""
+    h = hashlib.sha256(json.dumps(BUILD, sort_keys=True).encode())
+    files = sorted((REPO / "drafter_training").rglob("*.py")) + [
+        REPO / "tests" / "support" / name for name in ("tiny_models.py", "tiny_server.py", "real_engine.py")
+    ]
+    files += sorted((REPO / "operator" / "specdec_operator" / "validator").rglob("*.py"))  # export checks its output with it
+    for path in files:
+        h.update(str(path.relative_to(REPO)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def write_prompts(path: Path, n: int, seed: int) -> None:
+    rnd = random.Random(seed)
+    with path.open("w") as f:
+        for _ in range(n):
+            user = " ".join(rnd.choice(WORDS) for _ in range(BUILD["words_per_prompt"]))
+            f.write(json.dumps({"messages": [{"role": "user", "content": user}]}) + "\n")
+
+
+def _stage(cmd: list[str], log: Path, timings: dict[str, float], name: str) -> Any:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
+    log.write_text(proc.stdout + proc.stderr)
+    timings[name] = round(time.monotonic() - t0, 1)
+    if proc.returncode != 0:
+        raise RuntimeError(f"specdec-train {name} exited {proc.returncode} (log {log}): {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+
+
+def _build_target(work: Path, name: str, timings: dict[str, float], report: dict[str, Any]) -> None:
+    from tests.support.tiny_models import make_model
+    from tests.support.tiny_server import TinyModelServer
+
+    target = make_model(work / f"target-{name}", "llama", layers=BUILD["layers"], hidden=BUILD["hidden"], seed=TARGET_SEEDS[name])
+    samples, cap, run = work / f"samples-{name}.jsonl", work / f"cap-{name}", work / f"run-{name}"
+    server = TinyModelServer(target)
+    server.start()
+    try:
+        regen = ["regenerate", "--prompts", str(work / "train-prompts.jsonl"), "--out", str(samples), "--base-url", server.base_url]
+        regen += ["--tokenizer", str(target), "--api", "chat", "--max-new-tokens", str(BUILD["max_new_tokens"]), "--concurrency", "1"]
+        _stage(TRAIN + regen, work / f"regenerate-{name}.log", timings, f"regenerate {name}")
+    finally:
+        server.stop()
+    capture = ["capture", "--samples", str(samples), "--target", str(target), "--out", str(cap), "--quantization", "none"]
+    _stage(TRAIN + capture + ["--capture-layers", BUILD["capture_layers"]], work / f"capture-{name}.log", timings, f"capture {name}")
+    _stage(TRAIN + ["vocab", "--capture", str(cap), "--draft-vocab-size", str(BUILD["draft_vocab_size"])], work / f"vocab-{name}.log", timings, f"vocab {name}")
+    train = ["train", "--capture", str(cap), "--target", str(target), "--out", str(run), "--device", "cpu", *BUILD["train_args"]]
+    report[f"train {name}"] = _stage(TRAIN + train, work / f"train-{name}.log", timings, f"train {name}")
+    for engine in ("vllm", "sglang"):
+        export = ["export", "--run", str(run), "--target", str(target), "--out", str(work / f"drafter-{name}-{engine}"), "--engine", engine]
+        _stage(TRAIN + export, work / f"export-{name}-{engine}.log", timings, f"export {name} {engine}")
+    shutil.rmtree(cap)  # the captured hidden states are only the training's input
+
+
+def build(dest: Path) -> None:
+    """Build everything into `dest` (a fresh directory)."""
+    import torch
+
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    dest.mkdir(parents=True)
+    write_prompts(dest / "train-prompts.jsonl", BUILD["train_prompts"], seed=0)
+    write_prompts(dest / "heldout.jsonl", BUILD["heldout_prompts"], seed=1)
+    timings: dict[str, float] = {}
+    report: dict[str, Any] = {"build": BUILD, "timings_s": timings}
+    for name in TARGET_SEEDS:
+        _build_target(dest, name, timings, report)
+    report["seconds"] = round(time.monotonic() - started, 1)
+    (dest / "build.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+def real_engine_models() -> RealEngineModels:
+    """The cached build for the current pipeline, built first if missing (once, under a lock)."""
+    root = CACHE / pipeline_key()
+    if (root / "build.json").exists():
+        return RealEngineModels(root)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "build.json").exists():
+            tmp = CACHE / f".{root.name}.{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                build(tmp)
+                tmp.rename(root)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return RealEngineModels(root)
+
+
+if __name__ == "__main__":  # python -m tests.support.real_engine: build (or find) the cache, print where it is
+    models = real_engine_models()
+    print(models.root)
+    print(json.dumps(models.build_report, indent=1))
