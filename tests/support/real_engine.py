@@ -5,11 +5,23 @@ machine and cached outside the checkout (issue 26).
 
 The build (about a minute or two on an idle 2-core machine):
 1. targets `a` and `b`: tests/support/tiny_models.make_model, llama, 4 layers, hidden 256 (4 heads of 64: vLLM's CPU
-   attention takes head sizes 32, 64, 80 ... 512 only), seeds 0 and 1 (same tokenizer, same shapes);
+   attention takes head sizes 32, 64, 80 ... 512 only), seeds 0 and 1 (same tokenizer, same shapes), whose lm_head
+   can only pick whole words, and whose attention output is scaled down (`shape_target`, below);
 2. for each target, `specdec-train regenerate` through a real HTTP server of that target (tests/support/tiny_server.py,
    transformers' greedy generate: what vLLM serves greedily, in float32), `capture --capture-layers 0,1,2`,
    `vocab`, `train`, and `export --engine vllm` (drafter-<t>-vllm) and `--engine sglang` (drafter-<t>-sglang);
 3. held-out prompts (same distribution, other seed) for the served acceptance and `specdec-train evaluate`.
+
+Why the targets are shaped (`shape_target`):
+- A random model emits byte tokens that decode to invalid UTF-8; regenerate's text (what an OpenAI API returns)
+  re-tokenizes that as U+FFFD's three bytes, so the drafter would learn a stream the server never produces. The lm_head
+  keeps only " word" tokens that re-encode to themselves (10 of the 320), so text and tokens round-trip.
+- A random 4-layer model's greedy continuation is chaotic (a table of the previous token predicts the next one 22 % of
+  the time, measured on 40 prompts): no drafter learns that in a couple of minutes, and on a CPU a speculative step of
+  vLLM costs about 2-3 decode steps, so a drafter needs an acceptance length near 3 of 3+1 before speculation pays.
+  With the attention output scaled by BUILD["attention_scale"] the next token is mostly a function of the current one
+  (85 %), with a little context left, so the matched drafter accepts most tokens and the operator has a real speedup to
+  find, while another target's drafter (another function) accepts almost none.
 
 The draft vocabulary is smaller than the target's (BUILD["draft_vocab_size"] < 320): with the full vocabulary the
 export writes `d2t`, which vLLM 0.32's Eagle3LlamaForCausalLM refuses (docs/vllm-cpu.md). A changed source file or
@@ -38,14 +50,17 @@ TRAIN = [sys.executable, "-m", "drafter_training.cli", "--quiet"]
 TARGET_SEEDS = {"a": 0, "b": 1}
 BUILD: dict[str, Any] = {
     "layers": 4,
+    "attention_scale": 0.001,
     "hidden": 256,
     "capture_layers": "0,1,2",  # output indices: 4 layers refuse the default [1, N/2-1, N-4]
-    "train_prompts": 48,
+    "train_prompts": 64,
     "heldout_prompts": 8,
     "words_per_prompt": 6,
     "max_new_tokens": 48,
-    "draft_vocab_size": 256,
-    "train_args": ["--epochs", "40", "--max-steps", "120", "--lr", "3e-3", "--batch-size", "4", "--ttt-steps", "3", "--max-length", "256"],
+    "draft_vocab_size": 64,
+    "train_args": ["--epochs", "40", "--lr", "3e-3", "--batch-size", "4", "--ttt-steps", "3", "--max-length", "128"],
+    # Target b's drafter only has to be a real drafter of another target: fewer steps.
+    "train_steps": {"a": 150, "b": 40},
 }
 WORDS = ["alpha", "beta", "gamma", "delta", "def", "class", "return", "print", "hello", "world", "list", "dict", "quick", "fox"]
 
@@ -77,7 +92,8 @@ class RealEngineModels:
         out = []
         for line in self.heldout.read_text().splitlines():
             messages = json.loads(line)["messages"]
-            out.append(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            out.append(tok.encode(text, add_special_tokens=False))
         return out
 
     @property
@@ -96,6 +112,31 @@ def pipeline_key() -> str:
         h.update(str(path.relative_to(REPO)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def shape_target(target: Path) -> list[int]:
+    """Zero the lm_head rows of every token but " word" tokens that re-encode to themselves (returns those ids), and
+    scale every attention output projection by BUILD["attention_scale"].
+
+    A zero row scores 0 while the kept rows score both signs, so greedy decoding picks only kept tokens, and a
+    sequence of " word" tokens decodes to text that re-tokenizes to the same ids (each is its own pre-token)."""
+    import re
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    words = [i for i in range(len(tok)) if re.fullmatch(r" [A-Za-z]+", tok.decode([i])) and tok.encode(tok.decode([i]), add_special_tokens=False) == [i]]
+    state = load_file(str(target / "model.safetensors"))
+    keep = torch.zeros(state["lm_head.weight"].shape[0], dtype=torch.bool)
+    keep[words] = True
+    state["lm_head.weight"][~keep] = 0
+    for name in state:
+        if name.endswith("self_attn.o_proj.weight"):
+            state[name] = state[name] * BUILD["attention_scale"]
+    save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return words
 
 
 def write_prompts(path: Path, n: int, seed: int) -> None:
@@ -121,6 +162,7 @@ def _build_target(work: Path, name: str, timings: dict[str, float], report: dict
     from tests.support.tiny_server import TinyModelServer
 
     target = make_model(work / f"target-{name}", "llama", layers=BUILD["layers"], hidden=BUILD["hidden"], seed=TARGET_SEEDS[name])
+    report[f"target {name} output tokens"] = len(shape_target(target))
     samples, cap, run = work / f"samples-{name}.jsonl", work / f"cap-{name}", work / f"run-{name}"
     server = TinyModelServer(target)
     server.start()
@@ -134,6 +176,7 @@ def _build_target(work: Path, name: str, timings: dict[str, float], report: dict
     _stage(TRAIN + capture + ["--capture-layers", BUILD["capture_layers"]], work / f"capture-{name}.log", timings, f"capture {name}")
     _stage(TRAIN + ["vocab", "--capture", str(cap), "--draft-vocab-size", str(BUILD["draft_vocab_size"])], work / f"vocab-{name}.log", timings, f"vocab {name}")
     train = ["train", "--capture", str(cap), "--target", str(target), "--out", str(run), "--device", "cpu", *BUILD["train_args"]]
+    train += ["--max-steps", str(BUILD["train_steps"][name])]
     report[f"train {name}"] = _stage(TRAIN + train, work / f"train-{name}.log", timings, f"train {name}")
     for engine in ("vllm", "sglang"):
         export = ["export", "--run", str(run), "--target", str(target), "--out", str(work / f"drafter-{name}-{engine}"), "--engine", engine]

