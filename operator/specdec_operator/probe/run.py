@@ -332,20 +332,8 @@ async def run_probe(
             engine=engine,
         )
         if output_check is not None and output_check.enabled and outcome.reason is not Reason.PROBE_FAILED:
-            model = next(iter(traffic.values())).model if traffic else "default"
-            comparison = await compare_outputs(
-                session,
-                base_url.rstrip("/"),
-                speculative_url.rstrip("/"),
-                traffic,
-                output_check,
-                request_timeout=request_timeout,
-                seed=seed,
-                engine=engine,
-                model=model,
-            )
-            result.output_match_rate, result.outputs_compared = comparison.match_rate, comparison.compared
-            outcome = judge_outputs(outcome, comparison, output_check.min_match_rate)
+            urls = (base_url.rstrip("/"), speculative_url.rstrip("/"))
+            outcome = await _check_outputs(session, urls, traffic, output_check, outcome, result, request_timeout, seed, engine)
     except ProbeRequestError as exc:
         outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}", transient=exc.transient)
     except asyncio.CancelledError:
@@ -367,6 +355,24 @@ async def run_probe(
         )
     result.finished_at = datetime.now(UTC)
     return result
+
+
+async def _check_outputs(
+    session: aiohttp.ClientSession,
+    urls: tuple[str, str],
+    traffic: Mapping[str, WorkloadTraffic],
+    check: OutputCheck,
+    outcome: Outcome,
+    result: ProbeResult,
+    request_timeout: float,
+    seed: int | None,
+    engine: Engine,
+) -> Outcome:
+    """The greedy completions of both servers compared (outputs.py), in the model name the preflight found."""
+    model = next(iter(traffic.values())).model if traffic else "default"
+    comparison = await compare_outputs(session, *urls, traffic, check, request_timeout=request_timeout, seed=seed, engine=engine, model=model)
+    result.output_match_rate, result.outputs_compared = comparison.match_rate, comparison.compared
+    return judge_outputs(outcome, comparison, check.min_match_rate)
 
 
 def _detail(results: list[WorkloadOutcome], min_speedup: float, combined: RatioInterval | None) -> str:
