@@ -186,11 +186,11 @@ def vllm_parsed():
     # What admission refuses in vllm.extraArgs does reach the managed flags in vLLM's parser.
     argvs["abbreviated"] = VLLM.render_argv(minimal, "base") + ["--max-num-seq", "4"]
     argvs["dotted"] = VLLM.render_argv(minimal, "speculative") + ["--speculative-config.num_speculative_tokens", "7"]
-    return dict(zip(argvs, parse_with_vllm(list(argvs.values())), strict=True)), argvs
+    return dict(zip(argvs, parse_with_vllm(list(argvs.values())), strict=True))
 
 
 def test_vllms_parser_reads_every_rendered_command_line_as_the_spec_says(vllm_parsed):
-    parsed, argvs = vllm_parsed
+    parsed = vllm_parsed
     assert not [name for name, p in parsed.items() if "error" in p], {n: p for n, p in parsed.items() if "error" in p}
     for name, raw in SPECS.items():
         spec = parse_spec(raw)
@@ -209,14 +209,14 @@ def test_vllms_parser_reads_every_rendered_command_line_as_the_spec_says(vllm_pa
 
 
 def test_vllms_schedule_lookup_drafts_below_the_break_even_and_never_from_it(vllm_parsed):
-    parsed, _ = vllm_parsed
+    parsed = vllm_parsed
     lookup = parsed["adaptive"]["schedule_lookup"]  # index = batch size (0 unused), up to max_num_seqs
     assert len(lookup) == 128 + 1
     assert lookup[1:12] == [3] * 11 and lookup[12:] == [0] * (128 - 11)
 
 
 def test_abbreviated_and_dotted_flags_reach_the_managed_ones_so_admission_refuses_them(vllm_parsed):
-    parsed, _ = vllm_parsed
+    parsed = vllm_parsed
     assert parsed["abbreviated"]["max_num_seqs"] == 4
     assert parsed["dotted"]["speculative_config"]["num_speculative_tokens"] == 7
     for raw in (["--max-num-seq", "4"], ["--speculative-config.num_speculative_tokens", "7"]):
