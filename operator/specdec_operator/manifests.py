@@ -41,6 +41,8 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_VARIANT = "specdec.io/variant"
 MANAGED_BY = "specdec-operator"
+# The pods' app.kubernetes.io/name, for every engine: it is part of the Deployments' selectors, which the API server
+# never lets change, so a resource moved from one engine to the other keeps its Deployments.
 APP_NAME = "sglang"
 
 # Pod template annotations the operator reads back from pods: which speculative revision a pod serves, and

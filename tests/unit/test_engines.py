@@ -222,3 +222,18 @@ def test_abbreviated_and_dotted_flags_reach_the_managed_ones_so_admission_refuse
     for raw in (["--max-num-seq", "4"], ["--speculative-config.num_speculative_tokens", "7"]):
         with pytest.raises(InputError, match="spec.vllm.extraArgs"):
             parse_spec({**VLLM_SPEC, "vllm": {"extraArgs": raw}}, check_rules=True)
+
+
+def test_the_clis_speak_the_spec_engine(tmp_path, capsys):
+    import yaml
+
+    from specdec_operator.cli import main as specdec_main
+
+    cr = {"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeServer", "metadata": {"name": "v"}, "spec": VLLM_SPEC}
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump(cr))
+    assert specdec_main(["sglang-args", "-f", str(tmp_path / "v.yaml"), "--variant", "speculative"]) == 0
+    assert json.loads(capsys.readouterr().out) == VLLM.render_argv(parse_spec(VLLM_SPEC), "speculative")
+    document = {"break_even": {"concurrency": 20.0, "low": 12.0, "high": 30.0, "summary": "20 [12, 30]"}}
+    (tmp_path / "probe.json").write_text(json.dumps(document))
+    assert specdec_main(["adaptive-config", "--probe-json", str(tmp_path / "probe.json"), "--num-steps", "3", "--engine", "vllm"]) == 0
+    assert json.loads(capsys.readouterr().out) == [[1, 11, 3], [12, 128, 0]]
