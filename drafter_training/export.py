@@ -133,6 +133,7 @@ def export_drafter(
         else:
             t = t.to(torch.bfloat16)
         tensors[name] = t.contiguous()
+    _drop_full_vocab_maps(tensors, cfg, engine, final_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(draft_config_json(cfg, target_cfg, engine), indent=2) + "\n")
@@ -161,6 +162,32 @@ def export_drafter(
     return provenance
 
 
+def full_vocab_without_maps(cfg: DraftConfig, engine: str) -> bool:
+    """vLLM 0.32 refuses d2t when the draft vocabulary is the target's whole one (its Eagle3LlamaForCausalLM builds
+    draft_id_to_target_id only for a smaller one; t2d it skips always): such an export carries neither map."""
+    return engine == "vllm" and cfg.draft_vocab_size == cfg.vocab_size
+
+
+def _drop_full_vocab_maps(tensors: dict[str, torch.Tensor], cfg: DraftConfig, engine: str, final_dir: Path) -> None:
+    if not full_vocab_without_maps(cfg, engine):
+        return
+    if bool(tensors["d2t"].any()):
+        raise InputError(
+            f"{final_dir}/draft.safetensors: the draft vocabulary is the whole vocabulary but d2t reorders it; vLLM reads the draft's "
+            "tokens as the target's own then (it takes no map for a full vocabulary): rebuild the vocabulary in target order, or "
+            "export --engine sglang"
+        )
+    del tensors["d2t"], tensors["t2d"]
+
+
+def _exported_engine(out_dir: Path) -> str:
+    """The engine an export was written for (its provenance; sglang when there is none)."""
+    try:
+        return str(json.loads((out_dir / PROVENANCE).read_text()).get("engine") or "sglang")
+    except (OSError, ValueError):
+        return "sglang"
+
+
 def check_export(out_dir: str | Path) -> None:
     """Reopen an export and check every name, shape and dtype the engines need (they would skip them silently)."""
     out_dir = Path(out_dir)
@@ -178,17 +205,22 @@ def check_export(out_dir: str | Path) -> None:
         target_hidden_size=cfg_json["target_hidden_size"],
         aux_layer_ids=cfg_json["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
     )
+    expected = expected_weight_shapes(cfg)
+    if full_vocab_without_maps(cfg, _exported_engine(out_dir)):
+        expected = {k: v for k, v in expected.items() if k not in ("d2t", "t2d")}
     with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
-        for name, shape in expected_weight_shapes(cfg).items():
+        for name, shape in expected.items():
             if name not in names:
                 raise InputError(f"{out_dir}/model.safetensors: {name} missing (the engine would skip it silently)")
             t = f.get_slice(name)
             if tuple(t.get_shape()) != shape:
                 raise InputError(f"{out_dir}/model.safetensors: {name} shape {tuple(t.get_shape())} != {shape}")
-        extra = names - set(expected_weight_shapes(cfg))
+        extra = names - set(expected)
         if extra:
             raise InputError(f"{out_dir}/model.safetensors: unexpected tensors {sorted(extra)[:5]}")
+        if "d2t" not in expected:
+            return
         d2t = f.get_tensor("d2t")
         if d2t.dtype != torch.int64:
             raise InputError(f"{out_dir}/model.safetensors: d2t must be int64, is {d2t.dtype}")

@@ -185,6 +185,26 @@ _MANAGED_FLAG_RE = (
     + ")(=.*)?$"
 )
 
+# Flags the operator owns on the vLLM command line (engines/vllm.py renders them). vLLM's parser also accepts
+# abbreviations, underscores for dashes, and a dotted key into a JSON flag (`--speculative-config.method eagle`
+# sets a key of --speculative-config), so each is refused with all three; -tp and -sc are the short forms.
+MANAGED_VLLM_FLAGS = (
+    "model",
+    "served-model-name",
+    "host",
+    "port",
+    "tensor-parallel-size",
+    "max-num-seqs",
+    "max-model-len",
+    "gpu-memory-utilization",
+    "speculative-config",
+    "disable-log-stats",
+)
+
+_MANAGED_VLLM_FLAG_RE = (
+    "^(-tp|-sc|--(" + "|".join(["speculative[-_][a-z0-9_.-]*"] + [_prefixes(f) for f in MANAGED_VLLM_FLAGS]) + "))([.][^=]*)?(=.*)?$"
+)
+
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -253,6 +273,45 @@ def _release_rules() -> list[tuple[str, str, str | None, str]]:
             "'sglangVersion ' + self.sglangVersion + ' disagrees with image ' + self.image + ' (SGLang ' + "
             + _tag_release_expression()
             + " + '): leave sglangVersion out (the release comes from the tag) or use an image of SGLang ' + self.sglangVersion",
+        ),
+    ]
+
+
+_VLLM = "has(self.engine) && self.engine == 'vLLM'"
+_SGLANG_DEFAULTS = (
+    "(!has(self.sglang.maxRunningRequests) || self.sglang.maxRunningRequests == 128) && !has(self.sglang.memFractionStatic) "
+    "&& (!has(self.sglang.extraArgs) || size(self.sglang.extraArgs) == 0) && (!has(self.sglang.env) || size(self.sglang.env) == 0)"
+)
+
+
+def _engine_rules() -> list[tuple[str, str, str | None]]:
+    """CEL rules tying the settings to spec.engine: one engine's settings are refused with the other (engines/)."""
+    return [
+        (
+            f"!({_VLLM}) || !has(self.sglangVersion)",
+            "sglangVersion is an SGLang setting: with engine vLLM remove it (the command line is rendered for vLLM 0.32)",
+            ".sglangVersion",
+        ),
+        (
+            f"!({_VLLM}) || !has(self.sglang) || ({_SGLANG_DEFAULTS})",
+            "sglang settings apply to engine SGLang only: with engine vLLM remove spec.sglang and use spec.vllm "
+            "(maxNumSeqs, gpuMemoryUtilization, extraArgs, env)",
+            ".sglang",
+        ),
+        (
+            f"!has(self.vllm) || ({_VLLM})",
+            "vllm settings apply to engine vLLM only: set engine: vLLM, or remove spec.vllm and use spec.sglang",
+            ".vllm",
+        ),
+        (
+            f"!({_VLLM}) || !has(self.resources) || !has(self.resources.nodes) || self.resources.nodes == 1",
+            "resources.nodes above 1 needs engine SGLang: the operator renders vLLM servers of one node only",
+            ".resources.nodes",
+        ),
+        (
+            f"!({_VLLM}) || !has(self.drafter.eagleTopk) || self.drafter.eagleTopk == 1",
+            "drafter.eagleTopk above 1 needs engine SGLang: the operator renders vLLM's speculation as a chain (eagleTopk 1)",
+            ".drafter.eagleTopk",
         ),
     ]
 
@@ -529,6 +588,15 @@ class Resources(_SpecModel):
     )
 
 
+def _check_env_names(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # The items' schema (required name, 1-256 characters) lives in json_schema_extra: enforce it here too.
+    for i, var in enumerate(value):
+        name = var.get("name")
+        if not isinstance(name, str) or not 1 <= len(name) <= 256:
+            raise ValueError(f"env[{i}].name must be a string of 1 to 256 characters")
+    return value
+
+
 class SGLangSettings(_SpecModel):
     max_running_requests: int = Field(
         128,
@@ -579,16 +647,72 @@ class SGLangSettings(_SpecModel):
         },
     )
 
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        # The items' schema (required name, 1-256 characters) lives in json_schema_extra: enforce it here too.
-        for i, var in enumerate(value):
-            name = var.get("name")
-            if not isinstance(name, str) or not 1 <= len(name) <= 256:
-                raise ValueError(f"env[{i}].name must be a string of 1 to 256 characters")
-        return value
+    _env_names = field_validator("env")(_check_env_names)
 
+
+class VLLMSettings(_SpecModel):
+    max_num_seqs: int = Field(
+        128,
+        alias="maxNumSeqs",
+        description="Always passed as --max-num-seqs: the most requests a vLLM server runs at once (a batch).",
+        ge=1,
+        le=16384,
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        alias="gpuMemoryUtilization",
+        description="--gpu-memory-utilization: fraction of GPU memory for weights, activations and KV cache (unset: vLLM's own, 0.9).",
+        gt=0,
+        le=1,
+    )
+    served_model_name: str | None = Field(
+        None,
+        alias="servedModelName",
+        description="--served-model-name: the model name clients send (unset: the name of target.path's directory).",
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.:/]*$",
+        max_length=256,
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        alias="extraArgs",
+        description="Additional vLLM flags appended to both servers. Flags the operator manages (--speculative-config and its keys, "
+        "--model, --served-model-name, --host, --port, --tensor-parallel-size, --max-num-seqs, --max-model-len, "
+        "--gpu-memory-utilization, --disable-log-stats) are refused.",
+        max_length=64,
+        json_schema_extra={
+            "items": {"type": "string", "maxLength": 1024},
+            **_cel(
+                (
+                    f"self.all(a, !a.matches('{_MANAGED_VLLM_FLAG_RE}'))",
+                    "vllm.extraArgs must not set flags the operator manages (--speculative-config and its keys, --model, "
+                    "--served-model-name, --host, --port, --tensor-parallel-size, --max-num-seqs, --max-model-len, "
+                    "--gpu-memory-utilization, --disable-log-stats): use the matching spec field",
+                    None,
+                )
+            ),
+        },
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Environment variables of both server containers (core/v1 EnvVar objects: name with value or valueFrom).",
+        max_length=128,
+        json_schema_extra={
+            "items": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "required": ["name"],
+                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Variable name."}},
+            }
+        },
+    )
+
+    _env_names = field_validator("env")(_check_env_names)
+
+
+
+# spec.engine: the server both variants run. Settings of one engine (spec.sglang, spec.sglangVersion; spec.vllm) are
+# refused with the other, and so is what only SGLang serves (multi-node servers, EAGLE trees).
+EngineName = Literal["SGLang", "vLLM"]
 
 # Where a workload's prompts come from. Default: the project's own prompt set shipped with the operator (code,
 # chat, math, summarisation, several languages). Random: random token ids of exactly inputTokens (synthetic
@@ -860,7 +984,8 @@ class Monitor(_SpecModel):
     accept_length_floor: float = Field(
         1.1,
         alias="acceptLengthFloor",
-        description="Roll back (AcceptanceDrift) when sglang:spec_accept_length stays below this for monitor.window consecutive scrapes.",
+        description="Roll back (AcceptanceDrift) when the acceptance length (SGLang's sglang:spec_accept_length; vLLM's 1 + accepted "
+        "over drafts between two scrapes) stays below this for monitor.window consecutive scrapes.",
         ge=1.0,
         le=64,
     )
@@ -1167,6 +1292,7 @@ class SpeculativeServerSpec(_SpecModel):
             ),
             *_legacy_rules(),
             *_release_rules(),
+            *_engine_rules(),
         )
     )
 
@@ -1207,7 +1333,14 @@ class SpeculativeServerSpec(_SpecModel):
         ge=60,
         le=7 * 24 * 3600,
     )
-    image: str = Field(description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23-cu130.", min_length=1, max_length=512)
+    engine: EngineName = Field(
+        "SGLang",
+        description="The engine both servers run: SGLang (spec.sglang, spec.sglangVersion) or vLLM (spec.vllm; one node per server, "
+        "EAGLE as a chain). Settings of the other engine are refused.",
+    )
+    image: str = Field(
+        description="The engine's container image, e.g. lmsysorg/sglang:v0.5.23-cu130 or vllm/vllm-openai:v0.32.0.", min_length=1, max_length=512
+    )
     # After parsing, the release the command line is rendered for: the one the image's tag names, else the one
     # given, else the operator's own (SGLANG_VERSION). Unset on the wire unless the user sets it.
     sglang_version: SGLangVersion | None = Field(
@@ -1231,10 +1364,12 @@ class SpeculativeServerSpec(_SpecModel):
 
     @field_validator("sglang_version")
     @classmethod
-    def _release_of_the_image(cls, value: str | None, info: ValidationInfo) -> str:
+    def _release_of_the_image(cls, value: str | None, info: ValidationInfo) -> str | None:
         image = info.data.get("image")
         if not isinstance(image, str):  # image itself is invalid: its own error is reported
             return value or SGLANG_VERSION
+        if info.data.get("engine") == "vLLM":  # an SGLang setting: refused when set (_engine_rules), never filled in
+            return value
         problem = release_disagreement(image, value)
         if problem:
             raise ValueError(problem)
@@ -1278,7 +1413,10 @@ class SpeculativeServerSpec(_SpecModel):
         alias="podMetadata",
         description="Deprecated: podTemplate.metadata (moved there when parsed; setting both is refused).",
     )
-    sglang: SGLangSettings = Field(default_factory=SGLangSettings, description="SGLang server settings shared by both servers.")
+    sglang: SGLangSettings = Field(
+        default_factory=SGLangSettings, description="SGLang server settings shared by both servers (engine SGLang only)."
+    )
+    vllm: VLLMSettings | None = Field(None, description="vLLM server settings shared by both servers (engine vLLM only; unset: the defaults).")
     rollout: Rollout = Field(default_factory=Rollout, description="How the speculative server is measured against the base before it serves.")
     monitor: Monitor = Field(default_factory=Monitor, description="How a promoted speculative server is watched after promotion.")
 
@@ -1408,6 +1546,13 @@ class MonitorStatus(_Model):
     below_floor_count: int = Field(0, alias="belowFloorCount", description="Consecutive scrapes below monitor.acceptLengthFloor.")
     pods: int | None = Field(None, description="Ready speculative pods scraped at the last scrape.")
     verify_calls: int | None = Field(None, alias="verifyCalls", description="Verify calls behind the last scrape's acceptance length (all pods).")
+    accept_rate_by_position: list[float] | None = Field(
+        None,
+        alias="acceptRateByPosition",
+        description="engine vLLM: accepted tokens per draft at each draft position (the first draft token first) between the last two "
+        "scrapes, the pods weighted by their drafts.",
+        max_length=64,
+    )
     sick_pods: list[SickPod] = Field(
         default_factory=list,
         alias="sickPods",

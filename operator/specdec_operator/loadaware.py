@@ -1,9 +1,11 @@
-"""Load-aware speculation: SGLang's adaptive mode configured from the measured speedup curve (pure).
+"""Load-aware speculation: the engine's per-batch-size drafting configured from the measured speedup curve (pure).
 
 SGLang 0.5.23 can choose the number of draft steps per batch size (``--speculative-adaptive`` with
-``--speculative-adaptive-config``: candidate steps per batch-size bucket, 0 = no drafting). Neither SGLang nor vLLM
-ships a table for it, because the right one depends on the hardware, the drafter and the traffic. Here it is
-derived from a probe's own measurements:
+``--speculative-adaptive-config``: candidate steps per batch-size bucket, 0 = no drafting); vLLM 0.32 the number of
+speculative tokens (``num_speculative_tokens_per_batch_size`` in ``--speculative-config``: inclusive batch-size
+ranges, 0 = no drafting). Neither ships a table for it, because the right one depends on the hardware, the
+drafter and the traffic. Here it is derived from a probe's own measurements, and the engine (engines/) writes it
+in its own format (``Engine.adaptive_document``):
 
 * ``adaptive_config(break_even, num_steps)``: the spec's numSteps below the first batch size where speculation may
   stop paying, 0 from there up. Each bucket has a single candidate, so SGLang's EMA never moves it: a bucket that
@@ -11,9 +13,9 @@ derived from a probe's own measurements:
   accepted (simulator/adaptive.py reproduces SGLang's rule; tests/unit/test_simulator_adaptive.py checks it against
   SGLang's own). The start of the no-draft range is the low end of the break-even interval when it is bounded:
   speculation is switched off wherever the measurements cannot rule out a loss.
-* ``adaptive_unsupported_reason(spec)``: why SGLang would not run adaptive for this spec, in SGLang's words. SGLang
-  does not refuse such a server: it logs a warning and serves with static steps, which is exactly the silent
-  fallback the operator must see before it spends a probe.
+* ``adaptive_unsupported_reason(spec)``: why the engine would not run adaptive for this spec, in its words. Neither
+  refuses such a server: each logs a warning and serves with static steps, which is exactly the silent fallback
+  the operator must see before it spends a probe.
 * ``never_slower(probe, min_speedup)``: the decision on the adaptive server's probe. It is promoted only when no
   workload is measurably slower than the base (every interval's high end at least 1) and at least one is
   measurably faster (its low end above ``min_speedup``); otherwise it rolls back with NoLoadWithSpeedup.
@@ -28,43 +30,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import BreakEvenStatus, Decision, LoadAwareStatus, ProbeMeasurement, Reason, SpeculativeServerSpec
+from .engines import engine_for
 from .probe.curve import BreakEven
-
-# Flags of sglang.extraArgs under which SGLang 0.5.23's adaptive_unsupported_reason says no
-# (sglang/srt/speculative/adaptive_spec_params.py in the installed wheel).
-_UNSUPPORTED_FLAGS = {
-    "--enable-dp-attention": "attention DP is not supported (adaptive tier decisions are not synchronized across DP ranks)",
-    "--enable-multi-layer-eagle": "enable_multi_layer_eagle=True is not supported (MultiLayerEagleWorkerV2 does not implement adaptive)",
-    "--enable-two-batch-overlap": "enable_two_batch_overlap=True is not supported (adaptive state swap would discard the TboAttnBackend wrapper)",
-    "--enable-pdmux": "enable_pdmux=True is not supported (adaptive state swap does not update decode_attn_backend_group)",
-}
 
 
 def adaptive_unsupported_reason(spec: SpeculativeServerSpec) -> str | None:
-    """SGLang's reason for not running adaptive speculation with this spec's server, or None when it can."""
-    drafter = spec.drafter
-    if drafter.algorithm not in ("EAGLE", "EAGLE3"):
-        return f"speculative_algorithm={drafter.algorithm} (only EAGLE/EAGLE3 are supported)"
-    if drafter.eagle_topk != 1:
-        return f"speculative_eagle_topk={drafter.eagle_topk} (only topk=1 is supported)"
-    for arg in spec.sglang.extra_args:
-        reason = _UNSUPPORTED_FLAGS.get(arg.split("=", 1)[0])
-        if reason is not None:
-            return reason
-    return None
+    """The engine's reason for not running adaptive speculation with this spec's server, or None when it can."""
+    return engine_for(spec).adaptive_unsupported_reason(spec)
 
 
 @dataclass(frozen=True)
 class AdaptivePlan:
     no_draft_from: int  # the smallest batch size served without drafting
-    config: dict[str, Any]  # SGLang's --speculative-adaptive-config document
+    config: Any  # the engine's document: SGLang's --speculative-adaptive-config, vLLM's num_speculative_tokens_per_batch_size
+    num_steps: int = 0  # the drafting steps below no_draft_from (spec.drafter.numSteps)
 
 
-def adaptive_config(break_even: BreakEven, num_steps: int) -> AdaptivePlan | None:
+def adaptive_config(break_even: BreakEven, num_steps: int, spec: SpeculativeServerSpec | None = None) -> AdaptivePlan | None:
     """The adaptive table for a curve that wins at low load and loses at high; None when there is no such range.
 
     The table needs a drafting bucket at batch size 1 (SGLang refuses to start unless numSteps is a candidate of
-    some bucket), so a break-even below 2 leaves nothing to speculate on.
+    some bucket; vLLM's ranges must start at 1), so a break-even below 2 leaves nothing to speculate on. The
+    document is the engine's of ``spec`` (SGLang's without one).
     """
     start = break_even.low if break_even.low is not None else break_even.concurrency
     if start is None or num_steps < 1:
@@ -72,8 +59,8 @@ def adaptive_config(break_even: BreakEven, num_steps: int) -> AdaptivePlan | Non
     no_draft_from = math.ceil(start)
     if no_draft_from < 2:
         return None
-    config = {"1": {"candidate_steps": [num_steps]}, str(no_draft_from): {"candidate_steps": [0]}}
-    return AdaptivePlan(no_draft_from, config)
+    config = engine_for(spec).adaptive_document(no_draft_from, num_steps, spec)
+    return AdaptivePlan(no_draft_from, config, num_steps)
 
 
 def never_slower(probe: ProbeMeasurement, min_speedup: float) -> tuple[Decision, Reason, str]:
@@ -108,6 +95,7 @@ class LoadAwareProbe:
 
     plan: AdaptivePlan
     plain: ProbeMeasurement  # the plain probe's decision and curve
+    engine: str = "SGLang"  # spec.engine: whose adaptive speculation the message names
 
     @property
     def config_json(self) -> str:
@@ -127,8 +115,8 @@ class LoadAwareProbe:
             summary=self.summary,
             reason=reason,
             message=message
-            or f"plain speculation stops paying at concurrency {break_even}: the speculative server runs SGLang's adaptive speculation "
-            f"with {self.plan.config['1']['candidate_steps'][0]} draft steps below batch size {self.plan.no_draft_from} and none from there up",
+            or f"plain speculation stops paying at concurrency {break_even}: the speculative server runs {self.engine}'s adaptive speculation "
+            f"with {self.plan.num_steps} draft steps below batch size {self.plan.no_draft_from} and none from there up",
             no_draft_from=self.plan.no_draft_from,
             config=self.config_json,
             plain_probe=ProbeMeasurement.model_validate(self.plain.model_dump(include=set(ProbeMeasurement.model_fields))),
@@ -156,17 +144,17 @@ def load_aware_probe_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -
     # the seed's public drafter (1.005x at one stream, 0.43x at 128) has nothing to win back.
     if not curve or found is None or (curve[0].speedup_low or 0.0) <= spec.rollout.min_speedup:
         return None  # no curve that falls through 1.0 from a win at low load
-    plan = adaptive_config(found, spec.drafter.num_steps)
+    plan = adaptive_config(found, spec.drafter.num_steps, spec)
     if plan is None:
         return None
     unsupported = adaptive_unsupported_reason(spec)
-    return unsupported if unsupported is not None else LoadAwareProbe(plan, plain)
+    return unsupported if unsupported is not None else LoadAwareProbe(plan, plain, spec.engine)
 
 
-def unsupported_note(reason: str) -> LoadAwareStatus:
+def unsupported_note(reason: str, engine: str = "SGLang") -> LoadAwareStatus:
     return LoadAwareStatus(
         summary=f"unsupported: {reason}",
         reason=Reason.LOAD_AWARE_UNSUPPORTED,
-        message=f"plain speculation wins at low load and loses at high, but SGLang's adaptive speculation does not run with this spec: {reason}; "
+        message=f"plain speculation wins at low load and loses at high, but {engine}'s adaptive speculation does not run with this spec: {reason}; "
         "the plain decision stands",
     )

@@ -27,6 +27,8 @@ from typing import Any
 
 from . import API_GROUP, API_VERSION, KIND
 from .api import PodMetadata, SpeculativeServerSpec, Variant, Workload
+from .engines import engine_for, engine_named, engine_names
+from .engines.sglang import ALLOW_LONGER_DRAFT_CONTEXT_ENV as ALLOW_LONGER_DRAFT_CONTEXT_ENV  # set by engines/sglang.py
 from .probe import reader
 from .probe.traffic import describe_source
 from .sglang import SERVER_PORT, draft_model_path, target_model_path
@@ -39,6 +41,8 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_VARIANT = "specdec.io/variant"
 MANAGED_BY = "specdec-operator"
+# The pods' app.kubernetes.io/name, for every engine: it is part of the Deployments' selectors, which the API server
+# never lets change, so a resource moved from one engine to the other keeps its Deployments.
 APP_NAME = "sglang"
 
 # Pod template annotations the operator reads back from pods: which speculative revision a pod serves, and
@@ -51,7 +55,9 @@ ANNOTATION_ADAPTIVE_CONFIG = "specdec.io/adaptive-config-hash"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_FAMILY_LABEL = "nvidia.com/gpu.family"
 
+# The server container is named after its engine (Engine.container_name); SGLang's name was the only one before.
 SERVER_CONTAINER = "sglang"
+SERVER_CONTAINERS = frozenset(engine_named(n).container_name for n in engine_names())
 VALIDATOR_CONTAINER = "validate-drafter"
 TERMINATION_LOG = "/dev/termination-log"
 PORT_NAME = "http"
@@ -194,6 +200,8 @@ def validator_container(spec: SpeculativeServerSpec, settings: ManifestSettings)
             "--algorithm",
             spec.drafter.algorithm,
             *(["--context-length", str(spec.target.context_length)] if spec.target.context_length else []),
+            # The engine reads the drafter's aux layer ids its own way (validator: DrafterExportedForOtherEngine).
+            *(["--engine", engine.cli_name] if (engine := engine_for(spec)).name != "SGLang" else []),
             "--json",
             "--termination-log",
             TERMINATION_LOG,
@@ -222,8 +230,14 @@ def _server_resources(spec: SpeculativeServerSpec) -> dict[str, Any]:
     return {"requests": dict(limits), "limits": limits}
 
 
-def server_container(spec: SpeculativeServerSpec, command: list[str], settings: ManifestSettings) -> dict[str, Any]:
-    """The SGLang container of one variant; ``command`` is the full command line from ``sglang.render_argv``."""
+def server_container(
+    spec: SpeculativeServerSpec, command: list[str], settings: ManifestSettings, variant: str | Variant = Variant.BASE
+) -> dict[str, Any]:
+    """The server container of one variant; ``command`` is the full command line from the engine's render_argv.
+
+    The environment: the operator's cache locations, then the user's (which win), then the engine's own for the
+    variant (engines/: SGLang's longer-draft-context switch) unless the user set that name."""
+    engine = engine_for(spec)
     env = [
         # Every cache SGLang, Triton, FlashInfer, torch and Hugging Face write goes under the cache emptyDir.
         {"name": "HOME", "value": CACHE_DIR},
@@ -232,12 +246,13 @@ def server_container(spec: SpeculativeServerSpec, command: list[str], settings: 
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
     ]
-    user_env = [copy.deepcopy(e) for e in spec.sglang.env]
+    user_env = [copy.deepcopy(e) for e in engine.user_env(spec)]
     user_names = {e.get("name") for e in user_env}
     env = [e for e in env if e["name"] not in user_names] + user_env
+    env += [e for e in engine.container_env(spec, variant) if e["name"] not in user_names]
     failure_threshold = max(1, -(-settings.startup_allowance_s // STARTUP_PERIOD_S))
     return {
-        "name": SERVER_CONTAINER,
+        "name": engine.container_name,
         "image": spec.image,
         "command": list(command),
         "ports": [{"name": PORT_NAME, "containerPort": settings.port, "protocol": "TCP"}],
@@ -252,19 +267,19 @@ def server_container(spec: SpeculativeServerSpec, command: list[str], settings: 
             *copy.deepcopy(spec.pod_template.volume_mounts or []),
         ],
         "startupProbe": {
-            "httpGet": {"path": "/health", "port": PORT_NAME},
+            "httpGet": {"path": engine.health.startup, "port": PORT_NAME},
             "periodSeconds": STARTUP_PERIOD_S,
             "timeoutSeconds": 5,
             "failureThreshold": failure_threshold,
         },
         "readinessProbe": {
-            "httpGet": {"path": "/health_generate", "port": PORT_NAME},
+            "httpGet": {"path": engine.health.readiness, "port": PORT_NAME},
             "periodSeconds": 10,
             "timeoutSeconds": 25,
             "failureThreshold": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/health", "port": PORT_NAME},
+            "httpGet": {"path": engine.health.liveness, "port": PORT_NAME},
             "periodSeconds": 30,
             "timeoutSeconds": 10,
             "failureThreshold": 5,
@@ -272,18 +287,6 @@ def server_container(spec: SpeculativeServerSpec, command: list[str], settings: 
         "securityContext": _over(_container_security(), spec.pod_template.container_security_context),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-
-
-# SGLang 0.5.23 gives the draft model the target's context length and refuses to start when the drafter's own
-# max_position_embeddings is shorter (public EAGLE-3 drafters often say 2048) unless this variable is set. The
-# validator reports the gap as ContextLengthExceedsDrafter and the probe measures what it costs; a server that
-# cannot start would only crash-loop on 8 GPUs.
-ALLOW_LONGER_DRAFT_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
-
-
-def _allow_longer_draft_context(container: dict[str, Any]) -> None:
-    if not any(e.get("name") == ALLOW_LONGER_DRAFT_CONTEXT_ENV for e in container["env"]):
-        container["env"].append({"name": ALLOW_LONGER_DRAFT_CONTEXT_ENV, "value": "1"})
 
 
 def pod_template(
@@ -326,7 +329,7 @@ def pod_template(
             {"name": CACHE_VOLUME, "emptyDir": {}},
             *copy.deepcopy(user.volumes or []),
         ],
-        "containers": [server_container(spec, command, settings)],
+        "containers": [server_container(spec, command, settings, variant)],
     }
     # Only what the user set is rendered: a spec without these fields keeps its template hash (no restart on upgrade).
     for key, value in (
@@ -346,8 +349,6 @@ def pod_template(
         init = validator_container(spec, settings)
         if init:
             pod_spec["initContainers"] = [init]
-        if spec.drafter.algorithm != "NEXTN":
-            _allow_longer_draft_context(pod_spec["containers"][0])
         if adaptive_config_hash is not None:
             annotations[ANNOTATION_ADAPTIVE_CONFIG] = adaptive_config_hash
             pod_spec["volumes"].append({"name": ADAPTIVE_VOLUME, "configMap": {"name": adaptive_config_map_name(name)}})

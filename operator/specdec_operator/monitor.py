@@ -3,8 +3,12 @@
 After a promotion the operator scrapes the speculative server's ``/metrics`` every ``monitor.interval``
 seconds and feeds each scrape to :func:`observe`. The rule, with its hysteresis:
 
-* A scrape whose ``sglang:spec_accept_length`` is **below** ``monitor.acceptLengthFloor`` adds one to a
-  counter of consecutive low scrapes; a scrape **at or above** the floor resets the counter to 0.
+* A scrape whose acceptance length is **below** ``monitor.acceptLengthFloor`` adds one to a counter of
+  consecutive low scrapes; a scrape **at or above** the floor resets the counter to 0. The acceptance length is
+  the engine's (engines/): SGLang's gauge ``sglang:spec_accept_length``; for vLLM, which exports counters only,
+  ``1 + delta(accepted tokens) / delta(drafts)`` between the pod's previous scrape and this one
+  (:func:`window_acceptance`, with the acceptance rate of each draft position the same way). A vLLM pod's first
+  scrape is its baseline and no evidence: a lifetime ratio would hide a drift behind the hours before it.
 * A scrape that carries no evidence leaves the counter unchanged: the scrape failed, the gauge is missing,
   the value is below 1.0 (impossible for a server that decoded anything: the bonus token alone makes 1.0),
   or no verify step ran since the previous scrape, so the gauge is a stale value: the server was idle, or it
@@ -34,11 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import MonitorStatus, SickPod
-
-ACCEPT_LENGTH_METRIC = "sglang:spec_accept_length"
-THROUGHPUT_METRIC = "sglang:gen_throughput"
-VERIFY_CALLS_METRIC = "sglang:spec_verify_calls_total"
-GENERATED_TOKENS_METRIC = "sglang:generation_tokens_total"
+from .engines import Engine, Window, counter_window, engine_named
+from .engines.sglang import ACCEPT_LENGTH_METRIC as ACCEPT_LENGTH_METRIC
+from .engines.sglang import GENERATED_TOKENS_METRIC as GENERATED_TOKENS_METRIC
+from .engines.sglang import THROUGHPUT_METRIC as THROUGHPUT_METRIC
+from .engines.sglang import VERIFY_CALLS_METRIC as VERIFY_CALLS_METRIC
 
 # The sick-pod rule (sick_pods): below half its peers' accepted draft tokens per verify step, with enough verify
 # steps behind both numbers for them to mean something.
@@ -54,31 +58,41 @@ class Sample:
     time: str
     accept_length: float | None = None
     throughput: float | None = None
-    # Counters, to tell an idle server (stale gauge) from a working one.
+    # Counters, to tell an idle server (stale gauge) from a working one (vLLM: verify_calls are its drafts).
     verify_calls: float | None = None
     generated_tokens: float | None = None
     error: str | None = None
+    # vLLM's counters, from which acceptance is computed between two scrapes (window_acceptance).
+    accepted_tokens: float | None = None
+    accepted_per_position: tuple[float, ...] | None = None
+
+    @property
+    def counts_acceptance(self) -> bool:
+        """Acceptance comes from counters (vLLM) rather than a gauge (SGLang)."""
+        return self.accept_length is None and self.accepted_tokens is not None and self.verify_calls is not None
 
 
-def sample_from_metrics(metrics: dict[str, Any], time: str) -> Sample:
-    """Build a Sample from a scrape: a mapping of metric name -> value (labels already aggregated)."""
-
-    def number(key: str) -> float | None:
-        value = metrics.get(key)
-        if value is None and key.endswith("_total"):
-            value = metrics.get(key[: -len("_total")])
-        try:
-            return None if value is None else float(value)
-        except (TypeError, ValueError):
-            return None
-
+def sample_from_metrics(metrics: Mapping[str, Any], time: str, engine: Engine | None = None) -> Sample:
+    """Build a Sample from a scrape: a mapping of metric name -> value, parsed for ``engine`` (default SGLang)."""
+    found = (engine or engine_named("SGLang")).read_metrics(metrics)
     return Sample(
         time=time,
-        accept_length=number(ACCEPT_LENGTH_METRIC),
-        throughput=number(THROUGHPUT_METRIC),
-        verify_calls=number(VERIFY_CALLS_METRIC),
-        generated_tokens=number(GENERATED_TOKENS_METRIC),
+        accept_length=found.accept_length,
+        throughput=found.throughput,
+        verify_calls=found.verify_calls,
+        generated_tokens=found.generated_tokens,
+        accepted_tokens=found.accepted_tokens,
+        accepted_per_position=found.accepted_per_position,
     )
+
+
+def window_acceptance(previous: Sample | None, sample: Sample) -> Window | None:
+    """Acceptance from counter deltas since ``previous`` (vLLM; engines.counter_window); None without a window: no
+    earlier successful scrape with the counters, no draft since (idle, or serving without drafting), or a counter
+    that went back (the container restarted: this scrape is the new baseline)."""
+    if previous is None or previous.error or sample.error:
+        return None
+    return counter_window(previous, sample)
 
 
 @dataclass(frozen=True)
@@ -107,14 +121,30 @@ def _no_new_verify_steps(previous: Sample | None, sample: Sample) -> bool:
 
 
 def _is_evidence(sample: Sample, previous: Sample | None) -> bool:
+    if sample.counts_acceptance:
+        return not sample.error and window_acceptance(previous, sample) is not None
     value = sample.accept_length
     return not sample.error and value is not None and value >= 1.0 and not _no_new_verify_steps(previous, sample)
 
 
+def accept_length(sample: Sample, previous: Sample | None) -> float | None:
+    """The scrape's acceptance length (the gauge, or over the window since ``previous``), None when it is no evidence."""
+    if not _is_evidence(sample, previous):
+        return None
+    if sample.counts_acceptance:
+        found = window_acceptance(previous, sample)
+        return found.accept_length if found is not None else None
+    return sample.accept_length
+
+
 def observe(monitor: MonitorStatus | None, sample: Sample, *, floor: float, window: int, previous: Sample | None = None) -> Verdict:
     """Apply one scrape to the monitor status (see the module docstring for the rule)."""
-    value = sample.accept_length if _is_evidence(sample, previous) else None
-    return _count(monitor, value, sample.time, floor=floor, window=window)
+    value = accept_length(sample, previous)
+    verdict = _count(monitor, value, sample.time, floor=floor, window=window)
+    found = window_acceptance(previous, sample) if value is not None else None
+    if found is not None and found.position_rates is not None:
+        verdict.status.accept_rate_by_position = list(found.position_rates)
+    return verdict
 
 
 def _count(monitor: MonitorStatus | None, value: float | None, time: str, *, floor: float, window: int) -> Verdict:
@@ -141,6 +171,7 @@ class PodEvidence:
     # Verify calls since the pod's previous scrape (its first scrape: since it started). None: the server has no
     # verify-call counter, so the pod counts once and is never judged sick.
     verify_calls: float | None
+    position_rates: tuple[float, ...] | None = None  # vLLM: acceptance per draft position in the window
 
     @property
     def weight(self) -> float:
@@ -151,6 +182,9 @@ def pod_evidence(name: str, sample: Sample, previous: Sample | None) -> PodEvide
     """The pod's evidence in this scrape, or None (failed, no gauge, gauge below 1.0, no new verify step)."""
     if not _is_evidence(sample, previous):
         return None
+    found = window_acceptance(previous, sample) if sample.counts_acceptance else None
+    if found is not None:
+        return PodEvidence(name, found.accept_length, found.drafts, found.position_rates)
     assert sample.accept_length is not None
     calls = sample.verify_calls
     if calls is not None and previous is not None and not previous.error and previous.verify_calls is not None:
@@ -168,6 +202,16 @@ def fleet_accept_length(evidence: list[PodEvidence]) -> float | None:
     if len(evidence) == 1:  # exactly the pod's value (a one-server fleet is judged as one server)
         return evidence[0].accept_length
     return sum(e.accept_length * e.weight for e in evidence) / total
+
+
+def fleet_position_rates(evidence: list[PodEvidence]) -> list[float] | None:
+    """The fleet's acceptance rate per draft position: the pods' rates weighted by their drafts (vLLM only)."""
+    counted = [e for e in evidence if e.position_rates is not None]
+    total = sum(e.weight for e in counted)
+    if not counted or total <= 0:
+        return None
+    width = max(len(e.position_rates or ()) for e in counted)
+    return [round(sum((e.position_rates or ())[i] * e.weight for e in counted if i < len(e.position_rates or ())) / total, 4) for i in range(width)]
 
 
 def weighted_median(values: list[tuple[float, float]]) -> float:
@@ -242,6 +286,7 @@ def observe_fleet(
             "pods": len(samples),
             "verify_calls": round(sum(e.verify_calls or 0 for e in evidence)),
             "sick_pods": sick,
+            "accept_rate_by_position": fleet_position_rates(evidence),
         }
     )
     return FleetVerdict(status=status, evidence=verdict.evidence, drifted=verdict.drifted)

@@ -83,5 +83,9 @@ def speculative_revision(spec: SpeculativeServerSpec) -> str:
     resources: dict[str, Any] = data.get("resources") or {}
     if resources.get("nodes") == 1:
         relevant["resources"] = {k: v for k, v in resources.items() if k != "nodes"}
+    # spec.engine came later too: SGLang specs keep their revision; a vLLM server is a different server.
+    if data.get("engine", "SGLang") != "SGLang":
+        relevant["engine"] = data["engine"]
+        relevant["vllm"] = data.get("vllm")
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -186,3 +186,55 @@ def test_export_cli_takes_the_engine_and_refuses_an_unknown_one(trained_run):
     assert json.loads(proc.stdout)["engine"] == "vllm"
     proc = subprocess.run([*cli, "--out", str(root / "cli2"), "--engine", "tgi"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 2 and "--engine: invalid choice: 'tgi'" in proc.stderr
+
+
+def full_vocabulary_run(root: Path, name: str, order: str = "identity") -> Path:
+    """The trained run's final/ with its draft vocabulary widened to the target's whole one (what `specdec-train vocab
+    --draft-vocab-size <vocab>` makes): lm_head over every token, d2t all zero offsets (or a reordering), t2d all set."""
+    src, out = root / "run" / "final", root / name / "final"
+    out.mkdir(parents=True)
+    cfg = json.loads((src / "draft_config.json").read_text())
+    vocab = cfg["vocab_size"]
+    cfg["draft_vocab_size"] = vocab
+    (out / "draft_config.json").write_text(json.dumps(cfg))
+    (out / "train_summary.json").write_text((src / "train_summary.json").read_text())
+    state = load_file(str(src / "draft.safetensors"))
+    state["lm_head.weight"] = torch.randn(vocab, state["lm_head.weight"].shape[1])
+    state["d2t"] = torch.zeros(vocab, dtype=torch.int64)
+    if order == "swapped":  # draft tokens 0 and 1 are target tokens 1 and 0
+        state["d2t"][0], state["d2t"][1] = 1, -1
+    state["t2d"] = torch.ones(vocab, dtype=torch.bool)
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "draft.safetensors"))
+    return out
+
+
+def test_a_full_draft_vocabulary_is_exported_for_vllm_without_its_token_maps(trained_run):
+    # vLLM 0.32 builds draft_id_to_target_id only for a smaller draft vocabulary and refuses d2t otherwise
+    # (docs/vllm-cpu.md: both servers died at weight loading); SGLang loads it.
+    root, target = trained_run
+    final = full_vocabulary_run(root, "full")
+    export_drafter(final, target, root / "full-v", engine="vllm")
+    export_drafter(final, target, root / "full-s", engine="sglang")
+    assert not {"d2t", "t2d"} & load_file(str(root / "full-v" / "model.safetensors")).keys()
+    assert {"d2t", "t2d"} <= load_file(str(root / "full-s" / "model.safetensors")).keys()
+
+    rc, report = validate_cli(target, root / "full-v", "--engine", "vllm")
+    assert rc == 0 and errors(report) == {}, report["findings"]
+    rc, report = validate_cli(target, root / "full-s", "--engine", "sglang")
+    assert rc == 0 and errors(report) == {}, report["findings"]
+    # The SGLang export served by vLLM: the token map vLLM would refuse, besides the layer ids one apart.
+    rc, report = validate_cli(target, root / "full-s", "--engine", "vllm")
+    message = errors(report)["TokenMapWithFullVocabulary"]
+    assert rc == 1 and "specdec-train export --engine vllm" in message and "\n" not in message
+    assert "DrafterExportedForOtherEngine" in errors(report)
+
+
+def test_a_reordered_full_vocabulary_is_refused_for_vllm_in_one_line(trained_run):
+    root, target = trained_run
+    final = full_vocabulary_run(root, "swapped", order="swapped")
+    with pytest.raises(InputError, match="d2t reorders it") as err:
+        export_drafter(final, target, root / "swapped-v", engine="vllm")
+    assert "\n" not in str(err.value)
+    export_drafter(final, target, root / "swapped-s", engine="sglang")  # SGLang takes the map

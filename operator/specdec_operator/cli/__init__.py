@@ -16,7 +16,7 @@ from ..errors import InputError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("specdec_operator.controller.runner", "run the operator (wraps kopf's runner)"),
     "validate": ("specdec_operator.validator.cli", "check a drafter against its target from metadata only"),
-    "sglang-args": ("specdec_operator.cli.sglang_args", "print the SGLang command line of a SpeculativeServer variant"),
+    "sglang-args": ("specdec_operator.cli.sglang_args", "print the server command line (SGLang's or vLLM's) of a SpeculativeServer variant"),
     "crd": ("specdec_operator.cli.crd", "print the CustomResourceDefinition generated from the API models"),
     "probe": ("specdec_operator.probe.cli", "measure a speculative server against its base and decide"),
     "dataset-serve": ("specdec_operator.probe.reader", "read a prompt dataset file and serve it normalised (the File source's reader pod)"),

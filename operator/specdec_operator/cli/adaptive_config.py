@@ -1,4 +1,5 @@
-"""`specdec adaptive-config`: SGLang's adaptive speculation table for a measured speedup curve (loadaware.adaptive_config)."""
+"""`specdec adaptive-config`: the engine's adaptive speculation table for a measured speedup curve (loadaware.adaptive_config,
+Engine.adaptive_document): SGLang's --speculative-adaptive-config, or vLLM's num_speculative_tokens_per_batch_size."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from typing import Any
 
 from ..cliparse import ArgumentParser
+from ..engines import engine_named
 from ..errors import InputError
 from ..loadaware import adaptive_config
 from ..probe.curve import BreakEven
@@ -32,6 +34,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--probe-json", required=True, metavar="FILE", help="the output of `specdec probe --json`")
     parser.add_argument("--num-steps", required=True, type=int, help="draft steps where speculation pays (the spec's drafter.numSteps)")
+    parser.add_argument(
+        "--engine",
+        default="sglang",
+        choices=["sglang", "vllm"],
+        help="whose table (default sglang); vllm prints num_speculative_tokens_per_batch_size for its default max_num_seqs (128)",
+    )
     args = parser.parse_args(argv)
     try:
         with open(args.probe_json, encoding="utf-8") as fh:
@@ -47,5 +55,5 @@ def main(argv: list[str]) -> int:
     if plan is None:
         print(f"specdec adaptive-config: no load range to speculate on: break-even {found.summary}", file=sys.stderr)
         return 1
-    print(json.dumps(plan.config, indent=2))
+    print(json.dumps(engine_named(args.engine).adaptive_document(plan.no_draft_from, args.num_steps), indent=2))
     return 0

@@ -1,4 +1,4 @@
-"""The probe scheduler: the only code of the operator that talks to SGLang.
+"""The probe scheduler: the only code of the operator that talks to the servers (SGLang or vLLM, through engines/).
 
 It runs each resource's probe as an asyncio task beside the reconcile loop (at most ``max_concurrent_probes``
 measuring at once, since the client must not set the pace of what it measures), keeps the finished result until
@@ -18,6 +18,7 @@ import aiohttp
 
 from .. import manifests as m
 from ..api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeServerSpec, Variant, Workload
+from ..engines import Engine, engine_for
 from ..errors import InputError
 from ..monitor import Sample, sample_from_metrics
 from ..probe import ProbeRequestError, run_probe, scrape_metrics
@@ -193,6 +194,7 @@ class ProbeScheduler:
                         on_round=on_round,
                         datasets=datasets,
                         output_check=rollout.output_check,
+                        engine=engine_for(spec),
                     )
                 except asyncio.CancelledError:
                     raise
@@ -241,11 +243,13 @@ class ProbeScheduler:
         namespace, name = key
         return self.config.endpoints.pod_url(namespace, pod, pod_ip, m.child_name(name, Variant.SPECULATIVE.value))
 
-    async def scrape(self, key: Key, pods: Mapping[str, str | None]) -> dict[str, Sample]:
+    async def scrape(self, key: Key, pods: Mapping[str, str | None], engine: Engine | None = None) -> dict[str, Sample]:
         """One scrape of each speculative pod's /metrics (pod name -> pod IP), reduced to what the drift rule reads.
 
         Concurrent, and bounded over all resources by ``max_concurrent_scrapes``: a slow pod holds one slot for at
-        most ``scrape_timeout`` seconds and delays no other pod's scrape beyond that."""
+        most ``scrape_timeout`` seconds and delays no other pod's scrape beyond that. ``engine``: the servers' engine
+        (its metrics; default SGLang)."""
+        engine = engine or engine_for(None)
         if self._scrape_slots is None:
             self._scrape_slots = asyncio.Semaphore(self.config.max_concurrent_scrapes)
         session = await self.session()
@@ -257,10 +261,10 @@ class ProbeScheduler:
                 if url is None:
                     return Sample(time=now, error="the pod has no IP yet")
                 try:
-                    metrics = await scrape_metrics(session, url, timeout=self.config.scrape_timeout)
+                    metrics = await scrape_metrics(session, url, timeout=self.config.scrape_timeout, engine=engine)
                 except ProbeRequestError as exc:
                     return Sample(time=now, error=str(exc))
-                return sample_from_metrics(metrics, now)
+                return sample_from_metrics(metrics, now, engine)
 
         names = sorted(pods)
         samples = await asyncio.gather(*(one(pod, self.pod_url(key, pod, pods[pod])) for pod in names))

@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import manifests as m
 from ..api import SpeculativeServerSpec, Variant
+from ..engines import engine_for
 from ..errors import InputError
 from ..monitor import Sample
 from ..reconcile import Observed, Plan, read_status, reconcile, stuck
@@ -133,7 +134,7 @@ class Runtime:
         state = self.resources.get(key)
         if state is None or not state.monitor_due:
             return None
-        return await self.probes.scrape(key, monitored_pods(pods))
+        return await self.probes.scrape(key, monitored_pods(pods), engine_for(state.spec))
 
     async def close(self) -> None:
         await self.probes.close()

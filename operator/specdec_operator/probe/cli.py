@@ -9,6 +9,7 @@ import sys
 
 from ..api import OutputCheck, Prompts
 from ..cliparse import ArgumentParser
+from ..engines import engine_named
 from ..errors import InputError
 from .client import parse_workload
 from .datasets import load_dataset_file
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompts whose greedy completions are compared between the servers afterwards (default 8; 0: no check)",
     )
     p.add_argument("--min-match-rate", type=float, default=0.9, help="rollback OutputMismatch below this match rate (default 0.9)")
+    p.add_argument(
+        "--engine",
+        default="sglang",
+        choices=["sglang", "vllm"],
+        help="the servers' engine (default sglang): vllm speaks its OpenAI API and reads acceptance from its counters",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
@@ -168,6 +175,7 @@ def main(argv: list[str]) -> int:
             on_round=progress,
             datasets=datasets,
             output_check=check,
+            engine=engine_named(args.engine),
         )
     )
     if args.json:

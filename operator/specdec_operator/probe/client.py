@@ -147,7 +147,8 @@ async def _one_request(
     m: Measurement,
     exact: bool = True,
 ) -> None:
-    chat = url.endswith("/v1/chat/completions")
+    # OpenAI streams (chat and completions, SGLang's and vLLM's): choices and usage; SGLang's /generate: meta_info.
+    chat = url.endswith(("/v1/chat/completions", "/v1/completions"))
     start = time.perf_counter()
     last_t = start
     last_tokens = 0

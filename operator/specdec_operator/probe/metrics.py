@@ -1,4 +1,4 @@
-"""Read SGLang's Prometheus metrics (``/metrics``, served with ``--enable-metrics``)."""
+"""Read a server's Prometheus metrics (``/metrics``: SGLang's with ``--enable-metrics``, vLLM's always)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ from collections import defaultdict
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..engines import Engine, engine_for
 from .client import ProbeRequestError, transient_status
 
 
-def parse_sglang_metrics(text: str, prefix: str = "sglang:", only: frozenset[str] | None = None) -> dict[str, float]:
-    """Sample name -> value, averaged over label sets (one per TP rank, or per model/priority).
+def parse_sglang_metrics(
+    text: str, prefix: str = "sglang:", only: frozenset[str] | None = None, *, keep_labels: tuple[str, ...] = (), reduce: str = "mean"
+) -> dict[str, float]:
+    """Sample name -> value, combined over label sets (one per TP rank, or per model/priority, or per engine core).
 
     Every TP rank's scheduler reports the same gauges (``sglang:spec_accept_length``, ``num_running_reqs``,
-    ...) under its own ``tp_rank`` label; the mean is the server's value. Histogram buckets are skipped
-    (``_sum`` and ``_count`` are kept). Raises ValueError on text that is not Prometheus exposition.
+    ...) under its own ``tp_rank`` label; the mean is the server's value (``reduce="mean"``). vLLM counts per
+    engine core; their sum is the server's (``reduce="sum"``). ``keep_labels``: labels kept apart, the key then
+    ``name{label="value"}`` (vLLM's per-position counter). Histogram buckets are skipped (``_sum`` and ``_count``
+    are kept). Raises ValueError on text that is not Prometheus exposition.
     ``only``: parse just these sample names (the other lines are dropped unparsed; a caller after one gauge
     does not pay for the whole exposition).
     """
@@ -33,15 +38,29 @@ def parse_sglang_metrics(text: str, prefix: str = "sglang:", only: frozenset[str
                 continue
             if sample.name.endswith("_created"):
                 continue
-            sums[sample.name] += float(sample.value)
-            counts[sample.name] += 1
+            kept = ",".join(f'{label}="{sample.labels[label]}"' for label in keep_labels if label in sample.labels)
+            key = f"{sample.name}{{{kept}}}" if kept else sample.name
+            sums[key] += float(sample.value)
+            counts[key] += 1
+    if reduce == "sum":
+        return dict(sums)
     return {name: sums[name] / counts[name] for name in sums}
 
 
+def parse_engine_metrics(text: str, engine: Engine, only: frozenset[str] | None = None) -> dict[str, float]:
+    """A scrape parsed the way ``engine`` reports (its prefix, the labels it keeps apart, mean or sum over the rest)."""
+    return parse_sglang_metrics(text, engine.metric_prefix, only, keep_labels=engine.metric_labels, reduce=engine.metric_reduce)
+
+
 async def scrape_metrics(
-    session: aiohttp.ClientSession | None, base_url: str, *, timeout: float = 10.0, only: frozenset[str] | None = None
+    session: aiohttp.ClientSession | None,
+    base_url: str,
+    *,
+    timeout: float = 10.0,
+    only: frozenset[str] | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, float]:
-    """GET ``{base_url}/metrics`` and parse it with :func:`parse_sglang_metrics`.
+    """GET ``{base_url}/metrics`` and parse it as ``engine`` reports (:func:`parse_engine_metrics`; default SGLang).
 
     ``session`` may be None (a short-lived one is opened). Raises ProbeRequestError when the endpoint is
     unreachable, answers non-200 (e.g. SGLang started without ``--enable-metrics``) or is not Prometheus text.
@@ -67,6 +86,6 @@ async def scrape_metrics(
     else:
         text = await fetch(session)
     try:
-        return parse_sglang_metrics(text, only=only)
+        return parse_engine_metrics(text, engine or engine_for(None), only)
     except ValueError as exc:
         raise ProbeRequestError(f"{url}: not Prometheus text ({exc})") from None

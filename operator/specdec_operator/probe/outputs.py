@@ -3,9 +3,10 @@
 Speculative decoding is lossless by construction: with temperature 0 the verify step keeps exactly the tokens the
 target would have produced. A server whose answers change anyway has a bug (a drafter wired to the wrong target
 layer or vocabulary mapping, a broken verify kernel, a structured-output interaction), and the speedup it shows
-is not worth having. After the rounds, the probe sends a sample of its own prompts to each server, one at a time,
-through ``/generate`` (text, or the random ids of a synthetic workload; temperature 0, ``ignore_eos``,
-``rollout.outputCheck.maxTokens`` tokens) and compares the ``output_ids`` token by token.
+is not worth having. After the rounds, the probe sends a sample of its own prompts to each server, one at a time
+(text, or the random ids of a synthetic workload; temperature 0, ``ignore_eos``, ``rollout.outputCheck.maxTokens``
+tokens) and compares the completions' token ids token by token: SGLang's ``/generate`` and its ``output_ids``, vLLM's
+``/v1/completions`` with ``return_token_ids`` and its ``choices[0].token_ids`` (engines/).
 
 A prompt's match is the share of the base's tokens before the first difference (1.0: identical; a completion that
 differs at its first token: 0.0). Greedy decoding follows its own earlier tokens, so everything after the first
@@ -21,11 +22,11 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 
 from ..api import Decision, OutputCheck, Reason
+from ..engines import Engine, engine_for
 from .client import ProbeRequestError, _loads, transient_status
 from .decide import Outcome
 from .traffic import WorkloadTraffic, _dumps
@@ -63,30 +64,32 @@ def prefix_match(base: list[int], speculative: list[int]) -> tuple[float, int | 
     return (n / len(base) if base else 0.0), n
 
 
-def sample_bodies(traffic: Mapping[str, WorkloadTraffic], check: OutputCheck, seed: int | None) -> list[bytes]:
-    """``check.prompts`` /generate bodies, taken in turn from the workloads (their prompts, or random ids)."""
+def sample_bodies(
+    traffic: Mapping[str, WorkloadTraffic], check: OutputCheck, seed: int | None, *, engine: Engine | None = None, model: str = "default"
+) -> list[tuple[str, bytes]]:
+    """``check.prompts`` (path, body) requests of the engine, taken in turn from the workloads (their prompts, or random ids)."""
+    engine = engine or engine_for(None)
     rng = random.Random(seed)
-    params = {"max_new_tokens": check.max_tokens, "temperature": 0.0, "ignore_eos": True}
     sources = list(traffic.values())
     orders = {id(t): rng.sample(range(len(t.prompts)), len(t.prompts)) if t.prompts else [] for t in sources}
-    bodies: list[bytes] = []
+    requests: list[tuple[str, bytes]] = []
     i = 0
-    while len(bodies) < check.prompts and sources:
+    while len(requests) < check.prompts and sources:
         t = sources[i % len(sources)]
         order = orders[id(t)]
-        body: dict[str, Any]
         if t.prompts is None:
-            body = {"input_ids": [rng.randrange(1000, 30000) for _ in range(t.workload.input_tokens)], "sampling_params": params}
+            ids = [rng.randrange(1000, 30000) for _ in range(t.workload.input_tokens)]
+            request = engine.output_request(text=None, ids=ids, max_tokens=check.max_tokens, model=model)
         else:
             if not order:
                 order.extend(rng.sample(range(len(t.prompts)), len(t.prompts)))
-            body = {"text": t.prompts[order.pop()].text, "sampling_params": params}
-        bodies.append(_dumps(body))
+            request = engine.output_request(text=t.prompts[order.pop()].text, ids=None, max_tokens=check.max_tokens, model=model)
+        requests.append((request.path, _dumps(request.body)))
         i += 1
-    return bodies
+    return requests
 
 
-async def _output_ids(session: aiohttp.ClientSession, url: str, body: bytes, timeout: float) -> list[int]:
+async def _output_ids(session: aiohttp.ClientSession, url: str, body: bytes, timeout: float, engine: Engine) -> list[int]:
     try:
         async with session.post(url, data=body, timeout=aiohttp.ClientTimeout(total=timeout), headers={"Content-Type": "application/json"}) as resp:
             raw = await resp.read()
@@ -97,13 +100,9 @@ async def _output_ids(session: aiohttp.ClientSession, url: str, body: bytes, tim
     except aiohttp.ClientError as exc:
         raise ProbeRequestError(f"{url}: {type(exc).__name__}: {exc}", transient=True) from None
     try:
-        data = _loads(raw)
-        ids = data["output_ids"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-            raise TypeError
+        return engine.output_ids(_loads(raw))
     except Exception:
-        raise ProbeRequestError(f"{url}: the output check's answer has no output_ids list: {raw[:120]!r}") from None
-    return ids
+        raise ProbeRequestError(f"{url}: the output check's answer has no list of token ids: {raw[:120]!r}") from None
 
 
 async def compare_outputs(
@@ -115,12 +114,15 @@ async def compare_outputs(
     *,
     request_timeout: float,
     seed: int | None = None,
+    engine: Engine | None = None,
+    model: str = "default",
 ) -> OutputComparison:
     """Send the sample to each server, one prompt at a time, and compare the completions; ProbeRequestError on failure."""
+    engine = engine or engine_for(None)
     out = OutputComparison()
-    for body in sample_bodies(traffic, check, seed):
-        base = await _output_ids(session, base_url + "/generate", body, request_timeout)
-        speculative = await _output_ids(session, speculative_url + "/generate", body, request_timeout)
+    for path, body in sample_bodies(traffic, check, seed, engine=engine, model=model):
+        base = await _output_ids(session, base_url + path, body, request_timeout, engine)
+        speculative = await _output_ids(session, speculative_url + path, body, request_timeout, engine)
         share, first = prefix_match(base, speculative)
         out.matches.append(share)
         out.first_difference.append(first)

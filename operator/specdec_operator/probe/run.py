@@ -16,6 +16,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from ..api import BreakEvenStatus, OutputCheck, ProbeStatus, Variant, Workload, WorkloadResult
+from ..engines import Engine, SpecMetrics, counter_window, engine_for
 from ..errors import InputError
 from ..textutil import rfc3339
 from .client import Measurement, ProbeRequestError, get_json, measure
@@ -132,7 +133,8 @@ class ProbeResult:
     min_speedup: float = 1.0
     confidence: float = DEFAULT_CONFIDENCE
     accept_length: float | None = None  # client side: completion_tokens / spec_verify_ct over the speculative server's rounds
-    server_accept_length: float | None = None  # sglang:spec_accept_length from /metrics after the last round
+    server_accept_length: float | None = None  # the server's own, from /metrics after the last round (ServerAcceptance)
+    accept_rate_by_position: list[float] | None = None  # vLLM: accepted tokens per draft at each draft position
     speedup: float | None = None  # smallest workload speedup (all) or the weighted one (weighted)
     speedup_low: float | None = None
     speedup_high: float | None = None
@@ -169,6 +171,7 @@ class ProbeResult:
             "confidence": self.confidence,
             "accept_length": _num(self.accept_length),
             "server_accept_length": _num(self.server_accept_length),
+            "accept_rate_by_position": self.accept_rate_by_position,
             "speedup": _num(self.speedup),
             "speedup_low": _num(self.speedup_low),
             "speedup_high": _num(self.speedup_high),
@@ -236,7 +239,7 @@ def _check_arguments(
 ) -> None:
     for flag, url in (("--base", base_url), ("--speculative", speculative_url)):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise InputError(f"{flag} {url!r}: must be an http:// or https:// URL of an SGLang server")
+            raise InputError(f"{flag} {url!r}: must be an http:// or https:// URL of an SGLang or vLLM server")
     if not workloads:
         raise InputError("workloads: at least one workload is needed")
     names = [w.name for w in workloads]
@@ -250,11 +253,6 @@ def _check_arguments(
         raise InputError(f"--accept-length-floor {accept_length_floor!r}: must be >= 1.0 (1.0 = nothing accepted)")
     if not 0.5 <= confidence < 1.0:
         raise InputError(f"confidence {confidence!r}: must be within [0.5, 1)")
-
-
-def _max_running(info: dict) -> int | None:
-    value = info.get("max_running_requests")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 async def run_probe(
@@ -275,6 +273,7 @@ async def run_probe(
     session: aiohttp.ClientSession | None = None,
     datasets: Mapping[str, list[Prompt]] | None = None,
     output_check: OutputCheck | None = None,
+    engine: Engine | None = None,
 ) -> ProbeResult:
     """Measure ``speculative_url`` against ``base_url`` and decide promote or rollback.
 
@@ -288,8 +287,10 @@ async def run_probe(
     each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
     ``datasets`` maps a workload name to its prompts (a ConfigMap's or a File's, read by the operator, or ``--dataset``);
     other workloads use their source (traffic.py). ``output_check`` compares the greedy completions afterwards
-    (outputs.py; None: not compared). Bad arguments raise InputError; everything else ends in a ProbeResult.
+    (outputs.py; None: not compared). ``engine``: the servers' engine, whose HTTP protocol and metrics the probe
+    speaks (engines/; default SGLang). Bad arguments raise InputError; everything else ends in a ProbeResult.
     """
+    engine = engine or engine_for(None)
     try:
         wls = [w if isinstance(w, Workload) else Workload.model_validate(w) for w in workloads]
     except ValidationError as exc:
@@ -300,7 +301,7 @@ async def run_probe(
     except ValueError as exc:
         raise InputError(f"--policy: {exc}") from None
     _check_arguments(base_url, speculative_url, wls, min_speedup, max_rounds, accept_length_floor, confidence)
-    traffic = build_traffic(wls, datasets, seed)
+    traffic = build_traffic(wls, datasets, seed, engine)
     result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence, started_at=datetime.now(UTC))
     result.workloads = [WorkloadOutcome(w.name, w.concurrency, w.weight) for w in wls]
     result.traffic = {name: t.description for name, t in traffic.items()}
@@ -328,13 +329,11 @@ async def run_probe(
             seed=seed,
             on_round=on_round,
             traffic=traffic,
+            engine=engine,
         )
         if output_check is not None and output_check.enabled and outcome.reason is not Reason.PROBE_FAILED:
-            comparison = await compare_outputs(
-                session, base_url.rstrip("/"), speculative_url.rstrip("/"), traffic, output_check, request_timeout=request_timeout, seed=seed
-            )
-            result.output_match_rate, result.outputs_compared = comparison.match_rate, comparison.compared
-            outcome = judge_outputs(outcome, comparison, output_check.min_match_rate)
+            urls = (base_url.rstrip("/"), speculative_url.rstrip("/"))
+            outcome = await _check_outputs(session, urls, traffic, output_check, outcome, result, request_timeout, seed, engine)
     except ProbeRequestError as exc:
         outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}", transient=exc.transient)
     except asyncio.CancelledError:
@@ -347,7 +346,7 @@ async def run_probe(
     result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
     result.transient = outcome.reason == Reason.PROBE_FAILED and outcome.transient
     if result.accept_length is None and result.server_accept_length is not None:
-        # Chat streams carry no spec_verify_ct: the server's own sglang:spec_accept_length stands in.
+        # Chat streams (and vLLM's) carry no spec_verify_ct: the server's own acceptance stands in.
         result.accept_length = result.server_accept_length
     if result.synthetic and result.base_reachable:
         result.message += (
@@ -356,6 +355,24 @@ async def run_probe(
         )
     result.finished_at = datetime.now(UTC)
     return result
+
+
+async def _check_outputs(
+    session: aiohttp.ClientSession,
+    urls: tuple[str, str],
+    traffic: Mapping[str, WorkloadTraffic],
+    check: OutputCheck,
+    outcome: Outcome,
+    result: ProbeResult,
+    request_timeout: float,
+    seed: int | None,
+    engine: Engine,
+) -> Outcome:
+    """The greedy completions of both servers compared (outputs.py), in the model name the preflight found."""
+    model = next(iter(traffic.values())).model if traffic else "default"
+    comparison = await compare_outputs(session, *urls, traffic, check, request_timeout=request_timeout, seed=seed, engine=engine, model=model)
+    result.output_match_rate, result.outputs_compared = comparison.match_rate, comparison.compared
+    return judge_outputs(outcome, comparison, check.min_match_rate)
 
 
 def _detail(results: list[WorkloadOutcome], min_speedup: float, combined: RatioInterval | None) -> str:
@@ -389,12 +406,14 @@ async def _probe(
     seed: int | None,
     on_round: OnRound | None,
     traffic: Mapping[str, WorkloadTraffic] | None = None,
+    engine: Engine | None = None,
 ) -> Outcome:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     rng = random.Random(seed)
+    meter = ServerAcceptance(engine or engine_for(None))
 
-    failed = await _preflight(session, base_url, speculative_url, wls, result, timeout)
+    failed = await _preflight(session, base_url, speculative_url, wls, result, timeout, meter, traffic or {})
     if failed is not None:
         return failed
 
@@ -426,7 +445,7 @@ async def _probe(
                         spec_verify += m.spec_verify_ct
                         result.accept_length = spec_tokens / spec_verify if spec_verify else None
                         if first_speculative:
-                            rejected = await _drafter_rejected(session, speculative_url, result, m, w, floor)
+                            rejected = await _drafter_rejected(session, speculative_url, result, m, w, floor, meter)
                             if rejected is not None:
                                 return rejected
                     if m.aborted_early:  # only happens through drafter_check, handled above
@@ -444,7 +463,7 @@ async def _probe(
                 + _detail(result.workloads, min_speedup, combined),
             )
         result.rounds = rnd
-        server_accept = await _server_accept_length(session, speculative_url, result)
+        server_accept = await meter.read(session, speculative_url, result)
         if server_accept is not None:
             result.server_accept_length = server_accept
         intervals, paired = _summarize(wls, result, tok_s, logs, profiles, last, level)
@@ -512,20 +531,37 @@ def _with_rounds_note(outcome: Outcome, max_rounds: int) -> Outcome:
 
 
 async def _preflight(
-    session: aiohttp.ClientSession, base_url: str, speculative_url: str, wls: list[Workload], result: ProbeResult, timeout: float
+    session: aiohttp.ClientSession,
+    base_url: str,
+    speculative_url: str,
+    wls: list[Workload],
+    result: ProbeResult,
+    timeout: float,
+    meter: ServerAcceptance,
+    traffic: Mapping[str, WorkloadTraffic],
 ) -> Outcome | None:
-    """Both servers answer /server_info (else the probe fails); their max_running_requests and what it means."""
+    """Both servers answer the engine's info endpoint (else the probe fails): their max_running_requests and what it
+    means, whether the speculative one speculates, the served model name; then the acceptance counters' baseline."""
+    engine = meter.engine
     try:
-        base_info = await get_json(session, base_url + "/server_info", timeout=min(30.0, timeout))
+        base = engine.server_info(await get_json(session, base_url + engine.info_path, timeout=min(30.0, timeout)))
     except ProbeRequestError as exc:
         result.base_reachable = False
         return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"base server unreachable: {exc}", transient=exc.transient)
     try:
-        speculative_info = await get_json(session, speculative_url + "/server_info", timeout=min(30.0, timeout))
+        speculative = engine.server_info(await get_json(session, speculative_url + engine.info_path, timeout=min(30.0, timeout)))
     except ProbeRequestError as exc:
         return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"speculative server unreachable: {exc}", transient=exc.transient)
-    result.base_max_running_requests = _max_running(base_info)
-    result.speculative_max_running_requests = _max_running(speculative_info)
+    if base.model != speculative.model:
+        return Outcome(
+            Decision.ROLLBACK,
+            Reason.PROBE_FAILED,
+            f"the servers serve different model names (base {base.model!r}, speculative {speculative.model!r}): the same prompts cannot go to both",
+        )
+    for t in traffic.values():
+        t.model = speculative.model or t.model
+    result.base_max_running_requests = base.max_running_requests
+    result.speculative_max_running_requests = speculative.max_running_requests
     for label, cap in (("speculative", result.speculative_max_running_requests), ("base", result.base_max_running_requests)):
         if cap is None:
             continue
@@ -536,19 +572,25 @@ async def _preflight(
                     f"SGLang queues the rest (speculative SGLang defaults to 48 unless --max-running-requests "
                     f"is passed)"
                 )
-    if speculative_info.get("speculative_algorithm") in (None, "", "None"):
-        result.warnings.append("speculative /server_info reports no speculative_algorithm: is it speculating?")
-
+    if speculative.speculating is False:
+        result.warnings.append(f"speculative {engine.info_path} reports no speculative_algorithm: is it speculating?")
+    await meter.start(session, speculative_url, result)
     return None
 
 
 async def _drafter_rejected(
-    session: aiohttp.ClientSession, speculative_url: str, result: ProbeResult, m: Measurement, w: Workload, floor: float | None
+    session: aiohttp.ClientSession,
+    speculative_url: str,
+    result: ProbeResult,
+    m: Measurement,
+    w: Workload,
+    floor: float | None,
+    meter: ServerAcceptance,
 ) -> Outcome | None:
     """After the first speculative measurement: a drafter that accepts nothing ends the probe at once."""
     accept = m.accept_length
     if accept is None:
-        accept = await _server_accept_length(session, speculative_url, result)
+        accept = await meter.read(session, speculative_url, result)
     if not drafter_not_accepting(accept, floor):
         return None
     assert accept is not None and floor is not None
@@ -666,17 +708,40 @@ def _pooled_profile(m: Measurement, w: Workload, earlier: Sequence[Sequence[floa
     return block_rates(m.arrivals, m.started_at, m.duration_s, blocks)
 
 
-ACCEPT_LENGTH_ONLY = frozenset({"sglang:spec_accept_length"})
+@dataclass
+class ServerAcceptance:
+    """The speculative server's own acceptance length during the probe, from its /metrics: SGLang's gauge, or for an
+    engine that exports counters (vLLM) 1 + accepted / drafts since the preflight's scrape (and per draft position,
+    ProbeResult.accept_rate_by_position). Never a lifetime ratio: the server may have served before the probe."""
 
+    engine: Engine
+    baseline: SpecMetrics | None = None
 
-async def _server_accept_length(session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
-    """sglang:spec_accept_length from the speculative server's /metrics; None (and one warning) when unavailable."""
-    try:
-        metrics = await scrape_metrics(session, url, only=ACCEPT_LENGTH_ONLY)
-    except ProbeRequestError as exc:
-        note = f"speculative /metrics unavailable ({exc}); acceptance comes from responses only"
-        if note not in result.warnings:
-            result.warnings.append(note)
-        return None
-    value = metrics.get("sglang:spec_accept_length")
-    return value if value and value > 0 else None
+    async def _scrape(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> SpecMetrics | None:
+        try:
+            metrics = await scrape_metrics(session, url, only=self.engine.metric_names, engine=self.engine)
+        except ProbeRequestError as exc:
+            note = f"speculative /metrics unavailable ({exc}); acceptance comes from responses only"
+            if note not in result.warnings:
+                result.warnings.append(note)
+            return None
+        return self.engine.read_metrics(metrics)
+
+    async def start(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> None:
+        """The counters before the first request (a gauge needs no baseline)."""
+        if not self.engine.acceptance_from_counters:
+            return
+        found = await self._scrape(session, url, result)
+        self.baseline = found if found is not None and found.counts_acceptance else None
+
+    async def read(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
+        found = await self._scrape(session, url, result)
+        if found is None:
+            return None
+        if not found.counts_acceptance:
+            return found.accept_length if found.accept_length and found.accept_length > 0 else None
+        window = counter_window(self.baseline, found) if self.baseline is not None else None
+        if window is None:
+            return None
+        result.accept_rate_by_position = list(window.position_rates) if window.position_rates is not None else None
+        return window.accept_length

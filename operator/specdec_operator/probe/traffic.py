@@ -2,9 +2,13 @@
 
 A workload's ``prompts`` (api.Prompts) says where its prompts come from and how they are sent:
 
-- Random: ``input_ids`` of exactly ``inputTokens`` random ids to ``/generate`` (synthetic traffic: the decision says so).
+- Random: exactly ``inputTokens`` random token ids (synthetic traffic: the decision says so): SGLang's ``/generate``
+  with ``input_ids``, vLLM's ``/v1/completions`` with the ids as its prompt.
 - Default / ConfigMap (datasets.py parses them): text, to ``/v1/chat/completions`` (streaming, the server's chat
-  template) or to ``/generate`` with ``text``.
+  template) or as it is (endpoint Generate: SGLang's ``/generate`` with ``text``, vLLM's ``/v1/completions``).
+
+The engine (engines/) writes each request; vLLM's OpenAI server needs the served model name, which the probe's
+preflight reads from ``/v1/models`` (``WorkloadTraffic.model``).
 
 Output length: Fixed is ``outputTokens`` with ``ignore_eos`` (exactly that many tokens, or the request failed);
 Dataset is the prompt's own ``max_tokens`` capped by ``maxOutputTokens`` (or that cap when it has none), stopping at
@@ -25,6 +29,7 @@ from functools import cache
 from typing import Any
 
 from ..api import Workload
+from ..engines import Engine, HttpRequest, engine_for
 from ..errors import InputError
 from .datasets import Prompt
 from .datasets import default_prompts as _default_prompts
@@ -62,21 +67,21 @@ class RequestPlan:
     exact: bool
 
 
-def random_ids_plans(workload: Workload, rng: random.Random) -> list[RequestPlan]:
-    """Random token-id prompts of exactly ``input_tokens`` to /generate, ``output_tokens`` with ignore_eos."""
+def _plan(request: HttpRequest, max_tokens: int, exact: bool) -> RequestPlan:
+    return RequestPlan(request.path, _dumps(request.body), max_tokens, exact)
+
+
+def random_ids_plans(workload: Workload, rng: random.Random, *, engine: Engine | None = None, model: str = "default") -> list[RequestPlan]:
+    """Random token-id prompts of exactly ``input_tokens``, ``output_tokens`` with ignore_eos (the engine's request)."""
+    engine = engine or engine_for(None)
     plans = []
     for _ in range(workload.requests):
         ids = [rng.randrange(1000, 30000) for _ in range(workload.input_tokens)]
-        body = {
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": workload.output_tokens, "ignore_eos": True, "temperature": 0.0},
-            "stream": True,
-        }
-        plans.append(RequestPlan(GENERATE, _dumps(body), workload.output_tokens, True))
+        plans.append(_plan(engine.random_ids_request(ids, workload.output_tokens, model=model), workload.output_tokens, True))
     return plans
 
 
-def prompt_plan(workload: Workload, prompt: Prompt, *, model: str = "default") -> RequestPlan:
+def prompt_plan(workload: Workload, prompt: Prompt, *, model: str = "default", engine: Engine | None = None) -> RequestPlan:
     """The request for one dataset prompt under the workload's endpoint and output length."""
     source = workload.prompts
     fixed = source.output_length == "Fixed"
@@ -84,23 +89,11 @@ def prompt_plan(workload: Workload, prompt: Prompt, *, model: str = "default") -
         max_tokens = workload.output_tokens
     else:
         max_tokens = min(prompt.max_tokens or source.max_output_tokens, source.max_output_tokens)
-    if (source.endpoint or "Chat") == "Chat":
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": prompt.chat_messages(),
-            "max_completion_tokens": max_tokens,
-            "temperature": 0.0,
-            "stream": True,
-            # SGLang's OpenAI server: a usage object in every chunk, so tokens are counted as SGLang counts them.
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        }
-        if fixed:
-            body["ignore_eos"] = True
-        return RequestPlan(CHAT, _dumps(body), max_tokens, fixed)
-    params: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": 0.0}
-    if fixed:
-        params["ignore_eos"] = True
-    return RequestPlan(GENERATE, _dumps({"text": prompt.text, "sampling_params": params, "stream": True}), max_tokens, fixed)
+    chat = (source.endpoint or "Chat") == "Chat"
+    request = (engine or engine_for(None)).text_request(
+        prompt.text if not chat else "", prompt.chat_messages() if chat else [], chat=chat, max_tokens=max_tokens, fixed=fixed, model=model
+    )
+    return _plan(request, max_tokens, fixed)
 
 
 @dataclass
@@ -111,6 +104,8 @@ class WorkloadTraffic:
     prompts: list[Prompt] | None  # None: random token ids
     description: str
     rng: random.Random
+    engine: Engine | None = None  # None: SGLang
+    model: str = "default"  # the served model name (set by the probe's preflight before the first measurement)
     _order: list[int] = field(default_factory=list)
     _taken: dict[str, int] = field(default_factory=dict)
     _slices: list[list[RequestPlan]] = field(default_factory=list)
@@ -128,13 +123,13 @@ class WorkloadTraffic:
 
     def _make_slice(self) -> list[RequestPlan]:
         if self.prompts is None:
-            return random_ids_plans(self.workload, self.rng)
+            return random_ids_plans(self.workload, self.rng, engine=self.engine, model=self.model)
         plans = []
         for _ in range(self.workload.requests):
             if not self._order:
                 self._order = list(range(len(self.prompts)))
                 self.rng.shuffle(self._order)
-            plans.append(prompt_plan(self.workload, self.prompts[self._order.pop()]))
+            plans.append(prompt_plan(self.workload, self.prompts[self._order.pop()], model=self.model, engine=self.engine))
         return plans
 
 
@@ -152,7 +147,7 @@ def describe_source(workload: Workload) -> str:
 
 
 def build_traffic(
-    workloads: Sequence[Workload], datasets: Mapping[str, list[Prompt]] | None = None, seed: int | None = None
+    workloads: Sequence[Workload], datasets: Mapping[str, list[Prompt]] | None = None, seed: int | None = None, engine: Engine | None = None
 ) -> dict[str, WorkloadTraffic]:
     """Each workload's traffic: its dataset (``datasets[name]``: what the operator read from a ConfigMap, or the
     CLI's ``--dataset``), the default prompt set, or random ids. InputError when a dataset source was not read."""
@@ -173,7 +168,7 @@ def build_traffic(
             raise InputError(f"workloads[{w.name}].prompts: source {source} needs its dataset read first (none was given for this workload)")
         if prompts is not None:
             description += f", {len(prompts)} prompts, {(w.prompts.endpoint or 'Chat')} endpoint, output {w.prompts.output_length}"
-        out[w.name] = WorkloadTraffic(w, prompts, description, random.Random(rng.random()))
+        out[w.name] = WorkloadTraffic(w, prompts, description, random.Random(rng.random()), engine)
     return out
 
 

@@ -102,10 +102,13 @@ def read_status(stored: SpeculativeServerStatus | Mapping[str, Any] | None) -> S
         return SpeculativeServerStatus.model_validate(readable)
 
 
-def _default_render(spec: SpeculativeServerSpec, variant: Variant, adaptive_config_path: str | None = None, worker: bool = False) -> list[str]:
-    from ..sglang import render_argv
+def _default_render(
+    spec: SpeculativeServerSpec, variant: Variant, adaptive_config_path: str | None = None, adaptive_config: str | None = None, worker: bool = False
+) -> list[str]:
+    """The command line of spec.engine's server (engines/)."""
+    from ..engines import engine_for
 
-    return render_argv(spec, variant, adaptive_config_path=adaptive_config_path, worker=worker)
+    return engine_for(spec).render_argv(spec, variant, adaptive_config_path=adaptive_config_path, adaptive_config=adaptive_config, worker=worker)
 
 
 def reconcile(

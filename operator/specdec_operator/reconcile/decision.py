@@ -112,11 +112,11 @@ def _adaptive_decision(facts: Facts, load_aware_probe: LoadAwareProbe, result: P
 
 
 def _with_unsupported_note(spec: SpeculativeServerSpec, result: ProbeStatus) -> ProbeStatus:
-    """A plain decision whose curve asked for a load-aware probe SGLang cannot run: say why in status (loadAware Auto only)."""
+    """A plain decision whose curve asked for a load-aware probe the engine cannot run: say why in status (loadAware Auto only)."""
     found = load_aware_probe_for(spec, result) if spec.rollout.load_aware == LoadAware.AUTO else None
     if not isinstance(found, str):
         return result
-    note = unsupported_note(found)
+    note = unsupported_note(found, spec.engine)
     return result.model_copy(update={"load_aware": note, "message": f"{result.message or result.reason}; load-aware speculation not tried: {found}"})
 
 

@@ -95,7 +95,16 @@ def settle_load_aware_probe(spec: SpeculativeServerSpec, stored: ProbeStatus | N
     return found if isinstance(found, LoadAwareProbe) else None
 
 
-RenderArgv = Callable[..., list[str]]  # (spec, variant, adaptive_config_path=None, worker=False) -> the server's command line
+# (spec, variant, adaptive_config_path=None, adaptive_config=None, worker=False) -> the server's command line (Engine.render_argv)
+RenderArgv = Callable[..., list[str]]
+
+
+def _adaptive_args(load_aware_probe: LoadAwareProbe | None) -> dict[str, Any]:
+    """The renderer's load-aware arguments: the table as a mounted file (SGLang reads it there) and as JSON (vLLM
+    takes it inline in --speculative-config)."""
+    if load_aware_probe is None:
+        return {}
+    return {"adaptive_config_path": m.ADAPTIVE_CONFIG_PATH, "adaptive_config": load_aware_probe.config_json}
 
 
 def gather_facts(
@@ -120,14 +129,14 @@ def gather_facts(
         key = f"{variant}/adaptive-{table_hash}" if table_hash else str(variant)
         if m.multi_node(spec):
             key += "/lws"
-            used[key] = rendered[key] if key in rendered else _leader_worker_set(spec, observed, variant, revision, settings, render_argv, table_hash)
+            used[key] = rendered[key] if key in rendered else _leader_worker_set(spec, observed, variant, revision, settings, render_argv, table_hash, load_aware_probe)
             groups[variant] = used[key]
             templates[variant] = m.leader_template(used[key])
             continue
         if key in rendered:
             used[key] = rendered[key]
         else:
-            argv = render_argv(spec, variant, adaptive_config_path=m.ADAPTIVE_CONFIG_PATH) if adaptive else render_argv(spec, variant)
+            argv = render_argv(spec, variant, **_adaptive_args(load_aware_probe)) if adaptive else render_argv(spec, variant)
             used[key] = m.pod_template(observed.name, spec, variant, argv, revision, settings.manifests, adaptive_config_hash=table_hash)
         templates[variant] = used[key]
     servers = {
@@ -153,9 +162,10 @@ def _leader_worker_set(
     settings: Settings,
     render_argv: RenderArgv,
     table_hash: str | None,
+    load_aware_probe: LoadAwareProbe | None = None,
 ) -> dict[str, Any]:
     """A variant's LeaderWorkerSet (multi-node), rendered with 0 replicas: the count is set per step."""
-    extra = {"adaptive_config_path": m.ADAPTIVE_CONFIG_PATH} if table_hash else {}
+    extra = _adaptive_args(load_aware_probe) if table_hash else {}
     return m.leader_worker_set(
         observed.name,
         observed.namespace,

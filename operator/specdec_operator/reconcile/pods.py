@@ -74,7 +74,7 @@ def server_state(pods: list[dict[str, Any]], template_hash: str, events: list[di
     if validating is not None:
         return ServerState(False, any_ready, Reason.VALIDATING, validating)
     for cs in status.get("containerStatuses") or []:
-        if cs.get("name") == m.SERVER_CONTAINER:
+        if cs.get("name") in m.SERVER_CONTAINERS:
             return _server_container_state(cs, status, any_ready)
     return ServerState(False, any_ready, Reason.STARTING, "starting")
 

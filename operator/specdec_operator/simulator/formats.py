@@ -93,6 +93,7 @@ class OpenAIFormat:
         self.model = ask.model
         self.prompt_tokens = ask.prompt_tokens
         self.include_usage = ask.include_usage
+        self.return_token_ids = ask.return_token_ids
         self.id = uuid.uuid4().hex
         self.created = int(time.time())
         self.sent = 0  # tokens already in a chunk
@@ -106,6 +107,8 @@ class OpenAIFormat:
         else:
             choice["text"] = text
         choice.update({"logprobs": None, "finish_reason": "length", "matched_stop": None})
+        if self.return_token_ids:  # vLLM's completions: the generated token ids beside the text
+            choice["token_ids"] = json.loads(self.tape.ids_json(em.completion_tokens))
         return dumps(
             {
                 "id": self.id,

@@ -47,6 +47,7 @@ class OpenAIInput(GenerationInput):
     model: str
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: the usage in every content chunk
+    return_token_ids: bool = False  # vLLM's return_token_ids: the completion's token ids in choices[0].token_ids
 
 
 def _key(prompt: Any) -> int:
@@ -115,6 +116,7 @@ def _openai_input(
         model=str(body.get("model") or served_model_name),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
         continuous_usage=bool(isinstance(opts, dict) and opts.get("continuous_usage_stats")),
+        return_token_ids=bool(body.get("return_token_ids")),
         kind=kind,
         prompt_key=key,
     )

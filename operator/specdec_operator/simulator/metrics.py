@@ -1,4 +1,6 @@
-"""SGLang's ``sglang:*`` Prometheus metrics, rendered from the engine's state at scrape time (``/metrics``)."""
+"""SGLang's ``sglang:*`` Prometheus metrics, rendered from the engine's state at scrape time (``/metrics``), and beside
+them vLLM 0.32's ``vllm:spec_decode_*`` counters of the same drafts, so the probe and the monitor can read the
+simulator in either engine's vocabulary (engines/)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class SGLangMetrics:
         yield from self._scheduler_gauges()
         yield from self._tokenizer_counters()
         yield from self._latency_histograms()
+        yield from self._vllm_spec_counters()
 
     def _scheduler_gauges(self) -> Iterator[Metric]:
         sim, engine, profile = self.sim, self.sim.engine, self.sim.profile
@@ -66,6 +69,25 @@ class SGLangMetrics:
             fam = CounterMetricFamily(f"sglang:{name}", doc, labels=TOKENIZER_LABELS)
             fam.add_metric([self.sim.served_model_name, "unified"], value)
             yield fam
+
+    def _vllm_spec_counters(self) -> Iterator[Metric]:
+        """vllm/v1/spec_decode/metrics.py: per engine core (label engine), positions under their own label."""
+        engine = self.sim.engine
+        if self.sim.profile.speculative is None:
+            return
+        labels = ["model_name", "engine"]
+        for name, doc, value in (
+            ("spec_decode_num_drafts", "Number of spec decoding drafts.", engine.spec_drafts_total),
+            ("spec_decode_num_draft_tokens", "Number of draft tokens.", engine.spec_draft_tokens_total),
+            ("spec_decode_num_accepted_tokens", "Number of accepted tokens.", engine.spec_accepted_tokens_total),
+        ):
+            fam = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
+            fam.add_metric([self.sim.served_model_name, "0"], value)
+            yield fam
+        fam = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", labels=[*labels, "position"])
+        for position, value in enumerate(engine.spec_accepted_per_position):
+            fam.add_metric([self.sim.served_model_name, "0", str(position)], value)
+        yield fam
 
     def _latency_histograms(self) -> Iterator[Metric]:
         engine = self.sim.engine

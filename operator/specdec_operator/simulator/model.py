@@ -454,6 +454,12 @@ class Engine:
         self.generation_tokens_total = 0
         self.requests_total = 0
         self.verify_calls_total = 0
+        # vLLM 0.32's spec_decode counters (vllm/v1/spec_decode/metrics.py): a draft is one request's verify step.
+        self.spec_drafts_total = 0
+        self.spec_draft_tokens_total = 0
+        self.spec_accepted_tokens_total = 0
+        # vLLM creates a series per position at start-up, at 0.
+        self.spec_accepted_per_position = [0] * ((profile.speculative.num_draft_tokens - 1) if profile.speculative is not None else 0)
         self.last_gen_throughput = 0.0
         self.last_accept_length = 0.0
         self.last_accept_rate = 0.0
@@ -568,6 +574,8 @@ class Engine:
                     if req.cancelled:
                         continue
                     k = self._draw_tokens(p=req.accept_p)
+                    if self.profile.speculative is not None:
+                        self._count_draft(self.profile.speculative.num_draft_tokens - 1, k - 1)
                     step_tokens += self._advance(req, k, verify=self.profile.speculative is not None)
                     step_verify += 1
                 self._account(step_tokens, step_verify)
@@ -594,10 +602,23 @@ class Engine:
             k = self._draw_tokens(num_steps + 1, p=req.accept_p)
             # The slot sees what the verify accepted, before max_new_tokens trims the output.
             correct_drafts.append(k - 1)
+            self._count_draft(num_steps, k - 1)
             step_tokens += self._advance(req, k, verify=True)
         if adaptive.on_verify_complete(correct_drafts, len(batch)):
             self.active_num_steps = adaptive.steps_for_batch(len(batch))  # SGLang switches the state right away
         self._account(step_tokens, len(correct_drafts))
+
+    def _count_draft(self, proposed: int, accepted: int) -> None:
+        """vLLM's counters of one request's verify step: a chain accepts its first ``accepted`` positions."""
+        if proposed <= 0:
+            return
+        self.spec_drafts_total += 1
+        self.spec_draft_tokens_total += proposed
+        self.spec_accepted_tokens_total += accepted
+        if len(self.spec_accepted_per_position) < proposed:
+            self.spec_accepted_per_position += [0] * (proposed - len(self.spec_accepted_per_position))
+        for i in range(accepted):
+            self.spec_accepted_per_position[i] += 1
 
     def _busy(self, seconds: float) -> None:
         """Advance the simulated clock by a prefill or a decode step."""

@@ -709,6 +709,7 @@ def _check_draft_weights(
             "drafter.weights",
         )
     _check_token_maps(w, draft_vocab, t_vocab)
+    _check_vllm_token_map(c, w, draft_vocab, t_vocab)
     if w.bad_shapes:
         c.add(ERROR, "DrafterWeightShapeMismatch", "; ".join(w.bad_shapes[:4]) + (" ..." if len(w.bad_shapes) > 4 else ""), "drafter.weights")
     _check_unbuilt_weights(c, w, layout, flags, moe_tensors)
@@ -769,6 +770,22 @@ def _expect_mla_layer(w: _DraftWeights, d: ModelMeta, d_hidden: int) -> None:
     w.expect("layers.0.mlp.gate_proj.weight", (inter, d_hidden) if inter else None, "intermediate_size x hidden")
     w.expect("layers.0.mlp.up_proj.weight", (inter, d_hidden) if inter else None, "intermediate_size x hidden")
     w.expect("layers.0.mlp.down_proj.weight", (d_hidden, inter) if inter else None, "hidden x intermediate_size")
+
+
+def _check_vllm_token_map(c: _Checks, w: _DraftWeights, draft_vocab: int | None, t_vocab: int) -> None:
+    """vLLM 0.32's Eagle3LlamaForCausalLM builds draft_id_to_target_id only when draft_vocab_size differs from the
+    target's vocabulary, and its loader renames d2t to it: with the full vocabulary the server dies at weight loading
+    ("There is no module or parameter named 'draft_id_to_target_id'", docs/vllm-cpu.md). SGLang loads it."""
+    if c.engine != "vllm" or "d2t" not in w.tensors or (draft_vocab if draft_vocab is not None else t_vocab) != t_vocab:
+        return
+    c.add(
+        ERROR,
+        "TokenMapWithFullVocabulary",
+        f"model.safetensors has d2t but draft_vocab_size is the target's whole vocabulary ({t_vocab}): vLLM then has no "
+        "draft_id_to_target_id parameter and refuses the tensor at weight loading; re-export with `specdec-train export "
+        "--engine vllm` (which drops d2t and t2d then), or drop d2t from the checkpoint",
+        "drafter.weights.d2t",
+    )
 
 
 def _check_token_maps(w: _DraftWeights, draft_vocab: int | None, t_vocab: int) -> None:
