@@ -37,8 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.real_engine import BUILD, RealEngineModels, real_engine_models  # noqa: E402
-from tests.support.vllm_servers import VllmServer, served_acceptance, start_servers  # noqa: E402
+from tests.support.real_engine import BUILD, RealEngineModels, real_engine_models
+from tests.support.vllm_servers import VllmServer, served_acceptance, start_servers
 
 SPEC_TOKENS = 3
 
@@ -117,7 +117,10 @@ def main() -> int:
     prompts = models.heldout_prompt_ids()
     servers = {s.name: s for s in start_servers(wanted)}
     try:
-        report["servers"] = {n: {"command": " ".join(s.cmd[1:]), "core": s.core, "ready_s": round(s.ready_s or 0, 1), "rss_mib": round(s.rss_mib())} for n, s in servers.items()}
+        report["servers"] = {
+            n: {"command": " ".join(s.cmd[1:]), "core": s.core, "ready_s": round(s.ready_s or 0, 1), "rss_mib": round(s.rss_mib())}
+            for n, s in servers.items()
+        }
         report["served"] = {n: served_acceptance(s.url, prompts, BUILD["max_new_tokens"]) for n, s in servers.items()}
         base_texts = report["served"]["base"]["texts"]
         for served in report["served"].values():

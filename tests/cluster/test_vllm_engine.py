@@ -17,12 +17,17 @@ marked `cluster` for the operator's tests and `realengine` for all (make test ru
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, stable_variant, wait_phase
 from tests.support.real_engine import BUILD, RealEngineModels, real_engine_models
 from tests.support.vllm_servers import VllmServer, served_acceptance, start_servers
 
@@ -76,7 +81,7 @@ def test_vllm_counts_what_it_drafted_and_accepted(served: dict[str, dict[str, An
         per_pos = [rate * s["drafts"] for rate in s["acceptance_rate_per_position"]]
         assert sum(per_pos) == pytest.approx(s["accepted_tokens"]), f"{name}: per-position counts do not add up: {s['counters']}"
         # A token at position i+1 is accepted only after position i was.
-        assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), f"{name}: {per_pos}"
+        assert all(a >= b for a, b in itertools.pairwise(per_pos)), f"{name}: {per_pos}"
 
 
 def test_the_matched_drafter_accepts_more_than_the_other_engines_ids_and_another_targets_drafter(served: dict[str, dict[str, Any]]) -> None:
@@ -94,4 +99,85 @@ def test_speculative_greedy_completions_equal_the_base_servers(served: dict[str,
     assert len(set(base)) > 1, f"the target says the same thing to every prompt: {base[:2]}"
     for name in ("matched", "other-engine", "other-target"):
         differing = [i for i, (a, b) in enumerate(zip(base, served[name]["texts"])) if a != b]
-        assert not differing, f"{name}: greedy completions differ from the base server's on prompts {differing}: {base[differing[0]]!r} vs {served[name]['texts'][differing[0]]!r}"
+        assert not differing, (
+            f"{name}: greedy completions differ from the base server's on prompts {differing}: {base[differing[0]]!r} vs {served[name]['texts'][differing[0]]!r}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The operator on the real engine: `specdec run` against the local control plane, its probe and monitor reaching the
+# vLLM servers above through --endpoints (as an operator outside a cluster reaches Services). The pods are kwok pods
+# (nothing runs in them; the validator's verdict is scripted, tests/support/operator_process.py); everything the
+# decision rests on, tokens/s, acceptance and greedy outputs, comes from vLLM.
+
+# Short, fixed-length requests (ignore_eos) within the targets' 512 positions; one stream and four at once.
+WORKLOADS = [
+    {"name": "single-stream", "concurrency": 1, "inputTokens": 64, "outputTokens": 48, "requests": 4},
+    {"name": "concurrent-4", "concurrency": 4, "inputTokens": 64, "outputTokens": 48, "requests": 8},
+]
+DECIDED = {"Promoted", "RolledBack", "Invalid", "Failed"}
+
+
+def vllm_resource(name: str, namespace: str) -> dict[str, Any]:
+    cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations(), workloads=WORKLOADS)
+    spec = cr["spec"]
+    spec.pop("sglang")
+    spec.update(engine="vLLM", image="vllm/vllm-openai:v0.32.0", vllm={"maxNumSeqs": 8, "servedModelName": "default"})
+    spec["target"] = {"path": "tiny/target-a", "contextLength": 512}
+    spec["drafter"] = {"path": "tiny/drafter-a-vllm", "numSteps": SPEC_TOKENS, "eagleTopk": 1}
+    spec["monitor"] = {"interval": 5, "window": 2, "acceptLengthFloor": 1.5}
+    return cr
+
+
+def decide(operator: Operator, custom_objects: Any, namespace: str, name: str, base: VllmServer, speculative: VllmServer) -> dict[str, Any]:
+    operator.map(f"{name}-base", base.url)
+    operator.map(f"{name}-spec", speculative.url)
+    operator.start()
+    started = time.monotonic()
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, vllm_resource(name, namespace))
+    st = wait_phase(custom_objects, namespace, name, DECIDED, timeout=600)
+    probe = st.get("probe") or {}
+    RESULTS.setdefault("operator", {})[f"{base.name} vs {speculative.name}"] = {
+        "apply_to_decision_s": round(time.monotonic() - started, 1),
+        "phase": st.get("phase"),
+        "reason": st.get("reason"),
+        **{k: probe.get(k) for k in ("decision", "reason", "speedup", "speedupLow", "speedupHigh", "acceptLength", "outputMatchRate", "rounds")},
+    }
+    return st
+
+
+def test_the_operator_promotes_the_matched_drafter_on_real_speedup(
+    operator: Operator, servers: dict[str, VllmServer], namespace: str, custom_objects: Any, core_v1: Any
+) -> None:
+    st = decide(operator, custom_objects, namespace, "matched", servers["base"], servers["matched"])
+    assert st["phase"] == "Promoted", f"{st.get('reason')}: {st.get('message')}"
+    assert st["activeVariant"] == "speculative" and stable_variant(core_v1, namespace, "matched") == "speculative"
+    assert st["probe"]["acceptLength"] > 1.5 and st["speedup"] > 1.0, st["probe"]
+
+
+def test_the_operator_rolls_back_another_targets_drafter(
+    operator: Operator, servers: dict[str, VllmServer], namespace: str, custom_objects: Any, core_v1: Any
+) -> None:
+    st = decide(operator, custom_objects, namespace, "other-target", servers["base"], servers["other-target"])
+    assert st["phase"] == "RolledBack", f"{st.get('phase')} {st.get('reason')}: {st.get('message')}"
+    assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, "other-target") == "base"
+    assert st["reason"] in ("DrafterNotAccepting", "SpeedupBelowThreshold"), st.get("message")
+
+
+def test_the_operator_never_promotes_the_same_engine_twice(
+    operator: Operator, servers: dict[str, VllmServer], namespace: str, custom_objects: Any, core_v1: Any
+) -> None:
+    """Base against base (one server measured as both variants): real noise only, which must never promote."""
+    st = decide(operator, custom_objects, namespace, "base-twice", servers["base"], servers["base"])
+    assert st["phase"] != "Promoted", st.get("message")
+    assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, "base-twice") == "base"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_results() -> Iterator[None]:
+    """SPECDEC_REAL_ENGINE_RESULTS=FILE: what this module measured, for benchmarks/vllm_cpu_acceptance.py --decisions."""
+    yield
+    if RESULTS:
+        print(json.dumps(RESULTS, indent=1))
+        if out := os.environ.get("SPECDEC_REAL_ENGINE_RESULTS"):
+            Path(out).write_text(json.dumps(RESULTS, indent=1) + "\n")

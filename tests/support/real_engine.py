@@ -127,7 +127,9 @@ def shape_target(target: Path) -> list[int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
-    words = [i for i in range(len(tok)) if re.fullmatch(r" [A-Za-z]+", tok.decode([i])) and tok.encode(tok.decode([i]), add_special_tokens=False) == [i]]
+    words = [
+        i for i in range(len(tok)) if re.fullmatch(r" [A-Za-z]+", tok.decode([i])) and tok.encode(tok.decode([i]), add_special_tokens=False) == [i]
+    ]
     state = load_file(str(target / "model.safetensors"))
     keep = torch.zeros(state["lm_head.weight"].shape[0], dtype=torch.bool)
     keep[words] = True
@@ -174,7 +176,12 @@ def _build_target(work: Path, name: str, timings: dict[str, float], report: dict
         server.stop()
     capture = ["capture", "--samples", str(samples), "--target", str(target), "--out", str(cap), "--quantization", "none"]
     _stage(TRAIN + capture + ["--capture-layers", BUILD["capture_layers"]], work / f"capture-{name}.log", timings, f"capture {name}")
-    _stage(TRAIN + ["vocab", "--capture", str(cap), "--draft-vocab-size", str(BUILD["draft_vocab_size"])], work / f"vocab-{name}.log", timings, f"vocab {name}")
+    _stage(
+        TRAIN + ["vocab", "--capture", str(cap), "--draft-vocab-size", str(BUILD["draft_vocab_size"])],
+        work / f"vocab-{name}.log",
+        timings,
+        f"vocab {name}",
+    )
     train = ["train", "--capture", str(cap), "--target", str(target), "--out", str(run), "--device", "cpu", *BUILD["train_args"]]
     train += ["--max-steps", str(BUILD["train_steps"][name])]
     report[f"train {name}"] = _stage(TRAIN + train, work / f"train-{name}.log", timings, f"train {name}")

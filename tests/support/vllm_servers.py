@@ -114,7 +114,9 @@ class VllmServer:
     def poll_ready(self) -> bool:
         """True once /health answers; raises (with the log's tail) if the server exited."""
         if self.proc.poll() is not None:
-            raise RuntimeError(f"vLLM server {self.name} exited with {self.proc.returncode} before it was ready; its log ({self.log}) ends:\n{self.log_tail()}")
+            raise RuntimeError(
+                f"vLLM server {self.name} exited with {self.proc.returncode} before it was ready; its log ({self.log}) ends:\n{self.log_tail()}"
+            )
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                 if r.status == 200:
@@ -164,7 +166,9 @@ def start_servers(servers: list[VllmServer], deadline_s: float = START_DEADLINE_
             waiting = [s for s in waiting if not s.poll_ready()]
             if waiting and time.monotonic() - started > deadline_s:
                 s = waiting[0]
-                raise TimeoutError(f"vLLM server {s.name} not ready after {deadline_s:.0f}s (SPECDEC_VLLM_START_DEADLINE); its log ({s.log}) ends:\n{s.log_tail()}")
+                raise TimeoutError(
+                    f"vLLM server {s.name} not ready after {deadline_s:.0f}s (SPECDEC_VLLM_START_DEADLINE); its log ({s.log}) ends:\n{s.log_tail()}"
+                )
             time.sleep(1)
     except BaseException:
         for server in servers:
