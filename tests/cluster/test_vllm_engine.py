@@ -86,10 +86,9 @@ def test_vllm_counts_what_it_drafted_and_accepted(served: dict[str, dict[str, An
 
 def test_the_matched_drafter_accepts_more_than_the_other_engines_ids_and_another_targets_drafter(served: dict[str, dict[str, Any]]) -> None:
     length = {name: served[name]["acceptance_length"] for name in ("matched", "other-engine", "other-target")}
-    RESULTS["served acceptance length"] = length
-    print(json.dumps({n: served[n]["acceptance_rate_per_position"] for n in length}))
-    assert length["matched"] >= 1.5, f"the matched drafter barely accepts: {length}"
-    assert length["matched"] >= length["other-engine"] + 0.25, f"ids one layer too early accepted as much: {length}"
+    RESULTS["served"] = {n: {k: v for k, v in served[n].items() if k not in ("texts", "counters")} for n in served}
+    assert length["matched"] >= 2.5, f"the matched drafter barely accepts: {length}"
+    assert length["matched"] >= length["other-engine"] + 0.5, f"ids one layer too early accepted as much: {length}"
     assert length["matched"] >= length["other-target"] + 0.5, f"another target's drafter accepted as much: {length}"
 
 
@@ -126,6 +125,9 @@ def vllm_resource(name: str, namespace: str) -> dict[str, Any]:
     spec["target"] = {"path": "tiny/target-a", "contextLength": 512}
     spec["drafter"] = {"path": "tiny/drafter-a-vllm", "numSteps": SPEC_TOKENS, "eagleTopk": 1}
     spec["monitor"] = {"interval": 5, "window": 2, "acceptLengthFloor": 1.5}
+    # The probe rejects at once below this acceptance length (read from vLLM's counters after the first round): the
+    # matched drafter accepts about 3 of 4 here, the other engine's layer ids 1.7, another target's drafter 1.0.
+    spec["rollout"]["acceptLengthFloor"] = 2.0
     return cr
 
 
@@ -162,6 +164,14 @@ def test_the_operator_rolls_back_another_targets_drafter(
     assert st["phase"] == "RolledBack", f"{st.get('phase')} {st.get('reason')}: {st.get('message')}"
     assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, "other-target") == "base"
     assert st["reason"] in ("DrafterNotAccepting", "SpeedupBelowThreshold"), st.get("message")
+
+
+def test_the_operator_rolls_back_the_drafter_exported_with_the_other_engines_layer_ids(
+    operator: Operator, servers: dict[str, VllmServer], namespace: str, custom_objects: Any, core_v1: Any
+) -> None:
+    st = decide(operator, custom_objects, namespace, "other-engine", servers["base"], servers["other-engine"])
+    assert st["phase"] == "RolledBack" and st["reason"] == "DrafterNotAccepting", f"{st.get('phase')} {st.get('reason')}: {st.get('message')}"
+    assert st["probe"]["acceptLength"] < 2.0 and st["activeVariant"] == "base"
 
 
 def test_the_operator_never_promotes_the_same_engine_twice(

@@ -49,8 +49,9 @@ def make_tokenizer(directory: Path, vocab_size: int = 320):
     return fast
 
 
-def make_model(directory: Path, family: str = "llama", layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
-    """Save a tiny random model of `family` (llama | qwen3 | deepseek_v3) with the tiny tokenizer."""
+def make_model(directory: Path, family: str = "llama", layers: int = 4, hidden: int = 64, seed: int = 0, intermediate: int | None = None) -> Path:
+    """Save a tiny random model of `family` (llama | qwen3 | deepseek_v3) with the tiny tokenizer; `intermediate`: the
+    MLP width of llama and qwen3 (default 2 * hidden)."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = make_tokenizer(directory)
@@ -70,11 +71,11 @@ def make_model(directory: Path, family: str = "llama", layers: int = 4, hidden: 
     if family == "llama":
         from transformers import LlamaConfig
 
-        cfg = LlamaConfig(intermediate_size=2 * hidden, **common)
+        cfg = LlamaConfig(intermediate_size=intermediate or 2 * hidden, **common)
     elif family == "qwen3":
         from transformers import Qwen3Config
 
-        cfg = Qwen3Config(intermediate_size=2 * hidden, head_dim=hidden // 4, **common)
+        cfg = Qwen3Config(intermediate_size=intermediate or 2 * hidden, head_dim=hidden // 4, **common)
     elif family == "deepseek_v3":
         from transformers import DeepseekV3Config
 
