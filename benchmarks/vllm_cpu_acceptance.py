@@ -16,7 +16,8 @@ and drafters trained by `specdec-train` for it and for target `b`), built once p
    (vllm:spec_decode_num_drafts_total, ..._num_accepted_tokens_total, ..._num_accepted_tokens_per_pos_total) moved by;
 3. a plain client's speedup: the held-out prompts sent to base and to each speculative server in alternation,
    `--rounds` times, tokens/s of one stream;
-4. the probe's speedup: `specdec probe --engine vllm` against base and matched (when the probe speaks vLLM);
+4. the probe's speedup: `specdec probe --engine vllm` of each speculative server against base (one stream, as the
+   operator test; when this checkout's probe speaks vLLM);
 5. time from apply to decision: from the operator test's results file (tests/cluster/test_vllm_engine.py writes
    it when SPECDEC_REAL_ENGINE_RESULTS names one), passed with --decisions.
 
@@ -75,15 +76,15 @@ def plain_client(servers: dict[str, VllmServer], prompts: list[list[int]], round
 
 
 def probe(base: VllmServer, speculative: VllmServer, work: Path) -> dict[str, Any]:
-    """`specdec probe --engine vllm` between two servers, if this checkout's probe speaks vLLM."""
+    """`specdec probe --engine vllm` between two servers, with the operator test's workload, floor and rounds."""
     cli = [sys.executable, "-m", "specdec_operator.cli", "probe"]
     if "--engine" not in subprocess.run(cli + ["--help"], capture_output=True, text=True, cwd=REPO).stdout:
         return {"skipped": "this checkout's `specdec probe` has no --engine (the vLLM probe is not merged)"}
     cmd = cli + ["--engine", "vllm", "--base", base.url, "--speculative", speculative.url, "--json"]
-    cmd += ["--workload", f"single-stream:1:64:{BUILD['max_new_tokens']}:8", "--workload", f"concurrent-4:4:64:{BUILD['max_new_tokens']}:16"]
+    cmd += ["--workload", f"single-stream:1:64:{BUILD['max_new_tokens']}:8", "--max-rounds", "10", "--accept-length-floor", "2.0"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200)
-    (work / "probe.log").write_text(proc.stdout + proc.stderr)
+    (work / f"probe-{speculative.name}.log").write_text(proc.stdout + proc.stderr)
     result: dict[str, Any] = {"command": " ".join(cmd[2:]), "exit": proc.returncode, "seconds": round(time.monotonic() - t0, 1)}
     try:
         result["result"] = json.loads(proc.stdout)
@@ -127,7 +128,7 @@ def main() -> int:
             texts = served.pop("texts")
             served["completions_differing_from_base"] = [i for i, (a, b) in enumerate(zip(base_texts, texts)) if a != b]
         report["plain_client"] = plain_client(servers, prompts, args.rounds)
-        report["probe"] = probe(servers["base"], servers["matched"], work)
+        report["probe"] = {n: probe(servers["base"], servers[n], work) for n in ("matched", "other-engine", "other-target")}
     finally:
         for s in wanted:
             s.stop()
