@@ -93,6 +93,38 @@ def probe(base: VllmServer, speculative: VllmServer, work: Path) -> dict[str, An
     return result
 
 
+def render(report: dict[str, Any]) -> str:
+    """The markdown summary of a report (docs/benchmarks/vllm-cpu-acceptance.md)."""
+
+    def rates(xs: list[float]) -> str:
+        return " / ".join(f"{x:.2f}" for x in xs) if xs else "-"
+
+    lines = ["| | acceptance length | accepted at position 1 / 2 / 3 |", "|---|---|---|"]
+    for name, off in report.get("offline", {}).items():
+        lines.append(f"| offline `evaluate`, {name}, on target a | {off['acceptance_length']:.2f} | {rates(off['acceptance_rate_per_position'])} |")
+    for name, served in report["served"].items():
+        if served["acceptance_length"] is not None:
+            lines.append(f"| served by vLLM, {name} | {served['acceptance_length']:.2f} | {rates(served['acceptance_rate_per_position'])} |")
+    lines += [
+        "",
+        "| speculative server | plain client, one stream: speedup per round | `specdec probe --engine vllm`: decision, speedup [interval] |",
+        "|---|---|---|",
+    ]
+    for name, speedups in report["plain_client"]["speedup"].items():
+        p = report.get("probe", {}).get(name, {}).get("result") or {}
+        verdict = (
+            f"{p.get('decision')} ({p.get('reason')}), {p.get('speedup')} [{p.get('speedup_low')}, {p.get('speedup_high')}], {p.get('rounds')} rounds"
+            if p
+            else "-"
+        )
+        lines.append(f"| {name} | {', '.join(f'{x:.2f}x' for x in speedups)} | {verdict} |")
+    if "operator" in report:
+        lines += ["", "| operator (tests/cluster/test_vllm_engine.py) | phase, reason | apply -> decision |", "|---|---|---|"]
+        for name, op in report["operator"].get("operator", {}).items():
+            lines.append(f"| {name} | {op['phase']}, {op['reason']} | {op['apply_to_decision_s']:.0f} s |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "vllm-cpu-acceptance.json"))
@@ -100,7 +132,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="plain-client rounds")
     ap.add_argument("--decisions", help="the operator test's results (SPECDEC_REAL_ENGINE_RESULTS)")
     ap.add_argument("--skip-offline", action="store_true")
+    ap.add_argument("--render", metavar="JSON", help="only print the markdown tables of a report already written")
     args = ap.parse_args()
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())), end="")
+        return 0
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
