@@ -709,7 +709,6 @@ class VLLMSettings(_SpecModel):
     _env_names = field_validator("env")(_check_env_names)
 
 
-
 # spec.engine: the server both variants run. Settings of one engine (spec.sglang, spec.sglangVersion; spec.vllm) are
 # refused with the other, and so is what only SGLang serves (multi-node servers, EAGLE trees).
 EngineName = Literal["SGLang", "vLLM"]
@@ -1413,9 +1412,7 @@ class SpeculativeServerSpec(_SpecModel):
         alias="podMetadata",
         description="Deprecated: podTemplate.metadata (moved there when parsed; setting both is refused).",
     )
-    sglang: SGLangSettings = Field(
-        default_factory=SGLangSettings, description="SGLang server settings shared by both servers (engine SGLang only)."
-    )
+    sglang: SGLangSettings = Field(default_factory=SGLangSettings, description="SGLang server settings shared by both servers (engine SGLang only).")
     vllm: VLLMSettings | None = Field(None, description="vLLM server settings shared by both servers (engine vLLM only; unset: the defaults).")
     rollout: Rollout = Field(default_factory=Rollout, description="How the speculative server is measured against the base before it serves.")
     monitor: Monitor = Field(default_factory=Monitor, description="How a promoted speculative server is watched after promotion.")
