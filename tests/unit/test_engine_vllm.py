@@ -158,6 +158,7 @@ def test_a_probe_in_vllms_protocol_decides_and_reads_acceptance_from_the_counter
     assert result.accept_length == result.server_accept_length == pytest.approx(2.5, rel=0.1)
     rates = result.accept_rate_by_position
     assert rates is not None and len(rates) == 3 and rates[0] > rates[1] > rates[2] > 0
+    assert result.to_status("rev").accept_rate_by_position == rates  # status.probe.acceptRateByPosition
     assert result.outputs_compared == 4 and result.output_match_rate == 1.0
     assert metrics["vllm:spec_decode_num_drafts_total"] > 0 and not result.warnings
 

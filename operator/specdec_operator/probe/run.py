@@ -202,6 +202,7 @@ class ProbeResult:
             finished_at=_rfc3339(self.finished_at),
             # Chat streams carry no spec_verify_ct: then the server's own sglang:spec_accept_length.
             accept_length=_num(self.accept_length if self.accept_length is not None else self.server_accept_length),
+            accept_rate_by_position=self.accept_rate_by_position,
             speedup=_num(self.speedup),
             message=self.message,
             revision=revision,
