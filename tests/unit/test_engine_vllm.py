@@ -189,3 +189,17 @@ def test_the_operators_drift_scrape_reads_a_vllm_pod_through_the_engine() -> Non
     assert verdict.evidence and 1.8 < (verdict.status.accept_length or 0) < 3.2 and verdict.status.below_floor_count == 0
     rates = verdict.status.accept_rate_by_position or []
     assert len(rates) == 3 and rates[0] >= rates[1] >= rates[2]
+
+
+def test_a_vllm_server_that_is_not_speculating_is_named_in_a_warning():
+    base = prof("base", [[1, 10.0], [128, 80.0]])
+
+    async def probe():
+        async with AsyncExitStack() as stack:
+            b = await stack.enter_async_context(SimulatorServer(base, time_scale=4.0, seed=0, load_seconds=0))
+            s = await stack.enter_async_context(SimulatorServer(base, time_scale=4.0, seed=1, load_seconds=0))
+            return await run_probe(b, s, [parse_workload("chat:1:32:16:2")], seed=0, engine=VLLM, max_rounds=1)
+
+    result = asyncio.run(probe())
+    assert "speculative /metrics has no vllm:spec_decode counters: is it speculating?" in result.warnings
+    assert result.accept_length is None and result.accept_rate_by_position is None

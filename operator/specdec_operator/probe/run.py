@@ -734,6 +734,8 @@ class ServerAcceptance:
             return
         found = await self._scrape(session, url, result)
         self.baseline = found if found is not None and found.counts_acceptance else None
+        if found is not None and self.baseline is None:  # vLLM exports the counters only with --speculative-config
+            result.warnings.append(f"speculative /metrics has no {self.engine.metric_prefix}spec_decode counters: is it speculating?")
 
     async def read(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
         found = await self._scrape(session, url, result)
