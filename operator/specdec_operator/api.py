@@ -288,6 +288,11 @@ def _engine_rules() -> list[tuple[str, str, str | None]]:
     """CEL rules tying the settings to spec.engine: one engine's settings are refused with the other (engines/)."""
     return [
         (
+            f"!({_VLLM}) || !self.image.matches('{IMAGE_NAMES_A_RELEASE}')",
+            "image: its tag names an SGLang release, and engine vLLM needs a vLLM image (e.g. vllm/vllm-openai:v0.32.0)",
+            ".image",
+        ),
+        (
             f"!({_VLLM}) || !has(self.sglangVersion)",
             "sglangVersion is an SGLang setting: with engine vLLM remove it (the command line is rendered for vLLM 0.32)",
             ".sglangVersion",
@@ -707,7 +712,6 @@ class VLLMSettings(_SpecModel):
     )
 
     _env_names = field_validator("env")(_check_env_names)
-
 
 
 # spec.engine: the server both variants run. Settings of one engine (spec.sglang, spec.sglangVersion; spec.vllm) are
@@ -1413,9 +1417,7 @@ class SpeculativeServerSpec(_SpecModel):
         alias="podMetadata",
         description="Deprecated: podTemplate.metadata (moved there when parsed; setting both is refused).",
     )
-    sglang: SGLangSettings = Field(
-        default_factory=SGLangSettings, description="SGLang server settings shared by both servers (engine SGLang only)."
-    )
+    sglang: SGLangSettings = Field(default_factory=SGLangSettings, description="SGLang server settings shared by both servers (engine SGLang only).")
     vllm: VLLMSettings | None = Field(None, description="vLLM server settings shared by both servers (engine vLLM only; unset: the defaults).")
     rollout: Rollout = Field(default_factory=Rollout, description="How the speculative server is measured against the base before it serves.")
     monitor: Monitor = Field(default_factory=Monitor, description="How a promoted speculative server is watched after promotion.")
@@ -1480,6 +1482,12 @@ class ProbeMeasurement(_Model):
     started_at: str | None = Field(None, alias="startedAt", description="When the probe started (RFC 3339).")
     finished_at: str | None = Field(None, alias="finishedAt", description="When the probe finished (RFC 3339).")
     accept_length: float | None = Field(None, alias="acceptLength", description="Mean acceptance length of the speculative server during the probe.")
+    accept_rate_by_position: list[float] | None = Field(
+        None,
+        alias="acceptRateByPosition",
+        description="engine vLLM: accepted tokens per draft at each draft position during the probe (its counters since the probe began).",
+        max_length=64,
+    )
     speedup: float | None = Field(
         None, description="Overall speedup: the smallest workload speedup (AllWorkloads) or the weighted one (WeightedMix)."
     )

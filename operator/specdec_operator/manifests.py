@@ -201,7 +201,7 @@ def validator_container(spec: SpeculativeServerSpec, settings: ManifestSettings)
             spec.drafter.algorithm,
             *(["--context-length", str(spec.target.context_length)] if spec.target.context_length else []),
             # The engine reads the drafter's aux layer ids its own way (validator: DrafterExportedForOtherEngine).
-            *(["--engine", engine.cli_name] if (engine := engine_for(spec)).name != "SGLang" else []),
+            *engine_for(spec).validator_args,
             "--json",
             "--termination-log",
             TERMINATION_LOG,

@@ -67,7 +67,35 @@ REFUSED = {
         spec_with(nodeSelector={"pool": "a"}, podTemplate={"nodeSelector": {"pool": "b"}}),
         "nodeSelector and podTemplate.nodeSelector are both set",
     ),
+    # spec.engine (docs/engines.md): one engine's settings are refused with the other.
+    "vllm with sglang settings": (
+        spec_with(engine="vLLM", image="vllm/vllm-openai:v0.32.0", sglang={"extraArgs": ["--enable-torch-compile"]}),
+        "sglang settings apply to engine SGLang only",
+    ),
+    "vllm with sglangVersion": (
+        spec_with(engine="vLLM", image="vllm/vllm-openai:v0.32.0", sglangVersion="0.5.23"),
+        "sglangVersion is an SGLang setting",
+    ),
+    "vllm with an sglang image": (spec_with(engine="vLLM"), "engine vLLM needs a vLLM image"),
+    "sglang with vllm settings": (spec_with(vllm={"maxNumSeqs": 64}), "vllm settings apply to engine vLLM only"),
+    "vllm on two nodes": (
+        spec_with(engine="vLLM", image="vllm/vllm-openai:v0.32.0", resources={"gpus": 8, "nodes": 2, "gpuFamily": "hopper"}),
+        "resources.nodes above 1 needs engine SGLang",
+    ),
+    "vllm managed flag": (
+        spec_with(engine="vLLM", image="vllm/vllm-openai:v0.32.0", vllm={"extraArgs": ["--speculative-config.method", "ngram"]}),
+        "vllm.extraArgs must not set flags the operator manages",
+    ),
 }
+
+
+def test_the_api_server_admits_a_vllm_spec_as_the_cli_parses_it(kubectl: Any) -> None:
+    spec = spec_with(engine="vLLM", image="vllm/vllm-openai:v0.32.0", vllm={"maxNumSeqs": 64, "extraArgs": ["--enforce-eager"]})
+    parse_spec(spec, check_rules=True)
+    kubectl("apply", "-f", "-", input=_cr("vllm-admitted", spec))
+    stored = json.loads(kubectl("get", "speculativeserver", "vllm-admitted", "-o", "json").stdout)["spec"]
+    assert stored["engine"] == "vLLM" and stored["vllm"]["maxNumSeqs"] == 64 and "sglangVersion" not in stored
+    kubectl("delete", "speculativeserver", "vllm-admitted", "--wait=false")
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))

@@ -233,6 +233,43 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     )
 
 
+def test_a_vllm_server_is_probed_in_vllms_protocol_promoted_and_rolled_back_on_its_counters(
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
+) -> None:
+    # spec.engine vLLM (docs/engines.md): the probe speaks vLLM's OpenAI API (/v1/models, streamed completions,
+    # return_token_ids) and the monitor reads vLLM's spec_decode counters, which the simulators export beside SGLang's.
+    name = "llama-vllm"
+    base = sims.start("llama31-8b-base")
+    spec_sim = sims.start("llama31-8b-eagle3")
+    operator.map(f"{name}-base", base.url)
+    operator.map(f"{name}-spec", spec_sim.url)
+    operator.start()
+    cr = example(
+        "llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations(), engine="vLLM", image="vllm/vllm-openai:v0.32.0",
+        monitor__interval=5, monitor__window=2,
+    )  # fmt: skip
+    del cr["spec"]["sglang"]
+    started = time.monotonic()
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
+    st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack", "Invalid", "Failed"}, timeout=90)
+    TIMINGS["apply -> decision (llama31-8b-eagle3, engine vLLM)"] = time.monotonic() - started
+    assert st["phase"] == "Promoted", st.get("message")
+    assert st["probe"]["outputsCompared"] > 0 and st["probe"]["outputMatchRate"] == 1.0
+    assert len(st["probe"]["acceptRateByPosition"]) == 3 and st["probe"]["acceptLength"] > 1.5
+    deployment = apps_v1.read_namespaced_deployment(f"{name}-spec", namespace)
+    container = deployment.spec.template.spec.containers[0]
+    assert container.name == "vllm" and container.command[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--speculative-config" in container.command and deployment.spec.template.spec.init_containers[0].command[-5:-3] == ["--engine", "vllm"]
+
+    spec_sim.sim.engine.set_accept_length_mean(1.0)  # the drafter stops being accepted
+    with generate_traffic(spec_sim.url, tokens=32):
+        drift_started = time.monotonic()
+        st = wait_phase(custom_objects, namespace, name, {"RolledBack"}, timeout=60)
+        TIMINGS["promoted -> drift rollback, engine vLLM (interval 5s, window 2, a baseline scrape first)"] = time.monotonic() - drift_started
+    assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
+    assert st["monitor"]["acceptLength"] < 1.5 and st["monitor"]["acceptRateByPosition"][0] < 0.5
+
+
 def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_decision(
     operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:

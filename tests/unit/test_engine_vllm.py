@@ -158,5 +158,48 @@ def test_a_probe_in_vllms_protocol_decides_and_reads_acceptance_from_the_counter
     assert result.accept_length == result.server_accept_length == pytest.approx(2.5, rel=0.1)
     rates = result.accept_rate_by_position
     assert rates is not None and len(rates) == 3 and rates[0] > rates[1] > rates[2] > 0
+    assert result.to_status("rev").accept_rate_by_position == rates  # status.probe.acceptRateByPosition
     assert result.outputs_compared == 4 and result.output_match_rate == 1.0
     assert metrics["vllm:spec_decode_num_drafts_total"] > 0 and not result.warnings
+
+
+def test_the_operators_drift_scrape_reads_a_vllm_pod_through_the_engine() -> None:
+    from specdec_operator.controller.config import Endpoints, OperatorConfig
+    from specdec_operator.controller.probescheduler import ProbeScheduler
+
+    async def go():
+        async with SimulatorServer(prof("win", [[1, 12.0], [128, 120.0]], 2.5), time_scale=2.0, seed=3, load_seconds=0) as url:
+            scheduler = ProbeScheduler(OperatorConfig(endpoints=Endpoints({"ns/pod/llama-spec-0": url})))
+            try:
+                first = await scheduler.scrape(("ns", "llama"), {"llama-spec-0": None}, VLLM)
+                session = await scheduler.session()
+                body = {"model": "x", "prompt": "def add(a, b):", "max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
+                for _ in range(8):
+                    async with session.post(url + "/v1/completions", json=body) as resp:
+                        assert resp.status == 200
+                second = await scheduler.scrape(("ns", "llama"), {"llama-spec-0": None}, VLLM)
+            finally:
+                await scheduler.close()
+            return first, second
+
+    first, second = asyncio.run(go())
+    baseline = observe_fleet(None, first, None, floor=1.5, window=3)
+    assert not baseline.evidence  # the pod's first scrape: a baseline
+    verdict = observe_fleet(baseline.status, second, remember(None, first), floor=1.5, window=3)
+    assert verdict.evidence and 1.8 < (verdict.status.accept_length or 0) < 3.2 and verdict.status.below_floor_count == 0
+    rates = verdict.status.accept_rate_by_position or []
+    assert len(rates) == 3 and rates[0] >= rates[1] >= rates[2]
+
+
+def test_a_vllm_server_that_is_not_speculating_is_named_in_a_warning():
+    base = prof("base", [[1, 10.0], [128, 80.0]])
+
+    async def probe():
+        async with AsyncExitStack() as stack:
+            b = await stack.enter_async_context(SimulatorServer(base, time_scale=4.0, seed=0, load_seconds=0))
+            s = await stack.enter_async_context(SimulatorServer(base, time_scale=4.0, seed=1, load_seconds=0))
+            return await run_probe(b, s, [parse_workload("chat:1:32:16:2")], seed=0, engine=VLLM, max_rounds=1)
+
+    result = asyncio.run(probe())
+    assert "speculative /metrics has no vllm:spec_decode counters: is it speculating?" in result.warnings
+    assert result.accept_length is None and result.accept_rate_by_position is None

@@ -237,3 +237,9 @@ def test_the_clis_speak_the_spec_engine(tmp_path, capsys):
     (tmp_path / "probe.json").write_text(json.dumps(document))
     assert specdec_main(["adaptive-config", "--probe-json", str(tmp_path / "probe.json"), "--num-steps", "3", "--engine", "vllm"]) == 0
     assert json.loads(capsys.readouterr().out) == [[1, 11, 3], [12, 128, 0]]
+
+
+def test_vllm_with_an_sglang_image_is_refused_in_one_line():
+    with pytest.raises(InputError) as err:
+        parse_spec({**VLLM_SPEC, "image": "lmsysorg/sglang:v0.5.23-cu130"}, check_rules=True)
+    assert str(err.value).startswith("spec: spec.image: ") and "engine vLLM needs a vLLM image" in str(err.value)

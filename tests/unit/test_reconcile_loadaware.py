@@ -1,5 +1,6 @@
 """Load-aware speculation in the reconcile pipeline (pure): the trial after a plain probe that wins at low load and
-loses at high, the adaptive server's decision, SGLang's unsupported configurations, loadAware Off, and restarts."""
+loses at high, the adaptive server's decision, SGLang's unsupported configurations, loadAware Off, and restarts; the
+same curve as vLLM's per-batch-size schedule for spec.engine vLLM."""
 
 from __future__ import annotations
 
@@ -209,3 +210,34 @@ def test_a_point_estimate_above_one_at_one_stream_is_no_win_to_try_for() -> None
     result["workloads"][0] = workload("c1", 1, 1.005, 0.96, 1.05)
     decided = world.step(probe_result=result)
     assert decided.status["phase"] == "RolledBack" and decided.status["reason"] == "SpeedupBelowThreshold" and not world.config_maps
+
+
+def vllm_world() -> World:
+    spec = llama_spec(engine="vLLM", image="vllm/vllm-openai:v0.32.0", **{"rollout.keepBaseWarm": False})
+    spec.pop("sglang")
+    spec["vllm"] = {"maxNumSeqs": 64}
+    return World(spec)
+
+
+def test_a_vllm_trial_runs_vllms_per_batch_size_schedule_from_the_same_curve() -> None:
+    world = vllm_world()
+    plan = to_trial(world)
+    trial = plan.status["probe"]["loadAware"]
+    assert trial["reason"] == "LoadAwareTrial" and trial["noDraftFrom"] == 13
+    assert "vLLM's adaptive speculation" in trial["message"]
+    # The same break-even as SGLang's table above, written as vLLM's num_speculative_tokens_per_batch_size ...
+    assert json.loads(trial["config"]) == [[1, 12, 3], [13, 64, 0]]
+    # ... inline in the speculative server's --speculative-config (vLLM reads no file for it).
+    command = spec_command(world)
+    speculative_config = json.loads(command[command.index("--speculative-config") + 1])
+    assert speculative_config["num_speculative_tokens_per_batch_size"] == [[1, 12, 3], [13, 64, 0]]
+    assert "--speculative-adaptive" not in command and world.template("speculative")["spec"]["containers"][0]["name"] == "vllm"
+
+
+def test_vllm_under_data_parallelism_says_why_load_aware_is_not_tried() -> None:
+    world = vllm_world()
+    world.spec_dict["vllm"]["extraArgs"] = ["--data-parallel-size", "2"]
+    plan = to_trial(world)
+    note = plan.status["probe"]["loadAware"]
+    assert note["reason"] == "LoadAwareUnsupported" and "data_parallel_size > 1" in note["summary"]
+    assert "vLLM's adaptive speculation does not run" in note["message"] and plan.status["phase"] == "RolledBack"

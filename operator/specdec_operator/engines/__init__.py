@@ -122,6 +122,7 @@ class Engine(Protocol):
     name: str  # spec.engine: SGLang or vLLM
     cli_name: str  # how `specdec validate --engine` and `specdec-train export --engine` name it
     container_name: str  # the server container of every pod
+    validator_args: tuple[str, ...]  # what the speculative pod's `specdec validate` is told of the engine
     health: HealthPaths
     info_path: str  # what the probe's preflight GETs
     metric_prefix: str  # every sample name of the engine's own starts with it (sglang:, vllm:)

@@ -47,6 +47,7 @@ class SGLangEngine:
     name = "SGLang"
     cli_name = "sglang"
     container_name = "sglang"
+    validator_args: tuple[str, ...] = ()  # the validator's default engine (and the pod templates of before spec.engine)
     # readiness: a real one-token generation (/health_generate answers within 20 s when the server is healthy).
     health = HealthPaths(startup="/health", readiness="/health_generate", liveness="/health")
     info_path = "/server_info"

@@ -110,6 +110,7 @@ class VLLMEngine:
     name = "vLLM"
     cli_name = "vllm"
     container_name = "vllm"
+    validator_args: tuple[str, ...] = ("--engine", "vllm")
     health = HealthPaths(startup="/health", readiness="/health", liveness="/health")
     info_path = MODELS_PATH
     metric_prefix = "vllm:"

@@ -202,6 +202,7 @@ class ProbeResult:
             finished_at=_rfc3339(self.finished_at),
             # Chat streams carry no spec_verify_ct: then the server's own sglang:spec_accept_length.
             accept_length=_num(self.accept_length if self.accept_length is not None else self.server_accept_length),
+            accept_rate_by_position=self.accept_rate_by_position,
             speedup=_num(self.speedup),
             message=self.message,
             revision=revision,
@@ -733,6 +734,8 @@ class ServerAcceptance:
             return
         found = await self._scrape(session, url, result)
         self.baseline = found if found is not None and found.counts_acceptance else None
+        if found is not None and self.baseline is None:  # vLLM exports the counters only with --speculative-config
+            result.warnings.append(f"speculative /metrics has no {self.engine.metric_prefix}spec_decode counters: is it speculating?")
 
     async def read(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
         found = await self._scrape(session, url, result)

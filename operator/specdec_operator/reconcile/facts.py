@@ -129,7 +129,11 @@ def gather_facts(
         key = f"{variant}/adaptive-{table_hash}" if table_hash else str(variant)
         if m.multi_node(spec):
             key += "/lws"
-            used[key] = rendered[key] if key in rendered else _leader_worker_set(spec, observed, variant, revision, settings, render_argv, table_hash, load_aware_probe)
+            used[key] = (
+                rendered[key]
+                if key in rendered
+                else _leader_worker_set(spec, observed, variant, revision, settings, render_argv, table_hash, load_aware_probe)
+            )
             groups[variant] = used[key]
             templates[variant] = m.leader_template(used[key])
             continue

@@ -77,15 +77,15 @@ class SGLangMetrics:
             return
         labels = ["model_name", "engine"]
         for name, doc, value in (
-            ("spec_decode_num_drafts", "Number of spec decoding drafts.", engine.spec_drafts_total),
-            ("spec_decode_num_draft_tokens", "Number of draft tokens.", engine.spec_draft_tokens_total),
-            ("spec_decode_num_accepted_tokens", "Number of accepted tokens.", engine.spec_accepted_tokens_total),
+            ("spec_decode_num_drafts", "Number of spec decoding drafts.", engine.spec_decode.drafts),
+            ("spec_decode_num_draft_tokens", "Number of draft tokens.", engine.spec_decode.draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Number of accepted tokens.", engine.spec_decode.accepted_tokens),
         ):
             fam = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
             fam.add_metric([self.sim.served_model_name, "0"], value)
             yield fam
         fam = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", labels=[*labels, "position"])
-        for position, value in enumerate(engine.spec_accepted_per_position):
+        for position, value in enumerate(engine.spec_decode.accepted_per_position):
             fam.add_metric([self.sim.served_model_name, "0", str(position)], value)
         yield fam
 

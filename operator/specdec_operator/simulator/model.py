@@ -414,6 +414,32 @@ class SimRequest:
     sink: Callable[[Emission], None] | None = None
 
 
+@dataclass
+class SpecDecodeCounters:
+    """vLLM 0.32's spec_decode counters (vllm/v1/spec_decode/metrics.py), which the simulator exports beside SGLang's
+    gauges: a draft is one request's verify step; a chain accepts its first ``accepted`` positions."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @classmethod
+    def for_positions(cls, positions: int) -> SpecDecodeCounters:
+        return cls(accepted_per_position=[0] * positions)  # vLLM creates every position's series at start-up, at 0
+
+    def count(self, proposed: int, accepted: int) -> None:
+        if proposed <= 0:
+            return
+        self.drafts += 1
+        self.draft_tokens += proposed
+        self.accepted_tokens += accepted
+        if len(self.accepted_per_position) < proposed:
+            self.accepted_per_position += [0] * (proposed - len(self.accepted_per_position))
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+
 class Engine:
     """The scheduler loop of one simulated server, running on the current asyncio event loop."""
 
@@ -454,12 +480,7 @@ class Engine:
         self.generation_tokens_total = 0
         self.requests_total = 0
         self.verify_calls_total = 0
-        # vLLM 0.32's spec_decode counters (vllm/v1/spec_decode/metrics.py): a draft is one request's verify step.
-        self.spec_drafts_total = 0
-        self.spec_draft_tokens_total = 0
-        self.spec_accepted_tokens_total = 0
-        # vLLM creates a series per position at start-up, at 0.
-        self.spec_accepted_per_position = [0] * ((profile.speculative.num_draft_tokens - 1) if profile.speculative is not None else 0)
+        self.spec_decode = SpecDecodeCounters.for_positions(profile.speculative.num_draft_tokens - 1 if profile.speculative else 0)
         self.last_gen_throughput = 0.0
         self.last_accept_length = 0.0
         self.last_accept_rate = 0.0
@@ -575,7 +596,7 @@ class Engine:
                         continue
                     k = self._draw_tokens(p=req.accept_p)
                     if self.profile.speculative is not None:
-                        self._count_draft(self.profile.speculative.num_draft_tokens - 1, k - 1)
+                        self.spec_decode.count(self.profile.speculative.num_draft_tokens - 1, k - 1)
                     step_tokens += self._advance(req, k, verify=self.profile.speculative is not None)
                     step_verify += 1
                 self._account(step_tokens, step_verify)
@@ -602,23 +623,11 @@ class Engine:
             k = self._draw_tokens(num_steps + 1, p=req.accept_p)
             # The slot sees what the verify accepted, before max_new_tokens trims the output.
             correct_drafts.append(k - 1)
-            self._count_draft(num_steps, k - 1)
+            self.spec_decode.count(num_steps, k - 1)
             step_tokens += self._advance(req, k, verify=True)
         if adaptive.on_verify_complete(correct_drafts, len(batch)):
             self.active_num_steps = adaptive.steps_for_batch(len(batch))  # SGLang switches the state right away
         self._account(step_tokens, len(correct_drafts))
-
-    def _count_draft(self, proposed: int, accepted: int) -> None:
-        """vLLM's counters of one request's verify step: a chain accepts its first ``accepted`` positions."""
-        if proposed <= 0:
-            return
-        self.spec_drafts_total += 1
-        self.spec_draft_tokens_total += proposed
-        self.spec_accepted_tokens_total += accepted
-        if len(self.spec_accepted_per_position) < proposed:
-            self.spec_accepted_per_position += [0] * (proposed - len(self.spec_accepted_per_position))
-        for i in range(accepted):
-            self.spec_accepted_per_position[i] += 1
 
     def _busy(self, seconds: float) -> None:
         """Advance the simulated clock by a prefill or a decode step."""
