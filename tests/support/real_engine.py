@@ -29,7 +29,7 @@ Why the targets are shaped (`shape_target`):
 
 The draft vocabulary is smaller than the target's (BUILD["draft_vocab_size"] < 320): with the full vocabulary the
 export writes `d2t`, which vLLM 0.32's Eagle3LlamaForCausalLM refuses (docs/vllm-cpu.md). A changed source file or
-parameter gives a new key, so a changed pipeline is rebuilt; old keys are left for `rm -rf` (each is about 10 MB).
+parameter gives a new key, so a changed pipeline is rebuilt; old keys are left for `rm -rf` (each is about 240 MB, mostly the two targets).
 The build happens in a temporary directory renamed into place, under a lock, so concurrent sessions build it once.
 """
 
