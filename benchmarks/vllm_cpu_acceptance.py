@@ -16,8 +16,9 @@ and drafters trained by `specdec-train` for it and for target `b`), built once p
    (vllm:spec_decode_num_drafts_total, ..._num_accepted_tokens_total, ..._num_accepted_tokens_per_pos_total) moved by;
 3. a plain client's speedup: the held-out prompts sent to base and to each speculative server in alternation,
    `--rounds` times, tokens/s of one stream;
-4. the probe's speedup: `specdec probe --engine vllm` of each speculative server against base (one stream, as the
-   operator test; when this checkout's probe speaks vLLM);
+4. the probe's speedup: `specdec probe --engine vllm` of each speculative server against base (one stream, 8
+   requests a round, up to 10 rounds, floor 2.0: the operator test's settings when the committed results were
+   measured; the test now sends 16 a round);
 5. time from apply to decision: from the operator test's results file (tests/cluster/test_vllm_engine.py writes
    it when SPECDEC_REAL_ENGINE_RESULTS names one), passed with --decisions.
 
