@@ -475,3 +475,66 @@ def test_a_new_drafter_of_a_walked_fleet_walks_back_before_any_speculative_pod_o
     assert reasons.count("SpeedupConfirmed") == 2
     if replicas >= 2:
         assert reasons.count("WalkStarted") >= 3  # out; back; out again
+
+
+def test_a_new_base_image_of_a_six_server_fleet_never_leaves_fewer_than_five_ready_servers(
+    operator: Any, custom_objects: Any, core_v1: Any, apps_v1: Any, namespace: str
+) -> None:
+    """A fleet whose drafter is incompatible serves from 6 base servers. A new image changes the base template
+    (the Deployment's RollingUpdate, maxSurge 0 / maxUnavailable 1) and makes a new revision whose canary takes a
+    base server (maxSurge 0). The walk to the canary waits for the base rollout: counted from the API server's watch
+    of pods (kwok's stages make each new pod Ready 2 s after it runs), never fewer than 5 Ready servers."""
+    from tests.support.operator_process import example
+
+    verdict = json.dumps({"compatible": False, "findings": [{"severity": "error", "code": "HiddenSizeMismatch", "message": "4096 != 7168"}]})
+    annotations = {"specdec.test/init-exit-code": "1", "specdec.test/init-message": verdict, "specdec.test/ready-after": READY_AFTER}
+    cr = example("llama31-8b-eagle3.yaml", FLEET, namespace, annotations=annotations, replicas=6, resources__gpus=8, resources__gpuFamily="blackwell")
+    operator.start()
+    custom_objects.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, cr)
+
+    def at_rest() -> dict | None:
+        st = fleet_status(custom_objects, namespace)
+        return st if st.get("phase") == "Invalid" and st.get("readyReplicas") == 6 and server_pods(core_v1, namespace)["speculative"] == 0 else None
+
+    first = wait_until(at_rest, timeout=180, message="6 Ready base servers beside an Invalid drafter")
+    old_hash = apps_v1.read_namespaced_deployment(f"{FLEET}-base", namespace).spec.template.metadata.annotations[m.ANNOTATION_TEMPLATE_HASH]
+    recorder = Recorder(core_v1, custom_objects, namespace)
+    new_image = "mirror.example/lmsysorg/sglang:v0.5.23-cu130"
+    try:
+        patched = custom_objects.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, FLEET, {"spec": {"image": new_image}})
+
+        def rolled_and_decided() -> dict | None:
+            st = at_rest()
+            if st is None or st["validation"].get("revision") == first["validation"]["revision"]:
+                return None
+            base = core_v1.list_namespaced_pod(namespace, label_selector=f"{m.LABEL_INSTANCE}={FLEET},{m.LABEL_VARIANT}=base").items
+            return st if len(base) == 6 and all(p.spec.containers[0].image == new_image for p in base) else None
+
+        wait_until(rolled_and_decided, timeout=300, message="the base rolled to the new image and the new revision was validated")
+    finally:
+        recorder.stop()
+
+    # Replayed from the pods' watch stream, in resourceVersion order: Ready servers (not being deleted) at every event
+    # after the patch (the pods listed before it come in one by one, each at its own last change).
+    with recorder.lock:
+        events = sorted(recorder.events, key=lambda e: e[0])
+    pods: dict[str, tuple] = {}
+    fewest, mixed, canaries, counted = 10**9, False, set(), 0
+    for version, kind, kind_of_event, data in events:
+        if kind != "pod":
+            continue
+        if kind_of_event == "DELETED":
+            pods.pop(data[0], None)
+        else:
+            pods[data[0]] = data
+        if version < int(patched["metadata"]["resourceVersion"]):
+            continue
+        counted += 1
+        fewest = min(fewest, sum(1 for p in pods.values() if p[2]))
+        base_hashes = {p[4] for p in pods.values() if p[3].get(m.LABEL_VARIANT) == "base"}
+        mixed |= old_hash in base_hashes and len(base_hashes) > 1
+        canaries |= {p[0] for p in pods.values() if p[3].get(m.LABEL_VARIANT) == "speculative"}
+    assert mixed, "the base servers were never of two templates at once: not a rolling update"
+    assert canaries, "the new revision never got its canary"
+    assert counted >= 20, f"only {counted} pod events after the image change"
+    assert fewest >= 5, f"only {fewest} Ready servers during the base image change (6 replicas, maxUnavailable 1)"
