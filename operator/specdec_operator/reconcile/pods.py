@@ -49,11 +49,14 @@ def pods_of(pods: list[dict[str, Any]], variant: Variant) -> list[dict[str, Any]
     return live([p for p in pods if labels_of(p).get(m.LABEL_VARIANT) == variant.value])
 
 
-def server_state(pods: list[dict[str, Any]], template_hash: str, events: list[dict[str, Any]] | None = None) -> ServerState:
+def server_state(
+    pods: list[dict[str, Any]], template_hash: str, events: list[dict[str, Any]] | None = None, gpu_family: str | None = None
+) -> ServerState:
     """Describe a variant's server from its pods: ready, loading (since when), crash-looping, ...
 
     ``events``: the Events about these pods, where the kubelet says what pod states do not (a volume that does not
-    mount leaves the pod PodInitializing or ContainerCreating): stuck.diagnose names the cause of a wait."""
+    mount leaves the pod PodInitializing or ContainerCreating): stuck.diagnose names the cause of a wait.
+    ``gpu_family``: the spec's resources.gpuFamily, named when a pod cannot be scheduled."""
     current_pods = live(pods)
     any_ready = any(is_ready(p) for p in current_pods)
     current = [p for p in current_pods if annotations_of(p).get(m.ANNOTATION_TEMPLATE_HASH) == template_hash]
@@ -67,7 +70,7 @@ def server_state(pods: list[dict[str, Any]], template_hash: str, events: list[di
     status = pod.get("status") or {}
     # A new pod beside a Ready one of an older template (a base rolling update): the old one serves meanwhile.
     beside = "; the pod of the older template keeps serving" if any_ready else ""
-    cause = diagnose(pod, events)
+    cause = diagnose(pod, events, gpu_family)
     if cause is not None and cause.reason != Reason.CRASH_LOOP:
         return ServerState(False, any_ready, cause.reason, clip(cause.message + beside))
     validating = _validator_state(status)
