@@ -187,14 +187,21 @@ def start_real_node(name: str, log: Any = print) -> tuple[Any, dict[str, float]]
     except devcluster.ClusterError as error:
         devcluster.down(name, purge=True)
         raise SetupError(f"could not start the cluster with a real node: {error}") from error
-    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    timings["cluster up with the real node, CRD installed"] = time.monotonic() - started
-    started = time.monotonic()
-    archive = subprocess.run(
-        [str(REPO / "hack" / "build-image.sh"), "--archive-of", SIMULATOR_REF], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    devcluster.load_images(cluster, [Path(archive)])
+    try:
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        for _ in range(120):  # `kubectl wait` fails while the new CRD has no status yet
+            if cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=30s", check=False).returncode == 0:
+                break
+            time.sleep(0.5)
+        timings["cluster up with the real node, CRD installed"] = time.monotonic() - started
+        started = time.monotonic()
+        archive = subprocess.run(
+            [str(REPO / "hack" / "build-image.sh"), "--archive-of", SIMULATOR_REF], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        devcluster.load_images(cluster, [Path(archive)])
+    except (devcluster.ClusterError, subprocess.CalledProcessError) as error:
+        devcluster.down(name, purge=True)
+        raise SetupError(f"could not install the CRD or import the simulator image: {error}") from error
     timings["ctr images import (simulator)"] = time.monotonic() - started
     return cluster, timings
 

@@ -108,6 +108,9 @@ def _server_container_state(cs: dict[str, Any], status: dict[str, Any], any_read
     if waiting.get("reason") == "CrashLoopBackOff":
         # The last termination message says why (SGLang's last words: an unknown flag, an out-of-memory, ...).
         return ServerState(False, any_ready, Reason.CRASH_LOOP, clip(f"crash-looping ({last_termination(cs)})"), restarts)
+    # A container that has crashed before keeps saying why while the kubelet runs it again between back-offs (the
+    # deadline reads such a wait as the crash loop it is: deadline._named).
+    crashed = f" after a crash ({last_termination(cs)})" if restarts and (cs.get("lastState") or {}).get("terminated") else ""
     running = state.get("running")
     if running is not None:
         started = parse_time(running.get("startedAt")) or parse_time(status.get("startTime"))
@@ -115,13 +118,13 @@ def _server_container_state(cs: dict[str, Any], status: dict[str, Any], any_read
         # loading server patch its status (docs/scale.md). Clients (kubectl, dashboards) compute the elapsed time,
         # as they do for a pod's age.
         message = f"loading weights since {rfc3339(started)}" if started else "loading weights"
-        return ServerState(False, any_ready, Reason.LOADING, message, restarts)
+        return ServerState(False, any_ready, Reason.LOADING, clip(message + crashed), restarts)
     if waiting:
         detail = waiting.get("reason") or "waiting"
         if waiting.get("message") and detail not in _WAITING_NORMAL:
             detail = f"{detail}: {waiting['message']}"
-        return ServerState(False, any_ready, Reason.STARTING, clip(f"starting ({detail})"), restarts)
-    return ServerState(False, any_ready, Reason.STARTING, "starting", restarts)
+        return ServerState(False, any_ready, Reason.STARTING, clip(f"starting ({detail}){crashed}"), restarts)
+    return ServerState(False, any_ready, Reason.STARTING, clip("starting" + crashed), restarts)
 
 
 def parse_validator_report(exit_code: int, message: str | None, revision: str) -> ValidationStatus:
