@@ -3,10 +3,10 @@
 
 The causes and their SpeculativeServers are tests/support/stuck_causes.py's (the ones tests/cluster/test_realnode_stuck.py
 asserts): a hostPath `type: Directory` that does not exist (VolumeNotMounted, from the kubelet's FailedMount Event),
-a server image from a registry that does not resolve (ImageNotPulled), 16 GPUs on an 8-GPU node (Unschedulable,
-from the scheduler), a speculative server that exits at start (CrashLoop, with its last log lines), and a
-validator image that cannot be pulled (ImageNotPulled of the init container, the base serving). All five are
-applied at once, as in the test; each run uses new namespaces and new operator processes.
+a server image from a registry that does not resolve (ImageNotPulled), 16 GPUs on a 12-GPU node (Unschedulable,
+from the scheduler), a speculative and a base server that exit at start (CrashLoop, with their last log lines),
+and a validator image that cannot be pulled (ImageNotPulled of the init container, the base serving). All six
+are applied at once, as in the test; each run uses new namespaces and new operator processes.
 
 For each cause and run: seconds from the create call's return to the first status read (every 0.2 s) whose
 condition (BaseReady or SpeculativeReady) has the cause's reason, to status.waitingFor naming it, and to the end
@@ -108,7 +108,7 @@ def markdown(command: str, machine: dict[str, Any], timings: dict[str, float], r
         "",
         f"Produced by `{command}` ({runs} runs; the raw numbers: stuck-causes.json).",
         f"Machine: {machine['cpus']} CPUs, load average {machine['load']} at the start, {machine['node']}.",
-        "Each cell: median [min, max] over the runs, seconds from the create call of the SpeculativeServer (all five",
+        "Each cell: median [min, max] over the runs, seconds from the create call of the SpeculativeServer (all six",
         "applied at once) to the first status read (every 0.2 s) that shows it. The end of a wait is the phase it ends in",
         "(spec.progressDeadlineSeconds 60, the minimum; a crash-looping speculative server is given up after 3 restarts).",
         "",

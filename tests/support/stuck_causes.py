@@ -38,7 +38,9 @@ ON_NODE = {"specdec.io/real-node": "true"}
 DEADLINE_S = 60  # spec.progressDeadlineSeconds: the API's minimum
 UNPULLABLE = "registry.invalid/specdec/sglang-simulator:0.1.0"  # .invalid never resolves (RFC 6761)
 UNPULLABLE_VALIDATOR = "registry.invalid/specdec/validator:0.1.0"
-MISSING_PROFILE = "no-such-profile"  # SIMULATOR_SPECULATIVE_PROFILE: the speculative simulator exits at start
+MISSING_PROFILE = "no-such-profile"  # SIMULATOR_(SPECULATIVE_)PROFILE: that simulator exits at start
+# Two servers per cause side by side (Unschedulable asks for 16): the node advertises 12 simulated GPUs, not 8.
+NODE_GPUS = "12"
 
 
 def _images_env() -> dict[str, str]:
@@ -118,6 +120,17 @@ CAUSES = (
         {"env": {"SIMULATOR_SPECULATIVE_PROFILE": MISSING_PROFILE}},
     ),
     Cause(
+        "CrashLoop",
+        "basecrash",
+        STUCK,
+        "BaseReady",
+        "the base server (CrashLoop)",
+        "Failed",
+        ("crash-looping", "exit code 1", MISSING_PROFILE),
+        False,
+        {"env": {"SIMULATOR_PROFILE": MISSING_PROFILE}},
+    ),
+    Cause(
         "ImageNotPulled",
         "novalidator",
         STUCK_VALIDATOR,
@@ -191,6 +204,13 @@ def start_real_node(name: str, log: Any = print) -> tuple[Any, dict[str, float]]
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
         for _ in range(120):  # `kubectl wait` fails while the new CRD has no status yet
             if cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=30s", check=False).returncode == 0:
+                break
+            time.sleep(0.5)
+        capacity = json.dumps({"status": {"capacity": {"nvidia.com/gpu": NODE_GPUS}}})
+        cluster.kubectl("patch", "node", realnode.NODE_NAME, "--subresource=status", "--type=merge", "-p", capacity)
+        for _ in range(60):
+            node = json.loads(cluster.kubectl("get", "node", realnode.NODE_NAME, "-o", "json").stdout)
+            if node["status"].get("allocatable", {}).get("nvidia.com/gpu") == NODE_GPUS:
                 break
             time.sleep(0.5)
         timings["cluster up with the real node, CRD installed"] = time.monotonic() - started
