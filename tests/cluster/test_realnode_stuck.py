@@ -88,7 +88,7 @@ def _id(cause: sc.Cause) -> str:
 
 
 @pytest.mark.parametrize("cause", sc.CAUSES, ids=_id)
-def test_the_cause_is_named_in_status_and_the_wait_ends_at_the_deadline(seen: Any, cause: sc.Cause) -> None:
+def test_the_cause_is_named_in_status_and_the_wait_ends_at_the_deadline(seen: Any, api: Any, cause: sc.Cause) -> None:
     record = seen[cause.name]
     assert record.reason_at is not None, f"{cause.condition} never had reason {cause.reason}; waitingFor went {record.waiting_for}"
     for words in cause.says:
@@ -108,6 +108,15 @@ def test_the_cause_is_named_in_status_and_the_wait_ends_at_the_deadline(seen: An
         assert f"no progress for {sc.DEADLINE_S}s" in final["message"] and cause.waiting_for in final["message"], final["message"]
         # Not before the deadline: it counts from the last change of what the resource waits for.
         assert record.ended_at >= sc.DEADLINE_S
+    # Warning Events on the SpeculativeServer: the cause when the condition turned to it, and the end of the wait.
+    warnings = {
+        e.reason
+        for e in api["core"].list_namespaced_event(cause.namespace).items
+        if e.involved_object.kind == "SpeculativeServer" and e.involved_object.name == cause.name and e.type == "Warning"
+    }
+    assert cause.reason in warnings, warnings
+    if final["reason"] == "ProgressDeadlineExceeded":
+        assert "ProgressDeadlineExceeded" in warnings, warnings
 
 
 def test_where_only_the_speculative_side_waits_the_base_keeps_serving(seen: Any, api: Any) -> None:
