@@ -42,7 +42,7 @@ class Fleet:
     # A base pod template change of a fleet (base_template_change): the base Deployment keeps its old template (a
     # replicas-only write) until its rolling update cannot take the fleet under its floor of Ready servers ...
     base_held: bool = False
-    # ... and while it rolls (or its new template is being written) the walk waits for it.
+    # ... and while it rolls the walk waits for it (it also waits while the new template is held).
     base_rolling: bool = False
 
     def __getitem__(self, variant: Variant) -> int:
@@ -120,6 +120,7 @@ class BaseChange:
 
 
 def base_template_change(facts: Facts, state: rollout.FleetState) -> BaseChange:
+    """What the API server shows of a fleet's base template change (none for one server or LeaderWorkerSets)."""
     if facts.leader_worker_sets or facts.spec.replicas < 2:
         return BaseChange()
     server = facts.observed.deployments.get(m.child_name(facts.name, BASE))
