@@ -300,6 +300,7 @@ def server_pods(core_v1: Any, namespace: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.timing
 def test_a_six_server_fleet_is_promoted_without_a_seventh_servers_gpus_and_never_below_five_serving(
     operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
 ) -> None:
