@@ -10,7 +10,8 @@
 5. Print the seed-style table (variant, tok/s per workload, acceptance, decision).
 6. A fleet: 4 Llama servers on Blackwell nodes, rollout.maxSurge 0, walked onto the drafter one server at a time
    and back again when its drafter drifts (the simulator restarted with a drafter that accepts nothing), printing
-   the walk; then clean up.
+   the walk; then check that no GPU is idle (status.gpus.idle of every resource and the operator's
+   specdec_idle_gpus are 0: exit status 1 otherwise) and clean up.
 
 Nothing runs in the simulated pods: their validator verdicts (produced here by the real `specdec validate` on
 metadata-only model directories) and their readiness are scripted with specdec.test/* pod annotations.
@@ -281,9 +282,10 @@ def custom_resource(case: Case) -> dict:
         spec.setdefault("rollout", {})["workloads"] = case.workloads
     if case.name == "llama31-8b-wide-drafter":
         spec["rollout"]["policy"] = "AllWorkloads"  # every load must win, so the plain probe rolls it back
-    if case.name.startswith("kimi"):
-        # 8 GPUs per server, 24 Blackwell GPUs in the cluster: a losing speculative server gives its GPUs back.
-        spec["rollout"]["keepBaseWarm"] = False
+    # A warm base beside a promoted server serves no traffic: it would count as idle GPUs (status.gpus.idle), and
+    # the demo ends with none. (Kimi: 8 GPUs per server, 24 Blackwell GPUs in the cluster, so the GPUs a loser or a
+    # warm base gives back are what lets the next server start.)
+    spec["rollout"]["keepBaseWarm"] = False
     code, message = case.verdict
     spec["podMetadata"] = {
         "annotations": {
@@ -294,6 +296,40 @@ def custom_resource(case: Case) -> dict:
         }
     }
     return cr
+
+
+def idle_gpus(kubectl: Any, metrics_url: str) -> tuple[dict[str, int], float | None]:
+    """status.gpus.idle of every SpeculativeServer, and the sum of the operator's specdec_idle_gpus (None when the
+    metrics do not answer)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    by_name = {i["metadata"]["name"]: int(((i.get("status") or {}).get("gpus") or {}).get("idle") or 0) for i in items}
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return by_name, None
+    total = sum(s.value for f in text_string_to_metric_families(text) if f.name == "specdec_idle_gpus" for s in f.samples)
+    return by_name, total
+
+
+def check_no_idle_gpus(kubectl: Any, metrics_url: str, timeout: float = 120) -> bool:
+    """The demo's last check: no GPU is held by a server that serves no traffic and is not being probed, in status
+    and in the operator's metric (losers and warm bases are scaled to 0 a few steps after a decision)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        by_name, metric = idle_gpus(kubectl, metrics_url)
+        if metric == 0 and not any(by_name.values()):
+            say(f"\nIdle GPUs: 0 in status.gpus.idle of all {len(by_name)} SpeculativeServers, specdec_idle_gpus 0 ({metrics_url})")
+            return True
+        if time.monotonic() > deadline:
+            held = ", ".join(f"{name} {idle}" for name, idle in by_name.items() if idle) or "none in status"
+            say(f"\nIdle GPUs after {timeout:.0f}s: {held}; specdec_idle_gpus {metric}")
+            return False
+        time.sleep(2)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -504,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout
         say("      Events of the fleet:")
         say("\n".join("        " + line[:170] for line in walk_events.rstrip().splitlines()))
-        return 0
+        return 0 if check_no_idle_gpus(kubectl, f"http://127.0.0.1:{metrics_port}/metrics") else 1
     except devcluster.ClusterError as exc:
         say(f"demo: {exc}")
         return 1

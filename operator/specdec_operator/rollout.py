@@ -120,11 +120,16 @@ def _footprint(state: VariantState, desired: int) -> int:
     return state.terminating + max(desired, state.pods - state.terminating)
 
 
-def plan_step(goal: Counts, state: FleetState, *, replicas: int, max_surge: int, max_unavailable: int) -> Counts:
+def plan_step(goal: Counts, state: FleetState, *, replicas: int, max_surge: int, max_unavailable: int, rolling: Variant | None = None) -> Counts:
     """The next spec.replicas of the two Deployments, one step of the walk from `state` toward `goal`.
 
     Idempotent: called again on the same state it returns the same counts; it returns the current desired counts
     when nothing may change yet (a new server not Ready, an old pod still terminating).
+
+    rolling: a variant whose Deployment replaces its servers with a new pod template (its own rolling update, which
+    takes up to maxUnavailable Ready servers by itself). The walk waits for it: that variant is not scaled down
+    (a scale-down mid-rollout may take a Ready server of the old template while the new one loads), and no
+    scale-down of the other variant may take a Ready server either; scale-ups within the budget go on.
     """
     if max_surge < 0 or max_unavailable < 0 or replicas < 0:
         raise ValueError("replicas, maxSurge and maxUnavailable must not be negative")
@@ -133,10 +138,12 @@ def plan_step(goal: Counts, state: FleetState, *, replicas: int, max_surge: int,
     variants = (Variant.BASE, Variant.SPECULATIVE)
     desired = {v: state[v].desired for v in variants}
     min_ready = floor(replicas, max_unavailable)
+    if rolling is not None:  # the rolling update spends the unavailability: the walk may not lose a Ready server
+        min_ready = max(min_ready, sum(state[v].ready_kept(desired[v]) for v in variants))
 
     # 1. Scale-downs, the old variant first (it is the one being replaced; the other shrinks only when the goal
     # itself shrank, e.g. kubectl scale mid-walk). Not-Ready servers go for free; Ready ones only above the floor.
-    shrinking = sorted((v for v in variants if desired[v] > goal[v]), key=lambda v: goal[v] > 0)
+    shrinking = sorted((v for v in variants if desired[v] > goal[v] and v != rolling), key=lambda v: goal[v] > 0)
     for variant in shrinking:
         for _ in range(desired[variant] - goal[variant]):
             before = sum(state[v].ready_kept(desired[v]) for v in variants)

@@ -181,6 +181,7 @@ def code_lines(n: int) -> str:
     return "".join(json.dumps({"prompt": f"Write a Python function number {i}: def sort_{i}(items)"}) + "\n" for i in range(n))
 
 
+@pytest.mark.timing
 def test_random_ids_and_the_users_code_dataset_reverse_the_decision_both_ways(
     operator: Operator, sims: Any, namespace: str, custom_objects: Any, core_v1: Any
 ) -> None:

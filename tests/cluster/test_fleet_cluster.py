@@ -300,6 +300,7 @@ def server_pods(core_v1: Any, namespace: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.timing
 def test_a_six_server_fleet_is_promoted_without_a_seventh_servers_gpus_and_never_below_five_serving(
     operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
 ) -> None:
@@ -475,3 +476,136 @@ def test_a_new_drafter_of_a_walked_fleet_walks_back_before_any_speculative_pod_o
     assert reasons.count("SpeedupConfirmed") == 2
     if replicas >= 2:
         assert reasons.count("WalkStarted") >= 3  # out; back; out again
+
+
+def test_a_new_base_image_of_a_six_server_fleet_never_leaves_fewer_than_five_ready_servers(
+    operator: Any, custom_objects: Any, core_v1: Any, apps_v1: Any, namespace: str
+) -> None:
+    """A fleet whose drafter is incompatible serves from 6 base servers. A new image changes the base template
+    (the Deployment's RollingUpdate, maxSurge 0 / maxUnavailable 1) and makes a new revision whose canary takes a
+    base server (maxSurge 0). The walk to the canary waits for the base rollout: counted from the API server's watch
+    of pods (kwok's stages make each new pod Ready 2 s after it runs), never fewer than 5 Ready servers."""
+    from tests.support.operator_process import example
+
+    verdict = json.dumps({"compatible": False, "findings": [{"severity": "error", "code": "HiddenSizeMismatch", "message": "4096 != 7168"}]})
+    annotations = {"specdec.test/init-exit-code": "1", "specdec.test/init-message": verdict, "specdec.test/ready-after": READY_AFTER}
+    cr = example("llama31-8b-eagle3.yaml", FLEET, namespace, annotations=annotations, replicas=6, resources__gpus=8, resources__gpuFamily="blackwell")
+    operator.start()
+    custom_objects.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, cr)
+
+    def at_rest() -> dict | None:
+        st = fleet_status(custom_objects, namespace)
+        return st if st.get("phase") == "Invalid" and st.get("readyReplicas") == 6 and server_pods(core_v1, namespace)["speculative"] == 0 else None
+
+    first = wait_until(at_rest, timeout=180, message="6 Ready base servers beside an Invalid drafter")
+    old_hash = apps_v1.read_namespaced_deployment(f"{FLEET}-base", namespace).spec.template.metadata.annotations[m.ANNOTATION_TEMPLATE_HASH]
+    recorder = Recorder(core_v1, custom_objects, namespace)
+    new_image = "mirror.example/lmsysorg/sglang:v0.5.23-cu130"
+    try:
+        patched = custom_objects.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, FLEET, {"spec": {"image": new_image}})
+
+        def rolled_and_decided() -> dict | None:
+            st = at_rest()
+            if st is None or st["validation"].get("revision") == first["validation"]["revision"]:
+                return None
+            base = core_v1.list_namespaced_pod(namespace, label_selector=f"{m.LABEL_INSTANCE}={FLEET},{m.LABEL_VARIANT}=base").items
+            return st if len(base) == 6 and all(p.spec.containers[0].image == new_image for p in base) else None
+
+        wait_until(rolled_and_decided, timeout=300, message="the base rolled to the new image and the new revision was validated")
+    finally:
+        recorder.stop()
+
+    # Replayed from the pods' watch stream, in resourceVersion order: Ready servers (not being deleted) at every event
+    # after the patch (the pods listed before it come in one by one, each at its own last change).
+    with recorder.lock:
+        events = sorted(recorder.events, key=lambda e: e[0])
+    pods: dict[str, tuple] = {}
+    fewest, mixed, canaries, counted = 10**9, False, set(), 0
+    for version, kind, kind_of_event, data in events:
+        if kind != "pod":
+            continue
+        if kind_of_event == "DELETED":
+            pods.pop(data[0], None)
+        else:
+            pods[data[0]] = data
+        if version < int(patched["metadata"]["resourceVersion"]):
+            continue
+        counted += 1
+        fewest = min(fewest, sum(1 for p in pods.values() if p[2]))
+        base_hashes = {p[4] for p in pods.values() if p[3].get(m.LABEL_VARIANT) == "base"}
+        mixed |= old_hash in base_hashes and len(base_hashes) > 1
+        canaries |= {p[0] for p in pods.values() if p[3].get(m.LABEL_VARIANT) == "speculative"}
+    assert mixed, "the base servers were never of two templates at once: not a rolling update"
+    assert canaries, "the new revision never got its canary"
+    assert counted >= 20, f"only {counted} pod events after the image change"
+    assert fewest >= 5, f"only {fewest} Ready servers during the base image change (6 replicas, maxUnavailable 1)"
+
+
+def test_a_new_base_image_while_the_canary_is_probed_never_leaves_fewer_than_five_ready_servers(
+    operator: Any, sims: Any, custom_objects: Any, core_v1: Any, apps_v1: Any, namespace: str
+) -> None:
+    """A new image while a 6-server fleet's canary is probed (5 base servers and the canary, maxSurge 0): the canary is
+    recreated at once (the 5 base servers keep the floor) and the base template waits until the new canary is Ready
+    (a replicas-only write), then rolls. From the API server's watch of pods: never fewer than 5 Ready servers."""
+    from tests.support.operator_process import compatible_annotations, example
+
+    # Slow simulators: the probe of the first revision is still measuring when the image changes.
+    base = sims.start("llama31-8b-base", time_scale=0.2)
+    spec_sim = sims.start("llama31-8b-eagle3", time_scale=0.2)
+    operator.map(f"{FLEET}-base", base.url)
+    operator.map(f"{FLEET}-spec", spec_sim.url)
+    operator.start()
+    cr = example(
+        "llama31-8b-eagle3.yaml",
+        FLEET,
+        namespace,
+        annotations=compatible_annotations(ready_after=READY_AFTER),
+        replicas=6,
+        resources__gpus=8,
+        resources__gpuFamily="blackwell",
+        rollout__keepBaseWarm=False,
+    )
+    custom_objects.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, cr)
+
+    def probing() -> dict | None:
+        st = fleet_status(custom_objects, namespace)
+        return st if st.get("phase") == "Probing" and st.get("readyReplicas") == 6 and st.get("speculativeReplicas") == 1 else None
+
+    first = wait_until(probing, timeout=180, message="the canary probed beside 5 base servers")
+    old_base = apps_v1.read_namespaced_deployment(f"{FLEET}-base", namespace).spec.template.metadata.annotations[m.ANNOTATION_TEMPLATE_HASH]
+    recorder = Recorder(core_v1, custom_objects, namespace)
+    new_image = "mirror.example/lmsysorg/sglang:v0.5.23-cu130"
+    try:
+        patched = custom_objects.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, FLEET, {"spec": {"image": new_image}})
+
+        def rolled() -> bool:
+            pods = core_v1.list_namespaced_pod(namespace, label_selector=f"{m.LABEL_INSTANCE}={FLEET}").items
+            live = [p for p in pods if not p.metadata.deletion_timestamp]
+            ready = [p for p in live if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+            return len(live) == 6 and len(ready) == 6 and all(p.spec.containers[0].image == new_image for p in live)
+
+        wait_until(rolled, timeout=300, message="every server of the fleet on the new image and Ready")
+    finally:
+        recorder.stop()
+    assert fleet_status(custom_objects, namespace)["probe"].get("revision") != first["probe"].get("revision")
+
+    with recorder.lock:
+        events = sorted(recorder.events, key=lambda e: e[0])
+    pods: dict[str, tuple] = {}
+    fewest, canary_back_before_base_rolled = 10**9, None
+    for version, kind, kind_of_event, data in events:
+        if kind != "pod":
+            continue
+        if kind_of_event == "DELETED":
+            pods.pop(data[0], None)
+        else:
+            pods[data[0]] = data
+        if version < int(patched["metadata"]["resourceVersion"]):
+            continue
+        fewest = min(fewest, sum(1 for p in pods.values() if p[2]))
+        base_hashes = {p[4] for p in pods.values() if p[3].get(m.LABEL_VARIANT) == "base"}
+        if canary_back_before_base_rolled is None and base_hashes != {old_base}:
+            # The first base pod of the new template: the new canary was Ready by then.
+            canary_back_before_base_rolled = any(p[2] for p in pods.values() if p[3].get(m.LABEL_VARIANT) == "speculative")
+    assert canary_back_before_base_rolled, "the base rolled before the new canary was Ready"
+    assert fewest >= 5, f"only {fewest} Ready servers during the image change of a probed fleet"

@@ -159,6 +159,7 @@ def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
             assert pod.spec.node_name.startswith(("b200-", "rtxpro6000-")), pod.spec.node_name
 
 
+@pytest.mark.timing
 def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_everything(
     operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:
@@ -438,6 +439,7 @@ def _mixed_profile(name: str, **extra: Any) -> Any:
     )  # fmt: skip
 
 
+@pytest.mark.timing
 def test_a_drafter_that_wins_low_and_loses_high_is_promoted_load_aware_across_a_restart_and_loadaware_off_restores_it(
     operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any, kubectl: Any
 ) -> None:
@@ -515,6 +517,7 @@ def test_a_drafter_that_wins_low_and_loses_high_is_promoted_load_aware_across_a_
     assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 3  # plain, adaptive, adaptive after the restart
 
 
+@pytest.mark.timing
 def test_load_aware_rejections_no_load_with_speedup_and_an_unsupported_spec_keeping_the_plain_decision(
     operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:

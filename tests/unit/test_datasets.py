@@ -106,6 +106,7 @@ def _workload(**prompts):
     return Workload.model_validate({"name": "w", "concurrency": 2, "requests": 4, "inputTokens": 32, "outputTokens": 64, "prompts": prompts})
 
 
+@pytest.mark.timing
 def test_random_ids_promote_a_drafter_that_the_users_code_rolls_back_and_the_reverse():
     random_lover = _profile("random-lover", 2.0, {"random": 3.5, "code": 1.2})
     code_lover = _profile("code-lover", 2.0, {"random": 1.2, "code": 3.5})

@@ -25,6 +25,7 @@ class Fleet(World):
         self.serial = 0
         self.max_requested = 0
         self.min_serving: int | None = None  # Ready servers behind the stable Service, since watch_serving()
+        self.min_ready: int | None = None  # Ready servers of both variants, once set
         self.events: list[str] = []
         self.now = NOW
 
@@ -52,7 +53,11 @@ class Fleet(World):
             want = deployment["spec"]["replicas"]
             template_hash = deployment["spec"]["template"]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH]
             old = [p for p in self.variant_pods(variant) if p["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] != template_hash]
-            if old:  # strategy Recreate: every pod of an older template goes, and new ones come only once they are gone
+            rolls = deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+            if rolls and any(not p["metadata"].get("deletionTimestamp") for p in old):
+                self.rolling_update(variant, deployment, template_hash)
+                continue
+            if old and not rolls:  # strategy Recreate: every pod of an older template goes, and new ones come only once they are gone
                 for pod in old:
                     if not pod["metadata"].get("deletionTimestamp"):
                         pod["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
@@ -71,6 +76,49 @@ class Fleet(World):
         self.max_requested = max(self.max_requested, len(self.pods))
         if self.min_serving is not None:
             self.min_serving = min(self.min_serving, self.serving())
+        if self.min_ready is not None:
+            self.min_ready = min(self.min_ready, self.ready_servers())
+
+    def new_pod(self, variant: str) -> None:
+        pod = self.add_pod(variant, init=(0, COMPATIBLE) if variant == "speculative" else None, running_since=NOW)
+        self.serial += 1
+        pod["metadata"]["name"] = f"{variant}-{self.serial}"
+        self.ages[pod["metadata"]["name"]] = 0
+
+    def delete(self, pod: dict) -> None:
+        pod["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+        self.ages[pod["metadata"]["name"]] = 0
+
+    def rolling_update(self, variant: str, deployment: dict, template_hash: str) -> None:
+        """The Deployment controller's rolling update (pkg/controller/deployment/rolling.go): the new ReplicaSet
+        grows while all pods stay within replicas + maxSurge; the old ones shrink, not-Ready ones first, while the
+        available pods stay above replicas - maxUnavailable (minus the new ReplicaSet's unavailable ones). A
+        scale-down of the Deployment mid-rollout takes a Ready old pod first (the worst that proportional scaling
+        may do)."""
+        want = deployment["spec"]["replicas"]
+        strategy = deployment["spec"]["strategy"]["rollingUpdate"]
+        alive = self.variant_pods(variant, terminating=False)
+        new = [p for p in alive if p["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] == template_hash]
+        old = [p for p in alive if p not in new]
+        for pod in sorted(old, key=lambda p: not is_ready(p))[: max(0, len(alive) - want - strategy["maxSurge"])]:
+            self.delete(pod)
+            old.remove(pod)
+            alive.remove(pod)
+        for _ in range(max(0, min(want - len(new), want + strategy["maxSurge"] - len(alive)))):
+            self.new_pod(variant)
+        alive = self.variant_pods(variant, terminating=False)
+        new_unavailable = sum(1 for p in alive if p not in old and not is_ready(p))
+        allowed = len(alive) - (want - strategy["maxUnavailable"]) - new_unavailable
+        for pod in [p for p in old if not is_ready(p)][: max(0, allowed)]:  # cleanupUnhealthyReplicas
+            self.delete(pod)
+            old.remove(pod)
+        available = sum(1 for p in self.variant_pods(variant, terminating=False) if is_ready(p))
+        for pod in [p for p in old if is_ready(p)][: max(0, available - (want - strategy["maxUnavailable"]))]:
+            self.delete(pod)
+
+    def ready_servers(self) -> int:
+        """Ready servers of both variants (not being deleted), whatever the stable Service selects."""
+        return sum(1 for p in self.pods if is_ready(p) and not p["metadata"].get("deletionTimestamp"))
 
     def serving(self) -> int:
         """Ready servers the stable Service selects."""
@@ -350,3 +398,102 @@ def test_a_new_drafter_while_the_canary_is_probed_replaces_the_canary_at_once() 
     assert plan.status["reason"] != "WalkingToBase" and "RolledOut" not in conditions(plan.status)
     plan = fleet.run(lambda p: p.starts_probe)
     assert fleet.counts() == (3, 1) and fleet.min_serving >= 3 and "WalkStarted" not in fleet.events
+
+
+NEW_IMAGE = "mirror.example/lmsysorg/sglang:v0.5.23-cu130"  # a base template change (the release stays v0.5.23)
+
+
+def fleet_in(state: str, replicas: int, surge: int, unavailable: int) -> Fleet:
+    fleet = Fleet(fleet_spec(replicas, surge, unavailable))
+    if state == "canary":
+        fleet.to_probing()
+    elif state == "rolled-back":
+        plan = fleet.to_probing()
+        fleet.tick(probe_result=dict(promote_result(plan.revision), decision="rollback", reason="SpeedupBelowThreshold", speedup=0.9))
+        fleet.run(lambda p: p.settled)
+    elif state == "promoted":
+        fleet.promote()
+        fleet.run(lambda p: p.settled)
+    else:  # mid-walk toward the drafter
+        fleet.promote()
+        fleet.run(lambda p: fleet.status["speculativeReplicas"] >= replicas // 2)
+    return fleet
+
+
+@pytest.mark.parametrize("state", ["rolled-back", "canary", "promoted", "mid-walk"])
+@pytest.mark.parametrize(("replicas", "surge", "unavailable"), [(6, 0, 1), (6, 1, 0), (8, 0, 2)])
+def test_a_new_base_image_never_takes_a_fleet_under_its_floor(state: str, replicas: int, surge: int, unavailable: int) -> None:
+    """A new image changes both pod templates: the base Deployment rolls (RollingUpdate within maxSurge and
+    maxUnavailable), the speculative one is recreated, and the new revision gets its canary and its walk. The walk
+    waits for the base rollout, and the base template waits until its rollout cannot take the fleet under
+    spec.replicas - maxUnavailable Ready servers, counted over both variants at every tick."""
+    fleet = fleet_in(state, replicas, surge, unavailable)
+    old_hashes = template_hashes(fleet, "base") | template_hashes(fleet, "speculative")
+    floor = replicas - unavailable
+    assert fleet.ready_servers() >= floor
+    fleet.spec_dict["image"] = NEW_IMAGE
+    fleet.generation += 1
+    fleet.probe_running = None
+    fleet.min_ready, fleet.max_requested = fleet.ready_servers(), 0
+    for _ in range(300):
+        plan = fleet.tick()
+        if plan.starts_probe:
+            break
+    assert plan.starts_probe, fleet.status
+    fleet.probe_running = plan.revision
+    promoted = fleet.tick(probe_result=promote_result(plan.revision))
+    assert promoted.status["phase"] == "Promoted"
+    plan = fleet.run(lambda p: p.settled)
+    assert fleet.counts() == (0, replicas)
+    assert not (template_hashes(fleet, "speculative") & old_hashes)
+    assert fleet.template("base")["spec"]["containers"][0]["image"] == NEW_IMAGE  # the base got the new image too
+    assert fleet.min_ready >= floor, f"{fleet.min_ready} Ready servers of {replicas} (floor {floor})"
+    # The base rollout's own surge comes on top of the walk's budget (as on main; docs/operability.md says so):
+    # a canary that holds the fleet's maxSurge and a base pod of the new template beside it.
+    assert fleet.max_requested <= replicas + 2 * surge, fleet.max_requested
+
+
+def test_a_new_base_image_on_a_walked_back_fleet_rolls_every_base_server_before_the_canary() -> None:
+    fleet = fleet_in("rolled-back", 6, 0, 1)
+    assert fleet.counts() == (6, 0)
+    (old_hash,) = template_hashes(fleet, "base")
+    fleet.spec_dict["image"] = NEW_IMAGE
+    fleet.generation += 1
+    fleet.min_ready = fleet.ready_servers()
+    first = fleet.tick()
+    # The fleet is at rest: the new base template goes at once (the rollout takes one server, 5 stay Ready), and the
+    # new revision's canary waits for the rollout (no base server is scaled down beside it).
+    assert fleet.template("base")["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] != old_hash
+    assert fleet.counts() == (6, 0) and first.status["message"]
+
+    def old_base_pods() -> int:
+        return sum(1 for p in fleet.variant_pods("base", terminating=False) if p["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] == old_hash)
+
+    while old_base_pods():
+        assert fleet.counts() == (6, 0)  # the walk to the canary waits for the base rollout
+        fleet.tick()
+    fleet.run(lambda p: p.starts_probe)
+    assert fleet.counts() == (5, 1) and fleet.min_ready >= 5
+
+
+def test_a_new_base_image_while_the_canary_is_probed_holds_the_base_template_until_the_new_canary_is_ready() -> None:
+    fleet = fleet_in("canary", 6, 0, 1)
+    assert fleet.counts() == (5, 1)
+    (old_base,) = template_hashes(fleet, "base")
+    (old_canary,) = template_hashes(fleet, "speculative")
+    fleet.spec_dict["image"] = NEW_IMAGE
+    fleet.generation += 1
+    fleet.probe_running = None
+    fleet.min_ready = fleet.ready_servers()
+    plan = fleet.tick()
+    # The 5 base servers keep the floor: the canary is recreated now, and the base template waits for it
+    # (a replicas-only write): a base rollout beside it would leave 4 Ready servers.
+    assert fleet.template("speculative")["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] != old_canary
+    assert fleet.template("base")["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] == old_base
+    assert not any(o["kind"] == "Deployment" and o["metadata"]["name"] == "llama-base" and "template" in o["spec"] for o in plan.apply)
+    while fleet.template("base")["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] == old_base:
+        assert old_canary in template_hashes(fleet, "speculative") or fleet.ready_servers() >= 5
+        fleet.tick()
+    assert any(is_ready(p) for p in fleet.variant_pods("speculative", terminating=False))  # the new canary serves
+    fleet.run(lambda p: p.starts_probe)
+    assert fleet.min_ready >= 5

@@ -89,6 +89,7 @@ def workload(name: str, concurrency: int, speedup: float, low: float | None, hig
     return WorkloadResult(name=name, concurrency=concurrency, speedup=speedup, speedup_low=low, speedup_high=high)
 
 
+@pytest.mark.timing
 def test_never_slower_promotes_only_without_a_measured_loss_and_with_a_measured_win() -> None:
     win = workload("c1", 1, 2.0, 1.8, 2.2)
     even = workload("c128", 128, 1.0, 0.97, 1.03)
@@ -127,6 +128,7 @@ def probe(base, speculative, seed: int, *, adaptive: bool = False):
     return asyncio.run(scenario())
 
 
+@pytest.mark.timing
 def test_a_table_derived_from_the_first_probe_makes_the_adaptive_server_never_slower() -> None:
     """A drafter that wins at one stream (2.1x) and loses at 128 (0.5x), as tests/unit/test_probe.py's MIXED: the plain
     probe rolls it back; the table derived from its curve, served by SGLang's adaptive rule, keeps the win at one
@@ -148,6 +150,7 @@ def test_a_table_derived_from_the_first_probe_makes_the_adaptive_server_never_sl
     assert by_name["c128"].speedup == pytest.approx(1.0, abs=0.1)  # the base's rate where drafting lost
 
 
+@pytest.mark.timing
 def test_an_adaptive_server_that_still_loses_somewhere_is_rolled_back() -> None:
     """The same table on a drafter that loses even at one stream (accept 1.1): never-slower says no."""
     base = profile("base", BASE_STEPS)

@@ -101,6 +101,31 @@ def test_progress_resets_the_deadline():
     assert crashing.status["waitingSince"] == "2026-12-02T10:05:05Z"
 
 
+def test_a_base_that_exits_at_start_reaches_the_deadline_although_the_kubelet_runs_it_between_back_offs():
+    """What the real node showed (tests/cluster/test_realnode_stuck.py): between CrashLoopBackOff waits the container
+    runs for a moment (Starting, Loading); that is not progress."""
+    world = World(llama_spec(progressDeadlineSeconds=DEADLINE))
+    world.step()
+    pod = world.add_pod("base", running_since=NOW)
+    states = [
+        {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}},
+        {"running": {"startedAt": "2026-12-02T10:00:20Z"}},
+        {"waiting": {"reason": "ContainerCreating"}},
+        {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container"}},
+    ]
+    seen = set()
+    for i in range(DEADLINE // 10 + 2):
+        state = states[i % len(states)]
+        pod["status"]["containerStatuses"] = [
+            {"name": "sglang", "restartCount": 1 + i // 4, "state": state, "lastState": {"terminated": {"exitCode": 1, "message": "no such profile"}}}
+        ]
+        plan = world.step(now=NOW + timedelta(seconds=10 * i))
+        seen.add(plan.status.get("waitingFor"))
+    assert seen == {"the base server (CrashLoop)"}
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "ProgressDeadlineExceeded", plan.status
+    assert "no such profile" in plan.status["message"], plan.status["message"]  # the last words, whatever the moment
+
+
 def test_a_base_that_never_comes_fails_at_the_deadline_and_recovers_by_itself():
     world = World(llama_spec(progressDeadlineSeconds=DEADLINE))
     world.step()

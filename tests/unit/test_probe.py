@@ -163,6 +163,7 @@ async def probe_between(base, candidate, workloads, *, scale=2.0, seed=0, **kwar
         return await run_probe(b, c, workloads, seed=seed, **kwargs)
 
 
+@pytest.mark.timing
 def test_clear_win_promotes_with_intervals_above_one():
     result = asyncio.run(probe_between(BASE, WIN, [SINGLE, parse_workload("mid:16:32:64:32")], scale=2))
     assert (result.decision, result.reason) == ("promote", "SpeedupConfirmed"), result.message
@@ -175,6 +176,7 @@ def test_clear_win_promotes_with_intervals_above_one():
     assert not result.warnings
 
 
+@pytest.mark.timing
 def test_clear_loss_rolls_back_below_threshold():
     result = asyncio.run(probe_between(BASE, LOSS, [SINGLE], scale=4))
     assert (result.decision, result.reason) == ("rollback", "SpeedupBelowThreshold"), result.message
@@ -191,6 +193,7 @@ def test_seed_custom_drafter_is_rejected_in_seconds():
     assert result.rounds == 0 and result.accept_length <= 1.1
 
 
+@pytest.mark.timing
 def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
     base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
     # Up to 10 rounds: one noisy in-process round at c=128 left the default 6 undecided once in CI
@@ -205,12 +208,14 @@ def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
     assert result.accept_length == pytest.approx(2.26, rel=0.1)
 
 
+@pytest.mark.timing
 def test_seed_public_drafter_single_stream_is_not_promoted():
     base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
     result = asyncio.run(probe_between(base, public, [parse_workload("one:1:32:64:2")], scale=20, max_rounds=4))
     assert result.decision == "rollback" and result.reason in ("Inconclusive", "SpeedupBelowThreshold")
 
 
+@pytest.mark.timing
 def test_win_at_one_loss_at_128_under_both_policies():
     # What is tested here is how the policies combine workloads, so the intervals are the cheaper 95 % ones
     # (the default 99.8 % costs a round or two more per probe on this noisy in-process setup).
@@ -234,6 +239,7 @@ def test_win_at_one_loss_at_128_under_both_policies():
     assert weighted.speedup < 1.0, weighted.message
 
 
+@pytest.mark.timing
 def test_equal_servers_with_five_percent_jitter_never_promote():
     equal = prof("equal", [[1, 10.0], [8, 14.0]], jitter=0.05)
     workloads = [parse_workload("small:4:16:32:8")]

@@ -220,6 +220,21 @@ def test_unready_old_servers_go_first_even_below_the_floor() -> None:
     assert counts == Counts(base=2, speculative=0)
 
 
+def test_the_walk_waits_for_a_rolling_base() -> None:
+    # 6 base servers at rest, a new base template rolling (the Deployment has taken one): the canary's scale-down of
+    # a base server would be a second unavailable server, so the walk takes none; Ready-neutral steps go on.
+    rolling = FleetState(base=VariantState(desired=6, pods=6, ready=5), speculative=VariantState(0, 0, 0))
+    canary = canary_goal(6, 0)
+    assert plan_step(canary, rolling, replicas=6, max_surge=0, max_unavailable=1) == Counts(base=5, speculative=0)  # without the wait
+    assert plan_step(canary, rolling, replicas=6, max_surge=0, max_unavailable=1, rolling=BASE) == Counts(base=6, speculative=0)
+    # A walk back whose speculative servers crash-loop: those go (no Ready one lost), the base is not scaled down.
+    back = FleetState(base=VariantState(desired=3, pods=3, ready=2), speculative=VariantState(desired=3, pods=3, ready=2))
+    assert plan_step(walk_goal(6, BASE), back, replicas=6, max_surge=0, max_unavailable=1, rolling=BASE) == Counts(base=3, speculative=2)
+    # With room in the budget, scale-ups go on while the base rolls.
+    room = FleetState(base=VariantState(desired=6, pods=6, ready=5), speculative=VariantState(0, 0, 0))
+    assert plan_step(canary_goal(6, 1), room, replicas=6, max_surge=1, max_unavailable=0, rolling=BASE) == Counts(base=6, speculative=1)
+
+
 def test_bad_parameters_are_refused() -> None:
     state = FleetState(base=VariantState(1, 1, 1), speculative=VariantState(0, 0, 0))
     with pytest.raises(ValueError, match="both be 0"):

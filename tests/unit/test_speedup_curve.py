@@ -66,6 +66,7 @@ def profile(name: str, step_ms: list[list[float]]):
     )
 
 
+@pytest.mark.timing
 def test_a_probe_finds_the_analytic_crossover_of_a_server_that_wins_light_and_loses_heavy() -> None:
     """Base: a 40 ms decode step at every batch size. The measured server: 20 ms at batch 1, growing linearly to
     80 ms at 128, one token per step (no drafting, so no acceptance noise: the curve is the step-time ratio).

@@ -64,6 +64,17 @@ def test_unschedulable_names_the_missing_resource_and_the_gpu_family():
     assert cause.pod == "demo-speculative-abc"
 
 
+def test_unschedulable_names_the_spec_gpu_family_where_the_operator_copy_of_the_pod_has_no_spec():
+    from specdec_operator.controller.kopf_tuning import slim_pod
+
+    message = "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 4 node(s) didn't match Pod's node affinity/selector."
+    slim = slim_pod(pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]))
+    assert "spec" not in slim  # what reconcile sees of a pod
+    assert "GPU family" not in diagnose(slim).message
+    cause = diagnose(slim, gpu_family="hopper")
+    assert cause is not None and "not enough nvidia.com/gpu on nodes of GPU family hopper" in cause.message
+
+
 def test_unschedulable_without_an_insufficient_resource_says_no_node_fits():
     p = pod(conditions=[{"type": "PodScheduled", "status": "False", "message": "0/2 nodes are available: 2 node(s) had untolerated taint."}])
     cause = diagnose(p)

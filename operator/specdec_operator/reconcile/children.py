@@ -19,11 +19,14 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
     table's ConfigMap before them all (the speculative pod mounts it).
 
     While a fleet walks back before its speculative template changes (Fleet.holding), the speculative server is
-    replicas-only (manifests.replicas_only): its count changes, its old template stays."""
+    replicas-only (manifests.replicas_only): its count changes, its old template stays; so is a fleet's base
+    Deployment while its new template waits (Fleet.base_held)."""
     name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
     holding = isinstance(fleet, Fleet) and fleet.holding
+    base_held = isinstance(fleet, Fleet) and fleet.base_held  # Deployments only (fleet.base_template_change)
     kind = m.LWS_KIND if facts.leader_worker_sets else "Deployment"
     held = [m.replicas_only(kind, name, namespace, SPECULATIVE, fleet[SPECULATIVE])] if holding else []
+    held += [m.replicas_only(kind, name, namespace, BASE, fleet[BASE])] if base_held else []
     if facts.leader_worker_sets:  # multi-node: one LeaderWorkerSet per variant, its Services selecting the leaders
         groups = [m.with_replicas(facts.leader_worker_sets[v], fleet[v]) for v in (BASE, SPECULATIVE) if not (holding and v == SPECULATIVE)]
         leaders = [
@@ -45,7 +48,7 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
             template=facts.templates[variant],
         )
         for variant in (BASE, SPECULATIVE)
-        if not (holding and variant == SPECULATIVE)
+        if not (holding and variant == SPECULATIVE) and not (base_held and variant == BASE)
     ]
     services = [
         m.service(name, namespace, BASE, settings=ms),

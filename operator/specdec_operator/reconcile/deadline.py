@@ -26,6 +26,7 @@ from ..textutil import clip, parse_time
 from .decision import is_invalid, is_promoted
 from .facts import BASE, SPECULATIVE, Facts
 from .fleet import Fleet
+from .pods import ServerState
 from .status import PhaseOutcome
 
 
@@ -38,20 +39,30 @@ class Wait:
     cause: str
 
 
+def _named(server: ServerState) -> str:
+    """The reason a wait is named by. A server that has restarted and is starting or loading again is still in its
+    crash loop: between two CrashLoopBackOff waits the kubelet runs the container for a moment, and a name that
+    changed with each restart would be progress, so a server that exits at start would never reach the deadline
+    (seen on the real node: CrashLoop, Loading, Starting, CrashLoop, ...)."""
+    if server.restarts > 0 and server.reason in (Reason.LOADING, Reason.STARTING):
+        return Reason.CRASH_LOOP.value
+    return server.reason.value
+
+
 def waiting_for(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None, fleet: Fleet) -> Wait | None:
     """What this step waits for, or None when nothing is awaited (decided and arrived, or a probe measures)."""
     if facts.conflicts or is_invalid(validation):
         return None
     base, speculative = facts.servers[BASE], facts.servers[SPECULATIVE]
     if fleet[BASE] > 0 and not base.ready:
-        return Wait(BASE, f"the base server ({base.reason})", base.message)
+        return Wait(BASE, f"the base server ({_named(base)})", base.message)
     if fleet.walks and not fleet.done and fleet.toward is not None:
         progress = rollout.progress(fleet.replicas, fleet.state)
         server = facts.servers[fleet.toward]
         return Wait(fleet.toward, f"the walk to {fleet.toward.value} ({progress})", f"{fleet.toward.value}: {server.message}")
     if (decision is None or is_promoted(decision)) and fleet[SPECULATIVE] > 0 and not speculative.ready:
         what = "the drafter validator" if validation is None else "the speculative server"
-        return Wait(SPECULATIVE, f"{what} ({speculative.reason})", speculative.message)
+        return Wait(SPECULATIVE, f"{what} ({_named(speculative)})", speculative.message)
     return None
 
 

@@ -145,7 +145,10 @@ def gather_facts(
         templates[variant] = used[key]
     servers = {
         variant: server_state(
-            serving_pods(observed.pods, variant), templates[variant]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH], observed.pod_events
+            serving_pods(observed.pods, variant),
+            templates[variant]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH],
+            observed.pod_events,
+            None if spec.resources.gpu_family == "any" else str(spec.resources.gpu_family),
         )
         for variant in (BASE, SPECULATIVE)
     }

@@ -3,6 +3,7 @@ changes) and what the stable Service selects (one variant, or both while a fleet
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +16,13 @@ from ..api import (
     Variant,
 )
 from .decision import is_invalid, is_promoted, is_rolled_back, never_started
-from .diff import labels_of, owned_by, template_differs
+from .diff import annotations_of, labels_of, owned_by, template_differs
 from .facts import BASE, SPECULATIVE, Facts
 from .pods import (
     group_state,
     is_ready,
     live,
+    pods_of,
 )
 
 
@@ -37,6 +39,11 @@ class Fleet:
     # server keeps its old template (a replicas-only write) until this walk has finished.
     holding: bool = False
     paused: bool = False  # specdec.io/paused holds the walk where it is
+    # A base pod template change of a fleet (base_template_change): the base Deployment keeps its old template (a
+    # replicas-only write) until its rolling update cannot take the fleet under its floor of Ready servers ...
+    base_held: bool = False
+    # ... and while it rolls the walk waits for it (it also waits while the new template is held).
+    base_rolling: bool = False
 
     def __getitem__(self, variant: Variant) -> int:
         return self.counts[variant]
@@ -94,6 +101,65 @@ def old_speculative_servers(facts: Facts) -> int:
     return 1 if asked is None else int(asked)
 
 
+@dataclass(frozen=True)
+class BaseChange:
+    """A fleet's base Deployment and its pod template (Deployments only: a LeaderWorkerSet rolls group by group
+    and is left to its controller).
+
+    pending: the base template of this step differs from the Deployment's, which has servers (a new image, new
+    arguments). rolling: base pods of a template older than the Deployment's are still there, i.e. its rolling
+    update is under way. Either way the walk waits (rollout.plan_step's ``rolling``): the rolling update already
+    takes up to maxUnavailable Ready servers, and a walk step beside it would take one more."""
+
+    pending: bool = False
+    rolling: bool = False
+
+    @property
+    def walk_waits(self) -> bool:
+        return self.pending or self.rolling
+
+
+def base_template_change(facts: Facts, state: rollout.FleetState) -> BaseChange:
+    """What the API server shows of a fleet's base template change (none for one server or LeaderWorkerSets)."""
+    if facts.leader_worker_sets or facts.spec.replicas < 2:
+        return BaseChange()
+    server = facts.observed.deployments.get(m.child_name(facts.name, BASE))
+    if server is None or not owned_by(server, facts.observed.uid) or server.get("kind", "Deployment") != "Deployment":
+        return BaseChange()
+    have = annotations_of((server.get("spec") or {}).get("template") or {}).get(m.ANNOTATION_TEMPLATE_HASH)
+    rolling = any(annotations_of(p).get(m.ANNOTATION_TEMPLATE_HASH) != have for p in pods_of(facts.observed.pods, BASE))
+    desired = {"kind": "Deployment", "spec": {"template": facts.templates[BASE]}}
+    pending = template_differs(desired, server) and (state.base.desired > 0 or state.base.pods > 0)
+    return BaseChange(pending=pending, rolling=rolling)
+
+
+def base_ready_through_rollout(state: rollout.FleetState, base_replicas: int, max_unavailable: int) -> int:
+    """The fewest Ready base servers a rolling update of `base_replicas` leaves: the Deployment controller keeps
+    base_replicas - maxUnavailable available, and never takes a Ready server below that (or below what is Ready)."""
+    return min(state.base.ready, max(0, base_replicas - max_unavailable))
+
+
+def base_template_may_change(n: int, state: rollout.FleetState, counts: rollout.Counts, max_unavailable: int) -> bool:
+    """Whether the base Deployment may get its new template with this step's counts: the Ready servers its rolling
+    update leaves, beside the speculative servers this step keeps, keep the floor (spec.replicas - maxUnavailable),
+    or, when the fleet is already under it (servers loading, crash-looping), are no fewer than now."""
+    ready_now = state.base.ready + state.speculative.ready
+    kept = state.speculative.ready_kept(counts.speculative) + base_ready_through_rollout(state, counts.base, max_unavailable)
+    return kept >= min(rollout.floor(n, max_unavailable), ready_now)
+
+
+def _with_base_change(fleet: Fleet, change: BaseChange, max_unavailable: int, recreating: bool) -> Fleet:
+    """The fleet with the base template held, or let go, and the walk's wait for the base rollout said.
+
+    recreating: the speculative template changes in this step (its Recreate takes its servers at once): the base
+    template waits until those are back, so that the two never take servers at the same time."""
+    if not change.walk_waits:
+        return fleet
+    counts = rollout.Counts(base=fleet[BASE], speculative=fleet[SPECULATIVE])
+    held = change.pending and (recreating or not base_template_may_change(fleet.replicas, fleet.state, counts, max_unavailable))
+    return dataclasses.replace(fleet, base_held=held, base_rolling=change.rolling or (change.pending and not held))
+
+
 def _walked_back_one_server(facts: Facts) -> bool:
     """A one-server resource may change its speculative template once the base serves and the stable Service
     selects it (observed): the old speculative server answered until then."""
@@ -115,6 +181,12 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
     (its Recreate replaces what is left of the old servers) and gets its canary (or, for a decided revision, its
     walk) as usual. A one-server resource keeps its
     old speculative server until its base serves and the stable Service selects the base.
+
+    A base template change of a fleet (a new image, new arguments; base_template_change) rolls the base Deployment
+    within maxSurge/maxUnavailable, and the walk waits for it (no walk step takes a Ready server while the base
+    rolls). The new base template is written only when the rolling update cannot take the fleet under its floor
+    beside this step's counts, and not in a step that recreates the speculative servers; until then the base
+    Deployment keeps its old template (Fleet.base_held).
     """
     n = facts.spec.replicas
     state = fleet_state(facts)
@@ -125,14 +197,19 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
         held = rollout.Counts(base=1, speculative=old)
         return Fleet(n, held, state, {BASE: 1, SPECULATIVE: old}, None, holding=True)
     ro = facts.spec.rollout
-    if n >= 2 and old and state.base.ready < max(1, rollout.floor(n, ro.max_unavailable)):
+    change = base_template_change(facts, state)
+    rolling = BASE if change.walk_waits else None
+    # While the base rolls, count only the base servers its rolling update is sure to leave.
+    base_ready = base_ready_through_rollout(state, state.base.desired, ro.max_unavailable) if change.rolling else state.base.ready
+    if n >= 2 and old and base_ready < max(1, rollout.floor(n, ro.max_unavailable)):
         # The old speculative servers may all go at once (the template change) only when the Ready base servers
         # alone keep the floor: a canary beside N - 1 base servers is replaced at once, a walked fleet walks back.
         after = rollout.canary_goal(n, ro.max_surge) if toward is None else rollout.walk_goal(n, toward)
         # The walk back ends at the base servers the next goal keeps, and never below the floor of Ready servers.
         back = rollout.Counts(base=max(after.base, rollout.floor(n, ro.max_unavailable), 1), speculative=0)
-        counts = rollout.plan_step(back, state, replicas=n, max_surge=ro.max_surge, max_unavailable=ro.max_unavailable)
-        return Fleet(n, back, state, {BASE: counts.base, SPECULATIVE: counts.speculative}, BASE, holding=True)
+        counts = rollout.plan_step(back, state, replicas=n, max_surge=ro.max_surge, max_unavailable=ro.max_unavailable, rolling=rolling)
+        walking_back = Fleet(n, back, state, {BASE: counts.base, SPECULATIVE: counts.speculative}, BASE, holding=True)
+        return _with_base_change(walking_back, change, ro.max_unavailable, recreating=False)
     if n == 1:
         replicas = {BASE: 1, SPECULATIVE: 1}
         if broken:
@@ -151,9 +228,10 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
     if facts.steering.paused and state.base.desired + state.speculative.desired > 0:
         # specdec.io/paused: the walk takes no step; the Deployments keep asking for what they ask for.
         standing = {BASE: state.base.desired, SPECULATIVE: state.speculative.desired}
-        return Fleet(n, goal, state, standing, toward, paused=True)
-    counts = rollout.plan_step(goal, state, replicas=n, max_surge=ro.max_surge, max_unavailable=ro.max_unavailable)
-    return Fleet(n, goal, state, {BASE: counts.base, SPECULATIVE: counts.speculative}, toward)
+        return _with_base_change(Fleet(n, goal, state, standing, toward, paused=True), change, ro.max_unavailable, recreating=bool(old))
+    counts = rollout.plan_step(goal, state, replicas=n, max_surge=ro.max_surge, max_unavailable=ro.max_unavailable, rolling=rolling)
+    fleet = Fleet(n, goal, state, {BASE: counts.base, SPECULATIVE: counts.speculative}, toward)
+    return _with_base_change(fleet, change, ro.max_unavailable, recreating=bool(old))
 
 
 def choose_active(facts: Facts, decision: ProbeStatus | None, holding: bool = False) -> Variant:

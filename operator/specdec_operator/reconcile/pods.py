@@ -49,11 +49,14 @@ def pods_of(pods: list[dict[str, Any]], variant: Variant) -> list[dict[str, Any]
     return live([p for p in pods if labels_of(p).get(m.LABEL_VARIANT) == variant.value])
 
 
-def server_state(pods: list[dict[str, Any]], template_hash: str, events: list[dict[str, Any]] | None = None) -> ServerState:
+def server_state(
+    pods: list[dict[str, Any]], template_hash: str, events: list[dict[str, Any]] | None = None, gpu_family: str | None = None
+) -> ServerState:
     """Describe a variant's server from its pods: ready, loading (since when), crash-looping, ...
 
     ``events``: the Events about these pods, where the kubelet says what pod states do not (a volume that does not
-    mount leaves the pod PodInitializing or ContainerCreating): stuck.diagnose names the cause of a wait."""
+    mount leaves the pod PodInitializing or ContainerCreating): stuck.diagnose names the cause of a wait.
+    ``gpu_family``: the spec's resources.gpuFamily, named when a pod cannot be scheduled."""
     current_pods = live(pods)
     any_ready = any(is_ready(p) for p in current_pods)
     current = [p for p in current_pods if annotations_of(p).get(m.ANNOTATION_TEMPLATE_HASH) == template_hash]
@@ -67,7 +70,7 @@ def server_state(pods: list[dict[str, Any]], template_hash: str, events: list[di
     status = pod.get("status") or {}
     # A new pod beside a Ready one of an older template (a base rolling update): the old one serves meanwhile.
     beside = "; the pod of the older template keeps serving" if any_ready else ""
-    cause = diagnose(pod, events)
+    cause = diagnose(pod, events, gpu_family)
     if cause is not None and cause.reason != Reason.CRASH_LOOP:
         return ServerState(False, any_ready, cause.reason, clip(cause.message + beside))
     validating = _validator_state(status)
@@ -105,6 +108,9 @@ def _server_container_state(cs: dict[str, Any], status: dict[str, Any], any_read
     if waiting.get("reason") == "CrashLoopBackOff":
         # The last termination message says why (SGLang's last words: an unknown flag, an out-of-memory, ...).
         return ServerState(False, any_ready, Reason.CRASH_LOOP, clip(f"crash-looping ({last_termination(cs)})"), restarts)
+    # A container that has crashed before keeps saying why while the kubelet runs it again between back-offs (the
+    # deadline reads such a wait as the crash loop it is: deadline._named).
+    crashed = f" after a crash ({last_termination(cs)})" if restarts and (cs.get("lastState") or {}).get("terminated") else ""
     running = state.get("running")
     if running is not None:
         started = parse_time(running.get("startedAt")) or parse_time(status.get("startTime"))
@@ -112,13 +118,13 @@ def _server_container_state(cs: dict[str, Any], status: dict[str, Any], any_read
         # loading server patch its status (docs/scale.md). Clients (kubectl, dashboards) compute the elapsed time,
         # as they do for a pod's age.
         message = f"loading weights since {rfc3339(started)}" if started else "loading weights"
-        return ServerState(False, any_ready, Reason.LOADING, message, restarts)
+        return ServerState(False, any_ready, Reason.LOADING, clip(message + crashed), restarts)
     if waiting:
         detail = waiting.get("reason") or "waiting"
         if waiting.get("message") and detail not in _WAITING_NORMAL:
             detail = f"{detail}: {waiting['message']}"
-        return ServerState(False, any_ready, Reason.STARTING, clip(f"starting ({detail})"), restarts)
-    return ServerState(False, any_ready, Reason.STARTING, "starting", restarts)
+        return ServerState(False, any_ready, Reason.STARTING, clip(f"starting ({detail}){crashed}"), restarts)
+    return ServerState(False, any_ready, Reason.STARTING, clip("starting" + crashed), restarts)
 
 
 def parse_validator_report(exit_code: int, message: str | None, revision: str) -> ValidationStatus:

@@ -184,6 +184,8 @@ def build_conditions(
             reason = Reason.WALKING_TO_SPECULATIVE if fleet.toward == SPECULATIVE else Reason.WALKING_TO_BASE
             asked = f"base {fleet[BASE]}, speculative {fleet[SPECULATIVE]}"
             why = " before the speculative pod template changes" if fleet.holding else ""
+            if fleet.base_rolling:
+                why += ", waiting for the base servers' rolling update"
             if fleet.paused:
                 reason = Reason.WALK_PAUSED
                 why += ", paused by specdec.io/paused (kubectl specdec resume)"

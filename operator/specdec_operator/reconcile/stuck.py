@@ -68,14 +68,16 @@ def _event_time(event: dict[str, Any]) -> str:
     return str(series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
 
 
-def diagnose(pod: dict[str, Any], events: list[dict[str, Any]] | None = None) -> StuckCause | None:
+def diagnose(pod: dict[str, Any], events: list[dict[str, Any]] | None = None, gpu_family: str | None = None) -> StuckCause | None:
     """The cause that keeps ``pod`` from running, or None when nothing is known to be wrong (yet).
 
     Checked in the order a pod meets them: scheduling, volumes, images, container creation, crash loops.
+    ``gpu_family``: the family the spec asks for, named when the pod document does not say it (the operator's
+    copies of pods keep no spec: kopf_tuning.slim_pod).
     """
     name = pod_name(pod)
     status = pod.get("status") or {}
-    unschedulable = _unschedulable(pod, status)
+    unschedulable = _unschedulable(pod, status, gpu_family)
     if unschedulable is not None:
         return unschedulable
     containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
@@ -115,13 +117,13 @@ def last_termination(cs: dict[str, Any]) -> str:
     return f"{text}; last message: {words}" if words else text
 
 
-def _unschedulable(pod: dict[str, Any], status: dict[str, Any]) -> StuckCause | None:
+def _unschedulable(pod: dict[str, Any], status: dict[str, Any], gpu_family: str | None = None) -> StuckCause | None:
     for cond in status.get("conditions") or []:
         if cond.get("type") != "PodScheduled" or cond.get("status") != "False":
             continue
         message = " ".join(str(cond.get("message") or cond.get("reason") or "unschedulable").split())
         missing = sorted(set(_INSUFFICIENT.findall(message)))
-        family = gpu_family_of(pod)
+        family = gpu_family_of(pod) or gpu_family
         where = f" on nodes of GPU family {family}" if family else ""
         what = f"not enough {', '.join(missing)}{where}" if missing else f"no node fits{where}"
         return StuckCause(Reason.UNSCHEDULABLE, clip(f"pod {pod_name(pod)} cannot be scheduled: {what} ({message})"), pod_name(pod))
