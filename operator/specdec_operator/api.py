@@ -602,6 +602,34 @@ def _check_env_names(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return value
 
 
+def _extra_args_field(description: str, managed_flag_re: str, refusal: str) -> Any:
+    """spec.<engine>.extraArgs: free flags for both servers, with a CEL rule refusing those the operator manages."""
+    return Field(
+        default_factory=list,
+        alias="extraArgs",
+        description=description,
+        max_length=64,
+        json_schema_extra={"items": {"type": "string", "maxLength": 1024}, **_cel((f"self.all(a, !a.matches('{managed_flag_re}'))", refusal, None))},
+    )
+
+
+def _server_env_field() -> Any:
+    """spec.<engine>.env: core/v1 EnvVar objects for both server containers (a name is required; the rest passes through)."""
+    return Field(
+        default_factory=list,
+        description="Environment variables of both server containers (core/v1 EnvVar objects: name with value or valueFrom).",
+        max_length=128,
+        json_schema_extra={
+            "items": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "required": ["name"],
+                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Variable name."}},
+            }
+        },
+    )
+
+
 class SGLangSettings(_SpecModel):
     max_running_requests: int = Field(
         128,
@@ -620,37 +648,14 @@ class SGLangSettings(_SpecModel):
         gt=0,
         lt=1,
     )
-    extra_args: list[str] = Field(
-        default_factory=list,
-        alias="extraArgs",
-        description="Additional SGLang flags appended to both servers. Flags the operator manages (--speculative-*, --tp, --host, --port, --model-path, --max-running-requests, ...) are refused.",
-        max_length=64,
-        json_schema_extra={
-            "items": {"type": "string", "maxLength": 1024},
-            **_cel(
-                (
-                    f"self.all(a, !a.matches('{_MANAGED_FLAG_RE}'))",
-                    "sglang.extraArgs must not set flags the operator manages (--speculative-*, --tp, --host, --port, "
-                    "--model-path, --max-running-requests, --enable-metrics, --context-length, --mem-fraction-static, "
-                    "--quantization, --nnodes, --node-rank, --dist-init-addr): use the matching spec field",
-                    None,
-                )
-            ),
-        },
+    extra_args: list[str] = _extra_args_field(
+        "Additional SGLang flags appended to both servers. Flags the operator manages (--speculative-*, --tp, --host, --port, --model-path, --max-running-requests, ...) are refused.",
+        _MANAGED_FLAG_RE,
+        "sglang.extraArgs must not set flags the operator manages (--speculative-*, --tp, --host, --port, "
+        "--model-path, --max-running-requests, --enable-metrics, --context-length, --mem-fraction-static, "
+        "--quantization, --nnodes, --node-rank, --dist-init-addr): use the matching spec field",
     )
-    env: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Environment variables of both server containers (core/v1 EnvVar objects: name with value or valueFrom).",
-        max_length=128,
-        json_schema_extra={
-            "items": {
-                "type": "object",
-                "x-kubernetes-preserve-unknown-fields": True,
-                "required": ["name"],
-                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Variable name."}},
-            }
-        },
-    )
+    env: list[dict[str, Any]] = _server_env_field()
 
     _env_names = field_validator("env")(_check_env_names)
 
@@ -677,39 +682,16 @@ class VLLMSettings(_SpecModel):
         pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.:/]*$",
         max_length=256,
     )
-    extra_args: list[str] = Field(
-        default_factory=list,
-        alias="extraArgs",
-        description="Additional vLLM flags appended to both servers. Flags the operator manages (--speculative-config and its keys, "
+    extra_args: list[str] = _extra_args_field(
+        "Additional vLLM flags appended to both servers. Flags the operator manages (--speculative-config and its keys, "
         "--model, --served-model-name, --host, --port, --tensor-parallel-size, --max-num-seqs, --max-model-len, "
         "--gpu-memory-utilization, --disable-log-stats) are refused.",
-        max_length=64,
-        json_schema_extra={
-            "items": {"type": "string", "maxLength": 1024},
-            **_cel(
-                (
-                    f"self.all(a, !a.matches('{_MANAGED_VLLM_FLAG_RE}'))",
-                    "vllm.extraArgs must not set flags the operator manages (--speculative-config and its keys, --model, "
-                    "--served-model-name, --host, --port, --tensor-parallel-size, --max-num-seqs, --max-model-len, "
-                    "--gpu-memory-utilization, --disable-log-stats): use the matching spec field",
-                    None,
-                )
-            ),
-        },
+        _MANAGED_VLLM_FLAG_RE,
+        "vllm.extraArgs must not set flags the operator manages (--speculative-config and its keys, --model, "
+        "--served-model-name, --host, --port, --tensor-parallel-size, --max-num-seqs, --max-model-len, "
+        "--gpu-memory-utilization, --disable-log-stats): use the matching spec field",
     )
-    env: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Environment variables of both server containers (core/v1 EnvVar objects: name with value or valueFrom).",
-        max_length=128,
-        json_schema_extra={
-            "items": {
-                "type": "object",
-                "x-kubernetes-preserve-unknown-fields": True,
-                "required": ["name"],
-                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Variable name."}},
-            }
-        },
-    )
+    env: list[dict[str, Any]] = _server_env_field()
 
     _env_names = field_validator("env")(_check_env_names)
 
