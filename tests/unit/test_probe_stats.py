@@ -476,6 +476,7 @@ def test_a_short_workload_decides_from_round_two_with_pooled_block_variances():
     assert all(str(r.decision) == "rollback" for r in equal), [r.message for r in equal]
 
 
+@pytest.mark.timing
 def test_a_five_percent_loss_never_promotes_with_own_or_pooled_block_variances():
     # The 100-run benchmark's 5 %-slower case (0 of 100 promoted on each workload), five seeds on each: SMALL has
     # blocks of its own, FEW_BLOCKS only the pooled variance.
