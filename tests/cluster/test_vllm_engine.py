@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, stable_variant, wait_phase
+from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, stable_variant, status, wait_phase
 from tests.support.real_engine import BUILD, RealEngineModels, real_engine_models
-from tests.support.vllm_servers import VllmServer, served_acceptance, start_servers, vllm_env
+from tests.support.vllm_servers import VllmServer, greedy_completion, served_acceptance, start_servers, vllm_env
 
 # The timeout covers the module's set-up in its first test: the drafter build (once per machine) and the servers' start.
 pytestmark = [pytest.mark.cluster, pytest.mark.realengine, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -153,12 +154,37 @@ def decide(operator: Operator, custom_objects: Any, namespace: str, name: str, b
 
 
 def test_the_operator_promotes_the_matched_drafter_on_real_speedup(
-    operator: Operator, servers: dict[str, VllmServer], namespace: str, custom_objects: Any, core_v1: Any
+    operator: Operator, servers: dict[str, VllmServer], models: RealEngineModels, namespace: str, custom_objects: Any, core_v1: Any
 ) -> None:
     st = decide(operator, custom_objects, namespace, "matched", servers["base"], servers["matched"])
     assert st["phase"] == "Promoted", f"{st.get('reason')}: {st.get('message')}"
     assert st["activeVariant"] == "speculative" and stable_variant(core_v1, namespace, "matched") == "speculative"
     assert st["probe"]["acceptLength"] > 1.5 and st["speedup"] > 1.0, st["probe"]
+
+    # The monitor on the promoted server: production traffic (greedy completions of the held-out prompts) moves vLLM's
+    # spec_decode counters, and the monitor's window over them is the acceptance it reports, above the floor (1.5).
+    stop = threading.Event()
+
+    def traffic() -> None:
+        for prompt in itertools.cycle(models.heldout_prompt_ids()):
+            if stop.is_set():
+                return
+            greedy_completion(servers["matched"].url, prompt, BUILD["max_new_tokens"])
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not ((st := status(custom_objects, namespace, "matched")).get("monitor") or {}).get("acceptLength"):
+            assert time.monotonic() < deadline, f"the monitor reported no acceptance from vLLM's counters: {st.get('monitor')}"
+            time.sleep(1)
+    finally:
+        stop.set()
+        sender.join(timeout=120)
+    monitor = st["monitor"]
+    RESULTS.setdefault("operator", {})["monitor on the promoted matched drafter"] = monitor
+    assert st["phase"] == "Promoted" and monitor["acceptLength"] > 2.0, monitor
+    assert len(monitor["acceptRateByPosition"]) == SPEC_TOKENS and monitor["acceptRateByPosition"][0] > 0.5, monitor
 
 
 def test_the_operator_rolls_back_another_targets_drafter(
