@@ -4,7 +4,7 @@
     specdec-train capture    --samples samples.jsonl --target DIR --out caps/ [--source hf|sglang]
     specdec-train vocab      --capture caps/ [--draft-vocab-size 32000]
     specdec-train train      --capture caps/ --target DIR --out run/ [--ttt-steps 7 --epochs 10]
-    specdec-train export     --run run/ --target DIR --out drafter/ [--engine sglang|vllm]
+    specdec-train export     --run run/ --target DIR --out drafter/ [--engine sglang|vllm] [--format plain|speculators]
     specdec-train evaluate   --target DIR --drafter run/final --prompts heldout.jsonl
 
 Every stage resumes where an interrupted run stopped. Unusable input exits 2 with one line naming the
@@ -102,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ENGINES,
         default="sglang",
         help="the engine that will serve the drafter (default sglang): they read the aux layer ids one layer apart",
+    )
+    e.add_argument(
+        "--format",
+        dest="export_format",
+        choices=("plain", "speculators"),
+        default="plain",
+        help="config.json format: plain (both engines) or speculators (vLLM only: transformer_layer_config beside the EAGLE-3 fields)",
+    )
+    e.add_argument(
+        "--speculative-tokens", type=int, default=3, help="with --format speculators: the proposal method's speculative_tokens (default 3)"
     )
 
     ev = sub.add_parser("evaluate", help="real acceptance length by chain speculative decoding")
@@ -214,7 +224,15 @@ def _run(args: argparse.Namespace) -> Any:
 
         from .export import export_drafter
 
-        return export_drafter(Path(args.run) / "final", args.target, args.out, engine=args.engine, target_model=args.target_model).to_json()
+        return export_drafter(
+            Path(args.run) / "final",
+            args.target,
+            args.out,
+            engine=args.engine,
+            target_model=args.target_model,
+            fmt=args.export_format,
+            speculative_tokens=args.speculative_tokens,
+        ).to_json()
     if args.stage == "evaluate":
         return _evaluate(args, progress)
     raise AssertionError(args.stage)

@@ -29,11 +29,15 @@ from specdec_operator.choices import ENGINES
 from specdec_operator.errors import InputError
 from specdec_operator.validator.provenance import FILENAME as PROVENANCE
 from specdec_operator.validator.provenance import TRAINER, CaptureLayerIds, DrafterProvenance
+from specdec_operator.validator.speculators import SPECULATOR_ARCHITECTURE, flatten, is_speculators
 
 from .model import DraftConfig
 from .target import read_config, tokenizer_sha256
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+# config.json formats: plain (architectures LlamaForCausalLMEagle3, both engines) and speculators (vLLM only).
+FORMATS = ("plain", "speculators")
+SPECULATORS_VERSION = "0.3.0"
 
 
 def expected_weight_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
@@ -94,6 +98,31 @@ def draft_config_json(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str 
     }
 
 
+def speculators_config_json(plain: dict[str, Any], target_cfg: dict[str, Any], verifier: str, speculative_tokens: int) -> dict[str, Any]:
+    """The speculators format of a plain vLLM config (`draft_config_json(..., "vllm")`), as vLLM 0.32 reads it
+    (validator/speculators.py): the layer's config under transformer_layer_config, the EAGLE-3 fields beside it."""
+    eagle_fields = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config")
+    return {
+        "architectures": [SPECULATOR_ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": {k: v for k, v in plain.items() if k not in eagle_fields},
+        "draft_vocab_size": plain["draft_vocab_size"],
+        "target_hidden_size": plain["target_hidden_size"],
+        # The trained layer normalises the hidden state after taking the residual (drafter_training/model.py), as a
+        # plain config's default says; the speculators format defaults to true, so it is written out.
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "eagle_aux_hidden_state_layer_ids": plain["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(target_cfg.get("architectures") or [])},
+        },
+    }
+
+
 def export_drafter(
     final_dir: str | Path,
     target_dir: str | Path,
@@ -101,10 +130,19 @@ def export_drafter(
     *,
     engine: str = "sglang",
     target_model: str | None = None,
+    fmt: str = "plain",
+    speculative_tokens: int = 3,
 ) -> DrafterProvenance:
-    """Write config.json (for `engine`), model.safetensors and training_provenance.json; returns the provenance."""
+    """Write config.json (for `engine`, in format `fmt`), model.safetensors and training_provenance.json; returns the
+    provenance. fmt speculators: the speculators format (vLLM only), with speculative_tokens as its proposal method's."""
     if engine not in ENGINES:
         raise InputError(f"--engine {engine}: must be one of {', '.join(ENGINES)}")
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt}: must be one of {', '.join(FORMATS)}")
+    if fmt == "speculators" and engine != "vllm":
+        raise InputError(f"--format speculators with --engine {engine}: only vLLM reads the speculators format; pass --engine vllm or --format plain")
+    if speculative_tokens < 1:
+        raise InputError(f"--speculative-tokens {speculative_tokens}: must be at least 1")
     final_dir, out_dir = Path(final_dir), Path(out_dir)
     try:
         cfg = DraftConfig.from_dict(json.loads((final_dir / "draft_config.json").read_text()))
@@ -136,8 +174,11 @@ def export_drafter(
     _drop_full_vocab_maps(tensors, cfg, engine, final_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(draft_config_json(cfg, target_cfg, engine), indent=2) + "\n")
     capture = summary.get("capture", {})
+    config = draft_config_json(cfg, target_cfg, engine)
+    if fmt == "speculators":
+        config = speculators_config_json(config, target_cfg, target_model or capture.get("target_model") or str(target_dir), speculative_tokens)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     final_eval = (summary.get("evals") or [{}])[-1]
     provenance = DrafterProvenance(
         target_model=target_model or capture.get("target_model") or str(target_dir),
@@ -192,8 +233,15 @@ def check_export(out_dir: str | Path) -> None:
     """Reopen an export and check every name, shape and dtype the engines need (they would skip them silently)."""
     out_dir = Path(out_dir)
     cfg_json = json.loads((out_dir / "config.json").read_text())
-    if cfg_json.get("architectures") != [ARCHITECTURE]:
+    if is_speculators(cfg_json):
+        flat, notes = flatten(cfg_json)  # what vLLM builds its draft class from
+        if flat is None:
+            raise InputError(f"{out_dir}/config.json: {notes[0][2]}")
+        cfg_json, aux_ids = flat, flat.get("eagle_aux_hidden_state_layer_ids")
+    elif cfg_json.get("architectures") != [ARCHITECTURE]:
         raise InputError(f"{out_dir}/config.json: architectures must be [{ARCHITECTURE!r}]")
+    else:
+        aux_ids = cfg_json["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     cfg = DraftConfig(
         hidden_size=cfg_json["hidden_size"],
         intermediate_size=cfg_json["intermediate_size"],
@@ -203,7 +251,7 @@ def check_export(out_dir: str | Path) -> None:
         vocab_size=cfg_json["vocab_size"],
         draft_vocab_size=cfg_json["draft_vocab_size"],
         target_hidden_size=cfg_json["target_hidden_size"],
-        aux_layer_ids=cfg_json["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+        aux_layer_ids=aux_ids,
     )
     expected = expected_weight_shapes(cfg)
     if full_vocab_without_maps(cfg, _exported_engine(out_dir)):

