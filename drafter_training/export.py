@@ -237,7 +237,10 @@ def check_export(out_dir: str | Path) -> None:
         flat, notes = flatten(cfg_json)  # what vLLM builds its draft class from
         if flat is None:
             raise InputError(f"{out_dir}/config.json: {notes[0][2]}")
-        cfg_json, aux_ids = flat, flat.get("eagle_aux_hidden_state_layer_ids")
+        aux_ids = flat.get("eagle_aux_hidden_state_layer_ids")
+        if not aux_ids:
+            raise InputError(f"{out_dir}/config.json: no eagle_aux_hidden_state_layer_ids; export it again")
+        cfg_json = flat
     elif cfg_json.get("architectures") != [ARCHITECTURE]:
         raise InputError(f"{out_dir}/config.json: architectures must be [{ARCHITECTURE!r}]")
     else:
