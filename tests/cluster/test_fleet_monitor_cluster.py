@@ -94,6 +94,7 @@ def sick_events(core_v1: Any, namespace: str, name: str) -> list:
     return [e for e in events(core_v1, namespace, name) if e.reason == "SpeculativePodSick"]
 
 
+@pytest.mark.timing
 def test_one_sick_pod_among_six_is_named_in_an_event_and_the_aggregate_going_bad_rolls_back(
     operator: Operator, sims: Any, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:
