@@ -115,11 +115,3 @@ def flatten(config: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Note]]:
         layer["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
     return layer, notes
 
-
-def speculative_tokens(config: dict[str, Any]) -> int | None:
-    """proposal_methods[0].speculative_tokens: what vLLM drafts per step unless --speculative-config says otherwise."""
-    try:
-        value = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    except (KeyError, IndexError, TypeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
