@@ -114,4 +114,3 @@ def flatten(config: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Note]]:
     if config.get("eagle_aux_hidden_state_layer_ids"):
         layer["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
     return layer, notes
-
