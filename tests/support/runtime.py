@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from specdec_operator import manifests as m
 from specdec_operator.api import ProbeStatus
@@ -49,6 +50,7 @@ class FakeWriter:
         self.beside_the_step: list[str] = []  # children applied by the stable Service's creation task
         self.pod_events: list[dict[str, Any]] = []  # Warning Events about pods the kubelet would have posted
         self.pod_event_reads: list[str] = []
+        self.rejected: set[str] = set()  # names whose apply the API server refuses (422 Invalid)
 
     async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         raise AssertionError("no prompt dataset in these specs")
@@ -63,6 +65,13 @@ class FakeWriter:
             self.calls.append(("refused", name))
             return self.taken[name]
         await asyncio.sleep(0)
+        if name in self.rejected:
+            self.calls.append(("rejected", name))
+            refused = ApiException(status=422, reason="Unprocessable Entity")
+            refused.body = json.dumps(
+                {"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422, "message": f"{obj['kind']} {name!r} is invalid"}
+            )
+            raise refused
         self.calls.append((obj["kind"], name))
         task = asyncio.current_task()
         self.beside_the_step += [name] if task is not None and task.get_name().startswith("create ") else []
@@ -126,10 +135,11 @@ class FakeProbes:
 class Cluster:
     """One SpeculativeServer and its children as the indexes would show them to a step."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], name: str = "llama") -> None:
         self.writer, self.probes, self.metrics = FakeWriter(), FakeProbes(), OperatorMetrics()
         self.runtime = self.new_process()
-        self.body = {"metadata": {"name": "llama", "namespace": "ns", "uid": "uid-1", "generation": 1}, "spec": spec}
+        self.name = name
+        self.body = {"metadata": {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1}, "spec": spec}
         self.pods: list[dict[str, Any]] = []
 
     def new_process(self) -> Runtime:
@@ -141,8 +151,12 @@ class Cluster:
             body = {**self.body, "status": copy.deepcopy(self.writer.status)}
             deployments = [c for c in self.writer.children.values() if c["kind"] == "Deployment"]
             services = [c for c in self.writer.children.values() if c["kind"] == "Service"]
-            plan = await self.runtime.step(body, copy.deepcopy(self.pods), copy.deepcopy(deployments), copy.deepcopy(services), LOG)
-            state = self.runtime.resources[("ns", "llama")]
+            try:
+                plan = await self.runtime.step(body, copy.deepcopy(self.pods), copy.deepcopy(deployments), copy.deepcopy(services), LOG)
+            except ApiException as exc:  # as the daemon's guarded step hands it on
+                plan = None
+                await self.runtime.executor.api_failure(body, exc, LOG, self.runtime.resources.get(("ns", self.name)))
+            state = self.runtime.resources[("ns", self.name)]
             if state.creating is not None:
                 await state.creating  # the stable Service's creation beside the step
             return plan

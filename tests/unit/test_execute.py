@@ -121,3 +121,33 @@ def test_a_spec_the_operator_cannot_serve_fails_once_with_its_reason() -> None:
     assert "sglangVersion 0.5.9 disagrees with image" in cluster.writer.status["message"]
     assert [e.reason for e in cluster.writer.events] == ["InvalidSpec"]
     assert not any(c[0] in ("Deployment", "Service") for c in cluster.writer.calls)
+
+
+def test_a_name_that_cannot_name_services_fails_once_and_creates_nothing() -> None:
+    cluster = Cluster(llama_spec(), name="attacker.example.com")
+    assert cluster.step() is None
+    assert cluster.step() is None
+    status = cluster.writer.status
+    assert status["phase"] == "Failed" and status["reason"] == "InvalidSpec"
+    assert "metadata.name 'attacker.example.com'" in status["message"] and "'attacker-example-com'" in status["message"]
+    assert [e.reason for e in cluster.writer.events] == ["InvalidSpec"]
+    assert not any(c[0] in ("Deployment", "Service") for c in cluster.writer.calls)
+
+
+def test_a_child_the_api_server_refuses_keeps_the_phase_failed_until_it_is_accepted() -> None:
+    cluster = Cluster(llama_spec())
+    cluster.writer.rejected.add("llama-spec")
+    cluster.step()
+    assert cluster.writer.status["phase"] == "Failed" and cluster.writer.status["reason"] == "ApplyRejected"
+    for _ in range(3):  # still refused: each step retries the children, and the status never leaves Failed
+        cluster.writer.calls.clear()
+        cluster.step()
+        assert ("rejected", "llama-spec") in cluster.writer.calls
+        assert cluster.writer.status["phase"] == "Failed", cluster.writer.status
+    assert [e.reason for e in cluster.writer.events].count("ApplyRejected") == 1
+    cluster.writer.rejected.clear()  # e.g. an admission webhook fixed
+    cluster.step()
+    assert cluster.writer.status["phase"] not in ("Failed", "Probing") and ("Service", "llama-spec") in cluster.writer.children
+    cluster.ready_pods("base", "speculative")
+    cluster.step()
+    assert cluster.writer.status["phase"] == "Probing"

@@ -1,7 +1,8 @@
 """execute(plan): what one step's plan asks of the cluster and of the probe scheduler, through the one writer.
 
 Children and the status patch are written together (Services first when a step re-points one and changes a
-server), the stable Service beside the step, then the Events; the probe is started or stopped last. A refused
+server; after a refusal retrying cannot fix, the children first and the status once they are accepted), the stable
+Service beside the step, then the Events; the probe is started or stopped last. A refused
 plan (reconcile/refused.py) writes its status and Events only. Objects with the children's names that this
 resource does not own are never modified: they are remembered as foreign (the next step reports NameConflict).
 """
@@ -22,6 +23,7 @@ from .. import manifests as m
 from ..api import SpeculativeServerSpec
 from ..monitor import remember
 from ..reconcile import ApiRefusal, Observed, Plan, StartProbe, merge_patch, read_status, reconcile
+from ..reconcile.refused import api_refusal_reason
 from ..resource import dump
 from .config import OperatorConfig
 from .kopf_tuning import plain
@@ -60,9 +62,12 @@ class Executor:
         # Creating a Service with a virtual IP (the stable one) is the slowest write there is: the API server
         # allocates ClusterIPs a few per second under load (2-10 s each with 1,000 resources starting together,
         # docs/scale.md), and nothing in the lifecycle waits for that Service. So it is created beside the step.
+        # After a refusal retrying cannot fix (state.refused), the children go first and the status only once they
+        # were all accepted: written with them, a step would say Probing between two refusals (a flapping phase).
+        refused_before = state.refused
         applying = []
         for obj in plan.apply:
-            if creates_virtual_ip(obj, observed.services):
+            if creates_virtual_ip(obj, observed.services) and not refused_before:
                 if state.creating is None:
                     state.creating = asyncio.create_task(
                         self._create_beside(key, state, obj, body, logger), name=f"create {namespace}/{obj['metadata']['name']}"
@@ -74,7 +79,9 @@ class Executor:
         # One round trip where order does not matter: every child at once, and the status patch with them (it
         # describes what this step saw and did). Only when a step both re-points an existing Service and changes a
         # Deployment (switch, then scale the loser to 0) do the kinds go one after another, Services first.
-        waves = by_kind(applying) if plan.switch_first else [applying]
+        waves = by_kind(applying) if plan.switch_first or refused_before else [applying]
+        if refused_before:
+            waves.append([])  # the status patch alone, after every child was accepted
         for number, wave in enumerate(waves, 1):
             write_status = bool(patch) and number == len(waves)
             results = await asyncio.gather(
@@ -84,6 +91,7 @@ class Executor:
             for obj, taken_by in zip(wave, results):
                 if taken_by is not None:
                     self._found_foreign(key, state, obj, taken_by, logger)
+        state.refused = False
         # The old kind's servers after a resources.nodes change (retire.py): after the applies, so the Services
         # already select the new kind when the old servers go.
         for obj in plan.delete:
@@ -146,9 +154,10 @@ class Executor:
         detail = exc.body[:300] if isinstance(exc.body, str) else ""
         logger.warning(f"reconcile step failed (will retry): API {exc.status} {exc.reason} {detail}".rstrip())
         meta = body["metadata"]
+        refusal = ApiRefusal(status=int(exc.status or 0), message=_api_message(exc), body=exc.body if isinstance(exc.body, str) else "")
         if state is not None:  # the next step rereads the resource as the server has it
             state.forget_status()
-        refusal = ApiRefusal(status=int(exc.status or 0), message=_api_message(exc), body=exc.body if isinstance(exc.body, str) else "")
+            state.refused = api_refusal_reason(refusal) is not None
         observed = Observed(
             name=meta["name"],
             namespace=meta["namespace"],

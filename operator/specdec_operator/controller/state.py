@@ -39,6 +39,9 @@ class ResourceState:
     monitor_due: bool = False
     foreign: dict[str, tuple[float, dict[str, Any]]] = dataclasses.field(default_factory=dict)  # child name -> (seen, object)
     creating: asyncio.Task[None] | None = None  # the stable Service's creation, beside the steps
+    # The API server refused a child in a way retrying cannot fix (reconcile/refused.py) and no step has written
+    # every child since: the next step writes its status only after its children are accepted.
+    refused: bool = False
     last_step: float = -math.inf  # when the last step ended (time.monotonic): steps closer together are merged
 
     def forget_status(self) -> None:

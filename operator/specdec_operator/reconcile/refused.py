@@ -2,8 +2,8 @@
 
 Three things stop a spec before the lifecycle runs, each observed by the controller and decided here:
 
-* the spec cannot be read or rendered (``Observed.spec_error``, or an InputError of the command-line renderer):
-  InvalidSpec;
+* the spec cannot be read or rendered (``Observed.spec_error``, or an InputError of the command-line renderer), or
+  the resource's name cannot name its Services (dotted, or too long for <name>-base): InvalidSpec;
 * a multi-node spec in a cluster that does not serve LeaderWorkerSets (``Observed.leader_worker_sets_served``):
   LeaderWorkerSetMissing, naming what to install;
 * the API server refused a request in a way retrying cannot fix (``Observed.api_refusal``): Forbidden (403) or
@@ -17,6 +17,7 @@ refusal is reported from outside a step: only phase, reason and message change.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,8 @@ from .conditions import Conditions
 from .events import transition_events
 from .model import ApiRefusal, Observed, Plan
 
+# A Service name (DNS-1035 label): a lowercase letter first, no dots.
+SERVICE_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # Server-side apply's answer when a child does not fit its type; retrying cannot fix it.
 TYPED_PATCH_FAILED = "failed to create typed patch object"
 
@@ -39,10 +42,33 @@ def api_refusal_reason(refusal: ApiRefusal) -> Reason | None:
     return None
 
 
+def name_error(name: str) -> str | None:
+    """Why a SpeculativeServer of this name cannot be served, or None. The name names its Services (<name>,
+    <name>-base, <name>-spec), which must be DNS-1035 labels: a dotted or too long name is a valid resource name
+    whose Services the API server would refuse one step at a time, after its GPU servers were made."""
+    longest = max(len(m.child_name(name, variant)) for variant in m.SUFFIX)
+    if SERVICE_NAME.fullmatch(name) and longest <= 63:
+        return None
+    return (
+        f"metadata.name {name!r} cannot name this server's Services ({m.child_name(name, 'speculative')!r} and others): "
+        f"use at most {63 - (longest - len(name))} lowercase letters, digits and '-', starting with a letter, e.g. "
+        f"{_suggest(name, 63 - (longest - len(name)))!r}"
+    )
+
+
+def _suggest(name: str, limit: int) -> str:
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    cleaned = cleaned.lstrip("0123456789-") or "server"
+    return cleaned[:limit].rstrip("-")
+
+
 def refusal(spec: SpeculativeServerSpec | None, observed: Observed) -> tuple[Reason, str] | None:
     """Why this spec is not served now (reason, one-line message), or None."""
     if observed.spec_error is not None:
         return Reason.INVALID_SPEC, observed.spec_error
+    invalid_name = name_error(observed.name)
+    if invalid_name is not None:
+        return Reason.INVALID_SPEC, invalid_name
     if spec is not None and not observed.leader_worker_sets_served:
         missing = m.lws_missing_message(spec, frozenset())
         if missing is not None:
