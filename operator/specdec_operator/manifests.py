@@ -98,6 +98,12 @@ def adaptive_config_map_name(name: str) -> str:
     return f"{name}-adaptive"
 
 
+def adaptive_config_mounted(spec: SpeculativeServerSpec) -> bool:
+    """Whether a load-aware server reads its table from the ConfigMap <name>-adaptive (SGLang) rather than from its
+    command line (vLLM): only then is the ConfigMap made and mounted."""
+    return engine_for(spec).adaptive_config_file
+
+
 def _v(variant: str | Variant) -> str:
     return variant.value if isinstance(variant, Variant) else str(variant)
 
@@ -351,6 +357,7 @@ def pod_template(
             pod_spec["initContainers"] = [init]
         if adaptive_config_hash is not None:
             annotations[ANNOTATION_ADAPTIVE_CONFIG] = adaptive_config_hash
+        if adaptive_config_hash is not None and adaptive_config_mounted(spec):
             pod_spec["volumes"].append({"name": ADAPTIVE_VOLUME, "configMap": {"name": adaptive_config_map_name(name)}})
             pod_spec["containers"][0]["volumeMounts"].append({"name": ADAPTIVE_VOLUME, "mountPath": ADAPTIVE_CONFIG_DIR, "readOnly": True})
     template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}

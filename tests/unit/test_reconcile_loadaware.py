@@ -232,6 +232,11 @@ def test_a_vllm_trial_runs_vllms_per_batch_size_schedule_from_the_same_curve() -
     speculative_config = json.loads(command[command.index("--speculative-config") + 1])
     assert speculative_config["num_speculative_tokens_per_batch_size"] == [[1, 12, 3], [13, 64, 0]]
     assert "--speculative-adaptive" not in command and world.template("speculative")["spec"]["containers"][0]["name"] == "vllm"
+    # So there is no ConfigMap to make, mount or wait for; the template still records which table it serves.
+    template = world.template("speculative")
+    assert not world.config_maps and not [v for v in template["spec"]["volumes"] if v["name"] == m.ADAPTIVE_VOLUME]
+    assert not [v for v in template["spec"]["containers"][0]["volumeMounts"] if v["name"] == m.ADAPTIVE_VOLUME]
+    assert template["metadata"]["annotations"][m.ANNOTATION_ADAPTIVE_CONFIG]
 
 
 def test_vllm_under_data_parallelism_says_why_load_aware_is_not_tried() -> None:

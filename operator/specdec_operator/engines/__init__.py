@@ -130,6 +130,9 @@ class Engine(Protocol):
     metric_labels: tuple[str, ...]  # labels kept apart when a scrape is parsed (vLLM's position), as name{label=value}
     acceptance_from_counters: bool  # acceptance is computed from counter deltas between scrapes (counter_window), not read
     metric_reduce: str  # how label sets other than those are combined: "mean" (SGLang's TP ranks) or "sum" (vLLM's engines)
+    # The load-aware table is read from a mounted file (SGLang's --speculative-adaptive-config: a ConfigMap the
+    # operator makes and mounts) rather than taken inline on the command line (vLLM's --speculative-config).
+    adaptive_config_file: bool
 
     def render_argv(
         self,

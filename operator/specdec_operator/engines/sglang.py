@@ -55,6 +55,7 @@ class SGLangEngine:
     metric_names = frozenset({ACCEPT_LENGTH_METRIC, THROUGHPUT_METRIC, VERIFY_CALLS_METRIC, GENERATED_TOKENS_METRIC})
     metric_labels: tuple[str, ...] = ()
     acceptance_from_counters = False
+    adaptive_config_file = True  # --speculative-adaptive-config PATH
     metric_reduce = "mean"  # every TP rank's scheduler reports the same gauges under its own tp_rank label
 
     def render_argv(

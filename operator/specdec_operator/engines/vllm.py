@@ -117,6 +117,7 @@ class VLLMEngine:
     metric_names = frozenset({DRAFTS_METRIC, DRAFT_TOKENS_METRIC, ACCEPTED_TOKENS_METRIC, ACCEPTED_PER_POSITION_METRIC, GENERATED_TOKENS_METRIC})
     metric_labels: tuple[str, ...] = (POSITION_LABEL,)
     acceptance_from_counters = True
+    adaptive_config_file = False  # num_speculative_tokens_per_batch_size inside --speculative-config
     metric_reduce = "sum"  # one label set per engine core (data parallelism): the server's count is their sum
 
     def render_argv(

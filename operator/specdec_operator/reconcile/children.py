@@ -34,7 +34,7 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
             m.service(name, namespace, SPECULATIVE, settings=ms, leaders_only=True),
             m.service(name, namespace, None, active=active, settings=ms, both=both, leaders_only=True),
         ]
-        tables = [m.adaptive_config_map(name, namespace, facts.load_aware_probe.config_json)] if facts.load_aware_probe is not None else []
+        tables = _tables(facts, name, namespace)
         return tables + leaders + groups + held
     deployments = [
         m.deployment(
@@ -55,8 +55,16 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
         m.service(name, namespace, SPECULATIVE, settings=ms),
         m.service(name, namespace, None, active=active, settings=ms, both=both),
     ]
-    config_maps = [m.adaptive_config_map(name, namespace, facts.load_aware_probe.config_json)] if facts.load_aware_probe is not None else []
+    config_maps = _tables(facts, name, namespace)
     return config_maps + services + deployments + held
+
+
+def _tables(facts: Facts, name: str, namespace: str) -> list[dict[str, Any]]:
+    """The load-aware table's ConfigMap, for an engine that reads it from a mounted file (SGLang); vLLM takes the
+    table on its command line."""
+    if facts.load_aware_probe is None or not m.adaptive_config_mounted(facts.spec):
+        return []
+    return [m.adaptive_config_map(name, namespace, facts.load_aware_probe.config_json)]
 
 
 def observed_child(observed: Observed, obj: dict[str, Any]) -> dict[str, Any] | None:

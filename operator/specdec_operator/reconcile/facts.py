@@ -155,7 +155,7 @@ def gather_facts(
     children = {**observed.deployments, **observed.services}
     children.update(observed.config_maps)
     own_names = (m.child_name(observed.name, BASE), m.child_name(observed.name, SPECULATIVE), observed.name) + (
-        (m.adaptive_config_map_name(observed.name),) if load_aware_probe is not None else ()
+        (m.adaptive_config_map_name(observed.name),) if load_aware_probe is not None and m.adaptive_config_mounted(spec) else ()
     )
     conflicts = sorted(n for n in own_names if n in children and not owned_by(children[n], observed.uid))
     return Facts(spec, observed, prev, now, revision, settings, templates, servers, conflicts, load_aware_probe, groups, used)
