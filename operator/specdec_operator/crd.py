@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import API_GROUP, API_VERSION, KIND, PLURAL
-from .api import SpeculativeServerSpec, SpeculativeServerStatus
+from .api import NAME_RULES, SpeculativeServerSpec, SpeculativeServerStatus
 
 SHORT_NAMES = ["specserver", "sps"]
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
@@ -209,6 +209,7 @@ def custom_resource_definition() -> dict[str, Any]:
                                 "the base server, promoted only when faster, and rolled back when it stops paying off."
                             ),
                             "required": ["spec"],
+                            **NAME_RULES,
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version of this object."},
                                 "kind": {"type": "string", "description": "Kind of this object."},
@@ -287,6 +288,8 @@ def render_reference() -> str:
         if "items" in node:
             rules(node["items"], f"{path}[]")
 
+    for rule in NAME_RULES["x-kubernetes-validations"]:
+        out.append(f"- `metadata.name`: {rule['message']}")
     rules(root["spec"], "spec")
     out.append("")
     return "\n".join(out)

@@ -15,13 +15,12 @@ in the spec, which the structural schema prunes. RBAC and pod security are teste
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
-from tests.support.kube import wait_until
-from tests.support.operator_process import GROUP, PLURAL, VERSION, compatible_annotations, event_reasons, example, status, wait_phase
+from tests.support.operator_process import GROUP, PLURAL, VERSION, compatible_annotations, example, wait_phase
 from tests.support.operator_replicas import DECIDED, Cluster
 
 pytestmark = pytest.mark.cluster
@@ -86,9 +85,12 @@ def test_spec_labels_cannot_impersonate_another_resource_and_a_dotted_name_gets_
         "app.kubernetes.io/managed-by": "specdec-operator",
     }
     cluster.create(attacker)
-    # A name that is a valid resource name but no valid Service name.
+    # A name that is a valid resource name but no valid Service name: refused at admission (the CRD's root rule), so
+    # nothing is made for it; reconcile/refused.py says the same for one admitted under an older CRD (unit tests).
     dotted = example("llama31-8b-eagle3.yaml", "attacker.example.com", cluster.namespace, annotations=compatible_annotations())
-    cluster.create(dotted)
+    with pytest.raises(ApiException) as refused:
+        cluster.create(dotted)
+    assert refused.value.status == 422 and "metadata.name attacker.example.com cannot name this server's Services" in refused.value.body
 
     for name in ("victim", "attacker"):  # decided either way: what matters is where the Services point
         assert wait_phase(cluster.custom, cluster.namespace, name, DECIDED, timeout=120)["phase"] in {"Promoted", "RolledBack"}
@@ -106,13 +108,5 @@ def test_spec_labels_cannot_impersonate_another_resource_and_a_dotted_name_gets_
         # The stable Service serves; the loser's Service may select nothing (scaled to 0 unless kept warm).
         assert selected or service != "victim", "the victim's stable Service selects no pod"
 
-    st = wait_until(
-        lambda: (s := status(cluster.custom, cluster.namespace, "attacker.example.com")).get("phase") in DECIDED and s,
-        timeout=60,
-        message="a status for the dotted name",
-    )
-    assert st["phase"] == "Failed" and st.get("message"), st
     assert not [s for s in cluster.core.list_namespaced_service(cluster.namespace).items if s.metadata.name.startswith("attacker.")]
-    assert "ProbeStarted" not in event_reasons(cluster.core, cluster.namespace, "attacker.example.com")
-    time.sleep(2)
-    assert status(cluster.custom, cluster.namespace, "attacker.example.com")["phase"] == "Failed"
+    assert not [d for d in cluster.apps.list_namespaced_deployment(cluster.namespace).items if d.metadata.name.startswith("attacker.")]

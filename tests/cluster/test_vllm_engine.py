@@ -13,6 +13,8 @@ marked `cluster` for the operator's tests and `realengine` for all (make test ru
     matched        target a + its drafter exported --engine vllm               core 1
     other-engine   target a + the same drafter exported --engine sglang        core 0   (aux layer ids one too low)
     other-target   target a + the drafter trained for target b (--engine vllm) core 1
+    speculators    target a + target a's drafter exported --engine vllm        core 0
+                   --format speculators (made here from the cached training run: seconds)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +32,7 @@ from typing import Any
 import pytest
 
 from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, stable_variant, status, wait_phase
-from tests.support.real_engine import BUILD, RealEngineModels, real_engine_models
+from tests.support.real_engine import BUILD, TRAIN, RealEngineModels, real_engine_models
 from tests.support.vllm_servers import VllmServer, greedy_completion, served_acceptance, start_servers, vllm_env
 
 # The timeout covers the module's set-up in its first test: the drafter build (once per machine) and the servers' start.
@@ -49,11 +52,16 @@ def models() -> RealEngineModels:
 def servers(models: RealEngineModels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
     logs = tmp_path_factory.mktemp("vllm")
     target = models.target("a")
+    speculators = logs / "drafter-a-speculators"
+    export = ["export", "--run", str(models.run("a")), "--target", str(target), "--out", str(speculators), "--engine", "vllm"]
+    export += ["--format", "speculators", "--speculative-tokens", str(SPEC_TOKENS)]
+    subprocess.run(TRAIN + export, check=True, capture_output=True, text=True)
     wanted = {
         "base": VllmServer("base", target, logs / "base.log", core="0"),
         "matched": VllmServer("matched", target, logs / "matched.log", drafter=models.drafter("a", "vllm"), core="1"),
         "other-engine": VllmServer("other-engine", target, logs / "other-engine.log", drafter=models.drafter("a", "sglang"), core="0"),
         "other-target": VllmServer("other-target", target, logs / "other-target.log", drafter=models.drafter("b", "vllm"), core="1"),
+        "speculators": VllmServer("speculators", target, logs / "speculators.log", drafter=speculators, core="0"),
     }
     for server in wanted.values():
         server.num_speculative_tokens = SPEC_TOKENS
@@ -75,7 +83,7 @@ def served(models: RealEngineModels, servers: dict[str, VllmServer]) -> dict[str
 def test_vllm_counts_what_it_drafted_and_accepted(served: dict[str, dict[str, Any]]) -> None:
     base = served["base"]
     assert base["drafts"] == 0 and base["acceptance_length"] is None, "the server without a drafter drafted"
-    for name in ("matched", "other-engine", "other-target"):
+    for name in ("matched", "other-engine", "other-target", "speculators"):
         s = served[name]
         assert s["drafts"] > 0, f"{name}: vLLM counted no drafts"
         assert s["draft_tokens"] == SPEC_TOKENS * s["drafts"], f"{name}: {s['counters']}"
@@ -96,11 +104,21 @@ def test_the_matched_drafter_accepts_more_than_the_other_engines_ids_and_another
     assert length["matched"] >= length["other-target"] + 0.5, f"another target's drafter accepted as much: {length}"
 
 
+def test_a_speculators_export_is_served_by_vllm_as_the_plain_export_is(served: dict[str, dict[str, Any]]) -> None:
+    """The same weights and layer ids in the speculators format (Eagle3Speculator, transformer_layer_config,
+    speculators_config): vLLM loads it through its own speculators path and accepts what the plain export accepts."""
+    plain, speculators = served["matched"], served["speculators"]
+    assert speculators["drafts"] > 0, "vLLM loaded the speculators export but drafted nothing"
+    assert speculators["acceptance_length"] == pytest.approx(plain["acceptance_length"], abs=0.1), (speculators, plain)
+    for position, (a, b) in enumerate(zip(speculators["acceptance_rate_per_position"], plain["acceptance_rate_per_position"])):
+        assert a == pytest.approx(b, abs=0.1), f"position {position}: speculators {a:.3f}, plain {b:.3f}"
+
+
 def test_speculative_greedy_completions_equal_the_base_servers(served: dict[str, dict[str, Any]]) -> None:
     """Greedy verification keeps the target's output whatever the drafter proposes: the texts are vLLM's own."""
     base = served["base"]["texts"]
     assert len(set(base)) > 1, f"the target says the same thing to every prompt: {base[:2]}"
-    for name in ("matched", "other-engine", "other-target"):
+    for name in ("matched", "other-engine", "other-target", "speculators"):
         differing = [i for i, (a, b) in enumerate(zip(base, served[name]["texts"])) if a != b]
         assert not differing, (
             f"{name}: greedy completions differ from the base server's on prompts {differing}: {base[differing[0]]!r} vs {served[name]['texts'][differing[0]]!r}"

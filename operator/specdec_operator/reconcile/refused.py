@@ -22,14 +22,12 @@ from datetime import datetime
 from typing import Any
 
 from .. import manifests as m
-from ..api import ConditionType, Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus
+from ..api import MAX_NAME_LENGTH, SERVICE_NAME_PATTERN, ConditionType, Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus
 from ..textutil import rfc3339
 from .conditions import Conditions
 from .events import transition_events
 from .model import ApiRefusal, Observed, Plan
 
-# A Service name (DNS-1035 label): a lowercase letter first, no dots.
-SERVICE_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # Server-side apply's answer when a child does not fit its type; retrying cannot fix it.
 TYPED_PATCH_FAILED = "failed to create typed patch object"
 
@@ -43,23 +41,20 @@ def api_refusal_reason(refusal: ApiRefusal) -> Reason | None:
 
 
 def name_error(name: str) -> str | None:
-    """Why a SpeculativeServer of this name cannot be served, or None. The name names its Services (<name>,
-    <name>-base, <name>-spec), which must be DNS-1035 labels: a dotted or too long name is a valid resource name
-    whose Services the API server would refuse one step at a time, after its GPU servers were made."""
-    longest = max(len(m.child_name(name, variant)) for variant in m.SUFFIX)
-    if SERVICE_NAME.fullmatch(name) and longest <= 63:
+    """Why a SpeculativeServer of this name cannot be served, or None: the CRD's root rule (api.NAME_RULES), for a
+    resource admitted under an older CRD. Its Services would be refused one step at a time, after its GPU servers
+    were made."""
+    if re.fullmatch(SERVICE_NAME_PATTERN, name) and len(name) <= MAX_NAME_LENGTH:
         return None
     return (
         f"metadata.name {name!r} cannot name this server's Services ({m.child_name(name, 'speculative')!r} and others): "
-        f"use at most {63 - (longest - len(name))} lowercase letters, digits and '-', starting with a letter, e.g. "
-        f"{_suggest(name, 63 - (longest - len(name)))!r}"
+        f"use at most {MAX_NAME_LENGTH} lowercase letters, digits and '-', starting with a letter, no dots, e.g. {_suggest(name)!r}"
     )
 
 
-def _suggest(name: str, limit: int) -> str:
-    cleaned = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
-    cleaned = cleaned.lstrip("0123456789-") or "server"
-    return cleaned[:limit].rstrip("-")
+def _suggest(name: str) -> str:
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", name.lower()).lstrip("0123456789-")
+    return cleaned[:MAX_NAME_LENGTH].rstrip("-") or "server"
 
 
 def refusal(spec: SpeculativeServerSpec | None, observed: Observed) -> tuple[Reason, str] | None:
