@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) the binaries of the local control plane into a cache outside the checkout:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   (one Kubernetes release)
-#   kwok, kwokctl                                                      (fake kubelets)
+#   kwok                                                               (fake kubelets)
 #   etcd                                                               (the apiserver's store)
 #   helm                                                               (chart tests, manifests)
 #   kubelet, kube-proxy, coredns  (group `node`, only when asked)     (the real node: devcluster --real-node)
@@ -37,7 +37,7 @@ done < <(grep -E '^[A-Z_]+=' "$HACK_DIR/versions.env")
 : "${NODE_KUBERNETES_VERSION:?missing in hack/versions.env}" "${COREDNS_VERSION:?missing in hack/versions.env}"
 : "${LWS_VERSION:?missing in hack/versions.env}"
 
-KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl)
+KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 ETCD_BINS=(etcd)
 HELM_BINS=(helm)
 NODE_BINS=(kubelet kube-proxy coredns pause)
@@ -83,7 +83,7 @@ pkgs_of() {
   case "$1" in
     kube) echo k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
                k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-               sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl ;;
+               sigs.k8s.io/kwok/cmd/kwok ;;
     etcd) echo go.etcd.io/etcd/server/v3 ;;
     helm) echo helm.sh/helm/v4/cmd/helm ;;
     node) echo k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy specdec.io/hack/node/coredns specdec.io/hack/node/pause ;;
@@ -120,7 +120,7 @@ version_of() {
     kube-apiserver|kube-controller-manager|kube-scheduler) out="$(timeout 10 "$path" --version 2>/dev/null || true)" ;;
     kubectl) out="$(timeout 10 "$path" version --client 2>/dev/null || true)" ;;
     etcd) out="$(timeout 10 "$path" --version 2>/dev/null | head -1 || true)" ;;
-    kwok|kwokctl) out="$(timeout 10 "$path" --version 2>/dev/null || true)" ;;
+    kwok) out="$(timeout 10 "$path" --version 2>/dev/null || true)" ;;
     helm) out="$(timeout 10 "$path" version --template '{{.Version}}' 2>/dev/null || true)" ;;
   esac
   grep -oE 'v?[0-9]+\.[0-9]+\.[0-9]+' <<<"$out" | head -1 | sed 's/^v*/v/'
@@ -132,7 +132,7 @@ pin_of() {
   case "$1" in
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) echo "$KUBERNETES_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
-    kwok|kwokctl) echo "$KWOK_VERSION" ;;
+    kwok) echo "$KWOK_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
   esac
 }

@@ -483,7 +483,7 @@ def test_tools_sh_reuses_fitting_binaries_from_path(tmp_path):
     target = tmp_path / "bin"
     result = run_tools(SPECDEC_TOOLS_DIR=str(target), PATH=f"{devcluster.tools_dir()}{os.pathsep}{os.environ['PATH']}")
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("reusing ") == len(devcluster.REQUIRED_TOOLS) + 2  # + kwokctl, helm
+    assert result.stderr.count("reusing ") == len(devcluster.REQUIRED_TOOLS) + 1  # + helm
     for tool in (*devcluster.REQUIRED_TOOLS, "helm"):
         assert (target / tool).resolve() == (devcluster.tools_dir() / tool).resolve()
     assert run_tools("--check", SPECDEC_TOOLS_DIR=str(target)).returncode == 0
