@@ -3,7 +3,7 @@
 Three things stop a spec before the lifecycle runs, each observed by the controller and decided here:
 
 * the spec cannot be read or rendered (``Observed.spec_error``, or an InputError of the command-line renderer), or
-  the resource's name cannot name its Services (dotted, or too long for <name>-base): InvalidSpec;
+  the resource's name cannot name its Services (dotted, or too long for <name>-spec): InvalidSpec;
 * a multi-node spec in a cluster that does not serve LeaderWorkerSets (``Observed.leader_worker_sets_served``):
   LeaderWorkerSetMissing, naming what to install;
 * the API server refused a request in a way retrying cannot fix (``Observed.api_refusal``): Forbidden (403) or
