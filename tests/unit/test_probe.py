@@ -196,11 +196,12 @@ def test_seed_custom_drafter_is_rejected_in_seconds():
 @pytest.mark.timing
 def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
     base, public = load_profile("sglang-base-kimi-k25"), load_profile("kimi-k2-public-eagle3")
-    # Up to 10 rounds: one noisy in-process round at c=128 left the default 6 undecided once in CI
-    # (0.48x [0.22, 1.04]); more rounds narrow the interval, they do not change the truth (0.44x).
+    # Up to 20 rounds: noisy in-process rounds at c=128 left the default 6 undecided once in CI (0.48x [0.22, 1.04])
+    # and 10 once on a fresh machine (0.565x [0.253, 1.257]); more rounds narrow the interval, they do not change the
+    # truth (0.44x), and a decided probe stops at once.
     # Random ids: the seed's accept length (2.26) is the profile's own, not a per-kind value of the default prompts.
     c128 = parse_workload("c128:128:8:16:144").model_copy(update={"prompts": Prompts(source="Random")})
-    result = asyncio.run(probe_between(base, public, [c128], scale=2, max_rounds=10))
+    result = asyncio.run(probe_between(base, public, [c128], scale=2, max_rounds=20))
     assert (result.decision, result.reason) == ("rollback", "SpeedupBelowThreshold"), result.message
     # The seed measured 849 / 2370 = 0.36x in steady state; this short run's waves model to ~0.44x.
     assert result.workloads[0].speedup < 0.6
