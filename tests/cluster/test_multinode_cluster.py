@@ -233,21 +233,27 @@ def test_nodes_1_to_2_replaces_the_deployments_with_leaderworkersets_and_deletes
 
     wait_until(both_sets, timeout=60, message="LeaderWorkerSets grow-base and grow-spec")
 
-    # The controller makes the groups' pods (kwok runs them).
+    # The controller makes the groups' pods (kwok runs them). The Services move, and the Deployments go, once the new
+    # kind serves the ACTIVE variant (reconcile/retire.py): grow-spec's group after a promotion, grow-base's after a
+    # rollback. (This test once watched grow-base's whatever the decision, and failed when grow-spec's group was Ready
+    # first.)
+    active = "grow-spec" if status(custom_objects, namespace, "grow").get("activeVariant") == "speculative" else "grow-base"
+
     def leader_ready() -> bool:
-        pod = group_pods(core_v1, namespace, "grow-base").get("grow-base-0")  # none until the controller makes it
+        pod = group_pods(core_v1, namespace, active).get(f"{active}-0")  # none until the controller makes it
         return pod is not None and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
-    # Poll until the Deployments are gone: they must still exist while no base group is Ready.
+    # Poll until the Deployments are gone: they must still exist while the active variant's group is not Ready. The
+    # Service is read before the pod: a group Ready once stays Ready here, so a moved Service with the group not Ready
+    # after it is a Service that moved too early.
     deadline = time.monotonic() + 90
     while apps_v1.list_namespaced_deployment(namespace).items:
         assert time.monotonic() < deadline, "the Deployments were never deleted"
-        ready_now = leader_ready()
         selector = core_v1.read_namespaced_service("grow", namespace).spec.selector
-        if not ready_now:
-            assert selector == stable_before, f"the stable Service left the Deployments' pods before a group was Ready: {selector}"
+        if not leader_ready():
+            assert selector == stable_before, f"the stable Service left the Deployments' pods before {active}'s group was Ready: {selector}"
         time.sleep(0.2)
-    assert leader_ready(), "the Deployments were deleted before the base group was Ready"
+    assert leader_ready(), f"the Deployments were deleted before {active}'s group was Ready"
     selector = wait_until(
         lambda: (s := core_v1.read_namespaced_service("grow", namespace).spec.selector).get(m.LABEL_ROLE) and s, timeout=30, message="leaders"
     )

@@ -127,7 +127,9 @@ SEED_WORKLOADS = [
     ("file", "drafter_profile", "reason"),
     [
         ("kimi-k25-int4-eagle3.yaml", "kimi-k25-custom-eagle3", "DrafterNotAccepting"),
-        ("kimi-k25-int4-public-eagle3.yaml", "kimi-k2-public-eagle3", "SpeedupBelowThreshold"),
+        # A decision on measured speed (0.99x at one stream, 0.36x at 128): beside a fresh machine's first phase (3
+        # workers, the real node building its images) it came out Inconclusive once, so it runs in the quiet one.
+        pytest.param("kimi-k25-int4-public-eagle3.yaml", "kimi-k2-public-eagle3", "SpeedupBelowThreshold", marks=pytest.mark.timing),
     ],
     ids=["custom-drafter", "public-drafter"],
 )
