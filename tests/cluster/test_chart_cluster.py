@@ -15,6 +15,7 @@ import yaml
 
 from tests.support.chart import CHART, CRD_DISCOVERY, DISCOVERY_USAGE, OPERATOR_NAMESPACED_USAGE, PEERING_VERBS, ROOT, api_request_kinds, one, render
 from tests.support.kube import wait_until
+from tests.support.operator_process import compatible_annotations, example
 
 # =============================================================================================================
 # On the local control plane: install, Pod Security admission, `kubectl auth can-i`, and the operator from the
@@ -254,7 +255,9 @@ def test_namespaced_rbac_can_i_matrix_and_operator_run(kube_cluster, kube_client
         )
         try:
             assert f"--namespace={served}" in operator.chart_args
-            custom_objects.create_namespaced_custom_object(GROUP, VERSION, served, PLURAL, _compatible_example("llama", served))
+            custom_objects.create_namespaced_custom_object(
+                GROUP, VERSION, served, PLURAL, example("llama31-8b-eagle3.yaml", "llama", served, annotations=compatible_annotations())
+            )
 
             def served_with_children() -> bool:
                 operator.check_running()
@@ -483,20 +486,6 @@ class OperatorUnderServiceAccount:
         )
 
 
-def _compatible_example(name: str, namespace: str) -> dict[str, Any]:
-    cr = yaml.safe_load((ROOT / "examples" / "llama31-8b-eagle3.yaml").read_text())
-    cr["metadata"] = {"name": name, "namespace": namespace}
-    # kwok plays the kubelet: the validator init container reports a compatible pair, the servers get Ready.
-    cr["spec"]["podMetadata"] = {
-        "annotations": {
-            "specdec.test/init-exit-code": "0",
-            "specdec.test/init-message": json.dumps({"compatible": True, "findings": []}),
-            "specdec.test/ready-after": "1s",
-        }
-    }
-    return cr
-
-
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
@@ -523,7 +512,9 @@ def test_operator_runs_an_example_end_to_end_under_the_chart_serviceaccount(
         )
         assert "--all-namespaces" in operator.chart_args
         assert f"--peering={cluster_release['peering']}" in operator.chart_args
-        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _compatible_example(name, namespace))
+        custom_objects.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations())
+        )
 
         def decided() -> dict | None:
             operator.check_running()
