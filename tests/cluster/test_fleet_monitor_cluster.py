@@ -112,9 +112,6 @@ def test_one_sick_pod_among_six_is_named_in_an_event_and_the_aggregate_going_bad
         monitor__interval=5,
         monitor__window=2,
         monitor__acceptLengthFloor=1.5,
-        # The probe only has to promote (what is tested is the monitor): 12 rounds, not 6, since a fresh machine once
-        # left the 6 undecided (batch-32 2.54x [0.35, 18.3]) and Inconclusive rolls back. A decided probe stops at once.
-        rollout__maxRounds=12,
     )
     custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack", "Invalid", "Failed"}, timeout=180)

@@ -154,9 +154,10 @@ def example(
     # can still straddle 1 after the default 6 rounds ([0.81, 4.57] once at stop 32), which ends Inconclusive. A
     # decided probe stops at once, so more rounds cost time only where the default would have failed the test;
     # a test that means to test the round limit sets rollout__maxRounds itself.
-    cr["spec"].setdefault("rollout", {}).setdefault("maxRounds", TEST_MAX_ROUNDS)
+    rollout = cr["spec"].setdefault("rollout", {})
+    rollout.setdefault("maxRounds", TEST_MAX_ROUNDS)
     if workloads is not None:
-        cr["spec"].setdefault("rollout", {})["workloads"] = workloads
+        rollout["workloads"] = workloads
     for dotted, value in spec_changes.items():
         node = cr["spec"]
         *path, last = dotted.split("__")
