@@ -551,6 +551,7 @@ def test_alerts_cover_rollbacks_drift_probe_failures_and_operator_down(helm_bin,
         "SpecdecProbeFailures",
         "SpecdecOperatorDown",
         "SpecdecProgressDeadlineExceeded",
+        "SpecdecSpeculativeProgressDeadlineExceeded",
         "SpecdecIdleGpus",
     }
     service = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics"))
@@ -568,6 +569,10 @@ def test_alerts_cover_rollbacks_drift_probe_failures_and_operator_down(helm_bin,
     assert 'reason="AcceptanceDrift"' in alerts["SpecdecAcceptanceDrift"]["expr"]
     assert 'reason!="AcceptanceDrift"' in alerts["SpecdecServerRolledBack"]["expr"], "one alert per rollback"
     assert "absent(" in alerts["SpecdecOperatorDown"]["expr"]
+    # A speculative side given up past its deadline (the base serves) does not page as if serving were down.
+    assert 'variant="base"' in alerts["SpecdecProgressDeadlineExceeded"]["expr"]
+    assert 'variant="speculative"' in alerts["SpecdecSpeculativeProgressDeadlineExceeded"]["expr"]
+    assert alerts["SpecdecSpeculativeProgressDeadlineExceeded"]["labels"]["severity"] == "info"
 
 
 def test_dashboard_shows_speedup_acceptance_variant_and_rollbacks(helm_bin, tmp_path):

@@ -51,9 +51,16 @@ def test_idle_gpus_and_the_progress_deadline_are_exported() -> None:
     metrics = OperatorMetrics()
     metrics.observe_status("ns", "kimi", {"phase": "Promoted", "reason": "SpeedupConfirmed", "gpus": {"base": 8, "speculative": 8, "idle": 8}})
     metrics.observe_status("ns", "stuck", {"phase": "Failed", "reason": "ProgressDeadlineExceeded"})
+    # The speculative side given up past its deadline while the base serves: not the base failing to serve.
+    metrics.observe_status(
+        "ns", "slowdrafter", {"phase": "RolledBack", "reason": "ProgressDeadlineExceeded", "probe": {"reason": "ProgressDeadlineExceeded"}}
+    )
     text = generate_latest(metrics.registry).decode()
     assert 'specdec_idle_gpus{name="kimi",namespace="ns"} 8.0' in text
     assert 'specdec_gpus{name="kimi",namespace="ns",variant="speculative"} 8.0' in text
-    assert 'specdec_progress_deadline_exceeded{name="stuck",namespace="ns"} 1.0' in text
-    assert 'specdec_progress_deadline_exceeded{name="kimi",namespace="ns"} 0.0' in text
+    assert 'specdec_progress_deadline_exceeded{name="stuck",namespace="ns",variant="base"} 1.0' in text
+    assert 'specdec_progress_deadline_exceeded{name="stuck",namespace="ns",variant="speculative"} 0.0' in text
+    assert 'specdec_progress_deadline_exceeded{name="slowdrafter",namespace="ns",variant="base"} 0.0' in text
+    assert 'specdec_progress_deadline_exceeded{name="slowdrafter",namespace="ns",variant="speculative"} 1.0' in text
+    assert 'specdec_progress_deadline_exceeded{name="kimi",namespace="ns",variant="base"} 0.0' in text
     assert 'specdec_idle_gpus{name="stuck"' not in text  # no status.gpus yet: no series rather than a false 0

@@ -26,6 +26,22 @@ class ServerRecord(NamedTuple):
     accept_length: float | None
     reason: str | None = None
     gpus: dict[str, int] | None = None  # status.gpus: base, speculative, idle
+    # The sides that waited past spec.progressDeadlineSeconds (deadline_sides): a speculative side given up for
+    # its revision while the base serves is not the base failing to serve, and the alerts tell them apart.
+    deadline: frozenset[str] = frozenset()
+
+
+def deadline_sides(status: dict) -> frozenset[str]:
+    """The variants whose wait passed spec.progressDeadlineSeconds (reconcile/deadline.py): the base when the phase
+    is Failed with ProgressDeadlineExceeded (nothing serves on the current template), the speculative side when the
+    revision's decision is a ProgressDeadlineExceeded rollback (status.probe; the base serves)."""
+    exceeded = Reason.PROGRESS_DEADLINE_EXCEEDED.value
+    sides = set()
+    if status.get("phase") == Phase.FAILED.value and status.get("reason") == exceeded:
+        sides.add(Variant.BASE.value)
+    if ((status.get("probe") or {}).get("reason")) == exceeded:
+        sides.add(Variant.SPECULATIVE.value)
+    return frozenset(sides)
 
 
 class ServerStatusCollector:
@@ -44,6 +60,7 @@ class ServerStatusCollector:
             float(accept) if accept is not None else (old.accept_length if old else None),
             status.get("reason"),
             {k: int(v) for k, v in (status.get("gpus") or {}).items() if isinstance(v, int)} if status.get("gpus") else None,
+            deadline_sides(status),
         )
 
     def forget(self, namespace: str, name: str) -> None:
@@ -65,8 +82,10 @@ class ServerStatusCollector:
         phase = GaugeMetricFamily("specdec_phase", "1 for the current phase of each SpeculativeServer.", labels=["namespace", "name", "phase"])
         deadline = GaugeMetricFamily(
             "specdec_progress_deadline_exceeded",
-            "1 while a SpeculativeServer has waited past spec.progressDeadlineSeconds (phase Failed, reason ProgressDeadlineExceeded).",
-            labels=["namespace", "name"],
+            "1 while a side of a SpeculativeServer has waited past spec.progressDeadlineSeconds: variant base (phase Failed, "
+            "reason ProgressDeadlineExceeded; nothing serves on the current template) or speculative (the revision rolled back "
+            "with ProgressDeadlineExceeded; the base serves).",
+            labels=["namespace", "name", "variant"],
         )
         gpus = GaugeMetricFamily("specdec_gpus", "GPUs held by each variant's pods (status.gpus).", labels=["namespace", "name", "variant"])
         idle = GaugeMetricFamily(
@@ -84,7 +103,8 @@ class ServerStatusCollector:
                 active.add_metric([namespace, name, variant.value], 1.0 if record.active_variant == variant.value else 0.0)
             for value in Phase:
                 phase.add_metric([namespace, name, value.value], 1.0 if record.phase == value.value else 0.0)
-            deadline.add_metric([namespace, name], 1.0 if record.reason == Reason.PROGRESS_DEADLINE_EXCEEDED.value else 0.0)
+            for variant in Variant:
+                deadline.add_metric([namespace, name, variant.value], 1.0 if variant.value in record.deadline else 0.0)
             if record.gpus is not None:
                 for variant in Variant:
                     gpus.add_metric([namespace, name, variant.value], float(record.gpus.get(variant.value, 0)))
