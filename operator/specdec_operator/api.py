@@ -494,6 +494,13 @@ class Target(_SpecModel):
     )
 
 
+# The admission rule's words, also said by reconcile (refused.py) of a resource admitted under an older CRD.
+NEXTN_PATH_MESSAGE = (
+    "drafter.path must not be set with algorithm NEXTN, which drafts with the target's own multi-token-prediction "
+    "layers: remove drafter.path, or choose EAGLE3 or EAGLE for a separate draft model"
+)
+
+
 class Drafter(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
@@ -522,8 +529,7 @@ class Drafter(_SpecModel):
                 # A NEXTN server drafts with the target's own layers: a path would be ignored by the command line,
                 # and the operator would wait for a validator verdict no init container ever gives.
                 "self.algorithm != 'NEXTN' || !has(self.path)",
-                "drafter.path must not be set with algorithm NEXTN, which drafts with the target's own multi-token-prediction "
-                "layers: remove drafter.path, or choose EAGLE3 or EAGLE for a separate draft model",
+                NEXTN_PATH_MESSAGE,
                 ".path",
             ),
             (

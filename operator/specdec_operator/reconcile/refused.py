@@ -2,8 +2,9 @@
 
 Three things stop a spec before the lifecycle runs, each observed by the controller and decided here:
 
-* the spec cannot be read or rendered (``Observed.spec_error``, or an InputError of the command-line renderer), or
-  the resource's name cannot name its Services (dotted, or too long for <name>-spec): InvalidSpec;
+* the spec cannot be read or rendered (``Observed.spec_error``, or an InputError of the command-line renderer), the
+  resource's name cannot name its Services (dotted, or too long for <name>-spec), or a rule of today's CRD that an
+  older CRD admitted (a NEXTN drafter with a path): InvalidSpec, in the admission rule's words;
 * a multi-node spec in a cluster that does not serve LeaderWorkerSets (``Observed.leader_worker_sets_served``):
   LeaderWorkerSetMissing, naming what to install;
 * the API server refused a request in a way retrying cannot fix (``Observed.api_refusal``): Forbidden (403) or
@@ -22,7 +23,16 @@ from datetime import datetime
 from typing import Any
 
 from .. import manifests as m
-from ..api import MAX_NAME_LENGTH, SERVICE_NAME_PATTERN, ConditionType, Phase, Reason, SpeculativeServerSpec, SpeculativeServerStatus
+from ..api import (
+    MAX_NAME_LENGTH,
+    NEXTN_PATH_MESSAGE,
+    SERVICE_NAME_PATTERN,
+    ConditionType,
+    Phase,
+    Reason,
+    SpeculativeServerSpec,
+    SpeculativeServerStatus,
+)
 from ..textutil import rfc3339
 from .conditions import Conditions
 from .events import transition_events
@@ -64,6 +74,10 @@ def refusal(spec: SpeculativeServerSpec | None, observed: Observed) -> tuple[Rea
     invalid_name = name_error(observed.name)
     if invalid_name is not None:
         return Reason.INVALID_SPEC, invalid_name
+    if spec is not None and spec.drafter.algorithm == "NEXTN" and spec.drafter.path:
+        # Admitted under an older CRD (before its rule): no validator is rendered for NEXTN, so the step would wait
+        # for a verdict that never comes, with both servers Ready and no deadline.
+        return Reason.INVALID_SPEC, NEXTN_PATH_MESSAGE
     if spec is not None and not observed.leader_worker_sets_served:
         missing = m.lws_missing_message(spec, frozenset())
         if missing is not None:
