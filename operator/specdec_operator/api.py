@@ -138,6 +138,9 @@ class Reason(StrEnum):
     ROLLED_OUT = "RolledOut"
     WALK_STARTED = "WalkStarted"
     WALK_FINISHED = "WalkFinished"
+    # A one-server resource's new pod template cannot start: its new base is unschedulable while the old
+    # speculative server holds the GPUs (rollout.updateStrategy RollingUpdate; Recreate frees them first)
+    UPDATE_BLOCKED = "UpdateBlocked"
     # Events of transitions that have no reason of their own
     PROBE_STARTED = "ProbeStarted"
     TRAFFIC_SWITCHED = "TrafficSwitched"
@@ -978,6 +981,16 @@ class Rollout(_SpecModel):
         alias="keepSpeculativeWarm",
         description="After a rollback, keep the speculative server that lost running (its GPUs serve no traffic), e.g. to debug its "
         "acceptance. Off by default: a speculative server that lost holds no GPUs. One server only.",
+    )
+    update_strategy: Literal["RollingUpdate", "Recreate"] = Field(
+        "RollingUpdate",
+        alias="updateStrategy",
+        description="How a one-server resource (replicas 1) replaces a promoted speculative server whose pod template changes (a new "
+        "image, drafter or argument). RollingUpdate: the new base starts beside the old speculative server, which serves until "
+        "the base does; it needs the GPUs of one more server, and where none are free the resource fails fast (reason "
+        "UpdateBlocked) and the old server keeps serving. Recreate: the old speculative server is scaled to 0 first, then the "
+        "new base and then the new speculative server start: no extra GPUs, but nothing serves until the new base is Ready "
+        "(downtime). Fleets (replicas 2 and more) walk within maxSurge/maxUnavailable and ignore it.",
     )
     load_aware: Literal["Auto", "Off"] = Field(
         LoadAware.AUTO.value,

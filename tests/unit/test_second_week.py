@@ -7,8 +7,9 @@ from pathlib import Path
 
 import yaml
 
+from specdec_operator import manifests as m
 from specdec_operator.api import NEXTN_PATH_MESSAGE
-from tests.support.world import COMPATIBLE, World, conditions, llama_spec
+from tests.support.world import COMPATIBLE, World, conditions, llama_spec, to_promoted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,3 +51,93 @@ def test_a_nextn_drafter_with_a_path_admitted_under_an_older_crd_is_refused_in_t
     world.generation = 2
     plan = world.step()
     assert plan.status["phase"] == "Failed" and plan.status["message"] == NEXTN_PATH_MESSAGE
+
+
+def _unschedulable(pod: dict) -> dict:
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available",
+            }
+        ],
+    }
+    return pod
+
+
+def _holding_gpus(pod: dict, gpus: int = 1) -> dict:
+    pod["spec"] = {"containers": [{"name": "sglang", "resources": {"limits": {m.GPU_RESOURCE: str(gpus)}}}]}
+    return pod
+
+
+def _promoted_alone(**changes) -> World:
+    """A promoted one-server resource whose base was scaled to 0 (keepBaseWarm false): only the speculative pod runs."""
+    world = World(llama_spec(**{"rollout.keepBaseWarm": False, **changes}))
+    to_promoted(world)
+    world.step()
+    assert world.deployments["llama-base"]["spec"]["replicas"] == 0
+    world.pods = [_holding_gpus(p) for p in world.pods if p["metadata"]["labels"][m.LABEL_VARIANT] == "speculative"]
+    world.step()
+    return world
+
+
+def _new_image(world: World, **changes) -> None:
+    world.spec_dict = {**world.spec_dict, "image": "lmsysorg/sglang:v0.5.23-cu129"}
+    for key, value in changes.items():
+        world.spec_dict["rollout"][key] = value
+    world.generation += 1
+
+
+def test_a_new_image_on_a_promoted_one_server_resource_on_a_full_cluster_fails_fast_naming_the_old_pod_and_its_gpus():
+    world = _promoted_alone()
+    old_spec = world.template("speculative")
+    _new_image(world)
+    held = world.step()  # the new base beside the old speculative server, which serves until the base does
+    assert world.deployments["llama-base"]["spec"]["replicas"] == 1
+    assert held.status["phase"] == "Deploying" and held.status["reason"] == "WalkingToBase"
+    world.add_pod("base")
+    _unschedulable(world.pods[-1])
+    blocked = world.step()
+    assert blocked.status["phase"] == "Failed" and blocked.status["reason"] == "UpdateBlocked", blocked.status
+    message = blocked.status["message"]
+    assert "old speculative pod llama-speculative-1 (1 nvidia.com/gpu) holds its GPUs" in message, message
+    assert "Insufficient nvidia.com/gpu" in message and "updateStrategy: Recreate" in message
+    assert ("Warning", "UpdateBlocked") in [(e.type, e.reason) for e in blocked.events]
+    # Nothing is taken from what serves: the old speculative server keeps its template and the traffic.
+    assert world.template("speculative") == old_spec and world.deployments["llama-spec"]["spec"]["replicas"] == 1
+    assert world.services["llama"]["spec"]["selector"][m.LABEL_VARIANT] == "speculative"
+    assert conditions(blocked.status)["Ready"]["status"] == "True"
+    assert not [e for e in world.step().events if e.reason == "UpdateBlocked"], "announced once"
+
+
+def test_update_strategy_recreate_frees_the_old_servers_gpus_first_then_the_base_then_the_speculative_server():
+    world = _promoted_alone()
+    old_spec = world.template("speculative")
+    _new_image(world, updateStrategy="Recreate")
+    plan = world.step()
+    # The old server goes first (its template kept: a replicas-only write); the new base is asked for.
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 0 and world.template("speculative") == old_spec
+    assert world.deployments["llama-base"]["spec"]["replicas"] == 1
+    assert plan.status["reason"] != "UpdateBlocked"
+    world.pods = []  # the old pod is gone; the new base pod loads
+    world.add_pod("base")
+    loading = world.step()
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 0, "the speculative server waits for the base"
+    assert conditions(loading.status)["Ready"]["status"] == "False"  # the documented downtime
+    world.pods = []
+    world.add_pod("base", ready=True)
+    serving = world.step()
+    assert world.services["llama"]["spec"]["selector"][m.LABEL_VARIANT] == "base"
+    assert conditions(serving.status)["Ready"]["status"] == "True"
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 1 and world.template("speculative") != old_spec
+
+
+def test_update_strategy_defaults_to_rolling_update_and_is_in_the_crd():
+    assert World(llama_spec()).spec.rollout.update_strategy == "RollingUpdate"
+    crd = yaml.safe_load((ROOT / "crds" / "specdec.io_speculativeservers.yaml").read_text())
+    rollout = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rollout"]["properties"]
+    assert rollout["updateStrategy"]["enum"] == ["RollingUpdate", "Recreate"]
+    assert "downtime" in rollout["updateStrategy"]["description"]

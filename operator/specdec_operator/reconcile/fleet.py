@@ -18,6 +18,7 @@ from ..api import (
 from .decision import is_invalid, is_promoted, is_rolled_back, never_started
 from .diff import annotations_of, labels_of, owned_by, template_differs
 from .facts import BASE, SPECULATIVE, Facts
+from .gpus import pod_gpus
 from .pods import (
     group_state,
     is_ready,
@@ -167,6 +168,31 @@ def _walked_back_one_server(facts: Facts) -> bool:
     return facts.servers[BASE].ready and stable is not None and not m.selects_both(stable) and m.service_variant(stable) == BASE
 
 
+def recreates(facts: Facts) -> bool:
+    """rollout.updateStrategy Recreate on a one-server resource (a fleet walks within maxSurge/maxUnavailable)."""
+    return facts.spec.replicas == 1 and facts.spec.rollout.update_strategy == "Recreate"
+
+
+def update_blocked(facts: Facts, fleet: Fleet) -> str | None:
+    """Why a one-server resource's new pod template cannot start, or None: it keeps its old speculative server until
+    the new base serves (plan_replicas, updateStrategy RollingUpdate), and the new base cannot be scheduled while
+    that server holds its GPUs. Nothing frees them by itself: without this the resource would wait for
+    spec.progressDeadlineSeconds (an hour by default) and then fail without naming the old server."""
+    base = facts.servers[BASE]
+    if fleet.replicas != 1 or not fleet.holding or base.ready or base.reason != Reason.UNSCHEDULABLE:
+        return None
+    old = [p for p in live(pods_of(facts.observed.pods, SPECULATIVE)) if pod_gpus(p) > 0]
+    if not old:
+        return None
+    held = ", ".join(f"{(p.get('metadata') or {}).get('name')} ({pod_gpus(p)} {m.GPU_RESOURCE})" for p in old)
+    serving = "serves until then" if facts.servers[SPECULATIVE].any_ready else "is not Ready either"
+    return (
+        f"the new base server cannot be scheduled while the old speculative pod {held} holds its GPUs and {serving}; "
+        "nothing frees them: free GPUs for one more server, or set spec.rollout.updateStrategy: Recreate to replace the old "
+        f"server first (downtime until the new base is Ready). Base: {base.message}"
+    )
+
+
 def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: ProbeStatus | None) -> Fleet:
     """The next spec.replicas of the two Deployments.
 
@@ -194,6 +220,10 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
     toward = None if decision is None and not broken else (SPECULATIVE if is_promoted(decision) and not broken else BASE)
     old = old_speculative_servers(facts)
     if n == 1 and old and not _walked_back_one_server(facts):
+        if recreates(facts):
+            # rollout.updateStrategy Recreate: the old server goes first (its template kept, a replicas-only write),
+            # freeing its GPUs for the new base; nothing serves until the base does (documented downtime).
+            return Fleet(n, rollout.Counts(base=1, speculative=0), state, {BASE: 1, SPECULATIVE: 0}, None, holding=True)
         held = rollout.Counts(base=1, speculative=old)
         return Fleet(n, held, state, {BASE: 1, SPECULATIVE: old}, None, holding=True)
     ro = facts.spec.rollout
@@ -214,6 +244,10 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
         replicas = {BASE: 1, SPECULATIVE: 1}
         if broken:
             replicas[SPECULATIVE] = 0  # an incompatible or broken speculative server does not hold GPUs
+        if decision is None and recreates(facts) and not facts.servers[BASE].any_ready:
+            # Recreate: one server at a time, the base first, so that the GPUs the old server freed go to the base
+            # (a speculative server that took them would leave the base unschedulable and nothing serving).
+            replicas[SPECULATIVE] = 0
         # The loser is scaled to 0 only once the winner serves, so traffic never lands on nothing; it stays warm
         # only where the user asked for it (keepBaseWarm keeps a base, keepSpeculativeWarm a speculative server).
         if is_promoted(decision) and not ro.keep_base_warm and facts.servers[SPECULATIVE].any_ready:

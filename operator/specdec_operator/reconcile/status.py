@@ -21,7 +21,7 @@ from ..textutil import clip
 from .conditions import Conditions
 from .decision import is_invalid, is_promoted, never_started
 from .facts import BASE, SPECULATIVE, Facts
-from .fleet import Fleet
+from .fleet import Fleet, update_blocked
 from .pods import (
     VALIDATING_MESSAGE,
     error_codes,
@@ -86,6 +86,9 @@ def walking_back(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, outco
     (plan_replicas): Deploying, reason WalkingToBase, saying so (the validator and the probe wait for the template)."""
     if not fleet.holding or decision is not None or outcome.phase in (Phase.FAILED, Phase.INVALID):
         return outcome
+    blocked = update_blocked(facts, fleet)
+    if blocked is not None:  # fail fast, the cause named; the old server keeps serving and the base may still come
+        return PhaseOutcome(Phase.FAILED, Reason.UPDATE_BLOCKED, blocked)
     state = fleet.state
     message = (
         f"walking back to the base before the speculative pod template changes (revision {facts.revision}): "

@@ -122,7 +122,7 @@ def _unschedulable(pod: dict[str, Any], status: dict[str, Any], gpu_family: str 
         if cond.get("type") != "PodScheduled" or cond.get("status") != "False":
             continue
         message = " ".join(str(cond.get("message") or cond.get("reason") or "unschedulable").split())
-        missing = sorted(set(_INSUFFICIENT.findall(message)))
+        missing = sorted({found.rstrip(".") for found in _INSUFFICIENT.findall(message)})  # "Insufficient nvidia.com/gpu."
         family = gpu_family_of(pod) or gpu_family
         where = f" on nodes of GPU family {family}" if family else ""
         what = f"not enough {', '.join(missing)}{where}" if missing else f"no node fits{where}"
