@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from specdec_operator import manifests as m
+from specdec_operator.controller.kopf_tuning import slim_pod
 from specdec_operator.reconcile import Observed, Plan, reconcile
 from specdec_operator.resource import parse_spec
 
@@ -101,15 +102,19 @@ class World:
             status["containerStatuses"] = [
                 {"name": "sglang", "restartCount": 0, "state": {"running": {"startedAt": started.strftime("%Y-%m-%dT%H:%M:%SZ")}}}
             ]
-        pod = {
-            "metadata": {
-                "name": f"{self.name}-{variant}-{len(self.pods)}",
-                "labels": dict(tmpl["metadata"]["labels"]),
-                "annotations": dict(tmpl["metadata"]["annotations"]),
-                "creationTimestamp": "2026-12-02T09:00:00Z",
-            },
-            "status": status,
-        }
+        # What the operator keeps of a pod of this template (its Kopf index copy), as reconcile sees it.
+        pod = slim_pod(
+            {
+                "metadata": {
+                    "name": f"{self.name}-{variant}-{len(self.pods)}",
+                    "labels": dict(tmpl["metadata"]["labels"]),
+                    "annotations": dict(tmpl["metadata"]["annotations"]),
+                    "creationTimestamp": "2026-12-02T09:00:00Z",
+                },
+                "spec": copy.deepcopy(tmpl["spec"]),
+                "status": status,
+            }
+        )
         self.pods.append(pod)
         return pod
 

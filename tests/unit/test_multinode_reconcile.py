@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from specdec_operator import manifests as m
-from specdec_operator.controller.kopf_tuning import slim_leader_worker_set
+from specdec_operator.controller.kopf_tuning import slim_leader_worker_set, slim_pod
 from specdec_operator.reconcile import Observed, reconcile
 from specdec_operator.reconcile.diff import needs_apply
 from specdec_operator.resource import parse_spec
@@ -259,7 +259,7 @@ class KindWorld:
         if variant == "speculative":
             status["initContainerStatuses"] = [{"name": m.VALIDATOR_CONTAINER, "state": {"terminated": {"exitCode": 0, "message": COMPATIBLE}}}]
         meta = {"name": f"{variant}-pod", "labels": dict(template["metadata"]["labels"]), "annotations": dict(template["metadata"]["annotations"])}
-        self.pods.append({"metadata": meta, "status": status})
+        self.pods.append(slim_pod({"metadata": meta, "spec": template["spec"], "status": status}))  # the operator's index copy
 
     def group_pods(self, variant: str) -> None:
         lwt = self.children[(m.LWS_KIND, m.child_name(self.name, variant))]["spec"]["leaderWorkerTemplate"]
@@ -267,7 +267,7 @@ class KindWorld:
             template = lwt["leaderTemplate"] if rank == 0 else lwt["workerTemplate"]
             labels = {**template["metadata"]["labels"], m.LWS_LABEL_GROUP_INDEX: "0", m.LWS_LABEL_WORKER_INDEX: str(rank)}
             meta = {"name": f"{variant}-0-{rank}", "labels": labels, "annotations": dict(template["metadata"]["annotations"])}
-            self.pods.append({"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+            self.pods.append(slim_pod({"metadata": meta, "spec": template["spec"], "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
 
     def gone(self, kind: str) -> None:
         """The garbage collector removed the pods of the deleted objects."""
@@ -298,6 +298,8 @@ def test_nodes_1_to_2_with_max_surge_0_deletes_the_deployments_first_and_asks_fo
     groups = {n: o["spec"]["replicas"] for (k, n), o in world.children.items() if k == m.LWS_KIND}
     assert groups == {"llama-base": 0, "llama-spec": 0}  # the Deployments' pods still hold their GPUs
     assert "no room for the LeaderWorkerSets beside the Deployments" in plan.status["message"]
+    # and status.gpus counts them, each with its own (1 GPU, not the 2 x 4 of the new spec)
+    assert (plan.status["gpus"]["base"], plan.status["gpus"]["speculative"]) == (1, 1)
     world.gone("Deployment")
     plan = world.step()
     groups = {n: o["spec"]["replicas"] for (k, n), o in world.children.items() if k == m.LWS_KIND}

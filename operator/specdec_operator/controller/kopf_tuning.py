@@ -34,10 +34,40 @@ def plain(value: Any) -> Any:
     return value
 
 
+def extended_resource(name: str) -> bool:
+    """An extended resource (nvidia.com/gpu, a RDMA device, ...): a domain-prefixed name outside kubernetes.io.
+
+    cpu, memory, ephemeral-storage and hugepages-* are native; kubernetes.io/ and *.kubernetes.io/ names are reserved."""
+    domain, slash, _ = name.partition("/")
+    return bool(slash) and domain != "kubernetes.io" and not domain.endswith(".kubernetes.io")
+
+
+def _extended_resources(container: Any) -> dict[str, Any]:
+    resources = container.get("resources") or {}
+    out: dict[str, Any] = {}
+    for kind in ("limits", "requests"):
+        amounts = {str(k): str(v) for k, v in (resources.get(kind) or {}).items() if extended_resource(str(k))}
+        if amounts:
+            out[kind] = amounts
+    return out
+
+
 def slim_pod(body: Any) -> dict[str, Any]:
+    """The pod's metadata, the status fields reconcile reads, and of its spec only the extended resources (the GPUs)
+    each container asks for: reconcile/gpus.py counts what each pod holds from its own requests, so a pod of an
+    older template (or the other kind, during a retirement) counts with the GPUs it was created with. Containers
+    that ask for none, and init containers (they run before the containers, not beside them), are left out."""
     status = body.get("status") or {}
     keep = ("phase", "conditions", "initContainerStatuses", "containerStatuses", "startTime", "podIP")
-    return {"metadata": _meta(body), "status": {k: plain(status.get(k)) for k in keep if status.get(k) is not None}}
+    slim: dict[str, Any] = {"metadata": _meta(body), "status": {k: plain(status.get(k)) for k in keep if status.get(k) is not None}}
+    containers = []
+    for container in (body.get("spec") or {}).get("containers") or []:
+        resources = _extended_resources(container)
+        if resources:
+            containers.append({"name": container.get("name"), "resources": resources})
+    if containers:
+        slim["spec"] = {"containers": containers}
+    return slim
 
 
 def slim_deployment(body: Any) -> dict[str, Any]:

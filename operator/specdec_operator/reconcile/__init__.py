@@ -154,6 +154,7 @@ def _serve(
     asked = steering.read(observed.annotations, prev.steering.retried if prev.steering is not None else None)
     prev = overrides.before_settling(prev, asked, revision)
     retirement = retire.retiring(spec, observed)
+    pods = observed.pods  # status.gpus counts every pod that holds GPUs, the retiring kind's too
     if retirement is not None:  # resources.nodes changed kind: the lifecycle sees the new kind's pods only
         observed = retire.without_old_pods(observed, retirement)
     load_aware_probe = settle_load_aware_probe(
@@ -176,7 +177,7 @@ def _serve(
     serving = {Variant.BASE, Variant.SPECULATIVE} if both else {active}
     new_status = new_status.model_copy(
         update={
-            "gpus": gpu_status(observed.pods, serving, outcome.probing),
+            "gpus": gpu_status(pods, serving, outcome.probing),
             "steering": overrides.steering_status(stored, asked, decision, fleet.walks),
             "waiting_for": wait.what if wait is not None else None,
             "waiting_since": since,

@@ -4,6 +4,10 @@ A GPU is held from the moment a pod that requests it exists until the pod is gon
 to the end). It is idle when its server serves no traffic (the stable Service does not select its variant) and is
 not being probed: a warm base after a promotion, a losing speculative server kept warm, pods still going away.
 
+Each pod counts with what it asked for itself (its containers' nvidia.com/gpu, which the operator's index copy of
+the pod keeps: controller/kopf_tuning.slim_pod), not with what the spec asks for now: a pod of an older template
+holds its own GPUs until it is gone.
+
 Pure: pod documents in, counts out.
 """
 
@@ -18,12 +22,18 @@ from .diff import labels_of
 
 
 def pod_gpus(pod: dict[str, Any]) -> int:
-    """GPUs a pod requests: the sum over its containers' limits (an init container's run before, not beside, them)."""
+    """GPUs a pod holds: the sum over its containers of nvidia.com/gpu, from limits (where Kubernetes sets an extended
+    resource; a request, when given, must equal it) or else requests. Init containers run before, not beside, them.
+
+    ``pod`` is the operator's index copy (controller/kopf_tuning.slim_pod), which keeps exactly these fields."""
     total = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
-        limit = ((container.get("resources") or {}).get("limits") or {}).get(m.GPU_RESOURCE)
+        resources = container.get("resources") or {}
+        amount = (resources.get("limits") or {}).get(m.GPU_RESOURCE)
+        if amount is None:
+            amount = (resources.get("requests") or {}).get(m.GPU_RESOURCE)
         try:
-            total += int(str(limit)) if limit is not None else 0
+            total += int(str(amount)) if amount is not None else 0
         except ValueError:
             continue
     return total
