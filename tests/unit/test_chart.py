@@ -9,6 +9,7 @@ operator from the checkout under the chart's ServiceAccount with every API reque
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -611,7 +612,7 @@ def test_notes_say_where_to_look(helm_bin):
 # Plain manifests (make manifests)
 
 
-def test_make_manifests_renders_an_installable_file(tools_dir, tmp_path):
+def test_make_manifests_renders_an_installable_file(helm_bin, tmp_path):
     import kubernetes_validate
 
     proc = subprocess.run(
@@ -619,7 +620,7 @@ def test_make_manifests_renders_an_installable_file(tools_dir, tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": str(tools_dir), "DIST_DIR": str(tmp_path)},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SPECDEC_TOOLS_DIR": os.path.dirname(helm_bin), "DIST_DIR": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all((tmp_path / "install.yaml").read_text()) if d]
@@ -642,11 +643,11 @@ def test_make_manifests_renders_an_installable_file(tools_dir, tmp_path):
     assert crds_only == docs[:3]
 
 
-def test_make_manifests_passes_settings_to_helm_and_checks_the_namespace(tools_dir, tmp_path):
+def test_make_manifests_passes_settings_to_helm_and_checks_the_namespace(helm_bin, tmp_path):
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(tmp_path),
-        "SPECDEC_TOOLS_DIR": str(tools_dir),
+        "SPECDEC_TOOLS_DIR": os.path.dirname(helm_bin),
         "DIST_DIR": str(tmp_path),
         "NAMESPACE": "inference-system",
     }
