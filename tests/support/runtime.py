@@ -55,7 +55,7 @@ class FakeWriter:
     async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         raise AssertionError("no prompt dataset in these specs")
 
-    async def pod_warnings(self, namespace: str) -> list[dict[str, Any]]:
+    async def pod_warnings(self, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.pod_event_reads.append(namespace)  # a read, not a write: kept out of `calls`
         return list(self.pod_events)
 

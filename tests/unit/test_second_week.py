@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import yaml
 
 from specdec_operator import manifests as m
 from specdec_operator.api import NEXTN_PATH_MESSAGE
-from tests.support.world import COMPATIBLE, World, conditions, llama_spec, to_promoted
+from tests.support.world import COMPATIBLE, NOW, World, conditions, llama_spec, to_promoted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,3 +142,64 @@ def test_update_strategy_defaults_to_rolling_update_and_is_in_the_crd():
     rollout = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rollout"]["properties"]
     assert rollout["updateStrategy"]["enum"] == ["RollingUpdate", "Recreate"]
     assert "downtime" in rollout["updateStrategy"]["description"]
+
+
+def test_a_change_of_cause_without_progress_keeps_the_deadline_clock_running():
+    deadline = 3600
+    world = World(llama_spec(progressDeadlineSeconds=deadline))
+    world.step()
+    pod = _unschedulable(world.add_pod("base"))
+    first = world.step()
+    assert first.status["waitingFor"] == "the base server (Unschedulable)"
+    # Scheduled at last, but its image cannot be pulled: another cause, no progress.
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [{"name": "sglang", "image": "registry.example/sglang:bad", "state": {"waiting": {"reason": "ImagePullBackOff"}}}],
+    }
+    moved = world.step(now=NOW + timedelta(seconds=deadline * 2 // 3))
+    assert moved.status["waitingFor"] == "the base server (ImageNotPulled)"
+    assert moved.status["waitingSince"] == first.status["waitingSince"], "the clock keeps running"
+    failed = world.step(now=NOW + timedelta(seconds=deadline + 10))
+    assert failed.status["phase"] == "Failed" and failed.status["reason"] == "ProgressDeadlineExceeded", failed.status
+    assert "ImageNotPulled" in failed.status["message"] or "cannot be pulled" in failed.status["message"]
+    # Real progress (the server loads) starts the clock again.
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+        "containerStatuses": [{"name": "sglang", "restartCount": 0, "state": {"running": {"startedAt": "2026-12-02T11:00:20Z"}}}],
+    }
+    loading = world.step(now=NOW + timedelta(seconds=deadline + 20))
+    assert loading.status["waitingFor"] == "the base server (Loading)"
+    assert loading.status["waitingSince"] != first.status["waitingSince"]
+
+
+def test_the_runtime_reads_events_of_the_waiting_pods_each_variants_newest_first():
+    """Runtime.pod_events hands the writer the waiting pods themselves (it selects their Events on the API server):
+    each variant's newest pod first, so stuck.py's pod is always among them."""
+    import asyncio
+
+    from specdec_operator.controller.kubewriter import MAX_DIAGNOSED_PODS
+    from specdec_operator.controller.runtime import Runtime
+
+    asked: list[list[str]] = []
+
+    class Writer:
+        async def pod_warnings(self, namespace, pods):
+            asked.append([p["metadata"]["name"] for p in pods])
+            return []
+
+    def pod(name: str, variant: str, created: str) -> dict:
+        labels = {m.LABEL_VARIANT: variant}
+        return {"metadata": {"name": name, "uid": f"u-{name}", "labels": labels, "creationTimestamp": created}, "status": {"phase": "Pending"}}
+
+    runtime = Runtime.__new__(Runtime)
+    runtime.writer = Writer()
+    pods = [pod(f"base-{i}", "base", f"2026-12-02T10:{i:02d}:00Z") for i in range(MAX_DIAGNOSED_PODS + 4)]
+    pods.append(pod("spec-old", "speculative", "2026-12-02T09:00:00Z"))
+    pods.append(pod("spec-new", "speculative", "2026-12-02T09:30:00Z"))
+    asyncio.run(runtime.pod_events("ns", pods))
+    (names,) = asked
+    assert len(names) == MAX_DIAGNOSED_PODS
+    assert set(names[:2]) == {"spec-new", f"base-{MAX_DIAGNOSED_PODS + 3}"}
+    assert "spec-old" not in names

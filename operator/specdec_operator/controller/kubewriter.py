@@ -60,8 +60,12 @@ def child_path(kind: str) -> str:
     return _CHILD_PATHS[kind]
 
 
-# Events are kept for the API server's --event-ttl (1 h): a namespace's Warning Events about pods stay few.
-MAX_POD_EVENTS = 500
+# The Warning Events about one waiting pod are read with a server-side field selector on the pod (its uid), a
+# page at a time (continue tokens): a namespace-wide read capped at a count let the cause drop out of a busy
+# namespace (issue 34). A pod's own Warnings are few (the kubelet aggregates repeats into one Event's count).
+POD_EVENTS_PAGE = 100
+# The pods whose Events are read in one step: the newest waiting ones (stuck.py diagnoses a variant's newest pod).
+MAX_DIAGNOSED_PODS = 8
 
 
 class KubernetesWriter:
@@ -161,15 +165,26 @@ class KubernetesWriter:
                 return None
             raise
 
-    def _pod_warnings(self, namespace: str) -> list[dict[str, Any]]:
-        query = [("fieldSelector", "involvedObject.kind=Pod,type=Warning"), ("limit", str(MAX_POD_EVENTS))]
-        answer = self.request("GET", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, query=query)
-        return list((answer or {}).get("items") or [])
+    def _pod_warnings(self, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            which = f"involvedObject.uid={meta['uid']}" if meta.get("uid") else f"involvedObject.name={meta.get('name')}"
+            selector = f"involvedObject.kind=Pod,type=Warning,{which}"
+            token: str | None = None
+            while True:
+                query = [("fieldSelector", selector), ("limit", str(POD_EVENTS_PAGE))] + ([("continue", token)] if token else [])
+                answer = self.request("GET", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, query=query) or {}
+                events += list(answer.get("items") or [])
+                token = (answer.get("metadata") or {}).get("continue") or None
+                if token is None:
+                    break
+        return events
 
-    async def pod_warnings(self, namespace: str) -> list[dict[str, Any]]:
-        """The Warning Events about pods in ``namespace`` (at most MAX_POD_EVENTS): read only while a server of a
-        resource there waits (reconcile/stuck.py picks those about its own pods, by uid)."""
-        return await asyncio.to_thread(self._pod_warnings, namespace)
+    async def pod_warnings(self, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The Warning Events about ``pods`` (selected by each pod's uid on the API server, every page read): read
+        only while a server of a resource waits (reconcile/stuck.py names the cause from them)."""
+        return await asyncio.to_thread(self._pod_warnings, namespace, pods)
 
     async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One ConfigMap (a workload's prompt dataset), or None when it does not exist. The only read of a ConfigMap:

@@ -40,7 +40,7 @@ from .config import OperatorConfig
 from .datasetreader import FileDatasetReader
 from .execute import Executor, stored_status
 from .kopf_tuning import plain
-from .kubewriter import KubernetesWriter
+from .kubewriter import MAX_DIAGNOSED_PODS, KubernetesWriter
 from .metrics import OperatorMetrics
 from .probescheduler import ProbeScheduler
 from .state import Key, Logger, ResourceState
@@ -247,10 +247,15 @@ class Runtime:
         """The Warning Events about pods in the namespace, read only while one of this resource's pods waits (the
         kubelet says why a volume does not mount only there). Unreadable (RBAC of an older chart): none, and the
         causes that pod status shows are still shown."""
-        if not any(stuck.waiting(p) for p in pods):
+        waiting = [p for p in pods if stuck.waiting(p)]
+        if not waiting:
             return []
+        # stuck.py diagnoses each variant's newest pod: those first, then the newest others.
+        waiting.sort(key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True)
+        newest = list({labels_of(p).get(m.LABEL_VARIANT): p["metadata"]["name"] for p in reversed(waiting)}.values())
+        waiting.sort(key=lambda p: p["metadata"]["name"] not in newest)
         try:
-            return await self.writer.pod_warnings(namespace)
+            return await self.writer.pod_warnings(namespace, waiting[:MAX_DIAGNOSED_PODS])
         except ApiException:
             return []
 

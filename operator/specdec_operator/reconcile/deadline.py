@@ -2,7 +2,9 @@
 
 A step names what it waits for (``waiting_for``): the base server, the speculative server (the validator runs in
 its pod), or a fleet's walk, with the reason the server gives (Loading, VolumeNotMounted, Unschedulable, ...).
-A change of that name is progress; status.waitingSince keeps the time of the last change. Past
+A change of that name is progress, except a change from one cause that is no progress to another for the same
+server (Unschedulable, then ImageNotPulled: the clock keeps running); status.waitingSince keeps the time of the
+last progress. Past
 spec.progressDeadlineSeconds without progress:
 
 - waiting for the speculative side (its validator, its load, a walk toward it): the revision is rolled back with
@@ -17,6 +19,7 @@ A probe running in this process is not a wait: it has its own timeout (--probe-t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -66,11 +69,31 @@ def waiting_for(facts: Facts, validation: ValidationStatus | None, decision: Pro
     return None
 
 
+# The causes of a wait that are no progress (stuck.py's, and the crash loop): a change from one to another (no node
+# fits, then the image is not pulled; a volume that mounts, then one that does not) keeps the clock running.
+_STUCK = frozenset(
+    r.value for r in (Reason.UNSCHEDULABLE, Reason.VOLUME_NOT_MOUNTED, Reason.IMAGE_NOT_PULLED, Reason.CONTAINER_CONFIG_ERROR, Reason.CRASH_LOOP)
+)
+_NAMED = re.compile(r"^(?P<subject>.*) \((?P<cause>[A-Za-z]+)\)$")
+
+
+def _stuck_on(what: str | None) -> tuple[str, str] | None:
+    """("the base server", "Unschedulable") of a wait named by a cause that is no progress, else None."""
+    found = _NAMED.match(what or "")
+    return (found["subject"], found["cause"]) if found and found["cause"] in _STUCK else None
+
+
 def waiting_since(prev: SpeculativeServerStatus, wait: Wait | None, now: str) -> str | None:
-    """The stored time while the step waits for the same thing; now when it waits for something new."""
+    """The stored time while the step waits for the same thing, or for the same server stuck on another cause (no
+    progress: the clock keeps running); now when it waits for something new."""
     if wait is None:
         return None
-    return prev.waiting_since if prev.waiting_for == wait.what and prev.waiting_since else now
+    if not prev.waiting_since:
+        return now
+    if prev.waiting_for == wait.what:
+        return prev.waiting_since
+    before, after = _stuck_on(prev.waiting_for), _stuck_on(wait.what)
+    return prev.waiting_since if before is not None and after is not None and before[0] == after[0] else now
 
 
 def passed(since: str | None, now: datetime, seconds: int) -> bool:
