@@ -10,8 +10,9 @@
 5. Print the seed-style table (variant, tok/s per workload, acceptance, decision).
 6. A fleet: 4 Llama servers on Blackwell nodes, rollout.maxSurge 0, walked onto the drafter one server at a time
    and back again when its drafter drifts (the simulator restarted with a drafter that accepts nothing), printing
-   the walk; then check that no GPU is idle (status.gpus.idle of every resource and the operator's
-   specdec_idle_gpus are 0: exit status 1 otherwise) and clean up.
+   the walk; then print the GPUs each resource holds and the idle ones, and check them against what its spec
+   implies (a promoted server with rollout.keepBaseWarm keeps its base's GPUs, idle; a loser holds none), in
+   status.gpus and in the operator's specdec_gpus / specdec_idle_gpus: exit status 1 otherwise; and clean up.
 
 Nothing runs in the simulated pods: their validator verdicts (produced here by the real `specdec validate` on
 metadata-only model directories) and their readiness are scripted with specdec.test/* pod annotations.
@@ -282,10 +283,8 @@ def custom_resource(case: Case) -> dict:
         spec.setdefault("rollout", {})["workloads"] = case.workloads
     if case.name == "llama31-8b-wide-drafter":
         spec["rollout"]["policy"] = "AllWorkloads"  # every load must win, so the plain probe rolls it back
-    # A warm base beside a promoted server serves no traffic: it would count as idle GPUs (status.gpus.idle), and
-    # the demo ends with none. (Kimi: 8 GPUs per server, 24 Blackwell GPUs in the cluster, so the GPUs a loser or a
-    # warm base gives back are what lets the next server start.)
-    spec["rollout"]["keepBaseWarm"] = False
+    # rollout.keepBaseWarm as the examples ship it (the default, true): a promoted server keeps its base warm, and
+    # the closing check (check_gpus) expects that base's GPUs held and idle.
     code, message = case.verdict
     spec["podMetadata"] = {
         "annotations": {
@@ -298,37 +297,97 @@ def custom_resource(case: Case) -> dict:
     return cr
 
 
-def idle_gpus(kubectl: Any, metrics_url: str) -> tuple[dict[str, int], float | None]:
-    """status.gpus.idle of every SpeculativeServer, and the sum of the operator's specdec_idle_gpus (None when the
-    metrics do not answer)."""
-    import urllib.request
+def expected_gpus(item: dict) -> dict[str, int] | None:
+    """The GPUs a settled SpeculativeServer's spec implies its pods hold once the loser is gone: status.gpus's
+    {base, speculative, idle}, or None while its phase settles nothing (no decision yet, Failed).
 
+    A server holds resources.gpus x resources.nodes GPUs. One server (replicas 1): the winner serves; a promoted
+    resource keeps its base, idle, where rollout.keepBaseWarm (default true), and a rolled-back one its speculative
+    server, idle, where rollout.keepSpeculativeWarm. An Invalid drafter never runs. A fleet (replicas above 1) walks
+    every server to the winner whatever the two say. Pure: the object as the API server returns it."""
+    spec, st = item.get("spec") or {}, item.get("status") or {}
+    resources, rollout = spec.get("resources") or {}, spec.get("rollout") or {}
+    replicas = int(spec.get("replicas", 1))
+    held = replicas * int(resources.get("gpus", 1)) * int(resources.get("nodes", 1))
+    phase = st.get("phase")
+    if phase == "Promoted":
+        warm = held if replicas == 1 and rollout.get("keepBaseWarm", True) else 0
+        return {"base": warm, "speculative": held, "idle": warm}
+    if phase == "RolledBack":
+        warm = held if replicas == 1 and rollout.get("keepSpeculativeWarm", False) else 0
+        return {"base": held, "speculative": warm, "idle": warm}
+    if phase == "Invalid":
+        return {"base": held, "speculative": 0, "idle": 0}
+    return None
+
+
+def gpu_metrics(text: str) -> dict[str, dict[str, int]]:
+    """specdec_gpus (by variant) and specdec_idle_gpus ("idle") of each SpeculativeServer in NAMESPACE, from the
+    operator's /metrics text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
-    by_name = {i["metadata"]["name"]: int(((i.get("status") or {}).get("gpus") or {}).get("idle") or 0) for i in items}
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return by_name, None
-    total = sum(s.value for f in text_string_to_metric_families(text) if f.name == "specdec_idle_gpus" for s in f.samples)
-    return by_name, total
+    out: dict[str, dict[str, int]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("namespace") != NAMESPACE:
+                continue
+            if sample.name == "specdec_gpus":
+                out.setdefault(sample.labels["name"], {})[sample.labels["variant"]] = int(sample.value)
+            elif sample.name == "specdec_idle_gpus":
+                out.setdefault(sample.labels["name"], {})["idle"] = int(sample.value)
+    return out
 
 
-def check_no_idle_gpus(kubectl: Any, metrics_url: str, timeout: float = 120) -> bool:
-    """The demo's last check: no GPU is held by a server that serves no traffic and is not being probed, in status
-    and in the operator's metric (losers and warm bases are scaled to 0 a few steps after a decision)."""
+def gpu_report(items: list[dict], metrics: dict[str, dict[str, int]] | None) -> tuple[list[str], list[str]]:
+    """Per resource a line with the GPUs held and idle (status.gpus) against what its spec implies
+    (expected_gpus), and the mismatches: status or the operator's metrics not what the spec implies, or a resource
+    whose phase settles nothing. ``metrics`` None: the operator's /metrics did not answer (a mismatch too). Pure."""
+    lines, wrong = [], []
+    if metrics is None:
+        wrong.append("the operator's /metrics did not answer")
+    for item in sorted(items, key=lambda i: i["metadata"]["name"]):
+        name, st = item["metadata"]["name"], item.get("status") or {}
+        got = {k: int(v) for k, v in (st.get("gpus") or {}).items()}
+        want = expected_gpus(item)
+        lines.append(
+            f"{name:<26} held base {got.get('base', '-')}, speculative {got.get('speculative', '-')}, idle {got.get('idle', '-')}"
+            + (f"  (spec implies base {want['base']}, speculative {want['speculative']}, idle {want['idle']})" if want else "")
+        )
+        if want is None:
+            wrong.append(f"{name}: phase {st.get('phase')} settles no GPU count")
+            continue
+        if got != want:
+            wrong.append(f"{name}: status.gpus {got or 'missing'}, the spec implies {want}")
+        if metrics is not None and metrics.get(name) != want:
+            wrong.append(f"{name}: specdec_gpus/specdec_idle_gpus {metrics.get(name) or 'missing'}, the spec implies {want}")
+    return lines, wrong
+
+
+def check_gpus(kubectl: Any, metrics_url: str, timeout: float = 120) -> bool:
+    """The demo's last check: every resource holds the GPUs its spec and rollout.keepBaseWarm imply (gpu_report),
+    in status and in the operator's metrics. Losers are scaled to 0 a few steps after a decision and their pods take
+    a moment to go: it waits up to ``timeout`` for that."""
+    import urllib.request
+
     deadline = time.monotonic() + timeout
     while True:
-        by_name, metric = idle_gpus(kubectl, metrics_url)
-        if metric == 0 and not any(by_name.values()):
-            say(f"\nIdle GPUs: 0 in status.gpus.idle of all {len(by_name)} SpeculativeServers, specdec_idle_gpus 0 ({metrics_url})")
+        items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+                metrics: dict[str, dict[str, int]] | None = gpu_metrics(resp.read().decode())
+        except OSError:
+            metrics = None
+        lines, wrong = gpu_report(items, metrics)
+        if not wrong or time.monotonic() > deadline:
+            say(f"\nGPUs held and idle (status.gpus; specdec_gpus and specdec_idle_gpus on {metrics_url} say the same):")
+            say("\n".join("      " + line for line in lines))
+            if wrong:
+                say(f"GPU check FAILED after {timeout:.0f}s:")
+                say("\n".join("      " + w for w in wrong))
+                return False
+            idle = sum(int(((i.get("status") or {}).get("gpus") or {}).get("idle") or 0) for i in items)
+            say(f"GPU check: all {len(items)} SpeculativeServers hold what their specs imply; {idle} idle GPU(s), each kept warm by the spec")
             return True
-        if time.monotonic() > deadline:
-            held = ", ".join(f"{name} {idle}" for name, idle in by_name.items() if idle) or "none in status"
-            say(f"\nIdle GPUs after {timeout:.0f}s: {held}; specdec_idle_gpus {metric}")
-            return False
         time.sleep(2)
 
 
@@ -454,8 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         for case in CASES:
             say(f"      {case.name:<26} {case.story}")
             kubectl("apply", "-f", "-", input=yaml.safe_dump(custom_resource(case)))
-        say("      (8 GPUs per Kimi server and 24 Blackwell GPUs in the cluster: one Kimi server waits for GPUs until a")
-        say("       losing speculative server is scaled to 0: the demo sets rollout.keepBaseWarm: false on the Kimi servers)")
+        say("      (rollout.keepBaseWarm as shipped, true: a promoted server keeps its base warm, GPUs held for an instant")
+        say("       rollback that serve no traffic; the demo ends by counting them)")
         say("\n      Live (each line is a change of phase or message):")
         started = time.monotonic()
         shown: dict[str, str] = {}
@@ -540,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout
         say("      Events of the fleet:")
         say("\n".join("        " + line[:170] for line in walk_events.rstrip().splitlines()))
-        return 0 if check_no_idle_gpus(kubectl, f"http://127.0.0.1:{metrics_port}/metrics") else 1
+        return 0 if check_gpus(kubectl, f"http://127.0.0.1:{metrics_port}/metrics") else 1
     except devcluster.ClusterError as exc:
         say(f"demo: {exc}")
         return 1
