@@ -73,7 +73,7 @@ def diagnose(pod: dict[str, Any], events: list[dict[str, Any]] | None = None, gp
 
     Checked in the order a pod meets them: scheduling, volumes, images, container creation, crash loops.
     ``gpu_family``: the family the spec asks for, named when the pod document does not say it (the operator's
-    copies of pods keep no spec: kopf_tuning.slim_pod).
+    copies of pods keep no affinity: kopf_tuning.slim_pod).
     """
     name = pod_name(pod)
     status = pod.get("status") or {}
