@@ -411,7 +411,7 @@ def test_a_missing_model_directory_is_a_validator_input_error_naming_the_path(no
 
     # The whole model volume missing: a hostPath without a type is created empty by the runtime, and the validator
     # names the target directory it cannot find. (With `type: Directory` the kubelet refuses to mount it instead:
-    # FailedMount events, and the server stays Validating; see docs/development.md.)
+    # FailedMount events, which the operator names as VolumeNotMounted: tests/cluster/test_realnode_stuck.py.)
     absent = STATE["models"].parent / f"specdec-realnode-absent-{os.getpid()}"
     cr = server("novolume", "llama-eagle3")
     cr["spec"]["model"]["volume"] = {"hostPath": {"path": str(absent)}}
