@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from specdec_operator.choices import ENGINES
+from specdec_operator.enginefacts import DEFAULT, DRAFTER_FORMATS, PLAIN
 from specdec_operator.errors import InputError
 
 
@@ -100,14 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         type=str.lower,
         choices=ENGINES,
-        default="sglang",
-        help="the engine that will serve the drafter (default sglang): they read the aux layer ids one layer apart",
+        default=DEFAULT.cli_name,
+        help=f"the engine that will serve the drafter (default {DEFAULT.cli_name}): they read the aux layer ids one layer apart",
     )
     e.add_argument(
         "--format",
         dest="export_format",
-        choices=("plain", "speculators"),
-        default="plain",
+        choices=DRAFTER_FORMATS,
+        default=PLAIN,
         help="config.json format: plain (both engines) or speculators (vLLM only: transformer_layer_config beside the EAGLE-3 fields)",
     )
     e.add_argument(

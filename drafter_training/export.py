@@ -26,6 +26,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specdec_operator.choices import ENGINES
+from specdec_operator.enginefacts import DRAFTER_FORMATS, PLAIN, SPECULATORS, EngineFacts, facts_for
+from specdec_operator.enginefacts import ENGINES as ALL_ENGINES
 from specdec_operator.errors import InputError
 from specdec_operator.validator.provenance import FILENAME as PROVENANCE
 from specdec_operator.validator.provenance import TRAINER, CaptureLayerIds, DrafterProvenance
@@ -35,8 +37,9 @@ from .model import DraftConfig
 from .target import read_config, tokenizer_sha256
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-# config.json formats: plain (architectures LlamaForCausalLMEagle3, both engines) and speculators (vLLM only).
-FORMATS = ("plain", "speculators")
+# config.json formats: plain (architectures LlamaForCausalLMEagle3, both engines) and speculators (vLLM only): which
+# engine reads which is enginefacts.EngineFacts.drafter_formats.
+FORMATS = DRAFTER_FORMATS
 SPECULATORS_VERSION = "0.3.0"
 
 
@@ -64,8 +67,9 @@ def expected_weight_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def draft_config_json(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str = "sglang") -> dict[str, Any]:
-    """config.json for `engine`; cfg.aux_layer_ids are the trained layers as output indices (SGLang's convention)."""
+def draft_config_json(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str) -> dict[str, Any]:
+    """config.json for `engine` (sglang | vllm); cfg.aux_layer_ids are the trained layers as output indices (SGLang's
+    convention)."""
     aux_layer_ids = CaptureLayerIds.from_output_index(list(cfg.aux_layer_ids)).for_engine(engine)
     return {
         "architectures": [ARCHITECTURE],
@@ -99,7 +103,7 @@ def draft_config_json(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str 
 
 
 def speculators_config_json(plain: dict[str, Any], target_cfg: dict[str, Any], verifier: str, speculative_tokens: int) -> dict[str, Any]:
-    """The speculators format of a plain vLLM config (`draft_config_json(..., "vllm")`), as vLLM 0.32 reads it
+    """The speculators format of a plain vLLM config (`draft_config_json(..., engine="vllm")`), as vLLM 0.32 reads it
     (validator/speculators.py): the layer's config under transformer_layer_config, the EAGLE-3 fields beside it."""
     eagle_fields = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config")
     return {
@@ -128,19 +132,25 @@ def export_drafter(
     target_dir: str | Path,
     out_dir: str | Path,
     *,
-    engine: str = "sglang",
+    engine: str,
     target_model: str | None = None,
-    fmt: str = "plain",
+    fmt: str = PLAIN,
     speculative_tokens: int = 3,
 ) -> DrafterProvenance:
     """Write config.json (for `engine`, in format `fmt`), model.safetensors and training_provenance.json; returns the
-    provenance. fmt speculators: the speculators format (vLLM only), with speculative_tokens as its proposal method's."""
+    provenance. engine: sglang | vllm, no default (the ids in config.json are one layer apart). fmt speculators: the
+    speculators format (vLLM only), with speculative_tokens as its proposal method's."""
     if engine not in ENGINES:
         raise InputError(f"--engine {engine}: must be one of {', '.join(ENGINES)}")
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt}: must be one of {', '.join(FORMATS)}")
-    if fmt == "speculators" and engine != "vllm":
-        raise InputError(f"--format speculators with --engine {engine}: only vLLM reads the speculators format; pass --engine vllm or --format plain")
+    facts = facts_for(engine)
+    if fmt not in facts.drafter_formats:
+        readers = _readers(fmt)
+        raise InputError(
+            f"--format {fmt} with --engine {engine}: only {' and '.join(f.name for f in readers)} reads the {fmt} format; pass "
+            f"{' or '.join(f'--engine {f.cli_name}' for f in readers)} or --format {PLAIN}"
+        )
     if speculative_tokens < 1:
         raise InputError(f"--speculative-tokens {speculative_tokens}: must be at least 1")
     final_dir, out_dir = Path(final_dir), Path(out_dir)
@@ -171,12 +181,12 @@ def export_drafter(
         else:
             t = t.to(torch.bfloat16)
         tensors[name] = t.contiguous()
-    _drop_full_vocab_maps(tensors, cfg, engine, final_dir)
+    _drop_full_vocab_maps(tensors, cfg, facts, final_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     capture = summary.get("capture", {})
     config = draft_config_json(cfg, target_cfg, engine)
-    if fmt == "speculators":
+    if fmt == SPECULATORS:
         config = speculators_config_json(config, target_cfg, target_model or capture.get("target_model") or str(target_dir), speculative_tokens)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     final_eval = (summary.get("evals") or [{}])[-1]
@@ -199,18 +209,23 @@ def export_drafter(
     if capture.get("tokenizer_sha256") and capture["tokenizer_sha256"] != provenance.tokenizer_sha256:
         raise InputError(f"{target_dir}: tokenizer differs from the one the hidden states were captured with; export against the captured target")
     (out_dir / PROVENANCE).write_text(provenance.dumps())
-    check_export(out_dir)
+    check_export(out_dir, engine=engine)
     return provenance
 
 
-def full_vocab_without_maps(cfg: DraftConfig, engine: str) -> bool:
+def _readers(fmt: str) -> list[EngineFacts]:
+    """The engines that read config.json format `fmt`."""
+    return [f for f in ALL_ENGINES if fmt in f.drafter_formats]
+
+
+def full_vocab_without_maps(cfg: DraftConfig, facts: EngineFacts) -> bool:
     """vLLM 0.32 refuses d2t when the draft vocabulary is the target's whole one (its Eagle3LlamaForCausalLM builds
     draft_id_to_target_id only for a smaller one; t2d it skips always): such an export carries neither map."""
-    return engine == "vllm" and cfg.draft_vocab_size == cfg.vocab_size
+    return not facts.full_vocab_token_maps and cfg.draft_vocab_size == cfg.vocab_size
 
 
-def _drop_full_vocab_maps(tensors: dict[str, torch.Tensor], cfg: DraftConfig, engine: str, final_dir: Path) -> None:
-    if not full_vocab_without_maps(cfg, engine):
+def _drop_full_vocab_maps(tensors: dict[str, torch.Tensor], cfg: DraftConfig, facts: EngineFacts, final_dir: Path) -> None:
+    if not full_vocab_without_maps(cfg, facts):
         return
     if bool(tensors["d2t"].any()):
         raise InputError(
@@ -222,16 +237,25 @@ def _drop_full_vocab_maps(tensors: dict[str, torch.Tensor], cfg: DraftConfig, en
 
 
 def _exported_engine(out_dir: Path) -> str:
-    """The engine an export was written for (its provenance; sglang when there is none)."""
+    """The engine an export was written for, as its provenance says (exports from before the field: SGLang's)."""
+    shown = f"{out_dir}/{PROVENANCE}"
     try:
-        return str(json.loads((out_dir / PROVENANCE).read_text()).get("engine") or "sglang")
-    except (OSError, ValueError):
-        return "sglang"
+        doc = json.loads((out_dir / PROVENANCE).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{shown}: not found; pass check_export the engine, or export the drafter again") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{shown}: unreadable ({exc}); export the drafter again") from None
+    engine = DrafterProvenance.from_json(doc, shown).exported_for()
+    if engine is None:
+        raise InputError(f"{shown}: names no engine and no trainer this project knows; pass check_export the engine")
+    return engine
 
 
-def check_export(out_dir: str | Path) -> None:
-    """Reopen an export and check every name, shape and dtype the engines need (they would skip them silently)."""
+def check_export(out_dir: str | Path, *, engine: str | None = None) -> None:
+    """Reopen an export and check every name, shape and dtype the engines need (they would skip them silently).
+    engine: the engine it was written for (None: its training_provenance.json says)."""
     out_dir = Path(out_dir)
+    facts = facts_for(engine if engine is not None else _exported_engine(out_dir))
     cfg_json = json.loads((out_dir / "config.json").read_text())
     if is_speculators(cfg_json):
         flat, notes = flatten(cfg_json)  # what vLLM builds its draft class from
@@ -257,7 +281,7 @@ def check_export(out_dir: str | Path) -> None:
         aux_layer_ids=aux_ids,
     )
     expected = expected_weight_shapes(cfg)
-    if full_vocab_without_maps(cfg, _exported_engine(out_dir)):
+    if full_vocab_without_maps(cfg, facts):
         expected = {k: v for k, v in expected.items() if k not in ("d2t", "t2d")}
     with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from . import SGLANG_VERSION
 from .choices import SGLANG_VERSIONS, Algorithm, Quantization, SGLangVersion
+from .enginefacts import DEFAULT, VLLM, EngineName, facts_for
 
 # --------------------------------------------------------------------------------------------------
 # Shared vocabulary: phases, variants, condition types and reasons are constants, never ad-hoc strings.
@@ -280,7 +281,7 @@ def _release_rules() -> list[tuple[str, str, str | None, str]]:
     ]
 
 
-_VLLM = "has(self.engine) && self.engine == 'vLLM'"
+_VLLM = f"has(self.engine) && self.engine == '{VLLM.name}'"
 _SGLANG_DEFAULTS = (
     "(!has(self.sglang.maxRunningRequests) || self.sglang.maxRunningRequests == 128) && !has(self.sglang.memFractionStatic) "
     "&& (!has(self.sglang.extraArgs) || size(self.sglang.extraArgs) == 0) && (!has(self.sglang.env) || size(self.sglang.env) == 0)"
@@ -729,8 +730,8 @@ class VLLMSettings(_SpecModel):
 
 
 # spec.engine: the server both variants run. Settings of one engine (spec.sglang, spec.sglangVersion; spec.vllm) are
-# refused with the other, and so is what only SGLang serves (multi-node servers, EAGLE trees).
-EngineName = Literal["SGLang", "vLLM"]
+# refused with the other, and so is what only SGLang serves (multi-node servers, EAGLE trees). Its names are
+# enginefacts.EngineName ("SGLang" | "vLLM"), its default enginefacts.DEFAULT.
 
 # Where a workload's prompts come from. Default: the project's own prompt set shipped with the operator (code,
 # chat, math, summarisation, several languages). Random: random token ids of exactly inputTokens (synthetic
@@ -1362,7 +1363,7 @@ class SpeculativeServerSpec(_SpecModel):
         le=7 * 24 * 3600,
     )
     engine: EngineName = Field(
-        "SGLang",
+        DEFAULT.name,
         description="The engine both servers run: SGLang (spec.sglang, spec.sglangVersion) or vLLM (spec.vllm; one node per server, "
         "EAGLE as a chain). Settings of the other engine are refused.",
     )
@@ -1396,7 +1397,8 @@ class SpeculativeServerSpec(_SpecModel):
         image = info.data.get("image")
         if not isinstance(image, str):  # image itself is invalid: its own error is reported
             return value or SGLANG_VERSION
-        if info.data.get("engine") == "vLLM":  # an SGLang setting: refused when set (_engine_rules), never filled in
+        # An SGLang setting: with an engine rendered for one release it is refused when set (_engine_rules), never filled in.
+        if not facts_for(info.data.get("engine") or DEFAULT.name).release_per_spec:
             return value
         problem = release_disagreement(image, value)
         if problem:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from .enginefacts import CLI_NAMES, EngineCliName
+
 Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN"]
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 
@@ -19,7 +21,8 @@ QUANTIZATIONS: tuple[Quantization, ...] = get_args(Quantization)
 SGLangVersion = Literal["0.5.9", "0.5.22", "0.5.23"]
 SGLANG_VERSIONS: tuple[SGLangVersion, ...] = get_args(SGLangVersion)
 
-# The engine that serves a drafter. SGLang and vLLM read a drafter's eagle_aux_hidden_state_layer_ids one layer
-# apart, so `specdec-train export --engine` and `specdec validate --engine` take the same values.
-Engine = Literal["sglang", "vllm"]
-ENGINES: tuple[Engine, ...] = get_args(Engine)
+# The engine that serves a drafter, as the command lines name it (enginefacts.py holds each engine's facts). SGLang and
+# vLLM read a drafter's eagle_aux_hidden_state_layer_ids one layer apart, so `specdec-train export --engine` and
+# `specdec validate --engine` take the same values.
+Engine = EngineCliName
+ENGINES: tuple[Engine, ...] = CLI_NAMES

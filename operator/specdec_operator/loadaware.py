@@ -95,7 +95,7 @@ class LoadAwareProbe:
 
     plan: AdaptivePlan
     plain: ProbeMeasurement  # the plain probe's decision and curve
-    engine: str = "SGLang"  # spec.engine: whose adaptive speculation the message names
+    engine: str  # spec.engine: whose adaptive speculation the message names
 
     @property
     def config_json(self) -> str:
@@ -151,7 +151,7 @@ def load_aware_probe_for(spec: SpeculativeServerSpec, plain: ProbeMeasurement) -
     return unsupported if unsupported is not None else LoadAwareProbe(plan, plain, spec.engine)
 
 
-def unsupported_note(reason: str, engine: str = "SGLang") -> LoadAwareStatus:
+def unsupported_note(reason: str, engine: str) -> LoadAwareStatus:
     return LoadAwareStatus(
         summary=f"unsupported: {reason}",
         reason=Reason.LOAD_AWARE_UNSUPPORTED,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import MonitorStatus, SickPod
-from .engines import Engine, Window, counter_window, engine_named
+from .engines import Engine, Window, counter_window, default_engine
 from .engines.sglang import ACCEPT_LENGTH_METRIC as ACCEPT_LENGTH_METRIC
 from .engines.sglang import GENERATED_TOKENS_METRIC as GENERATED_TOKENS_METRIC
 from .engines.sglang import THROUGHPUT_METRIC as THROUGHPUT_METRIC
@@ -73,8 +73,8 @@ class Sample:
 
 
 def sample_from_metrics(metrics: Mapping[str, Any], time: str, engine: Engine | None = None) -> Sample:
-    """Build a Sample from a scrape: a mapping of metric name -> value, parsed for ``engine`` (default SGLang)."""
-    found = (engine or engine_named("SGLang")).read_metrics(metrics)
+    """Build a Sample from a scrape: a mapping of metric name -> value, parsed for ``engine`` (default: default_engine())."""
+    found = (engine or default_engine()).read_metrics(metrics)
     return Sample(
         time=time,
         accept_length=found.accept_length,

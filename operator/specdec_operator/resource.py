@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import API_GROUP, API_VERSION, KIND
 from .api import SpeculativeServerSpec
+from .enginefacts import DEFAULT, SGLANG
 from .errors import InputError
 
 
@@ -83,8 +84,9 @@ def speculative_revision(spec: SpeculativeServerSpec) -> str:
     resources: dict[str, Any] = data.get("resources") or {}
     if resources.get("nodes") == 1:
         relevant["resources"] = {k: v for k, v in resources.items() if k != "nodes"}
-    # spec.engine came later too: SGLang specs keep their revision; a vLLM server is a different server.
-    if data.get("engine", "SGLang") != "SGLang":
+    # spec.engine came later too: specs of the engine every spec had before it (SGLang) keep their revision; a vLLM
+    # server is a different server.
+    if data.get("engine", DEFAULT.name) != SGLANG.name:
         relevant["engine"] = data["engine"]
         relevant["vllm"] = data.get("vllm")
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()

@@ -13,19 +13,19 @@ This module never imports SGLang: the operator renders command lines for images 
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant
+from .engines.paths import LISTEN_HOST as LISTEN_HOST  # where every engine's server listens (engines/paths.py)
+from .engines.paths import SERVER_PORT as SERVER_PORT
+from .engines.paths import draft_model_path as draft_model_path
+from .engines.paths import server_port as server_port
+from .engines.paths import target_model_path as target_model_path
 from .errors import InputError
 
-# SGLang's own default port; the pods, Services and probes all use it.
-SERVER_PORT = 30000
 # Served on the main port when --enable-metrics is given (Prometheus text format).
 METRICS_PATH = "/metrics"
-# A pod must listen on every interface; SGLang's default is 127.0.0.1.
-LISTEN_HOST = "0.0.0.0"
 
 # Multi-node servers (resources.nodes > 1) run as LeaderWorkerSet groups. The LeaderWorkerSet controller's pod
 # webhook puts these variables into every container: the leader's stable DNS name and the pod's index in its group
@@ -110,29 +110,6 @@ def release_of(spec: SpeculativeServerSpec) -> Release:
             f"releases); use one of {', '.join(supported_versions())} and an image that contains it"
         )
     return release
-
-
-def server_port(spec: SpeculativeServerSpec) -> int:
-    """The port both servers listen on (HTTP API, /health, /metrics)."""
-    del spec  # The same for every spec today; a parameter so that callers need not change if it becomes one.
-    return SERVER_PORT
-
-
-def _under_mount(spec: SpeculativeServerSpec, path: str) -> str:
-    """A path relative to model.mountPath made absolute; absolute paths (under the mount) are kept."""
-    return posixpath.normpath(posixpath.join(spec.model.mount_path, path))
-
-
-def target_model_path(spec: SpeculativeServerSpec) -> str:
-    """Where the target's weights are inside the server container."""
-    return _under_mount(spec, spec.target.path)
-
-
-def draft_model_path(spec: SpeculativeServerSpec) -> str | None:
-    """Where the draft's weights are inside the container; None for NEXTN (the target's own MTP layers)."""
-    if spec.drafter.algorithm == "NEXTN" or spec.drafter.path is None:
-        return None
-    return _under_mount(spec, spec.drafter.path)
 
 
 # Flags the operator sets (the API refuses them in extraArgs by name; see _check_extra_args for prefixes).

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
+from specdec_operator import enginefacts
 from specdec_operator import manifests as m
 from specdec_operator import sglang as sglang_argv
 from specdec_operator.api import Variant
-from specdec_operator.engines import engine_for, engine_named
+from specdec_operator.engines import default_engine, engine_for, engine_named
 from specdec_operator.engines.sglang import SGLANG
 from specdec_operator.engines.vllm import ENTRYPOINT, VLLM
 from specdec_operator.errors import InputError
@@ -45,7 +46,8 @@ def flag(argv: list[str], name: str) -> str:
 def test_the_spec_names_its_engine_and_sglang_is_the_default():
     assert engine_for(parse_spec(SGLANG_SPEC)) is SGLANG
     assert engine_for(parse_spec(VLLM_SPEC)) is VLLM
-    assert engine_for(None) is SGLANG
+    assert engine_for(None) is default_engine() is SGLANG  # enginefacts.DEFAULT, the one place that says so
+    assert SGLANG.facts is enginefacts.DEFAULT and VLLM.facts is enginefacts.VLLM
     assert engine_named("vllm") is VLLM and engine_named("sglang") is SGLANG  # the CLIs' names
     with pytest.raises(InputError, match="spec.engine: 'TensorRT' is not one of SGLang, vLLM"):
         engine_named("TensorRT")

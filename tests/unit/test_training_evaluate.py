@@ -162,7 +162,7 @@ def test_pipeline_on_other_families_exports_what_specdec_validate_accepts(family
         )
     )
     assert summary["last_loss"] < summary["first_loss"]
-    prov = export_drafter(tmp_path / "r" / "final", target, tmp_path / "drafter").to_json()
+    prov = export_drafter(tmp_path / "r" / "final", target, tmp_path / "drafter", engine="sglang").to_json()
     assert prov["target_quantization"] == "int4-rtn-g32"
     proc = subprocess.run(
         [sys.executable, "-m", "specdec_operator.cli", "validate", "--target", str(target), "--drafter", str(tmp_path / "drafter"), "--json"],

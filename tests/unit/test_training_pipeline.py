@@ -340,7 +340,7 @@ def test_training_resumes_from_its_checkpoint(work, captured, tmp_path):
 def test_export_round_trips_and_passes_specdec_validate(work, trained, tmp_path):
     run, _ = trained
     out = tmp_path / "drafter"
-    prov = export_drafter(run / "final", work["target"], out).to_json()
+    prov = export_drafter(run / "final", work["target"], out, engine="sglang").to_json()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
     assert cfg["draft_vocab_size"] == 150 and cfg["vocab_size"] == 320 and cfg["target_hidden_size"] == 64

@@ -550,6 +550,7 @@ def test_termination_message_always_fits() -> None:
         algorithm="EAGLE3",
         serving_quantization="int4",
         checkpoint_quantization="int4",
+        engine="sglang",
         findings=sorted(many, key=lambda f: validator.SEVERITY_ORDER[f.severity]),
     )
     text = report.termination_message()

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..cliparse import ArgumentParser
+from ..enginefacts import CLI_NAMES, DEFAULT
 from ..engines import engine_named
 from ..errors import InputError
 from ..loadaware import adaptive_config
@@ -36,9 +37,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num-steps", required=True, type=int, help="draft steps where speculation pays (the spec's drafter.numSteps)")
     parser.add_argument(
         "--engine",
-        default="sglang",
-        choices=["sglang", "vllm"],
-        help="whose table (default sglang); vllm prints num_speculative_tokens_per_batch_size for its default max_num_seqs (128)",
+        default=DEFAULT.cli_name,
+        choices=CLI_NAMES,
+        help=f"whose table (default {DEFAULT.cli_name}); vllm prints num_speculative_tokens_per_batch_size for its default max_num_seqs (128)",
     )
     args = parser.parse_args(argv)
     try:

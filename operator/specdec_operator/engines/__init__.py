@@ -9,6 +9,9 @@ environment and health endpoints, the speculation metrics the drift monitor and 
 
 - engines/sglang.py: SGLang (its command lines: ../sglang.py, per release).
 - engines/vllm.py: vLLM 0.32 (OpenAI API, counters for acceptance, num_speculative_tokens_per_batch_size).
+- engines/paths.py: where every engine's server listens and finds its models.
+- ../enginefacts.py (standard library only, shared with the API, the validator and drafter_training): each engine's
+  names, release, layer-id convention, drafter formats and metric names, and DEFAULT, the engine where none is named.
 
 Like sglang.py this package never imports an engine: the operator renders for images it does not contain.
 """
@@ -19,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .. import enginefacts
 from ..api import SpeculativeServerSpec, Variant
 from ..errors import InputError
 
@@ -119,6 +123,7 @@ class HttpRequest:
 class Engine(Protocol):
     """One serving engine, as the operator sees it. Implementations: engines.sglang.SGLANG, engines.vllm.VLLM."""
 
+    facts: enginefacts.EngineFacts  # what code that renders nothing for the engine knows of it (enginefacts.py)
     name: str  # spec.engine: SGLang or vLLM
     cli_name: str  # how `specdec validate --engine` and `specdec-train export --engine` name it
     container_name: str  # the server container of every pod
@@ -206,9 +211,14 @@ def engine_named(name: str) -> Engine:
     raise InputError(f"spec.engine: {name!r} is not one of {', '.join(engines)}")
 
 
+def default_engine() -> Engine:
+    """The engine where none is named (enginefacts.DEFAULT): the CLIs', the probe's and the monitor's without a spec."""
+    return engine_named(enginefacts.DEFAULT.name)
+
+
 def engine_for(spec: SpeculativeServerSpec | None) -> Engine:
-    """The engine of a spec (SGLang when there is no spec: the CLI's and the tests' default)."""
-    return engine_named(spec.engine if spec is not None else "SGLang")
+    """The engine of a spec; without one, default_engine()."""
+    return engine_named(spec.engine) if spec is not None else default_engine()
 
 
 def engine_names() -> list[str]:

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import enginefacts
 from .. import sglang as argv
 from ..api import SpeculativeServerSpec, Variant
+from ..enginefacts import SGLANG_ACCEPT_LENGTH_METRIC as ACCEPT_LENGTH_METRIC
+from ..enginefacts import SGLANG_GENERATED_TOKENS_METRIC as GENERATED_TOKENS_METRIC
+from ..enginefacts import SGLANG_THROUGHPUT_METRIC as THROUGHPUT_METRIC
+from ..enginefacts import SGLANG_VERIFY_CALLS_METRIC as VERIFY_CALLS_METRIC
 from . import HealthPaths, HttpRequest, ServerInfo, SpecMetrics
-
-ACCEPT_LENGTH_METRIC = "sglang:spec_accept_length"
-THROUGHPUT_METRIC = "sglang:gen_throughput"
-VERIFY_CALLS_METRIC = "sglang:spec_verify_calls_total"
-GENERATED_TOKENS_METRIC = "sglang:generation_tokens_total"
 
 GENERATE_PATH, CHAT_PATH = "/generate", "/v1/chat/completions"
 
@@ -44,15 +44,16 @@ def _number(metrics: Mapping[str, float], key: str) -> float | None:
 
 
 class SGLangEngine:
-    name = "SGLang"
-    cli_name = "sglang"
+    facts = enginefacts.SGLANG
+    name = facts.name
+    cli_name = facts.cli_name
     container_name = "sglang"
     validator_args: tuple[str, ...] = ()  # the validator's default engine (and the pod templates of before spec.engine)
     # readiness: a real one-token generation (/health_generate answers within 20 s when the server is healthy).
     health = HealthPaths(startup="/health", readiness="/health_generate", liveness="/health")
     info_path = "/server_info"
-    metric_prefix = "sglang:"
-    metric_names = frozenset({ACCEPT_LENGTH_METRIC, THROUGHPUT_METRIC, VERIFY_CALLS_METRIC, GENERATED_TOKENS_METRIC})
+    metric_prefix = facts.metric_prefix
+    metric_names = facts.metric_names
     metric_labels: tuple[str, ...] = ()
     acceptance_from_counters = False
     adaptive_config_file = True  # --speculative-adaptive-config PATH

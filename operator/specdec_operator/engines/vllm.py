@@ -29,20 +29,19 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import sglang as paths
+from .. import enginefacts
 from ..api import SpeculativeServerSpec, Variant, VLLMSettings
+from ..enginefacts import VLLM_ACCEPTED_PER_POSITION_METRIC as ACCEPTED_PER_POSITION_METRIC
+from ..enginefacts import VLLM_ACCEPTED_TOKENS_METRIC as ACCEPTED_TOKENS_METRIC
+from ..enginefacts import VLLM_DRAFT_TOKENS_METRIC as DRAFT_TOKENS_METRIC
+from ..enginefacts import VLLM_DRAFTS_METRIC as DRAFTS_METRIC
+from ..enginefacts import VLLM_GENERATED_TOKENS_METRIC as GENERATED_TOKENS_METRIC
+from ..enginefacts import VLLM_POSITION_LABEL as POSITION_LABEL
 from ..errors import InputError
-from . import HealthPaths, HttpRequest, ServerInfo, SpecMetrics
+from . import HealthPaths, HttpRequest, ServerInfo, SpecMetrics, paths
 
 ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
-VERSION = "0.32.0"  # the release whose parser and source the rendering was checked against
-
-DRAFTS_METRIC = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS_METRIC = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED_TOKENS_METRIC = "vllm:spec_decode_num_accepted_tokens_total"
-ACCEPTED_PER_POSITION_METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GENERATED_TOKENS_METRIC = "vllm:generation_tokens_total"
-POSITION_LABEL = "position"
+VERSION = enginefacts.VLLM.version  # the release whose parser and source the rendering was checked against
 
 COMPLETIONS_PATH, CHAT_PATH, MODELS_PATH = "/v1/completions", "/v1/chat/completions", "/v1/models"
 
@@ -107,14 +106,15 @@ def _positions(metrics: Mapping[str, float]) -> tuple[float, ...] | None:
 
 
 class VLLMEngine:
-    name = "vLLM"
-    cli_name = "vllm"
+    facts = enginefacts.VLLM
+    name = facts.name
+    cli_name = facts.cli_name
     container_name = "vllm"
     validator_args: tuple[str, ...] = ("--engine", "vllm")
     health = HealthPaths(startup="/health", readiness="/health", liveness="/health")
     info_path = MODELS_PATH
-    metric_prefix = "vllm:"
-    metric_names = frozenset({DRAFTS_METRIC, DRAFT_TOKENS_METRIC, ACCEPTED_TOKENS_METRIC, ACCEPTED_PER_POSITION_METRIC, GENERATED_TOKENS_METRIC})
+    metric_prefix = facts.metric_prefix
+    metric_names = facts.metric_names
     metric_labels: tuple[str, ...] = (POSITION_LABEL,)
     acceptance_from_counters = True
     adaptive_config_file = False  # num_speculative_tokens_per_batch_size inside --speculative-config

@@ -9,6 +9,7 @@ import sys
 
 from ..api import OutputCheck, Prompts
 from ..cliparse import ArgumentParser
+from ..enginefacts import CLI_NAMES, DEFAULT
 from ..engines import engine_named
 from ..errors import InputError
 from .client import parse_workload
@@ -90,9 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-match-rate", type=float, default=0.9, help="rollback OutputMismatch below this match rate (default 0.9)")
     p.add_argument(
         "--engine",
-        default="sglang",
-        choices=["sglang", "vllm"],
-        help="the servers' engine (default sglang): vllm speaks its OpenAI API and reads acceptance from its counters",
+        default=DEFAULT.cli_name,
+        choices=CLI_NAMES,
+        help=f"the servers' engine (default {DEFAULT.cli_name}): vllm speaks its OpenAI API and reads acceptance from its counters",
     )
     p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

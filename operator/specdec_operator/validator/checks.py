@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import SGLANG_VERSION
 from ..choices import ALGORITHMS, ENGINES, QUANTIZATIONS
+from ..enginefacts import DEFAULT, SPECULATORS, EngineFacts, facts_for
 from ..errors import InputError
 from . import speculators
 from .modelmeta import ModelMeta, TensorInfo
@@ -41,7 +42,6 @@ from .tables import (
 )
 
 MIN_TRAINING_SAMPLES = 100_000
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 
 CONVERT_EAGLE3_LLAMA = (
     'vLLM\'s name for the same layout: set architectures to ["LlamaForCausalLMEagle3"] in config.json '
@@ -90,6 +90,7 @@ class _Checks:
     def __init__(self, target: ModelMeta, drafter: ModelMeta, engine: str) -> None:
         self.t, self.d = target, drafter
         self.engine = engine
+        self.facts: EngineFacts = facts_for(engine)
         self.findings: list[Finding] = []
 
     def add(self, severity: str, code: str, message: str, field_: str | None = None) -> None:
@@ -103,7 +104,7 @@ def validate(
     quantization: str | None = None,
     context_length: int | None = None,
     algorithm: str = "EAGLE3",
-    engine: str = "sglang",
+    engine: str = DEFAULT.cli_name,
 ) -> ValidationReport:
     """Check a drafter against its target from metadata alone.
 
@@ -122,7 +123,7 @@ def validate(
         raise InputError(f"--engine {engine}: must be one of {', '.join(ENGINES)}")
     c = _Checks(target, drafter, engine)
     drafter_readable = True
-    if engine == "vllm" and speculators.is_speculators(drafter.config):
+    if SPECULATORS in c.facts.drafter_formats and speculators.is_speculators(drafter.config):
         # vLLM reads the speculators format by flattening it (validator/speculators.py); the checks below read the
         # flattened config, as vLLM's draft class is built from it. SGLang refuses the format (_draft_layout).
         flat, notes = speculators.flatten(drafter.config)
@@ -213,19 +214,22 @@ def _draft_layout(c: _Checks, *, expected: str) -> str | None:
     if expected == "EAGLE3":
         if arch in EAGLE3_DRAFT_ARCHITECTURES:
             return EAGLE3_DRAFT_ARCHITECTURES[arch]
-        if arch == "Eagle3LlamaForCausalLM":
-            # vLLM's own class name (its registry maps LlamaForCausalLMEagle3 to it too); SGLang does not know it.
-            if c.engine != "vllm":
-                c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is Eagle3LlamaForCausalLM, {CONVERT_EAGLE3_LLAMA}", where)
-            return "llama"
-        if arch == "Eagle3Qwen3ForCausalLM" and c.engine == "vllm":
+        own, layout = c.facts.eagle3_draft_layout(arch)
+        if own and layout is None:
             c.add(
                 WARNING,
                 "DrafterWeightsUnchecked",
-                "drafter is vLLM's Eagle3Qwen3ForCausalLM: its tensor names and shapes are not checked here",
+                f"drafter is {c.facts.name}'s {arch}: its tensor names and shapes are not checked here",
                 where,
             )
             return None
+        if own:
+            return layout
+        if arch == "Eagle3LlamaForCausalLM":
+            # vLLM's own class name for this layout (its registry maps LlamaForCausalLMEagle3 to it too); an engine
+            # that does not know it refuses it, and the rest of the draft is checked as the layout it is.
+            c.add(ERROR, "DrafterArchitectureUnsupported", f"drafter is Eagle3LlamaForCausalLM, {CONVERT_EAGLE3_LLAMA}", where)
+            return "llama"
         if arch in EAGLE_DRAFT_ARCHITECTURES:
             c.add(ERROR, "AlgorithmMismatch", f"drafter is an EAGLE (v1/v2) draft ({arch}); serve it with --algorithm EAGLE, not EAGLE3", where)
             return None
@@ -366,7 +370,7 @@ def _check_eagle3(c: _Checks, t_hidden: int, t_vocab: int, t_layers: int) -> Non
     num_aux_cfg = d.top_int("num_aux_hidden_states", minimum=1)
     num_aux = num_aux_cfg or (len(ids) if ids else 3)
     _check_aux_layers(c, ids, num_aux_cfg, t_layers)
-    _check_exported_engine(c, ids)
+    _check_trained_layers(c, ids, t_layers)
 
     if d.weight_format == "bin":
         c.add(
@@ -419,6 +423,34 @@ def eagle3_captured_layers(t_arch: str, ids: list[int] | None, t_layers: int) ->
     return [i + 1 for i in ids], "id + 1"
 
 
+def _captured_layers(c: _Checks, ids: list[int] | None, t_layers: int) -> tuple[list[int], str, int] | None:
+    """The target layers whose inputs the serving engine captures for config ids `ids` (None: its defaults), the rule
+    in words, and the largest index the target produces (t_layers: the last layer's output, where it is captured).
+    None where SGLang hands the ids to a model outside its source (not checkable)."""
+    t_arch = c.t.architecture or ""
+    if not c.facts.capture_rule_per_target_class:
+        # vLLM captures the hidden state after `id` layers (LlamaModel.forward's _maybe_add_hidden_state before the
+        # loop and after each layer): 0..N, N being the last layer's output; its default ids are (2, N // 2, N - 3).
+        captured = c.facts.captured_inputs(ids if ids is not None else [2, t_layers // 2, t_layers - 3])
+        return captured, f"{c.facts.aux_layer_id_convention} ({c.facts.name})", t_layers
+    if EAGLE3_CAPTURE_RULE.get(t_arch) == CAPTURE_DELEGATED:
+        return None
+    captured, rule = eagle3_captured_layers(t_arch, ids, t_layers)
+    # Index num_layers (the last layer's output) exists only where the model's forward captures it.
+    return captured, rule, t_layers if t_arch in EAGLE3_CAPTURES_LAST_LAYER_OUTPUT else t_layers - 1
+
+
+def _ids_capturing(c: _Checks, inputs: list[int], t_layers: int) -> list[int] | None:
+    """The config ids that make the serving engine capture the inputs of exactly these target layers on this target,
+    or None when none do. The engine's plain convention first; SGLang's per-class rules (the DeepSeek family's "+1 only
+    when the first id is 1", gpt-oss's boundary) may instead take the layers as given or one less."""
+    for ids in (c.facts.ids_for_inputs(inputs), list(inputs), [i - 1 for i in inputs]):
+        found = _captured_layers(c, ids, t_layers)
+        if found is not None and min(ids, default=0) >= 0 and found[0] == list(inputs) and max(found[0], default=0) <= found[2]:
+            return ids
+    return None
+
+
 def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None, t_layers: int) -> None:
     t_arch = c.t.architecture or ""
     where = "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids"
@@ -427,24 +459,16 @@ def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None
         return
     if ids is not None and num_aux_cfg is not None and num_aux_cfg != len(ids):
         c.add(ERROR, "AuxLayerOutOfRange", f"num_aux_hidden_states {num_aux_cfg} != {len(ids)} layer ids: fc's input width cannot match", where)
-    engine = ENGINE_NAMES[c.engine]
+    engine = c.facts.name
     if ids is None and num_aux_cfg is not None and num_aux_cfg != 3:
         c.add(
             ERROR, "AuxLayerOutOfRange", f"num_aux_hidden_states is {num_aux_cfg} but {engine} captures 3 layers when no layer ids are given", where
         )
-    if c.engine == "vllm":
-        # vLLM captures the hidden state after `id` layers (LlamaModel.forward's _maybe_add_hidden_state before the
-        # loop and after each layer): 0..N, N being the last layer's output; its default ids are (2, N // 2, N - 3).
-        captured = list(ids) if ids is not None else [2, t_layers // 2, t_layers - 3]
-        rule = "the hidden state after `id` layers (vLLM)"
-        last = t_layers
-    elif EAGLE3_CAPTURE_RULE.get(t_arch) == CAPTURE_DELEGATED:
+    found = _captured_layers(c, ids, t_layers)
+    if found is None:
         c.add(INFO, "AuxLayers", f"{t_arch} hands the layer ids to a model outside SGLang's source; which layers it captures is not checked", where)
         return
-    else:
-        captured, rule = eagle3_captured_layers(t_arch, ids, t_layers)
-        # Index num_layers (the last layer's output) exists only where the model's forward captures it.
-        last = t_layers if t_arch in EAGLE3_CAPTURES_LAST_LAYER_OUTPUT else t_layers - 1
+    captured, rule, last = found
     shown_ids = ids if ids is not None else captured
     bad = [i for i, cap in zip(shown_ids, captured) if i < 0 or cap < 0 or cap > last]
     if bad:
@@ -480,34 +504,76 @@ def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None
     c.add(INFO, "AuxLayers", f"{engine} captures the inputs of target layers [{', '.join(described)}] ({rule})", where)
 
 
-def _check_exported_engine(c: _Checks, ids: list[int] | None) -> None:
-    """A drafter exported by specdec-train names its aux layer ids in one engine's convention; served by the other
-    engine, every aux hidden state comes from one layer off and acceptance drops (measured in docs/vllm-cpu.md)."""
+def _check_trained_layers(c: _Checks, ids: list[int] | None, t_layers: int) -> None:
+    """The serving engine must capture, for config.json's aux layer ids, the layers the drafter was trained on
+    (training_provenance.json's capture_layer_ids); served from layers one off, acceptance drops (docs/vllm-cpu.md).
+
+    The engine a drafter was exported for only explains a mismatch: a drafter exported for SGLang whose config a user
+    then corrected for vLLM serves well under vLLM, and one whose ids are still SGLang's does not."""
     prov = c.d.provenance
     if prov is None:
         return
     shown = f"{c.d.path}/{PROVENANCE_FILENAME}"
+    name, flag = c.facts.name, c.facts.cli_name
     exported_for = prov.exported_for()
-    if exported_for is not None and exported_for != c.engine:
+    other = facts_for(exported_for) if exported_for is not None and exported_for != flag else None
+    if prov.capture_layer_ids is None:
+        if other is not None:
+            # Without the trained layers there is nothing to compare: whether the ids were converted is not known.
+            c.add(
+                WARNING,
+                "DrafterExportedForOtherEngine",
+                f"{shown}: the drafter was exported for {other.name} and records no capture_layer_ids, so whether config.json's "
+                f"eagle_aux_hidden_state_layer_ids {ids} were converted for {name} ({c.facts.aux_layer_id_convention}) is not "
+                f"checked; unless they were, re-export it with `specdec-train export --engine {flag}`",
+                "drafter.provenance.engine",
+            )
+        return
+    found = _captured_layers(c, ids, t_layers)
+    if found is None:
+        return
+    captured = found[0]
+    trained = list(prov.capture_layer_ids.input_index)
+    write = _ids_capturing(c, trained, t_layers)
+    if captured == trained:
+        if other is not None:
+            c.add(
+                INFO,
+                "DrafterConvertedForEngine",
+                f"{shown} says the drafter was exported for {other.name}; config.json's eagle_aux_hidden_state_layer_ids {ids} "
+                f"are its trained layers in {name}'s numbering (the inputs of target layers {trained}), as {name} needs",
+                "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids",
+            )
+        return
+    fix = (
+        f"write eagle_aux_hidden_state_layer_ids {write} in config.json"
+        if write is not None
+        else f"no ids make {name} capture exactly those layers of {c.t.architecture or 'this target'}; retrain on layers it can capture"
+    )
+    if other is not None and ids is not None and ids == prov.capture_layer_ids.for_engine(other.cli_name):
         c.add(
             ERROR,
             "DrafterExportedForOtherEngine",
-            f"{shown}: the drafter was exported for {ENGINE_NAMES[exported_for]} but this server runs {ENGINE_NAMES[c.engine]}, which "
-            f"reads eagle_aux_hidden_state_layer_ids one layer apart; re-export it with `specdec-train export --engine {c.engine}`",
-            "drafter.provenance.engine",
-        )
-        return
-    if exported_for is None or ids is None or prov.capture_layer_ids is None:
-        return
-    trained = prov.capture_layer_ids.for_engine(c.engine)
-    if ids != trained:
-        c.add(
-            ERROR,
-            "AuxLayersNotTrained",
-            f"config.json's eagle_aux_hidden_state_layer_ids {ids} are not the layers the drafter was trained on: {shown} "
-            f"records {trained} for {ENGINE_NAMES[c.engine]}; re-export it with `specdec-train export --engine {c.engine}`",
+            f"{shown}: the drafter was exported for {other.name}, and config.json's eagle_aux_hidden_state_layer_ids {ids} are "
+            f"still {other.name}'s numbers for the layers it was trained on (the inputs of target layers {trained}); this server "
+            f"runs {name}, which reads them as {c.facts.aux_layer_id_convention}, so every aux hidden state would come from "
+            f"the wrong layer: {fix}, or re-export it with `specdec-train export --engine {flag}`",
             "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids",
         )
+        return
+    config_says = (
+        f"config.json's eagle_aux_hidden_state_layer_ids {ids} make {name} capture the inputs of target layers {captured}"
+        if ids is not None
+        else f"config.json names no eagle_aux_hidden_state_layer_ids, so {name} captures its defaults, the inputs of target layers {captured}"
+    )
+    records = f"records {write} for {name}" if write is not None else "records other layers"
+    c.add(
+        ERROR,
+        "AuxLayersNotTrained",
+        f"{config_says}, not the layers the drafter was trained on: {shown} {records} (the inputs of target layers "
+        f"{trained}); {fix}, or re-export it with `specdec-train export --engine {flag}`",
+        "drafter.config.eagle_config.eagle_aux_hidden_state_layer_ids",
+    )
 
 
 def _draft_weight_name(name: str) -> str:
@@ -808,7 +874,7 @@ def _check_vllm_token_map(c: _Checks, w: _DraftWeights, draft_vocab: int | None,
     """vLLM 0.32's Eagle3LlamaForCausalLM builds draft_id_to_target_id only when draft_vocab_size differs from the
     target's vocabulary, and its loader renames d2t to it: with the full vocabulary the server dies at weight loading
     ("There is no module or parameter named 'draft_id_to_target_id'", docs/vllm-cpu.md). SGLang loads it."""
-    if c.engine != "vllm" or "d2t" not in w.tensors or (draft_vocab if draft_vocab is not None else t_vocab) != t_vocab:
+    if c.facts.full_vocab_token_maps or "d2t" not in w.tensors or (draft_vocab if draft_vocab is not None else t_vocab) != t_vocab:
         return
     c.add(
         ERROR,

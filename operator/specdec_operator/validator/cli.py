@@ -10,6 +10,7 @@ import sys
 
 from ..choices import ALGORITHMS, ENGINES, QUANTIZATIONS
 from ..cliparse import ArgumentParser
+from ..enginefacts import DEFAULT, SPECULATORS, facts_for
 from ..errors import InputError
 from .checks import validate
 from .modelmeta import MetaReader, display_path, read_model_dir, read_weights
@@ -67,10 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
-        default="sglang",
+        default=DEFAULT.cli_name,
         type=str.lower,
         choices=ENGINES,
-        help="the engine that will serve the pair (default sglang); they read a drafter's aux layer ids one layer apart",
+        help=f"the engine that will serve the pair (default {DEFAULT.cli_name}); they read a drafter's aux layer ids one layer apart",
     )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.add_argument("--termination-log", metavar="PATH", help="also write a compact JSON summary (<= 4096 bytes) here, e.g. /dev/termination-log")
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace, reader: MetaReader | None = None) -> tuple[Val
         # Only a draft class has weights worth checking; a full model passed as drafter is refused
         # from its config without parsing hundreds of shard headers.
         # A speculators-format drafter served by vLLM is checked as the Llama draft class vLLM flattens it to.
-        speculator = args.engine == "vllm" and is_speculators(drafter.config)
+        speculator = SPECULATORS in facts_for(args.engine).drafter_formats and is_speculators(drafter.config)
         if speculator or (drafter.config.get("architectures") and drafter.architecture in DRAFT_CLASSES_WITH_CHECKED_WEIGHTS):
             read_weights(drafter, "headers", reader)
     report = validate(

@@ -7,7 +7,9 @@ reads too; keys this model does not know are kept in `extra` and written back un
 
 `engine` says which engine's layer-id convention config.json was exported in. Files exported before the
 field existed were all exported for SGLang (the only engine `specdec-train export` wrote then): for those
-`exported_for()` answers "sglang" when `trainer` names this project's pipeline, and None (unknown) otherwise.
+`exported_for()` answers "sglang" (EXPORTED_BEFORE_ENGINE_FIELD) when `trainer` names this project's pipeline, and
+None (unknown) otherwise. A user may have corrected config.json for another engine since, so the validator compares
+the ids in config.json with `capture_layer_ids` (the trained layers) rather than trusting `engine`.
 
 Standard library only: the validator runs as an init container and must start in milliseconds.
 """
@@ -20,10 +22,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..choices import ENGINES
+from ..enginefacts import SGLANG, facts_for
 from ..errors import InputError
 
 FILENAME = "training_provenance.json"
 TRAINER = "specdec-operator drafter_training"
+# What `specdec-train export` wrote before the engine field: SGLang's convention (its only engine then).
+EXPORTED_BEFORE_ENGINE_FIELD = SGLANG.cli_name
 
 
 @dataclass(frozen=True)
@@ -32,14 +37,16 @@ class CaptureLayerIds:
 
     output_index: layer outputs, as SGLang's config reads them (SGLang captures the input of layer id + 1).
     input_index: layer inputs, as vLLM's config reads them (vLLM captures the input of layer id).
+    Each engine's convention is its enginefacts.EngineFacts.aux_layer_id_offset.
     """
 
     output_index: list[int]
     input_index: list[int]
 
     def for_engine(self, engine: str) -> list[int]:
-        """eagle_aux_hidden_state_layer_ids as `engine` reads them."""
-        return list(self.input_index if engine == "vllm" else self.output_index)
+        """eagle_aux_hidden_state_layer_ids as `engine` (sglang | vllm) reads them, on a target whose class captures
+        by the engine's plain rule (validator/checks.py applies SGLang's per-class exceptions)."""
+        return facts_for(engine).ids_for_inputs(self.input_index)
 
     def to_json(self) -> dict[str, list[int]]:
         # The key names predate this class; exported drafters carry them.
@@ -72,7 +79,7 @@ class DrafterProvenance:
         """The engine config.json was exported for; None when nothing says so."""
         if self.engine is not None:
             return self.engine
-        return "sglang" if self.trainer == TRAINER else None
+        return EXPORTED_BEFORE_ENGINE_FIELD if self.trainer == TRAINER else None
 
     def to_json(self) -> dict[str, Any]:
         """The file's JSON object, in the order fields are declared (None fields written as null, as before)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import SGLANG_VERSION
+from ..enginefacts import facts_for
 from ..textutil import clip
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -35,10 +36,10 @@ class ValidationReport:
     algorithm: str
     serving_quantization: str | None
     checkpoint_quantization: str | None
+    engine: str  # the serving engine the pair was checked for (sglang | vllm)
     findings: list[Finding] = field(default_factory=list)
     target: dict[str, Any] = field(default_factory=dict)
     drafter: dict[str, Any] = field(default_factory=dict)
-    engine: str = "sglang"  # the serving engine the pair was checked for
 
     @property
     def compatible(self) -> bool:
@@ -52,7 +53,8 @@ class ValidationReport:
             "compatible": self.compatible,
             "algorithm": self.algorithm,
             "engine": self.engine,
-            "sglang_version": SGLANG_VERSION,
+            "engine_version": facts_for(self.engine).version,
+            "sglang_version": SGLANG_VERSION,  # the SGLang release the validator's tables mirror, whatever the engine
             "serving_quantization": self.serving_quantization,
             "checkpoint_quantization": self.checkpoint_quantization,
             "findings": [f.as_dict() for f in self.findings],
@@ -104,9 +106,10 @@ def format_text(report: ValidationReport) -> str:
     """The human-readable report."""
     n_err, n_warn = len(report.codes(ERROR)), len(report.codes(WARNING))
     verdict = "compatible" if report.compatible else "INCOMPATIBLE"
+    engine = facts_for(report.engine)
     lines = [
         f"{verdict}: {n_err} error(s), {n_warn} warning(s) ({report.algorithm}, serving "
-        f"{report.serving_quantization or 'unknown'} on SGLang {SGLANG_VERSION})"
+        f"{report.serving_quantization or 'unknown'} on {engine.name} {engine.version})"
     ]
     for f in report.findings:
         lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
