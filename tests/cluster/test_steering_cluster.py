@@ -36,6 +36,11 @@ def test_the_plugin_steers_a_real_object_and_prints_its_status(kube_env, custom_
     assert main(["promote", "steer", "-n", namespace, "--reason", "measured by hand on the canary"]) == 0
     asked = steering.read(annotations())
     assert asked.promote == "measured by hand on the canary" and asked.abort is None
+    # One server takes no walk steps: pause says it would do nothing there and writes nothing (issue 34).
+    capsys.readouterr()
+    assert main(["pause", "steer", "-n", namespace]) == 1 and not steering.read(annotations()).paused
+    assert "does nothing to one server" in capsys.readouterr().err
+    custom_objects.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, "steer", {"spec": {"replicas": 2}})
     assert main(["pause", "steer", "-n", namespace]) == 0 and steering.read(annotations()).paused
     assert main(["retry", "steer", "-n", namespace]) == 0
     token = annotations()[steering.RETRY]

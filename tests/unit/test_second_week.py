@@ -10,7 +10,7 @@ import yaml
 
 from specdec_operator import manifests as m
 from specdec_operator.api import NEXTN_PATH_MESSAGE
-from tests.support.world import COMPATIBLE, NOW, World, conditions, llama_spec, to_promoted
+from tests.support.world import COMPATIBLE, INCOMPATIBLE, NOW, World, conditions, llama_spec, promote_result, to_promoted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,3 +203,61 @@ def test_the_runtime_reads_events_of_the_waiting_pods_each_variants_newest_first
     assert len(names) == MAX_DIAGNOSED_PODS
     assert set(names[:2]) == {"spec-new", f"base-{MAX_DIAGNOSED_PODS + 3}"}
     assert "spec-old" not in names
+
+
+def test_a_loser_scaled_to_0_says_why_not_keep_base_warm():
+    # One server rolled back: the speculative server lost; keepBaseWarm has nothing to do with it.
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    plan = world.step()
+    world.probe_running = plan.revision
+    lost = {**promote_result(plan.revision, speedup=0.8), "decision": "rollback", "reason": "SpeedupBelowThreshold", "message": "speedup 0.8x"}
+    rolled = world.step(probe_result=lost)
+    assert rolled.status["phase"] == "RolledBack" and world.deployments["llama-spec"]["spec"]["replicas"] == 0
+    world.probe_running = None
+    world.set_pods(base={"ready": True})  # the speculative pod is gone
+    rolled = world.step()
+    speculative = conditions(rolled.status)["SpeculativeReady"]
+    assert speculative["reason"] == "ScaledDown"
+    assert speculative["message"] == "scaled to 0: rolled back (SpeedupBelowThreshold); rollout.keepSpeculativeWarm is false", speculative
+    # A promoted fleet's base: walked to the speculative servers although keepBaseWarm is true (the default).
+    from tests.unit.test_fleet import Fleet, fleet_spec
+
+    fleet = Fleet(fleet_spec(2))
+    fleet.spec_dict["rollout"]["keepBaseWarm"] = True
+    fleet.promote()
+    done = fleet.run(lambda p: p.settled)
+    base = conditions(done.status)["BaseReady"]
+    assert base["reason"] == "ScaledDown" and "keepBaseWarm is false" not in base["message"], base
+    assert "the fleet walked to the speculative servers" in base["message"]
+
+
+def test_an_empty_model_volume_is_named_as_such_not_as_an_incompatible_drafter():
+    from specdec_operator.validator.report import unusable_message
+
+    line = "target.path /models/llama-3.1-8b does not exist: is the model volume empty? (stage the weights before applying)"
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"init": (2, unusable_message(line))})
+    plan = world.step()
+    assert plan.status["phase"] == "Invalid" and plan.status["reason"] == "ValidatorInputError", plan.status
+    assert "drafter incompatible" not in plan.status["message"]
+    assert "could not be validated (ValidatorInputError: target.path /models/llama-3.1-8b does not exist" in plan.status["message"]
+    world.step()
+    speculative = conditions(world.status)["SpeculativeReady"]
+    assert speculative["reason"] == "ScaledDown" and "drafter incompatible" not in speculative["message"], speculative
+    assert "model volume empty" in speculative["message"]
+    # A drafter that was checked and found incompatible is still called so.
+    world = World(llama_spec())
+    world.step()
+    world.set_pods(base={"ready": True}, speculative={"init": (1, INCOMPATIBLE)})
+    assert world.step().status["message"].startswith("drafter incompatible (HiddenSizeMismatch, VocabSizeMismatch)")
+
+
+def test_pause_says_it_does_nothing_to_one_server():
+    from specdec_operator.cli.kubectl_specdec import pause_does_nothing
+
+    assert "does nothing to one server" in (pause_does_nothing("llama", llama_spec()) or "")
+    assert "spec.replicas 0" in (pause_does_nothing("llama", llama_spec(replicas=0)) or "")
+    assert pause_does_nothing("llama", llama_spec(replicas=4)) is None

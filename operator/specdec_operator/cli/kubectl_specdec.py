@@ -6,7 +6,8 @@ Installed with the package as the `kubectl-specdec` executable, which kubectl fi
     kubectl specdec retry NAME [-n NS]             probe the same revision again (the base keeps running)
     kubectl specdec abort NAME --reason TEXT       back to the base now, and stay there (until `resume`)
     kubectl specdec promote NAME --reason TEXT     promote without, or against, the probe's verdict
-    kubectl specdec pause NAME / resume NAME       stop / continue a fleet's walk; resume also lifts an abort
+    kubectl specdec pause NAME / resume NAME       stop / continue a fleet's walk (refused for one server: nothing
+                                                   to pause there); resume also lifts an abort
                                                    and a promote
 
 Every verb but `status` patches annotations on the object (steering.py says what each means), so the
@@ -44,6 +45,18 @@ def annotation_patch(verb: str, reason: str | None = None, now: datetime | None 
     else:
         raise ValueError(f"unknown verb {verb!r}")
     return {"metadata": {"annotations": changes}}
+
+
+def pause_does_nothing(name: str, spec: dict[str, Any]) -> str | None:
+    """Why `pause` would do nothing to this resource, or None: it holds a fleet's walk, and a one-server resource
+    (spec.replicas below 2) takes no walk steps, so nothing would be paused while the command said it was."""
+    replicas = spec.get("replicas", 1)
+    if isinstance(replicas, int) and replicas >= 2:
+        return None
+    return (
+        f"{name} has spec.replicas {replicas}: pause holds a fleet's walk (spec.replicas 2 or more) and does nothing to one server; "
+        "nothing written (kubectl specdec abort keeps the base serving)"
+    )
 
 
 def curve_measurement(status: SpeculativeServerStatus) -> ProbeMeasurement | None:
@@ -174,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
             status = SpeculativeServerStatus.model_validate(obj.get("status") or {})
             print(describe(args.name, status, (obj.get("metadata") or {}).get("annotations") or {}))
             return 0
+        if args.verb == "pause":
+            obj = cast(dict[str, Any], api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, args.name))
+            nothing = pause_does_nothing(args.name, obj.get("spec") or {})
+            if nothing is not None:
+                print(f"kubectl specdec pause: error: {nothing}", file=sys.stderr)
+                return 1
         api.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, args.name, annotation_patch(args.verb, args.reason))
     except ApiException as exc:
         print(f"kubectl specdec {args.verb}: error: speculativeserver {namespace}/{args.name}: {exc.status} {exc.reason}", file=sys.stderr)

@@ -19,9 +19,10 @@ from ..api import (
 )
 from ..textutil import clip
 from .conditions import Conditions
-from .decision import is_invalid, is_promoted, never_started
+from .decision import is_invalid, is_promoted, is_rolled_back, never_started
 from .facts import BASE, SPECULATIVE, Facts
-from .fleet import Fleet, update_blocked
+from .fleet import Fleet, recreates, update_blocked
+from .overrides import RETRIED_VALIDATION
 from .pods import (
     VALIDATING_MESSAGE,
     error_codes,
@@ -52,7 +53,7 @@ def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: Pr
         return PhaseOutcome(
             Phase.INVALID,
             codes[0] if codes else Reason.DRAFTER_INCOMPATIBLE,
-            f"drafter incompatible ({', '.join(codes)}); the base server keeps serving",
+            clip(f"{invalid_cause(validation)}; the base server keeps serving"),
         )
     if decision is not None:
         promoted = is_promoted(decision)
@@ -99,6 +100,48 @@ def walking_back(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, outco
     return PhaseOutcome(Phase.DEPLOYING, Reason.WALKING_TO_BASE, message)
 
 
+def invalid_cause(validation: ValidationStatus) -> str:
+    """Why a revision is Invalid, in words that say whose fault it is: the validator could not check the drafter (its
+    input could not be read, e.g. an empty model volume; it failed; it ran out of memory), or the drafter was checked and
+    found incompatible."""
+    errors = [f for f in validation.findings if f.severity == "error"]
+    unchecked = [f for f in errors if f.code in RETRIED_VALIDATION]
+    if unchecked and len(unchecked) == len(errors):
+        first = unchecked[0]
+        return f"the drafter could not be validated ({first.code}: {first.message or 'no message'}); fix the cause, then kubectl specdec retry"
+    return f"drafter incompatible ({', '.join(f.code for f in errors)})"
+
+
+def scaled_down_because(facts: Facts, variant: Variant, validation: ValidationStatus | None, decision: ProbeStatus | None, fleet: Fleet) -> str:
+    """Why a server that the step scales to 0 (fleet[variant] == 0) is not asked for: the real cause, not a guess."""
+    spec = facts.spec
+    if spec.replicas == 0:
+        return "spec.replicas is 0"
+    if variant == SPECULATIVE:
+        if is_invalid(validation):
+            assert validation is not None
+            return invalid_cause(validation)
+        if fleet.holding:
+            if recreates(facts):
+                return (
+                    "rollout.updateStrategy Recreate: the old speculative server goes before the new base starts (nothing serves until it is Ready)"
+                )
+            return "walking back to the base before the speculative pod template changes"
+        if decision is None:
+            return "rollout.updateStrategy Recreate: the speculative server starts once the base serves" if recreates(facts) else "not asked for yet"
+        if never_started(decision):
+            return f"it never became ready ({decision.message or decision.reason})"
+        if is_rolled_back(decision):
+            warm = "; rollout.keepSpeculativeWarm is false" if fleet.replicas < 2 else ""
+            return f"rolled back ({decision.reason}){warm}"
+        return "the fleet walks to the base"
+    if is_promoted(decision):
+        if fleet.replicas >= 2:
+            return "the fleet walked to the speculative servers (a fleet keeps no warm base: rollout.keepBaseWarm is for one server)"
+        return "the speculative server won the comparison and serves; rollout.keepBaseWarm is false"
+    return "not asked for in this step"
+
+
 def probe_status(facts: Facts, decision: ProbeStatus | None, outcome: PhaseOutcome) -> ProbeStatus | None:
     if decision is not None:
         return decision
@@ -139,10 +182,8 @@ def build_conditions(
     for ctype, variant in ((ConditionType.BASE_READY, BASE), (ConditionType.SPECULATIVE_READY, SPECULATIVE)):
         server = facts.servers[variant]
         if fleet[variant] == 0 and not server.ready:
-            why = "drafter incompatible" if variant == SPECULATIVE and invalid else "it lost the comparison and rollout.keepBaseWarm is false"
-            if variant == SPECULATIVE and not invalid and never_started(decision):
-                why = "it never became ready"
-            conditions.set(ctype, "False", Reason.SCALED_DOWN, f"scaled to 0: {why}")
+            why = scaled_down_because(facts, variant, validation, decision, fleet)
+            conditions.set(ctype, "False", Reason.SCALED_DOWN, clip(f"scaled to 0: {why}"))
         else:
             conditions.set(ctype, "True" if server.ready else "False", server.reason, server.message)
 
