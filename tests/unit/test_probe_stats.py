@@ -8,6 +8,7 @@ round loop against in-process simulators (~10 s).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 from contextlib import AsyncExitStack
@@ -19,9 +20,11 @@ from specdec_operator.probe.decide import (
     MAX_WIDTH,
     Verdict,
     futile,
+    futility_horizon,
     judge_paired,
     width,
 )
+from specdec_operator.probe.sequential import PROMOTE_FROM_LOOK, look_levels, spent
 from specdec_operator.probe.stats import (
     HETEROGENEITY_P,
     LogRate,
@@ -33,10 +36,12 @@ from specdec_operator.probe.stats import (
     log_ratio_interval,
     paired_interval,
     paired_round,
+    per_look_level,
     pooled_block_variance,
     pooled_blocks_for,
     pooled_satterthwaite,
     satterthwaite,
+    sequential_interval,
     t_quantile,
     weighted_paired_round,
     with_pooled_variance,
@@ -497,3 +502,49 @@ def test_a_five_percent_loss_never_promotes_with_own_or_pooled_block_variances()
     results = asyncio.run(all_of())
     assert all(str(r.decision) == "rollback" for r in results), [r.message for r in results]
     assert sum(str(r.reason) == "SpeedupBelowThreshold" for r in results) >= 3, [r.message for r in results]
+
+
+# --- The anytime-valid look levels (probe/sequential.py) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("arms", [1, 2, 4])
+@pytest.mark.parametrize("confidence", [0.95, 0.998])
+def test_every_possible_look_together_spends_at_most_the_error_budget_per_side(confidence, arms):
+    alpha = 1.0 - confidence
+    for looks in (1, 2, 6, 7, 24, 1000, 100_000):
+        promote, rollback = spent(confidence, looks, arms)
+        assert promote <= alpha * (1 + 1e-12) and rollback <= alpha * (1 + 1e-12), (looks, promote, rollback)
+    # The bound is used, not wasted: the spend approaches the budget as the looks grow.
+    assert spent(confidence, 100_000, arms)[0] > 0.999 * alpha
+    # An arm's share shrinks with the arms: the best of N is promoted no more often by luck than one candidate.
+    assert look_levels(confidence, 2, arms).low_level >= look_levels(confidence, 2, 1).low_level
+
+
+def test_a_look_has_the_same_level_whatever_the_budget_and_no_look_of_six_is_stricter_than_bonferroni():
+    old = per_look_level(0.998, 6)  # the rule this replaced, at the API's default rollout.maxRounds
+    for look in range(1, 7):
+        levels = look_levels(0.998, look)
+        # Wider levels are stricter: each side of each of the first six looks is at most the old level's.
+        assert levels.high_level <= old and (look < PROMOTE_FROM_LOOK or levels.low_level <= old), (look, levels)
+    assert look_levels(0.998, 1).low_level > 1 - 1e-12  # no promotion at the first look: nothing spent there
+    # Later looks keep spending, ever less, so a budget of 24 rounds is valid too.
+    late = [look_levels(0.998, k).low_level for k in range(7, 25)]
+    assert all(a < b < 1.0 for a, b in itertools.pairwise(late))
+
+
+def test_futility_projects_to_the_same_horizon_for_every_larger_budget():
+    assert futility_horizon(4) == 4 and futility_horizon(6) == futility_horizon(24) == futility_horizon(100) == 6
+    near_one = [PairedRound(math.log(r), 0.04**2, 30.0) for r in (0.995, 1.01)]
+    levels = look_levels(0.998, 2)
+    iv = sequential_interval(near_one, levels)
+    stops = [futile(iv, 1.0, futility_horizon(budget), look_levels(0.998, futility_horizon(budget)).low_level) for budget in (6, 12, 24)]
+    assert stops == [True, True, True]
+
+
+def test_a_sequential_interval_takes_each_bound_at_its_sides_level():
+    rounds = [PairedRound(math.log(r), 0.05**2, 30.0) for r in (1.3, 1.4, 1.35)]
+    levels = look_levels(0.998, 1)  # the promotion side spends nothing at the first look: its low end is uninformative
+    iv = sequential_interval(rounds, levels)
+    assert iv.high == pytest.approx(paired_interval(rounds, levels.high_level).high)
+    assert iv.low == pytest.approx(paired_interval(rounds, levels.low_level).low) and iv.low < paired_interval(rounds, levels.high_level).low
+    assert judge_paired(sequential_interval(rounds[:2], look_levels(0.998, 2)), 1.0) is Verdict.PASS

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..api import Decision, Reason
+from .sequential import DESIGN_LOOKS
 from .stats import RatioInterval, t_quantile
 
 
@@ -74,18 +75,31 @@ def judge_paired(interval: RatioInterval | None, min_speedup: float) -> Verdict:
     return Verdict.UNDECIDED
 
 
-def futile(interval: RatioInterval | None, min_speedup: float, max_rounds: int = 6) -> bool:
+# Futility projects the interval to at most this many rounds (the looks the error-spending design spends in equal parts,
+# probe/sequential.py): a larger budget (rollout.maxRounds) never delays the early stop of a probe that cannot decide; it
+# only gives more rounds to the probes that are still in reach of a decision.
+FUTILITY_HORIZON = DESIGN_LOOKS
+
+
+def futility_horizon(max_rounds: int) -> int:
+    """The round futility projects to: the budget's last round, or FUTILITY_HORIZON if that is earlier."""
+    return min(max_rounds, FUTILITY_HORIZON)
+
+
+def futile(interval: RatioInterval | None, min_speedup: float, max_rounds: int = 6, last_level: float | None = None) -> bool:
     """True when more rounds would most likely decide nothing: from the minimum rounds to promote, with an interval
     within the width bound, ``|log(estimate / min_speedup)| <= h_last - FUTILITY_SE * se``, where ``h_last`` is the
     interval's half width projected to ``max_rounds`` (``t * se * sqrt(n / max_rounds)``, the df grown in
-    proportion). Never true at or after the last round (the probe ends there anyway)."""
+    proportion) at ``last_level`` (that look's level; default the interval's own). Never true at or after
+    ``max_rounds`` (the horizon: the probe's last round, or decide.futility_horizon's)."""
     if interval is None or not hasattr(interval, "se") or width(interval) > MAX_WIDTH:
         return False
     n, se = interval.n, float(getattr(interval, "se", math.inf))
     if n < _min_rounds(interval) or n >= max_rounds or not math.isfinite(se) or se <= 0:
         return False
     df = float(getattr(interval, "df", n - 1)) * max_rounds / n
-    h_last = t_quantile(1.0 - (1.0 - interval.level) / 2.0, max(1.0, df)) * se * math.sqrt(n / max_rounds)
+    level = interval.level if last_level is None else last_level
+    h_last = t_quantile(1.0 - (1.0 - level) / 2.0, max(1.0, df)) * se * math.sqrt(n / max_rounds)
     return abs(math.log(interval.estimate / min_speedup)) <= h_last - FUTILITY_SE * se
 
 

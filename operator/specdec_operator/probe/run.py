@@ -32,6 +32,7 @@ from .decide import (
     combine_all,
     drafter_not_accepting,
     futile,
+    futility_horizon,
     judge_paired,
     normalize_policy,
     outcome_for,
@@ -39,6 +40,7 @@ from .decide import (
 )
 from .metrics import scrape_metrics
 from .outputs import compare_outputs, judge_outputs
+from .sequential import LookLevels, look_levels
 from .stats import (
     LogRate,
     PairedRound,
@@ -46,10 +48,9 @@ from .stats import (
     block_rates,
     blocks_for,
     log_rate,
-    paired_interval,
     paired_round,
-    per_look_level,
     pooled_blocks_for,
+    sequential_interval,
     weighted_paired_round,
     with_pooled_variance,
 )
@@ -57,8 +58,9 @@ from .traffic import WorkloadTraffic, build_traffic
 
 BASE, SPECULATIVE = Variant.BASE.value, Variant.SPECULATIVE.value
 
-# Family-wise over all looks of a probe (Bonferroni over one look per round). Equal servers must practically
-# never be promoted: docs/probe.md has the measured rates (benchmarks/probe_decisions.py).
+# Family-wise over every look a probe could take, however many rounds its budget allows (probe/sequential.py: each
+# look spends its own share of 1 - confidence). Equal servers must practically never be promoted: docs/probe.md has
+# the measured rates (benchmarks/probe_decisions.py, benchmarks/probe_study.py).
 DEFAULT_CONFIDENCE = 0.998
 
 
@@ -426,7 +428,6 @@ async def _probe(
     profiles: dict[str, dict[str, list[list[float]]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
     last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
     spec_tokens = spec_verify = 0
-    level = per_look_level(confidence, max_rounds)  # one look after every round
     active = list(wls)
     combined: RatioInterval | None = None
 
@@ -434,6 +435,9 @@ async def _probe(
         return await _measure_one(session, url, w, loop.time, deadline, rng, request_timeout, read_timeout, floor if check else None, traffic)
 
     for rnd in range(1, max_rounds + 1):
+        # One look after every round, at this look's levels whatever the budget (probe/sequential.py); a time-out
+        # summarizes the rounds completed so far at the levels of the last look.
+        level = look_levels(confidence, max(1, rnd - 1))
         order = [SPECULATIVE, BASE] if rnd % 2 == 1 else [BASE, SPECULATIVE]
         try:
             for w in active:
@@ -464,6 +468,7 @@ async def _probe(
                 + _detail(result.workloads, min_speedup, combined),
             )
         result.rounds = rnd
+        level = look_levels(confidence, rnd)
         server_accept = await meter.read(session, speculative_url, result)
         if server_accept is not None:
             result.server_accept_length = server_accept
@@ -473,7 +478,11 @@ async def _probe(
             by_name[w.name].verdict = verdicts[w.name].value
         verdict, combined, active = _judge_round(wls, result, verdicts, paired, policy, level, min_speedup, combined, active)
         final = rnd == max_rounds
-        verdict, futility, active = _stop_or_go_on(wls, verdict, verdicts, intervals, combined, policy, min_speedup, max_rounds, final, active)
+        horizon = futility_horizon(max_rounds)
+        last_level = look_levels(confidence, horizon).low_level
+        verdict, futility, active = _stop_or_go_on(
+            wls, verdict, verdicts, intervals, combined, policy, min_speedup, horizon, last_level, final, active
+        )
         outcome = outcome_for(verdict, final=final, detail=_detail(result.workloads, min_speedup, combined), futility=futility, rounds=rnd)
         if on_round is not None:
             maybe = on_round(result)
@@ -612,7 +621,7 @@ def _judge_round(
     verdicts: dict[str, Verdict],
     paired: dict[str, list[PairedRound]],
     policy: str,
-    level: float,
+    level: LookLevels,
     min_speedup: float,
     combined: RatioInterval | None,
     active: list[Workload],
@@ -622,7 +631,7 @@ def _judge_round(
         weights = {w.name: w.weight for w in wls}
         n = min(len(paired[w.name]) for w in wls)
         series = [weighted_paired_round({w.name: paired[w.name][i] for w in wls}, weights) for i in range(n)]
-        combined = paired_interval(series, level) if series else None
+        combined = sequential_interval(series, level) if series else None
         verdict = judge_paired(combined, min_speedup)
         if combined is not None:
             result.speedup, result.speedup_low, result.speedup_high = combined.estimate, combined.low, combined.high
@@ -644,17 +653,21 @@ def _stop_or_go_on(
     combined: RatioInterval | None,
     policy: str,
     min_speedup: float,
-    max_rounds: int,
+    horizon: int,
+    last_level: float,
     final: bool,
     active: list[Workload],
 ) -> tuple[Verdict, bool, list[Workload]]:
-    """Futility (no promotion is reachable any more), and intervals too wide to report: (verdict, futility, active)."""
+    """Futility (no promotion is reachable any more), and intervals too wide to report: (verdict, futility, active).
+
+    ``horizon``: the round futility projects to (decide.futility_horizon: never beyond FUTILITY_HORIZON, so a larger
+    budget does not delay an early stop); ``last_level``: the promotion side's level at that look."""
     futility = False
     if verdict is Verdict.UNDECIDED and not final:
         if policy == "weighted":
-            futility = futile(combined, min_speedup, max_rounds)
+            futility = futile(combined, min_speedup, horizon, last_level)
         else:  # one workload that cannot pass keeps the whole server from promoting
-            futility = any(futile(intervals.get(w.name), min_speedup, max_rounds) for w in wls if verdicts[w.name] is Verdict.UNDECIDED)
+            futility = any(futile(intervals.get(w.name), min_speedup, horizon, last_level) for w in wls if verdicts[w.name] is Verdict.UNDECIDED)
     if (verdict is not Verdict.UNDECIDED or futility) and not final:
         # A decision reports every workload's interval: ones wider than the bound are measured again first
         # (under `all` only those; a weighted mix measures them all).
@@ -666,7 +679,9 @@ def _stop_or_go_on(
     return verdict, futility, active
 
 
-def _summarize(wls, result: ProbeResult, tok_s, logs, profiles, last, level: float) -> tuple[dict[str, RatioInterval], dict[str, list[PairedRound]]]:
+def _summarize(
+    wls, result: ProbeResult, tok_s, logs, profiles, last, level: LookLevels
+) -> tuple[dict[str, RatioInterval], dict[str, list[PairedRound]]]:
     """Fill the per-workload results from the measurements; return each workload's interval and paired rounds."""
     intervals: dict[str, RatioInterval] = {}
     paired: dict[str, list[PairedRound]] = {}
@@ -680,7 +695,7 @@ def _summarize(wls, result: ProbeResult, tok_s, logs, profiles, last, level: flo
         rates = {v: with_pooled_variance(logs[w.name][v], profiles[w.name][v], f"{w.name}/{v}") for v in (BASE, SPECULATIVE)}
         paired[w.name] = [paired_round(rates[SPECULATIVE][i], rates[BASE][i]) for i in range(n)]
         if n:
-            iv = intervals[w.name] = paired_interval(paired[w.name], level)
+            iv = intervals[w.name] = sequential_interval(paired[w.name], level)
             r.speedup, r.speedup_low = iv.estimate, iv.low
             r.speedup_high = iv.high if math.isfinite(iv.high) else None
         if BASE in last[w.name]:

@@ -1,4 +1,4 @@
-"""Paired-ratio statistics for the probe: Student-t intervals on log speedups, corrected for repeated looks.
+"""Paired-ratio statistics for the probe: Student-t intervals on log speedups, at each look's own level.
 
 Two methods: the within-round one (``paired_interval``, below: time blocks inside each measurement as evidence,
 or, for measurements too short for their own blocks, coarser blocks pooled over all rounds of that server and
@@ -16,15 +16,19 @@ the longer argument, and the within-round method's):
   ``log(candidate / base)`` per round and exponentiated. With n rounds it has n-1 degrees of freedom: wide
   when n is small, which is the honest answer.
 * The probe looks at the interval after every round and stops as soon as it is decisive. Each look spends
-  part of the error budget (Bonferroni over the possible looks), so the chance of a wrong decision over the
-  whole probe stays below ``1 - confidence`` instead of growing with every extra round.
+  its own part of the error budget, from a sequence that sums to the budget over every possible look
+  (probe/sequential.py), so the chance of a wrong decision over the whole probe stays below ``1 - confidence``
+  however many rounds the budget allows (:func:`sequential_interval`). :func:`per_look_level` (Bonferroni over a
+  fixed number of looks) is the rule it replaced, kept for the benchmarks that compare the two.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .sequential import LookLevels
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -468,3 +472,14 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
     se = math.sqrt(var)
     half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se
     return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, se=se, heterogeneous=heterogeneous)
+
+
+def sequential_interval(rounds: Sequence[PairedRound], levels: LookLevels) -> PairedInterval:
+    """:func:`paired_interval` for one look of the sequential probe (probe/sequential.py): the low end at the promotion
+    side's level, the high end at the rollback side's, so each bound spends exactly this look's share of its side.
+    ``level`` on the result is the promotion side's (futility projects with it)."""
+    low = paired_interval(rounds, levels.low_level)
+    if levels.high_level == levels.low_level:
+        return low
+    high = paired_interval(rounds, levels.high_level)
+    return replace(low, high=high.high)
