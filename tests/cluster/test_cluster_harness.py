@@ -148,13 +148,14 @@ def test_nine_gpus_stay_pending_with_the_schedulers_reason(core_v1, namespace):
     core_v1.create_namespaced_pod(namespace, pod("too-big", **spec))
 
     def unschedulable():
-        scheduled = condition(core_v1.read_namespaced_pod("too-big", namespace), "PodScheduled")
-        return scheduled if scheduled and scheduled.reason == "Unschedulable" else None
+        pod_now = core_v1.read_namespaced_pod("too-big", namespace)
+        scheduled = condition(pod_now, "PodScheduled")
+        return pod_now if scheduled and scheduled.reason == "Unschedulable" else None
 
-    scheduled = wait_until(unschedulable, message="PodScheduled=False/Unschedulable")
-    assert "Insufficient nvidia.com/gpu" in scheduled.message
-    time.sleep(1)
-    after = core_v1.read_namespaced_pod("too-big", namespace)
+    # The scheduler's own verdict on the pod (its PodScheduled condition), and the pod as it left it: no node, and
+    # kept Pending (an unschedulable pod is tried again only when the cluster changes).
+    after = wait_until(unschedulable, message="PodScheduled=False/Unschedulable")
+    assert "Insufficient nvidia.com/gpu" in condition(after, "PodScheduled").message
     assert after.status.phase == "Pending" and not after.spec.node_name
 
 
@@ -403,11 +404,23 @@ def test_when_label_limits_scripted_outcomes_to_matching_pods(core_v1, namespace
         message="speculative pod initialised",
     )
     assert speculative.status.init_container_statuses[0].last_state.terminated.exit_code == 1
+    # A positive control: a pod that the same crash-loop annotations do reach (labelled speculative, no init container
+    # to fail first) restarts every 2 s.
+    crashing = pod("crashing", annotations)
+    crashing["metadata"]["labels"] = {"specdec.io/variant": "speculative"}
+    core_v1.create_namespaced_pod(namespace, crashing)
     for name in ("base", "no-init"):
         ready = wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready"), message=f"{name} Ready condition")
         wait_until(lambda: condition(core_v1.read_namespaced_pod(name, namespace), "Ready").status == "True", message=f"{name} Ready")
         assert ready
-    time.sleep(2.5)  # longer than the crash-loop period: base must still be running, not restarting
+
+    def restarts(name: str) -> int:
+        statuses = core_v1.read_namespaced_pod(name, namespace).status.container_statuses
+        return statuses[0].restart_count if statuses else 0
+
+    # Two crash-loop periods with base Ready: the control restarted twice meanwhile, base not once.
+    before = restarts("crashing")
+    wait_until(lambda: restarts("crashing") >= before + 2, timeout=30, message="the control pod crash-looping twice")
     base = core_v1.read_namespaced_pod("base", namespace)
     assert base.status.container_statuses[0].restart_count == 0 and base.status.phase == "Running"
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
@@ -69,7 +70,8 @@ class ReaderKubelet:
         self.seen_pods: set[str] = set()
         self.volumes: list[str] = []  # PersistentVolumes the test created (cluster-scoped: deleted at the end)
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="reader-kubelet", daemon=True)
+        self.error: Exception | None = None  # what stopped the loop (an assertion on a reader pod): raised by stop()
+        self.thread = threading.Thread(target=self._watch, name="reader-kubelet", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
@@ -103,6 +105,12 @@ class ReaderKubelet:
         staged.write_text(yaml.safe_dump(self.operator.endpoints))
         os.replace(staged, path)  # the operator rereads the file when it changes: never a half-written one
 
+    def _watch(self) -> None:
+        try:
+            self._loop()
+        except Exception as error:
+            self.error = error
+
     def _loop(self) -> None:
         # A watch, not a poll: a pod the scheduler refuses (no claim) lives only until the operator reads its
         # condition and deletes it, which can be shorter than any poll interval. The watch resumes from the last
@@ -133,7 +141,7 @@ class ReaderKubelet:
                 if e.status == 410:  # the resourceVersion is too old: list again
                     resource_version = None
                 self.stopped.wait(0.2)
-            except Exception:  # the API server is busy: look again
+            except urllib3.exceptions.HTTPError:  # the API server is busy (a dropped or timed-out stream): look again
                 self.stopped.wait(0.2)
 
     def _saw(self, pod: Any) -> None:
@@ -150,8 +158,11 @@ class ReaderKubelet:
         for pv in self.volumes:
             try:
                 self.core_v1.delete_persistent_volume(pv)
-            except Exception:  # already gone
-                pass
+            except ApiException as error:
+                if error.status != 404:  # 404: already gone
+                    raise
+        if self.error is not None:
+            raise AssertionError(f"the reader kubelet stopped: {type(self.error).__name__}: {self.error}") from self.error
 
 
 @pytest.fixture

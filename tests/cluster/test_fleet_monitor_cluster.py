@@ -13,6 +13,7 @@ pods exist: the operator reads the file again when it changes.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
@@ -57,7 +58,7 @@ def round_robin_traffic(urls: list[str], tokens: int = 64) -> Iterator[None]:
                 request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
                 try:
                     urllib.request.urlopen(request, timeout=10).read()
-                except Exception:
+                except (OSError, http.client.HTTPException):  # refused, reset or timed out (URLError is an OSError): next
                     time.sleep(0.2)
             time.sleep(0.05)
 

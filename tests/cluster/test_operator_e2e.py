@@ -32,8 +32,10 @@ from tests.support.operator_process import (
     example,
     free_port,
     get,
+    logged_events,
     stable_variant,
     status,
+    step_after_now,
     validator_verdict,
     variant_pods,
     wait_phase,
@@ -219,10 +221,11 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     assert st["monitor"]["belowFloorCount"] >= 2 and st["monitor"]["acceptLength"] < 1.5
     assert stable_variant(core_v1, namespace, name) == "base"
     wait_until(lambda: "AcceptanceDrift" in event_reasons(core_v1, namespace, name), timeout=10, message="AcceptanceDrift Event")
-    # No flapping: the decided revision is not promoted again.
+    # No flapping: the decided revision is not promoted again, in a step taken after acceptance recovered.
     spec_sim.sim.engine.set_accept_length_mean(healthy_accept_length)
-    time.sleep(6)
-    assert status(custom_objects, namespace, name)["phase"] == "RolledBack"
+    st = step_after_now(custom_objects, namespace, name)
+    assert st["phase"] == "RolledBack" and st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base", st.get("message")
+    assert logged_events(operator.logs(), name, "ProbeStarted") == 1
     assert event_reasons(core_v1, namespace, name).count("ProbeStarted") == 1
 
     # Deleting the resource removes every child (owner references, garbage collector).
@@ -315,9 +318,11 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     # An unrelated edit (monitor settings) changes neither the revision nor the decision.
     custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"monitor": {"window": 7}}})
     wait_until(lambda: status(custom_objects, namespace, name).get("observedGeneration") == 2, timeout=20, message="generation 2 observed")
-    time.sleep(3)
-    st = status(custom_objects, namespace, name)
+    # Steps after it (each after the one before had done all it does): a probe or a Service write of the restarted
+    # operator's first steps is in the cluster by then.
+    st = step_after_now(custom_objects, namespace, name)
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision and stable_variant(core_v1, namespace, name) == "speculative"
+    assert logged_events(operator.log_of(operator.starts), name, "ProbeStarted") == 0
     assert base.sim.generate_count + spec_sim.sim.generate_count == requests_before
     # Not one write to the Services: the stable selector did not even flicker.
     assert {s.metadata.name: s.metadata.resource_version for s in core_v1.list_namespaced_service(namespace).items} == services_before
@@ -360,7 +365,12 @@ def test_a_resource_cannot_make_the_operator_touch_or_probe_what_it_does_not_own
     assert "probeURL" not in get(custom_objects, namespace, "victim")["spec"]
     st = wait_phase(custom_objects, namespace, "victim", {"Failed"}, timeout=30)
     assert st["reason"] == "NameConflict" and "victim-base" in st["message"]
-    time.sleep(3)  # both pods become Ready meanwhile; still nothing may be probed
+    # Both pods become Ready, and the operator sees it (status.readyReplicas is counted from the pods a step saw);
+    # steps after that one still probe nothing.
+    wait_until(lambda: status(custom_objects, namespace, "victim").get("readyReplicas") == 2, timeout=30, message="a step seeing both pods Ready")
+    st = step_after_now(custom_objects, namespace, "victim")
+    assert st["phase"] == "Failed" and st["reason"] == "NameConflict", st.get("message")
+    assert logged_events(operator.logs(), "victim", "ProbeStarted") == 0
     svc = core_v1.read_namespaced_service("victim-base", namespace)
     assert svc.metadata.owner_references is None and svc.spec.selector == {"app": "payments"} and svc.metadata.labels == {"team": "payments"}
     assert decoy_base.sim.generate_count == 0 and decoy_spec.sim.generate_count == 0
@@ -383,20 +393,30 @@ def test_two_replicas_with_leader_election_decide_once(
     operator.map(f"{name}-base", base.url)
     operator.map(f"{name}-spec", spec_sim.url)
     operator.peering = "specdec"
+
+    def peers() -> dict:
+        return custom_objects.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", "specdec").get("status") or {}
+
+    # Both replicas start paused (the peering is mandatory) and act only once the peering shows no older live peer.
     leader = operator.start()
-    time.sleep(2)
+    wait_until(lambda: "Resuming operations" in operator.log_of(1), timeout=60, message="the first replica resuming, alone in the peering")
     operator.start()  # the second replica: younger, so it waits
+    wait_until(lambda: len(peers()) == 2, timeout=60, message="the second replica's keep-alive in the peering")
     cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations())
     custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
     wait_phase(custom_objects, namespace, name, {"Probing"}, timeout=60)
     wait_until(lambda: spec_sim.sim.generate_count > 0, timeout=30, message="the leader's probe sending requests")
     assert "ProbeStarted" in operator.log_of(1) and "ProbeStarted" not in operator.log_of(2)
+    assert "Resuming operations" not in operator.log_of(2)
     leader.terminate()  # a rolling update: the leader leaves, the other replica resumes at once
     leader.wait(20)
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=120)
     assert st["phase"] == "Promoted"
     wait_until(lambda: "SpeedupConfirmed" in operator.log_of(2), timeout=10, message="the second replica logging its decision")
     assert "SpeedupConfirmed" not in operator.log_of(1)
+    # The second replica was paused until the leader left: it resumed once, and only then stepped the resource.
+    second = operator.log_of(2)
+    assert second.count("Resuming operations") == 1 and second.index("Resuming operations") < second.index("ProbeStarted"), second[-3000:]
     reasons = wait_until(
         lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event"
     )

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.support.kube import wait_until
-from tests.support.operator_process import compatible_annotations, event_reasons, example, status, wait_phase
+from tests.support.operator_process import compatible_annotations, event_reasons, example, logged_events, status, step_after_now, wait_phase
 from tests.support.operator_replicas import DECIDED, PEERING_LIFETIME, Cluster, watch_selector
 from tests.support.simulators import generate_traffic
 
@@ -83,11 +83,12 @@ def test_killed_right_after_a_decision_reads_it_back_and_probes_nothing(cluster:
     requests = base.sim.generate_count + spec.sim.generate_count
 
     op.start()
-    # Five reconcile intervals of the restarted operator, and a restart of it once more for good measure.
-    time.sleep(5)
+    # Steps of the restarted operator (seen: step_after_now), and a restart of it once more for good measure.
+    st = step_after_now(cluster.custom, cluster.namespace, name)
+    assert st["phase"] == "Promoted" and st["probe"]["revision"] == decided["probe"]["revision"], st.get("message")
     op.kill()
     op.start()
-    time.sleep(5)
+    step_after_now(cluster.custom, cluster.namespace, name)
     history.stop_at("speculative")
     st = status(cluster.custom, cluster.namespace, name)
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == decided["probe"]["revision"]
@@ -99,6 +100,8 @@ def test_killed_right_after_a_decision_reads_it_back_and_probes_nothing(cluster:
     assert st["reason"] == "SpeedupConfirmed", st
     reasons = event_reasons(cluster.core, cluster.namespace, name)
     assert reasons.count("ProbeStarted") == 1 and reasons.count("SpeedupConfirmed") <= 1, reasons
+    restarted = "\n".join(op.log_of(start) for start in range(2, op.starts + 1))
+    assert logged_events(restarted, name, "ProbeStarted") == 0 and logged_events(restarted, name, "SpeedupConfirmed") == 0
     cluster.assert_no_duplicates(name)
     assert history.history == ["base", "speculative"]
 
@@ -131,12 +134,13 @@ def test_killed_during_a_drift_rollback_rolls_back_once_and_never_flaps(cluster:
         op.start()
         st = wait_phase(cluster.custom, cluster.namespace, name, {"RolledBack"}, timeout=90)
     assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
-    # Acceptance recovers: the rolled-back revision stays rolled back (no flapping), nothing is probed again.
+    # Acceptance recovers: the rolled-back revision stays rolled back (no flapping) in the steps after that, and
+    # nothing is probed again.
     spec.sim.engine.set_accept_length_mean(healthy_accept_length)
-    time.sleep(6)
+    st = step_after_now(cluster.custom, cluster.namespace, name)
     history.stop_at("base")
-    st = status(cluster.custom, cluster.namespace, name)
-    assert st["phase"] == "RolledBack" and st["reason"] == "AcceptanceDrift"
+    assert st["phase"] == "RolledBack" and st["reason"] == "AcceptanceDrift", st.get("message")
+    assert logged_events(op.logs(), name, "AcceptanceDrift") == 1 and logged_events(op.logs(), name, "ProbeStarted") == 1, op.logs()[-3000:]
     reasons = event_reasons(cluster.core, cluster.namespace, name)
     assert reasons.count("AcceptanceDrift") == 1 and reasons.count("ProbeStarted") == 1, reasons
     cluster.assert_no_duplicates(name)
@@ -167,16 +171,22 @@ def test_two_replicas_the_leader_killed_mid_probe_the_other_takes_over_and_decid
     _base, spec = cluster.serve(name, time_scale=2.0)  # a slow clock: the probe is still running at the kill
     args = ("--peering", "specdec-test", "--peering-lifetime", str(PEERING_LIFETIME))
     leader, follower = cluster.replica(*args), cluster.replica(*args)
+
+    def peers() -> dict:
+        return cluster.custom.get_namespaced_custom_object("kopf.dev", "v1", cluster.namespace, "kopfpeerings", "specdec-test").get("status") or {}
+
+    # Both start paused (the peering is mandatory) and act only once the peering shows no older live peer: the leader
+    # resumes alone, then the follower (younger: the lower priority) announces itself and stays paused.
     leader.start()
-    time.sleep(2)  # the older replica has the higher priority
+    wait_until(lambda: "Resuming operations" in leader.logs(), timeout=60, message="the leader resuming, alone in the peering")
     follower.start()
-    time.sleep(3)
+    wait_until(lambda: len(peers()) == 2, timeout=60, message="the follower's keep-alive in the peering")
     cluster.create(example("llama31-8b-eagle3.yaml", name, cluster.namespace, annotations=compatible_annotations()))
     history = watch_selector(cluster, name)
-    wait_phase(cluster.custom, cluster.namespace, name, {"Probing"}, timeout=60)
+    probe_revision = wait_phase(cluster.custom, cluster.namespace, name, {"Probing"}, timeout=60)["probe"]["revision"]
     wait_until(lambda: spec.sim.generate_count > 0, timeout=30, message="the leader probing")
-    assert "ProbeStarted" in event_reasons(cluster.core, cluster.namespace, name)
-    assert event_reasons(cluster.core, cluster.namespace, name).count("ProbeStarted") == 1  # the follower is paused
+    assert logged_events(leader.logs(), name, "ProbeStarted") == 1
+    assert "Resuming operations" not in follower.logs() and logged_events(follower.logs(), name, "ProbeStarted") == 0  # paused
     leader.kill()
     killed = time.monotonic()
 
@@ -193,7 +203,12 @@ def test_two_replicas_the_leader_killed_mid_probe_the_other_takes_over_and_decid
     assert st["phase"] == "Promoted", st.get("message")
     # Kopf posts Events in the background: the decision's Event can trail the status patch by a moment.
     wait_until(lambda: "SpeedupConfirmed" in event_reasons(cluster.core, cluster.namespace, name), timeout=20, message="the decision's Event")
-    time.sleep(2)  # and a second decision, if there were one, would have had time to show
+    # Steps after the decision decide nothing again; the follower resumed once, after the kill, before its probe.
+    st = step_after_now(cluster.custom, cluster.namespace, name)
+    assert st["phase"] == "Promoted" and st["probe"]["revision"] == probe_revision, st.get("message")
+    assert logged_events(follower.logs(), name, "SpeedupConfirmed") == 1 and logged_events(leader.logs(), name, "SpeedupConfirmed") == 0
+    followed = follower.logs()
+    assert followed.count("Resuming operations") == 1 and followed.index("Resuming operations") < followed.index("ProbeStarted"), followed[-3000:]
     reasons = event_reasons(cluster.core, cluster.namespace, name)
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2, reasons
     assert follower.proc.poll() is None

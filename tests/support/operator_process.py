@@ -196,6 +196,42 @@ def wait_phase(custom_objects: Any, namespace: str, name: str, phases: set[str],
         time.sleep(0.1)
 
 
+def step_after_now(custom_objects: Any, namespace: str, name: str, timeout: float = 60.0) -> dict:
+    """The status of an operator step that began after everything before this call had reached the operator: the
+    positive evidence a test needs before asserting that something did NOT happen (no second probe, no write, no
+    flapping). A fixed sleep instead passes when the operator stalls.
+
+    Two edits that change neither the speculative revision nor any decision (spec.monitor.window + 1, each) bump
+    metadata.generation; status.observedGeneration reaching each is a step that saw it. A step reads the generation
+    after it has listed the children, so the step of the first edit may have begun just before it; the step of the
+    second began after that one had finished (one resource's steps run one after another), with the first edit, and
+    so whatever was in place before this call, already in the operator's hands. Everything a step does (its status,
+    its children, the Events it logs, the probe it starts) is done when the next step's status is there. Fails,
+    naming the generation it waited for, when the operator takes no step."""
+    st: dict = {}
+    for _ in range(2):
+        window = int(((get(custom_objects, namespace, name).get("spec") or {}).get("monitor") or {}).get("window") or 5)
+        patch = {"spec": {"monitor": {"window": window + 1 if window < 1000 else window - 1}}}
+        generation = custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)["metadata"]["generation"]
+        deadline = time.monotonic() + timeout
+        while ((st := status(custom_objects, namespace, name)).get("observedGeneration") or 0) < generation:
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{namespace}/{name}: no operator step saw generation {generation} within {timeout:.0f}s "
+                    f"(observedGeneration {st.get('observedGeneration')}, phase {st.get('phase')})",
+                    pytrace=False,
+                )
+            time.sleep(0.1)
+    return st
+
+
+def logged_events(log: str, name: str, reason: str) -> int:
+    """How many `reason` Events the operator logged for the resource `name` (it logs each Event it posts, in the
+    step that makes it: controller/execute.py). Unlike the Events themselves, which Kopf posts from a queue after
+    the step, a line is in the log when the step is over."""
+    return sum(1 for line in log.splitlines() if f"/{name}: {reason}: " in line)
+
+
 def events(core_v1: Any, namespace: str, name: str) -> list:
     return [
         e for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.kind == "SpeculativeServer" and e.involved_object.name == name

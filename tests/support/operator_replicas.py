@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 
 from tests.support.kube import wait_until
@@ -68,8 +69,13 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def log_of(self, start: int) -> str:
+        """The log of one start (1: the first)."""
+        return (self.workdir / f"operator-{self.label}-{start}.log").read_text()
+
     def logs(self) -> str:
-        return "\n".join(p.read_text() for p in sorted(self.workdir.glob(f"operator-{self.label}-*.log")))
+        """Every start's log, in the order of the starts."""
+        return "\n".join(self.log_of(start) for start in range(1, self.starts + 1))
 
 
 class Cluster:
@@ -117,25 +123,29 @@ class SelectorHistory(threading.Thread):
         self.core, self.namespace, self.name = core, namespace, name
         self.history: list[str] = []
         self.stopped = threading.Event()
+        self.error: Exception | None = None
 
     def run(self) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        while not self.stopped.is_set():
-            try:
-                variant = self.core.read_namespaced_service(self.name, self.namespace).spec.selector.get("specdec.io/variant")
-            except ApiException:
-                variant = None
-            except Exception:  # the API server may be briefly unreachable; keep watching
-                variant = None
-            if variant and (not self.history or self.history[-1] != variant):
-                self.history.append(variant)
-            self.stopped.wait(0.05)
+        try:
+            while not self.stopped.is_set():
+                try:
+                    variant = self.core.read_namespaced_service(self.name, self.namespace).spec.selector.get("specdec.io/variant")
+                except (ApiException, urllib3.exceptions.HTTPError):  # not created yet, or the API server briefly unreachable
+                    variant = None
+                if variant and (not self.history or self.history[-1] != variant):
+                    self.history.append(variant)
+                self.stopped.wait(0.05)
+        except Exception as error:  # reported by stop_at: a watcher that died would leave the history short
+            self.error = error
 
     def stop_at(self, variant: str, timeout: float = 20) -> None:
         """Stop once the stable Service selects `variant` (the switch can trail the status by a step)."""
-        wait_until(lambda: self.history[-1:] == [variant], timeout=timeout, message=f"the stable Service selecting {variant}")
+        wait_until(lambda: self.history[-1:] == [variant] or self.error, timeout=timeout, message=f"the stable Service selecting {variant}")
         self.stopped.set()
+        if self.error is not None:
+            raise AssertionError(f"the stable Service's watcher failed: {type(self.error).__name__}: {self.error}") from self.error
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import threading
 import time
@@ -50,32 +51,41 @@ class Simulators:
         self.servers.remove(server)
 
     def close(self) -> None:
+        """Stop every simulator, then the loop; a simulator that did not stop is reported after the others stopped."""
+        failed = []
         for server in self.servers:
             try:
                 self.run(server.stop(), timeout=10)
-            except Exception:
-                pass
+            except Exception as error:  # raised below, once the loop is stopped
+                failed.append(f"{server.sim.profile.name}: {type(error).__name__}: {error}")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        if failed:
+            raise RuntimeError(f"simulators that did not stop: {'; '.join(failed)}")
 
 
 @contextlib.contextmanager
 def generate_traffic(url: str, tokens: int) -> Iterator[None]:
     """Production traffic while the block runs: one client sending /generate to ``url`` back to back.
 
-    Each request has a prompt of ``tokens`` words and asks for ``tokens`` new tokens; a failed request is retried
-    after 0.2 s (the server may be dying or restarting: that is what the tests look at).
+    Each request has a prompt of ``tokens`` words and asks for ``tokens`` new tokens; a request the server refuses
+    or drops (an HTTP error, a refused or reset connection, a timeout) is retried after 0.2 s (the server may be dying
+    or restarting: that is what the tests look at). Anything else stops the traffic and fails the block.
     """
     stop = threading.Event()
     body = json.dumps({"text": "hello " * tokens, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}).encode()
     request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    failed: list[BaseException] = []
 
     def send() -> None:
-        while not stop.is_set():
-            try:
-                urllib.request.urlopen(request, timeout=10).read()
-            except Exception:
-                time.sleep(0.2)
+        try:
+            while not stop.is_set():
+                try:
+                    urllib.request.urlopen(request, timeout=10).read()
+                except (OSError, http.client.HTTPException):  # urllib's URLError and HTTPError are OSErrors
+                    time.sleep(0.2)
+        except Exception as error:  # raised in the test's thread when the block ends
+            failed.append(error)
 
     worker = threading.Thread(target=send, name="traffic", daemon=True)
     worker.start()
@@ -84,3 +94,5 @@ def generate_traffic(url: str, tokens: int) -> Iterator[None]:
     finally:
         stop.set()
         worker.join(5)
+    if failed:
+        raise AssertionError(f"the traffic to {url} stopped: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
