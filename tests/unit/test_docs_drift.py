@@ -2,13 +2,18 @@
 
 - docs/operator.md's printer-column table against the CRD's additionalPrinterColumns;
 - its reason table against the Reason enum;
-- its Event table against the Events the code can post (read from the source: Event(...) calls, the decisions
-  (Decision, Reason) pairs, which become Events, and the reasons of phase Failed, which does too);
+- its Event table against the Events the code can post (read from the source: Event(...) calls, a computed reason
+  through the `if` that guards it (a condition's reason `in _STUCK`), the decisions' (Decision, Reason) pairs,
+  which become Events, and the reasons of phase Failed, which does too); an Event call it cannot read fails;
+- every name the docs (README.md, docs/*.md, charts/*/README.md) give as an Event (`a Warning Event X`, `X Event`)
+  against the same reader, Kubernetes' own reasons aside;
 - the README's quick start and docs/install.md's uninstall order (the resources before the operator, the
   finalizer the operator really uses).
 
-tests/cluster/test_docs_drift_chart.py: the chart README's RBAC table against the rules `helm template` renders, in
-each install mode, and the documented finalizer patch on a real API server.
+tests/unit/test_docs_drift_names.py: every path, make target, flag, metric, alert and Event the docs name exists.
+tests/unit/test_docs_drift_rbac.py and tests/cluster/test_docs_drift_chart.py: the chart README's RBAC table
+against the rules `helm template` renders, in each install mode, and the documented finalizer patch on a real API
+server.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_operator import API_GROUP, crd
-from specdec_operator.api import Reason
+from specdec_operator.api import ConditionType, Phase, Reason
 from tests.support.markdown import section, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,18 +78,75 @@ def _reasons(node: ast.AST) -> set[str]:
     return {Reason[name].value for sub in ast.walk(node) if (name := _attr(sub, "Reason")) and name in Reason.__members__}
 
 
-def emitted_events() -> dict[str, set[str]]:
-    """Event reason -> the Event types the code can post it with, read from the package's source."""
+# Event(type, reason, ...) calls whose reason is not a `Reason.X` of their own, and the rule above that reads the
+# reasons they post: (function, the reason's expression) -> that rule.
+COVERED_ELSEWHERE = {
+    ("_decision_event", "decision.reason"): "the decisions' (Decision, Reason) pairs",
+    ("transition_events", "new.reason"): "the reasons of phase Failed",
+    ("transition_events", "Phase.FAILED"): "none: the fallback of a Failed phase without a reason, which no step writes",
+}
+
+
+def _parents(module: ast.Module) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(module) for child in ast.iter_child_nodes(node)}
+
+
+def _module_constants(module: ast.Module) -> dict[str, ast.AST]:
+    return {t.id: node.value for node in module.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _guarded_reasons(expr: ast.AST, call: ast.AST, parents: dict[ast.AST, ast.AST], constants: dict[str, ast.AST]) -> set[str]:
+    """The reasons ``expr`` can have where ``call`` runs, read from the `if`s around it: `expr in NAME` (a module
+    constant of Reason members, e.g. events.py's _STUCK) or `expr == Reason.X`."""
+    found: set[str] = set()
+    node, parent = call, parents.get(call)
+    while parent is not None:
+        if isinstance(parent, ast.If) and node in parent.body:
+            tests = parent.test.values if isinstance(parent.test, ast.BoolOp) and isinstance(parent.test.op, ast.And) else [parent.test]
+            for test in tests:
+                if isinstance(test, ast.Compare) and len(test.ops) == 1 and ast.dump(test.left) == ast.dump(expr):
+                    right = test.comparators[0]
+                    if isinstance(test.ops[0], ast.In) and isinstance(right, ast.Name) and right.id in constants:
+                        found |= _reasons(constants[right.id])
+                    elif isinstance(test.ops[0], ast.Eq):
+                        found |= _reasons(right)
+        node, parent = parent, parents.get(parent)
+    return found
+
+
+def _enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return node.name
+    return ""
+
+
+def read_events() -> tuple[dict[str, set[str]], list[str]]:
+    """Event reason -> the Event types the code can post it with, read from the package's source; and the Event
+    calls whose reason this reader cannot tell (each must be taught to it)."""
     events: dict[str, set[str]] = {}
+    unread: list[str] = []
 
     def add(reasons: set[str], types: set[str]) -> None:
         for reason in reasons:
             events.setdefault(reason, set()).update(types)
 
-    for _path, module in _modules():
+    for path, module in _modules():
+        parents, constants = _parents(module), _module_constants(module)
         for node in ast.walk(module):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Event" and len(node.args) >= 2:
-                add(_reasons(node.args[1]), _strings(node.args[0]))
+                reason, types = node.args[1], _strings(node.args[0])
+                add(_reasons(reason), types)
+                # The parts of the reason that are not a Reason member: a value read from a status (after.reason).
+                parts = reason.values if isinstance(reason, ast.BoolOp) else [reason]
+                for part in parts:
+                    if _reasons(part):
+                        continue
+                    guarded = _guarded_reasons(part, node, parents, constants)
+                    add(guarded, types)
+                    if not guarded and (_enclosing_function(node, parents), ast.unparse(part)) not in COVERED_ELSEWHERE:
+                        unread.append(f"{path.relative_to(ROOT)}:{node.lineno}: Event({ast.unparse(node.args[0])}, {ast.unparse(part)}, ...)")
             # A decision becomes an Event (reconcile/events.py, _decision_event): promote Normal, rollback Warning.
             if isinstance(node, (ast.Call, ast.Tuple)):
                 parts = [*node.args, *(k.value for k in node.keywords)] if isinstance(node, ast.Call) else list(node.elts)
@@ -107,7 +169,18 @@ def emitted_events() -> dict[str, set[str]]:
                             add({r for a in c.args for r in _reasons(a)}, {"Warning"})
                         if isinstance(c, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "reason" for t in c.targets):
                             add(_reasons(c.value), {"Warning"})
-    return events
+    return events, unread
+
+
+def emitted_events() -> dict[str, set[str]]:
+    """Event reason -> the Event types the code can post it with, read from the package's source."""
+    return read_events()[0]
+
+
+def test_the_event_reader_reads_every_event_the_code_makes() -> None:
+    """An Event whose reason is computed (a condition's reason, a decision's) is read through the `if` that guards
+    it or a rule of the reader; one it cannot read fails here, so no Event slips past the table."""
+    assert read_events()[1] == []
 
 
 def test_the_event_table_is_what_the_code_can_post() -> None:
@@ -128,7 +201,62 @@ def test_the_event_reader_finds_what_it_must() -> None:
     assert emitted["SpeedupConfirmed"] == {"Normal"} and emitted["DrafterNotAccepting"] == {"Warning"}
     assert emitted["DrafterCompatible"] == {"Normal", "Warning"}
     assert {"NameConflict", "InvalidSpec", "Forbidden", "ApplyRejected", "LeaderWorkerSetMissing"} <= set(emitted)
+    # The waits' causes, posted with a condition's reason (events.py, _stuck_events: `after.reason in _STUCK`).
+    for cause in ("VolumeNotMounted", "ImageNotPulled", "ContainerConfigError", "Unschedulable", "CrashLoop"):
+        assert emitted[cause] == {"Warning"}, cause
     assert "Ready" not in emitted and "Loading" not in emitted  # condition reasons, never Events
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Event reasons named in prose
+
+_CAMEL = r"[A-Z][a-z]+(?:[A-Z][a-z0-9]*)+"
+_NAMED_AS_EVENT = [
+    re.compile(rf"\b(?:Warning|Normal) Events? `?({_CAMEL})`?"),
+    re.compile(rf"`?\b({_CAMEL})`?,? (?:\(?(?:Warning|Normal)\)? )?Events?\b"),
+    re.compile(rf"\bEvents? `?({_CAMEL})`?"),
+]
+# Reasons Kubernetes itself posts, which the docs cite (the kubelet's, the scheduler's).
+KUBERNETES_EVENTS = {"FailedMount", "FailedAttachVolume", "FailedScheduling", "BackOff", "Failed"}
+
+
+def _code_names() -> set[str]:
+    """Classes and functions of the package: `StopProbe`, `Event` are not reasons."""
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+    return names
+
+
+def events_named(docs: list[Path]) -> list[tuple[str, str]]:
+    """(where, name) of every name the docs give as an Event's reason, phases, condition types and code names aside."""
+    not_reasons = {p.value for p in Phase} | {c.value for c in ConditionType} | _code_names()
+    named: list[tuple[str, str]] = []
+    for doc in docs:
+        text = " ".join(doc.read_text().split())
+        for pattern in _NAMED_AS_EVENT:
+            for m in pattern.finditer(text):
+                if m.group(1) not in not_reasons and (doc.name, m.group(1)) not in named:
+                    named.append((doc.name, m.group(1)))
+    return named
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("charts/*/README.md"))]
+
+
+def test_every_event_the_docs_name_is_one_the_operator_posts() -> None:
+    emitted = set(emitted_events()) | KUBERNETES_EVENTS
+    wrong = sorted({f"{where}: {name}" for where, name in events_named(documents()) if name not in emitted})
+    assert not wrong, "Events the docs name that the operator does not post:\n" + "\n".join(wrong)
+
+
+def test_the_event_name_reader_finds_what_it_must(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("a Warning Event `VolumeNotMounted`, an `ImageNotPulled` Event, a RolledBack Event, StopProbe, the Event class.\nDrafterGone\n")
+    assert [name for _, name in events_named([doc])] == ["VolumeNotMounted", "ImageNotPulled"]
 
 
 # ---------------------------------------------------------------------------------------------------------
