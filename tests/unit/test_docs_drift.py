@@ -22,7 +22,7 @@ import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from specdec_operator import API_GROUP, crd
 from specdec_operator.api import ConditionType, Phase, Reason
@@ -40,7 +40,7 @@ OPERATOR_DOC = ROOT / "docs" / "operator.md"
 
 def test_the_printer_column_table_is_the_crds() -> None:
     documented = [(name, field, shown) for name, field, shown in table(OPERATOR_DOC, "column | field | shown")]
-    actual = [(c["name"], c["jsonPath"], "wide" if c.get("priority", 0) > 0 else "always") for c in crd.PRINTER_COLUMNS]
+    actual = [(c["name"], c["jsonPath"], "wide" if c.get("priority", 0) > 0 else "always") for c in cast(list[dict[str, Any]], crd.PRINTER_COLUMNS)]
     assert documented == actual
 
 

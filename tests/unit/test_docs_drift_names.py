@@ -7,7 +7,8 @@ The documents are README.md, docs/*.md and charts/*/README.md. Read from them an
   upstream files the docs cite (UPSTREAM: SGLang's, vLLM's, ... sources) or an example path (EXAMPLES);
 - make targets (`make test-unit`, `make tools LWS=1`): each is a target of the Makefile, each variable one it reads;
 - CLI flags: those of a `specdec SUB`, `specdec-train STAGE` or `kubectl specdec VERB` command line are flags of
-  that command's own argparse parser (captured from its `main`, not copied), the flag table of docs/operator.md is
+  that command's own argparse parser (captured from its `main`, not copied; a subcommand, stage or `kubectl specdec`
+  verb is one the parser has), the flag table of docs/operator.md is
   exactly `specdec run`'s flags, and any other flag written alone (`--probe-timeout`) is one of ours or named in
   OTHER_FLAGS with the tool it belongs to;
 - metrics: each `specdec_*` name is one the operator exports (controller/metrics.py, read from its registry), the
@@ -317,7 +318,15 @@ OTHER_FLAGS = {
 _COMMAND = re.compile(r"(?:^|(?<=[\s`($\"'/]))(kubectl specdec|specdec-train|specdec)(?=\s)([^\n|;&#)]*)", re.MULTILINE)
 
 
-def wrong_flags(docs: list[Path], commands: dict[str, set[str]]) -> list[str]:
+def kubectl_verbs() -> set[str]:
+    """The verbs `kubectl specdec` accepts (its parser's first positional argument)."""
+    from specdec_operator.cli import kubectl_specdec
+
+    parser = captured_parser(kubectl_specdec.main, ["--help"])
+    return {str(c) for action in parser._actions if action.dest == "verb" for c in action.choices or ()}
+
+
+def wrong_flags(docs: list[Path], commands: dict[str, set[str]], verbs: set[str]) -> list[str]:
     ours = set().union(*commands.values())
     subcommands = {name.split()[-1] for name in commands if name.startswith("specdec ")}
     stages = {name.split()[-1] for name in commands if name.startswith("specdec-train ")}
@@ -329,6 +338,8 @@ def wrong_flags(docs: list[Path], commands: dict[str, set[str]]) -> list[str]:
                 program, words = call.group(1), call.group(2).split()
                 if program == "kubectl specdec":
                     command = program
+                    if words and re.fullmatch(r"[a-z]+", words[0]) and words[0] not in verbs:
+                        wrong.append(f"{_where(doc, text, offset)}: kubectl specdec {words[0]} (no such verb)")
                 elif not words or not re.fullmatch(r"[a-z][a-z-]*", words[0]):
                     continue  # `specdec COMMAND --help`, `specdec --version`
                 elif words[0] not in (subcommands if program == "specdec" else stages):
@@ -348,7 +359,7 @@ def wrong_flags(docs: list[Path], commands: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_flag_the_docs_give_a_command_is_that_commands() -> None:
-    wrong = wrong_flags(documents(), cli_flags())
+    wrong = wrong_flags(documents(), cli_flags(), kubectl_verbs())
     assert not wrong, "flags the docs give that the command does not have (another program's flag goes into OTHER_FLAGS):\n" + "\n".join(wrong)
 
 
@@ -365,15 +376,16 @@ def test_the_flag_reader_finds_what_it_must(tmp_path: Path) -> None:
     doc.write_text(
         "```console\nspecdec run --namespace demo --no-such-flag \\\n  --standalone\nspecdec-train export --run r --nope x\n```\n"
         "`kubectl specdec abort x --reason y --force`, `specdec validte --target t`, `--probe-timeout`, `--nonsense`,\n"
-        "`specdec COMMAND --help`, `--tp`\n"
+        "`specdec COMMAND --help`, `--tp`, `kubectl specdec status x`, `kubectl specdec unpause x`\n"
     )
     commands = cli_flags()
-    assert [w.split(": ", 1)[1] for w in wrong_flags([doc], commands)] == [
+    assert [w.split(": ", 1)[1] for w in wrong_flags([doc], commands, kubectl_verbs())] == [
         "specdec run --no-such-flag",
         "specdec-train export --nope",
         "kubectl specdec --force",
         "specdec validte (no such command)",
         "--nonsense (no command of ours has it)",
+        "kubectl specdec unpause (no such verb)",
     ]
 
 
@@ -389,6 +401,7 @@ def exported_metrics() -> dict[str, set[str]]:
     metrics = OperatorMetrics()
     status = {"phase": "Promoted", "activeVariant": "speculative", "speedup": 1.5, "acceptLength": 2.5, "reason": "SpeedupConfirmed"}
     metrics.observe_status("ns", "name", {**status, "gpus": {"base": 8, "speculative": 8, "idle": 8}})
+    collector: Any
     for collector in list(metrics.registry._collector_to_names):
         labelnames = getattr(collector, "_labelnames", None)
         if labelnames is None:
