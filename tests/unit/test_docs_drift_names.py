@@ -8,14 +8,16 @@ The documents are README.md, docs/*.md and charts/*/README.md. Read from them an
 - make targets (`make test-unit`, `make tools LWS=1`): each is a target of the Makefile, each variable one it reads;
 - CLI flags: those of a `specdec SUB`, `specdec-train STAGE` or `kubectl specdec VERB` command line are flags of
   that command's own argparse parser (captured from its `main`, not copied; a subcommand, stage or `kubectl specdec`
-  verb is one the parser has), the flag table of docs/operator.md is
-  exactly `specdec run`'s flags, and any other flag written alone (`--probe-timeout`) is one of ours or named in
-  OTHER_FLAGS with the tool it belongs to;
+  verb is one the parser has), the flag table of docs/operator.md is exactly `specdec run`'s flags, and any other
+  flag written alone (`--probe-timeout`) is one of ours or named in OTHER_FLAGS with the tool it belongs to;
 - metrics: each `specdec_*` name is one the operator exports (controller/metrics.py, read from its registry), the
   alerts and the dashboard query only exported metrics, every exported metric is in docs/operator.md's metrics
-  table with its labels, and every alert of the chart's PrometheusRule is named in docs/install.md and the chart
-  README, and no other;
-- docs/architecture.md names every module of the package's layers and every step of the reconcile pipeline.
+  table with its labels, and every alert of the chart's PrometheusRule is named in docs/install.md's and the chart
+  README's list of alerts, and no other alert is named anywhere;
+- docs/architecture.md names every module of the package's layers and every step of the reconcile pipeline (the
+  functions reconcile/__init__.py's step calls).
+
+Event reasons the docs name are tests/unit/test_docs_drift.py's (its reader of the source lives there).
 """
 
 from __future__ import annotations
