@@ -10,10 +10,15 @@ calls this, and executes the plan; nothing here talks to anything.
 The step is a pipeline of named pure functions, one module per concern::
 
     refused.refusal                          a spec that is not served: phase Failed (refused.py)
+    steering.read -> overrides.before_settling     requests made by hand (annotations; overrides.py)
     facts = gather_facts(...)                what exists, the pod templates, each server's state (facts.py)
       -> settle_validation -> settle_decision -> apply_drift                             (decision.py)
-      -> plan_replicas -> choose_active, route_both                             (fleet.py: fleet routing)
-      -> settle_phase -> walking_back -> build_conditions / build_status                    (status.py)
+      -> overrides.override                  an abort or a promotion by hand replaces the decision
+      -> plan_replicas, deadline.waiting_for / waiting_since    the wait and its deadline (deadline.py:
+                                             past it the speculative side is rolled back, the fleet replanned)
+      -> choose_active, route_both                                              (fleet.py: fleet routing)
+      -> settle_phase -> walking_back (-> deadline.base_expired) -> build_conditions / build_status
+         with gpu_status and overrides.steering_status                               (status.py, gpus.py)
       -> desired_children                                                                  (children.py)
     events = transition_events(stored status, new status)      (events.py: the only place Events are made)
 
