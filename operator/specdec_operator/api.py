@@ -1507,6 +1507,15 @@ class ProbeMeasurement(_Model):
     rounds: int | None = Field(None, description="Paired rounds run.")
     started_at: str | None = Field(None, alias="startedAt", description="When the probe started (RFC 3339).")
     finished_at: str | None = Field(None, alias="finishedAt", description="When the probe finished (RFC 3339).")
+    gpu_seconds: float | None = Field(
+        None,
+        alias="gpuSeconds",
+        description="What the decision cost: the GPUs of the two servers the probe measured (one base and one speculative "
+        "server, each resources.gpus x resources.nodes, as their pods request nvidia.com/gpu) times the probe's time, every "
+        "attempt's included (its output check too). A load-aware decision adds its plain probe's (loadAware.plainProbe.gpuSeconds). "
+        "Unset when no probe ran or a part's cost is unknown.",
+        ge=0,
+    )
     accept_length: float | None = Field(None, alias="acceptLength", description="Mean acceptance length of the speculative server during the probe.")
     accept_rate_by_position: list[float] | None = Field(
         None,

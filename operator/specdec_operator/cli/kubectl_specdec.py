@@ -24,7 +24,8 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from .. import API_GROUP, API_VERSION, PLURAL, steering
-from ..api import ProbeMeasurement, SpeculativeServerStatus, WorkloadResult
+from ..api import ProbeMeasurement, ProbeStatus, SpeculativeServerStatus, WorkloadResult
+from ..textutil import parse_time
 
 VERBS = ("status", "retry", "abort", "promote", "pause", "resume")
 
@@ -118,6 +119,20 @@ def draw_curve(workloads: list[WorkloadResult], break_even: float | None = None,
     return "\n".join(lines)
 
 
+def probe_cost(probe: ProbeStatus) -> str | None:
+    """What the decision cost (status.probe.gpuSeconds), and over how long its probe ran."""
+    if probe.gpu_seconds is None:
+        return None
+    line = f"{probe.gpu_seconds:,.0f} GPU-seconds ({probe.gpu_seconds / 3600:.2f} GPU-hours)"
+    plain = probe.load_aware.plain_probe if probe.load_aware is not None else None
+    if plain is not None and plain.gpu_seconds is not None:
+        line += f", both probes: the plain one {plain.gpu_seconds:,.0f}"
+    started, finished = parse_time(probe.started_at), parse_time(probe.finished_at)
+    if started is not None and finished is not None:
+        line += f"; {'the last ' if plain is not None else ''}probe ran {(finished - started).total_seconds():,.0f} s"
+    return line
+
+
 def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, str]) -> str:
     """`kubectl specdec status`: what the operator says, what was asked by hand, and the curve."""
     lines = [f"{name}: {status.phase or 'Unknown'} ({status.reason or '-'}), serving {status.active_variant or '-'}"]
@@ -131,6 +146,9 @@ def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, 
     if probe is not None and probe.decision is not None:
         speedup = f"{probe.speedup:.2f}x" if probe.speedup is not None else "-"
         lines.append(f"  decision: {probe.decision} ({probe.reason or '-'}), speedup {speedup}, revision {probe.revision or '-'}")
+        cost = probe_cost(probe)
+        if cost is not None:
+            lines.append(f"  cost: {cost}")
     measurement = curve_measurement(status)
     if measurement is None or not measurement.workloads:
         lines.append("  no speedup measured yet")

@@ -108,6 +108,8 @@ class Executor:
             self.probes.settle(key)
             if result.revision == plan.revision:
                 self.metrics.probes.labels(namespace, name, result.decision or "none", result.reason or "none").inc()
+                if result.gpu_seconds is not None:  # this probe's own (a load-aware decision's plain probe was counted when it ended)
+                    self.metrics.probe_gpu_seconds.labels(namespace, name).inc(result.gpu_seconds)
         if plan.probe is not None:  # a new probe replaces the running one
             self.probes.cancel(key)
         if isinstance(plan.probe, StartProbe):

@@ -2,7 +2,7 @@
 
 Per SpeculativeServer (labels namespace, name): the measured speedup, the acceptance length (probe, then the
 drift monitor), which variant the stable Service selects, and the phase. Counters: probes by outcome reason,
-rollbacks by reason, reconcile errors; a histogram of reconcile step durations.
+the probes' GPU-seconds, rollbacks by reason, reconcile errors; a histogram of reconcile step durations.
 
 A registry per operator instance (not the process-global default), so that tests can run several operators in
 one process and read their metrics apart.
@@ -127,6 +127,13 @@ class OperatorMetrics:
         self.probes = Counter(
             "specdec_probes_total", "Probes finished, by decision and reason.", ["namespace", "name", "decision", "reason"], registry=r
         )
+        # What the decisions cost (status.probe.gpuSeconds of each probe): per resource, as the probes counter.
+        self.probe_gpu_seconds = Counter(
+            "specdec_probe_gpu_seconds_total",
+            "GPU-seconds the finished probes held: the two probed servers' declared GPUs times each probe's time.",
+            ["namespace", "name"],
+            registry=r,
+        )
         self.rollbacks = Counter(
             "specdec_rollbacks_total", "Rollbacks (probe decisions and drift), by reason.", ["namespace", "name", "reason"], registry=r
         )
@@ -158,7 +165,7 @@ class OperatorMetrics:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the per-object series of a deleted SpeculativeServer."""
-        for counter in (self.probes, self.rollbacks):
+        for counter in (self.probes, self.probe_gpu_seconds, self.rollbacks):
             for labels in [key for key in _label_sets(counter) if key[:2] == (namespace, name)]:
                 counter.remove(*labels)
         self.servers.forget(namespace, name)

@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..monitor import Sample, sample_from_metrics
 from ..probe import ProbeRequestError, run_probe, scrape_metrics
 from ..probe.datasets import Prompt, parse_dataset
+from ..probecost import probed_gpus, unit_seconds
 from ..textutil import clip, rfc3339
 from .config import OperatorConfig
 
@@ -179,6 +180,7 @@ class ProbeScheduler:
                 one_line = " ".join(str(exc).split())[:200]
                 return dataset_invalid(revision, f"dataset: reading it failed: {type(exc).__name__}: {one_line}")
             failures: list[str] = []
+            spent = 0.0  # seconds measuring, over every attempt: the GPU-seconds' time
             for attempt in range(self.config.probe_attempts):
                 try:
                     result = await run_probe(
@@ -200,6 +202,7 @@ class ProbeScheduler:
                     raise
                 except Exception as exc:  # an unusable argument or a bug still ends in a reason, never a promotion
                     return probe_failed(revision, f"probe failed: {exc}")
+                spent += result.wall_seconds or 0.0
                 if not result.transient or attempt + 1 >= self.config.probe_attempts:
                     break
                 # A connection reset, a 5xx, a timeout, a preempted pod: measured again from the start after a
@@ -209,7 +212,7 @@ class ProbeScheduler:
                 probe.progress = f"attempt {attempt + 1} of {self.config.probe_attempts} failed ({clip(result.message, 160)}); again in {delay:g}s"
                 wake()
                 await asyncio.sleep(delay)
-            status = result.to_status(revision)
+            status = result.to_status(revision, gpu_seconds=unit_seconds(probed_gpus(spec), spent))
             if failures and status.reason == Reason.PROBE_FAILED:
                 status.message = clip(f"{status.message} (after {len(failures) + 1} attempts; the earlier ones: {'; '.join(failures)})")
             return status

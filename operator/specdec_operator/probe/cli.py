@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import json
 import sys
+from functools import partial
+from typing import Any
 
 from ..api import OutputCheck, Prompts
 from ..cliparse import ArgumentParser
 from ..enginefacts import CLI_NAMES, DEFAULT
 from ..engines import engine_named
 from ..errors import InputError
+from ..probecost import cli_cost, render_cost
 from .client import parse_workload
 from .datasets import load_dataset_file
 from .run import DEFAULT_CONFIDENCE, ProbeResult, run_probe
@@ -95,13 +98,28 @@ def build_parser() -> argparse.ArgumentParser:
         choices=CLI_NAMES,
         help=f"the servers' engine (default {DEFAULT.cli_name}): vllm speaks its OpenAI API and reads acceptance from its counters",
     )
+    for side in ("base", "speculative"):
+        p.add_argument(
+            f"--{side}-gpus",
+            type=float,
+            default=None,
+            metavar="N",
+            help=f"GPUs the {side} server holds (0 for a CPU server), for the decision's GPU-seconds (default: unknown)",
+        )
+        p.add_argument(
+            f"--{side}-cores",
+            type=float,
+            default=None,
+            metavar="N",
+            help=f"CPU cores the {side} server holds (a CPU build: vLLM's), for the decision's core-seconds (default: unknown)",
+        )
     p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     return p
 
 
-def render_text(result: ProbeResult) -> str:
+def render_text(result: ProbeResult, cost: dict[str, Any] | None = None) -> str:
     lines = [f"decision: {result.decision} ({result.reason}) after {result.rounds} round(s)"]
     if result.accept_length is not None:
         lines.append(f"acceptance length: {result.accept_length:.3f}")
@@ -125,6 +143,8 @@ def render_text(result: ProbeResult) -> str:
         lines.append(f"break-even concurrency: {found.summary}")
     for warning in result.warnings:
         lines.append(f"warning: {warning}")
+    if cost is not None:
+        lines.append(render_cost(cost, result.wall_seconds))
     lines.append(result.message)
     return "\n".join(lines)
 
@@ -149,6 +169,14 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:  # pydantic's ValidationError
         raise InputError(f"--max-output-tokens/--output-check-prompts/--min-match-rate: {str(exc).splitlines()[-2].strip()}") from None
     workloads = [w.model_copy(update={"prompts": prompts}) for w in workloads]
+    cost_of = partial(
+        cli_cost,
+        base_gpus=args.base_gpus,
+        speculative_gpus=args.speculative_gpus,
+        base_cores=args.base_cores,
+        speculative_cores=args.speculative_cores,
+    )
+    cost_of(None)  # a bad pair of flags is refused before any request
     datasets = None
     if args.dataset:
         dataset = load_dataset_file(args.dataset, args.dataset_format)
@@ -179,10 +207,11 @@ def main(argv: list[str]) -> int:
             engine=engine_named(args.engine),
         )
     )
+    cost = cost_of(result.wall_seconds)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps({**result.to_dict(), **cost}, indent=2))
     else:
-        print(render_text(result))
+        print(render_text(result, cost))
     if not result.base_reachable:
         print(f"specdec probe: error: {result.message}", file=sys.stderr)
         return 3

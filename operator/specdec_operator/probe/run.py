@@ -194,14 +194,16 @@ class ProbeResult:
     def traffic_summary(self) -> str | None:
         return "; ".join(f"{name}: {what}" for name, what in self.traffic.items()) or None
 
-    def to_status(self, revision: str | None = None) -> ProbeStatus:
-        """The CR's ``status.probe`` for the speculative ``revision`` that was measured."""
+    def to_status(self, revision: str | None = None, gpu_seconds: float | None = None) -> ProbeStatus:
+        """The CR's ``status.probe`` for the speculative ``revision`` that was measured; ``gpu_seconds``: what it cost
+        (the scheduler's, from the spec: probecost.py)."""
         return ProbeStatus(
             decision=self.decision,
             reason=self.reason,
             rounds=self.rounds,
             started_at=_rfc3339(self.started_at),
             finished_at=_rfc3339(self.finished_at),
+            gpu_seconds=gpu_seconds,
             # Chat streams carry no spec_verify_ct: then the server's own sglang:spec_accept_length.
             accept_length=_num(self.accept_length if self.accept_length is not None else self.server_accept_length),
             accept_rate_by_position=self.accept_rate_by_position,

@@ -16,6 +16,7 @@ from ..api import (
 )
 from ..loadaware import LoadAwareProbe, load_aware_probe_for, never_slower, unsupported_note
 from ..monitor import observe_fleet
+from ..probecost import decision_seconds
 from .facts import BASE, SPECULATIVE, Facts
 from .pods import (
     validation_from_pods,
@@ -107,6 +108,8 @@ def _adaptive_decision(facts: Facts, load_aware_probe: LoadAwareProbe, result: P
             # What kubectl shows as the break-even is where plain speculation stops paying: the table's origin.
             "break_even": load_aware_probe.plain.break_even,
             "load_aware": load_aware_probe.status(reason, message),
+            # The decision took both probes: the plain one's GPU-seconds are part of its cost.
+            "gpu_seconds": decision_seconds(load_aware_probe.plain.gpu_seconds, result.gpu_seconds),
         }
     )
 
