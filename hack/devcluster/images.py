@@ -33,6 +33,18 @@ def load_images(cluster: Cluster, archives: Sequence[Path | str]) -> list[str]:
     return names
 
 
+def trust_registry(cluster: Cluster, host: str) -> Path:
+    """Let the real node's containerd pull from the plain-HTTP registry at ``host`` (HOST:PORT, e.g. the release
+    test's on 127.0.0.1): a hosts.toml in its registry config_path, read at each pull (no restart)."""
+    if not re.fullmatch(r"[A-Za-z0-9.-]+:[0-9]+", host):
+        raise ClusterError(f"registry host {host!r}: give HOST:PORT")
+    directory = realnode.node_dir(cluster.directory) / "containerd" / "certs.d" / host
+    directory.mkdir(parents=True, exist_ok=True)
+    hosts = directory / "hosts.toml"
+    hosts.write_text(f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n')
+    return hosts
+
+
 def _built_image_archives() -> list[Path]:
     """The operator and simulator archives that hack/build-image.sh (buildah) wrote, those that exist."""
     env = {}

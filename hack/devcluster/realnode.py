@@ -166,6 +166,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+  # Registry hosts are read from here at each pull (images.trust_registry writes a hosts.toml per registry): the
+  # release test's plain-HTTP registry on 127.0.0.1. No file for a host: containerd's defaults (HTTPS).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{nd}/containerd/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_DIR}"
     conf_dir = "{nd}/cni/net.d"
