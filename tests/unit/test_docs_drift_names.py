@@ -14,6 +14,7 @@ The documents are README.md, docs/*.md and charts/*/README.md. Read from them an
   alerts and the dashboard query only exported metrics, every exported metric is in docs/operator.md's metrics
   table with its labels, and every alert of the chart's PrometheusRule is named in docs/install.md's and the chart
   README's list of alerts, and no other alert is named anywhere;
+- fields: each `spec.x.y` / `status.x.y` path is one the CRD's schema has (generated from api.py);
 - docs/architecture.md names every module of the package's layers and every step of the reconcile pipeline (the
   functions reconcile/__init__.py's step calls).
 
@@ -481,6 +482,68 @@ def test_the_alert_lists_name_every_alert_of_the_chart(doc: Path) -> None:
     assert blocks, f"{doc.relative_to(ROOT)} does not list the chart's alerts"
     missing = [alert for alert in alerts if alert not in blocks[0]]
     assert not missing, f"{doc.relative_to(ROOT)}'s list of alerts does not name {missing}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fields of the resource
+
+# `spec.`/`status.` paths in the docs that are not the SpeculativeServer's: another resource's field.
+OTHER_FIELDS = {"spec.healthCheckExprs": "Flux's Kustomization (docs/install.md)"}
+
+_FIELD = re.compile(r"(?<![\w./-])((?:spec|status)(?:\.[A-Za-z_]\w*(?:\[\d*\])?)+)(?![\w(\[])")
+
+
+def _schema_has(node: dict[str, Any], parts: list[str]) -> bool:
+    for part in parts:
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            return True
+        if node.get("type") == "array":
+            node = node.get("items") or {}
+        properties = node.get("properties")
+        if properties is None:
+            additional = node.get("additionalProperties")
+            if not additional:
+                return False
+            node = additional if isinstance(additional, dict) else {}
+            continue
+        if part not in properties:
+            return False
+        node = properties[part]
+    return True
+
+
+def wrong_fields(docs: list[Path]) -> list[str]:
+    from specdec_operator import crd
+
+    schema = crd.custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    # reconcile/status.py's functions (status.build_status) and modules (status.py) are not fields.
+    status_module = {n.name for n in ast.parse((PACKAGE / "reconcile" / "status.py").read_text()).body if isinstance(n, ast.FunctionDef)}
+    wrong = []
+    for doc in docs:
+        text = doc.read_text()
+        for match in _FIELD.finditer(text):
+            token = match.group(1)
+            parts = [re.sub(r"\[\d*\]$", "", part) for part in token.split(".")]
+            if token in OTHER_FIELDS or parts[1] in ("py", "md") or (parts[0] == "status" and parts[1] in status_module):
+                continue
+            if not _schema_has(schema, parts):
+                wrong.append(f"{_where(doc, text, match.start())}: {token}")
+    return wrong
+
+
+def test_every_spec_and_status_field_the_docs_name_is_the_crds() -> None:
+    wrong = wrong_fields(documents())
+    assert not wrong, "fields the docs name that the CRD does not have (another resource's goes into OTHER_FIELDS):\n" + "\n".join(wrong)
+
+
+def test_the_field_reader_finds_what_it_must(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "`spec.rollout.keepBaseWarm`, spec.rollout.keepBaseWarmer, status.gpus.idle, status.gpus.unused, status.py,\n"
+        "status.build_status, has(status.conditions) && status.conditions.exists(c, ...), spec.sglang.env[0].name,\n"
+        "spec.rollout.workloads[].prompts.configMap, spec.podTemplate.metadata.labels.team, facts.spec.engine\n"
+    )
+    assert [w.split(": ", 1)[1] for w in wrong_fields([doc])] == ["spec.rollout.keepBaseWarmer", "status.gpus.unused"]
 
 
 # ---------------------------------------------------------------------------------------------------------
