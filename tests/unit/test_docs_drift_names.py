@@ -133,11 +133,11 @@ def repo_basenames() -> set[str]:
     return names
 
 
-def _resolves(token: str, doc: Path) -> bool:
+def _resolves(token: str, doc: Path, attribute: bool = False) -> bool:
+    """``token`` names a file or folder; ``attribute``: or a module's attribute (tests/support/tiny_models.make_model)."""
     token = token.rstrip("./")
     folder, _, last = token.rpartition("/")
-    # tests/support/tiny_models.make_model: a module's function, cited by the module's path.
-    module = f"{folder}/{last.split('.')[0]}.py" if "." in last else None
+    module = f"{folder}/{last.split('.')[0]}.py" if attribute and "." in last else None
     return any(
         (base / token).exists() or (module is not None and (base / module).is_file()) for base in (ROOT, doc.parent, PACKAGE, ROOT / "operator")
     )
@@ -160,7 +160,7 @@ def missing_paths(docs: list[Path]) -> list[str]:
                 missing.append(f"{_where(doc, text, match.start())}: {token}")
         for match in _DIR.finditer(text):
             token = match.group(1)
-            if not _PATH.fullmatch(token) and not _resolves(token, doc):
+            if not _PATH.fullmatch(token) and not _resolves(token, doc, attribute=True):
                 missing.append(f"{_where(doc, text, match.start())}: {token}")
     return missing
 
