@@ -1,0 +1,582 @@
+"""The probe's decision rule, old and new, over recorded per-round evidence (issue 32 item 3).
+
+Two parts:
+
+* ``record``: real measurements with the probe's own client (probe/client.py ``measure``) and the probe's own reduction of
+  each measurement (run.py ``_log_rate``: own time blocks and their robust variance; ``_pooled_profile``: the coarse
+  block profile for the pooled variance; tok/s), in rounds whose server order alternates as run.py's does (speculative
+  first in odd rounds), for ``--rounds`` rounds without ever stopping. Pairs: two equal simulator servers
+  (llama31-8b-base against itself) and a pair with a known speedup (llama31-8b-base against llama31-8b-eagle3), each
+  with stream_interval 8 at time scale 5 (benchmarks/probe_decisions.py ``heldout``: the demo's workloads, as the
+  cluster tests run them), on the demo workloads chat (c=1) and batch-32. The simulators are in-process
+  ``SimulatorServer``s (real HTTP on localhost, the client on the same event loop). What the machine was doing is
+  recorded with the trace (``uptime``, ``vmstat``, the processes' names, the 1-minute load at every round). Traces
+  go to docs/benchmarks/probe-study-traces-<label>.json.
+* ``study``: an offline Monte Carlo over the traces. Each simulated probe draws its rounds from a trace (whole rounds
+  with replacement, each round's pair of measurements kept together; look k draws from the trace's rounds of the same
+  server order as run.py's round k), shifts every speculative log rate by ``log(truth) - mean log ratio of the trace``
+  (so the truth is imposed and the noise is the trace's own), and runs the decision rule look by look as run.py does
+  for one workload under policy ``all``: the pooled variance over the rounds drawn so far
+  (``stats.with_pooled_variance``), ``paired_round``, the interval, ``judge_paired`` (promotion from round 2, the
+  MAX_WIDTH bound), futility, the width bound on a stop, the last round Inconclusive. Methods:
+
+  - ``old`` (the rule before 4e29854): ``paired_interval(rounds, per_look_level(confidence, max_rounds))``,
+    ``futile(iv, min_speedup, max_rounds)``;
+  - ``new`` (4e29854): ``sequential_interval(rounds, look_levels(confidence, look))``,
+    ``futile(iv, min_speedup, futility_horizon(max_rounds), look_levels(confidence, horizon).low_level)``.
+
+  The operator's own functions are imported and called; only ``t_quantile`` is wrapped in a cache keyed by its
+  df rounded to 5 significant digits (a bisection of ~0.8 ms; the rounding moves an interval's end by less than
+  1e-4 of its log half width). ``verify`` runs the old method once from the old checkout (``--old-operator
+  /tmp/old/operator``, a subprocess) and once from this one, on the same draws, and compares every probe's outcome.
+
+GPU-seconds per decision = rounds x the trace's mean round duration (wall) x time scale (simulated seconds) x GPUs
+(``--gpus``, default 16: two servers of 8 GPUs, as the seed's Kimi-K2.5 servers; the Llama profiles are 1 GPU each).
+
+Usage:
+  .venv/bin/python benchmarks/probe_study.py record --label loaded --rounds 50 [--pairs equal,eagle3] [--workloads chat,batch-32]
+  .venv/bin/python benchmarks/probe_study.py study --traces docs/benchmarks/probe-study-traces-*.json --json OUT.json [--md OUT.md]
+  .venv/bin/python benchmarks/probe_study.py verify --traces FILE --old-operator /tmp/old/operator
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRUTHS = (0.36, 0.64, 0.9, 0.99, 1.0, 1.05, 1.2, 1.5, 2.0, 3.0)
+NULL_HEAVY = (0.9, 0.99, 1.0)  # truths at which false promotions are counted with the most probes
+CONFIDENCE = 0.998
+MIN_SPEEDUP = 1.0
+MAX_ROUNDS = (6, 24)
+TIME_SCALE = 5.0
+PAIRS = {"equal": ("llama31-8b-base", "llama31-8b-base"), "eagle3": ("llama31-8b-base", "llama31-8b-eagle3")}
+# The demo's workloads (hack/demo.py, benchmarks/probe_decisions.py DEMO_WORKLOADS), random token ids.
+WORKLOADS = {
+    "chat": dict(name="chat", concurrency=1, input_tokens=128, output_tokens=64, requests=4),
+    "batch-32": dict(name="batch-32", concurrency=32, input_tokens=128, output_tokens=64, requests=64),
+}
+
+
+# --- record ---------------------------------------------------------------------------------------------------------
+
+
+def _sh(cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as exc:  # the load record is informative only
+        return f"({type(exc).__name__}: {exc})"
+
+
+def machine_load() -> dict[str, Any]:
+    """What the machine is doing: uptime, vmstat over 3 s, the busiest processes, the pytest and Go compiler counts."""
+    return {
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "uptime": _sh("uptime"),
+        "nproc": os.cpu_count(),
+        "vmstat": _sh("vmstat 1 3 | tail -2"),
+        "pytest_processes": int(_sh("pgrep -c -f 'pytest' || true") or 0),
+        "go_compile_processes": int(_sh("pgrep -c -x compile || true") or 0) + int(_sh("pgrep -c -x go || true") or 0),
+        "top": _sh("ps -eo pcpu,comm --sort=-pcpu | head -8").splitlines(),
+    }
+
+
+def _profile(name: str) -> dict[str, Any]:
+    data = json.loads((resources.files("specdec_operator.simulator") / "profiles" / f"{name}.json").read_text())
+    data["stream_interval"] = 8  # as benchmarks/probe_decisions.py heldout
+    data["load_seconds"] = 0
+    return data
+
+
+def _g(x: float) -> float:
+    return float(f"{x:.5g}") if math.isfinite(x) else x
+
+
+def _measurement_row(m: Any, w: Any, earlier: list[list[float]]) -> tuple[dict[str, Any], list[float]]:
+    from specdec_operator.probe.run import _log_rate, _pooled_profile
+
+    lr = _log_rate(m, w)
+    prof = _pooled_profile(m, w, earlier)
+    row = {
+        "tok_s": _g(m.tokens_per_second),
+        "log_rate": round(lr.log_rate, 6),
+        "var": _g(lr.var) if math.isfinite(lr.var) else None,
+        "df": round(lr.df, 3),
+        "events": len(m.arrivals),
+        "duration_s": round(m.duration_s, 4),
+        "profile": [_g(x) for x in prof],
+    }
+    return row, prof
+
+
+async def record_trace(pair: str, workload: str, rounds: int, time_scale: float, seed: int, label: str) -> dict[str, Any]:
+    import aiohttp
+
+    from specdec_operator.api import Prompts, Workload
+    from specdec_operator.probe.client import measure
+    from specdec_operator.simulator import SimulatorServer, profile_from_dict
+
+    base_name, spec_name = PAIRS[pair]
+    base_p, spec_p = profile_from_dict(_profile(base_name)), profile_from_dict(_profile(spec_name))
+    w = Workload(prompts=Prompts(source="Random"), **WORKLOADS[workload])
+    analytic = spec_p.analytic_throughput(w.concurrency, w.input_tokens, w.output_tokens) / base_p.analytic_throughput(
+        w.concurrency, w.input_tokens, w.output_tokens
+    )
+    before = machine_load()
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    profiles: dict[str, list[list[float]]] = {"base": [], "speculative": []}
+    async with (
+        SimulatorServer(base_p, time_scale=time_scale, seed=seed, load_seconds=0) as base_url,
+        SimulatorServer(spec_p, time_scale=time_scale, seed=seed + 1000, load_seconds=0) as spec_url,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=w.concurrency + 8)) as session,
+    ):
+        urls = {"base": base_url, "speculative": spec_url}
+        for rnd in range(1, rounds + 1):
+            order = ["speculative", "base"] if rnd % 2 == 1 else ["base", "speculative"]
+            t0 = time.perf_counter()
+            row: dict[str, Any] = {"round": rnd, "order": order[0][0] + order[1][0], "load1": round(os.getloadavg()[0], 2)}
+            for variant in order:
+                m = await measure(session, urls[variant], w, rng=rng)
+                row[variant], prof = _measurement_row(m, w, profiles[variant])
+                profiles[variant].append(prof)
+            row["duration_s"] = round(time.perf_counter() - t0, 4)
+            rows.append(row)
+            print(
+                f"{label} {pair} {workload} round {rnd}: ratio {row['speculative']['tok_s'] / row['base']['tok_s']:.3f} "
+                f"({row['duration_s']:.2f}s, load {row['load1']})",
+                file=sys.stderr,
+                flush=True,
+            )
+    return {
+        "name": f"{label}/{pair}/{workload}",
+        "label": label,
+        "pair": pair,
+        "base_profile": base_name,
+        "speculative_profile": spec_name,
+        "analytic_speedup": round(analytic, 4),
+        "workload": WORKLOADS[workload],
+        "time_scale": time_scale,
+        "seed": seed,
+        "load_before": before,
+        "load_after": machine_load(),
+        "rounds": rows,
+    }
+
+
+def cmd_record(args: argparse.Namespace) -> None:
+    out = args.out or os.path.join(REPO, "docs", "benchmarks", f"probe-study-traces-{args.label}.json")
+    doc: dict[str, Any] = {"label": args.label, "note": args.note, "traces": []}
+    if os.path.exists(out) and args.append:
+        with open(out) as f:
+            doc = json.load(f)
+    for i, (pair, workload) in enumerate((p, wl) for p in args.pairs.split(",") for wl in args.workloads.split(",")):
+        trace = asyncio.run(record_trace(pair, workload, args.rounds, args.time_scale, args.seed + 10 * i, args.label))
+        doc["traces"] = [t for t in doc["traces"] if t["name"] != trace["name"]] + [trace]
+        with open(out, "w") as f:  # after every trace: a long recording keeps what it has
+            json.dump(doc, f, separators=(",", ":"))
+            f.write("\n")
+        print(f"wrote {trace['name']} to {out}", file=sys.stderr)
+
+
+# --- study ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    # Per recorded round: (speculative LogRate, base LogRate, speculative profile, base profile), grouped by order.
+    odd: tuple[tuple[Any, Any, tuple[float, ...], tuple[float, ...]], ...]  # speculative first (run.py's odd rounds)
+    even: tuple[tuple[Any, Any, tuple[float, ...], tuple[float, ...]], ...]
+    mean_log_ratio: float
+    round_s: float  # mean wall seconds of a round (both measurements)
+    time_scale: float
+
+
+def load_traces(paths: Sequence[str], stats: Any) -> list[Trace]:
+    traces = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        for t in doc["traces"]:
+            odd, even, ratios = [], [], []
+            for r in t["rounds"]:
+                s, b = r["speculative"], r["base"]
+                item = (
+                    stats.LogRate(s["log_rate"], math.inf if s["var"] is None else s["var"], s["df"]),
+                    stats.LogRate(b["log_rate"], math.inf if b["var"] is None else b["var"], b["df"]),
+                    tuple(s["profile"]),
+                    tuple(b["profile"]),
+                )
+                (odd if r["order"] == "sb" else even).append(item)
+                ratios.append(s["log_rate"] - b["log_rate"])
+            round_s = sum(r["duration_s"] for r in t["rounds"]) / len(t["rounds"])
+            traces.append(Trace(t["name"], tuple(odd), tuple(even), sum(ratios) / len(ratios), round_s, t["time_scale"]))
+    return traces
+
+
+@contextlib.contextmanager
+def fast_t_quantile(mods: dict[str, Any]) -> Iterator[None]:
+    """While inside: t_quantile, where paired_interval and futile look it up, cached on df rounded to 5 significant
+    digits (the exact one is a ~0.8 ms bisection; the rounding moves an interval's end by under 1e-4 of its log half
+    width). Restored on exit."""
+    stats, decide = mods["stats"], mods["decide"]
+    exact = stats.t_quantile
+
+    @functools.lru_cache(maxsize=1 << 18)
+    def cached(p: float, df: float) -> float:
+        return exact(p, df)
+
+    def fast(p: float, df: float) -> float:
+        return cached(p, float(f"{df:.5g}"))
+
+    stats.t_quantile = decide.t_quantile = fast
+    try:
+        yield
+    finally:
+        stats.t_quantile = decide.t_quantile = exact
+
+
+class Rule:
+    """One method's interval and futility, from the modules given (this checkout's, or the old one's)."""
+
+    def __init__(self, method: str, confidence: float, max_rounds: int, mods: dict[str, Any]) -> None:
+        self.stats, self.decide = mods["stats"], mods["decide"]
+        self.method, self.max_rounds = method, max_rounds
+        if method == "old":
+            level = self.stats.per_look_level(confidence, max_rounds)
+            self.interval: Callable[[Sequence[Any], int], Any] = lambda rounds, look: self.stats.paired_interval(rounds, level)
+            self.futile: Callable[[Any], bool] = lambda iv: self.decide.futile(iv, MIN_SPEEDUP, max_rounds)
+        else:
+            seq = mods["sequential"]
+            levels = [seq.look_levels(confidence, k) for k in range(1, max_rounds + 1)]
+            horizon = self.decide.futility_horizon(max_rounds)
+            last = seq.look_levels(confidence, horizon).low_level
+            self.interval = lambda rounds, look: self.stats.sequential_interval(rounds, levels[look - 1])
+            self.futile = lambda iv: self.decide.futile(iv, MIN_SPEEDUP, horizon, last)
+
+
+def simulate(trace: Trace, truth: float, rule: Rule, rng: random.Random) -> tuple[str, int]:
+    """One probe over ``trace`` at ``truth``: ("promote" | "rollback" | "inconclusive", rounds), as run.py for one
+    workload under policy all."""
+    stats, decide = rule.stats, rule.decide
+    shift = math.log(truth) - trace.mean_log_ratio
+    spec: list[Any] = []
+    base: list[Any] = []
+    sprof: list[tuple[float, ...]] = []
+    bprof: list[tuple[float, ...]] = []
+    for rnd in range(1, rule.max_rounds + 1):
+        pool = trace.odd if rnd % 2 == 1 else trace.even
+        s, b, sp, bp = pool[rng.randrange(len(pool))]
+        spec.append(stats.LogRate(s.log_rate + shift, s.var, s.df))
+        base.append(b)
+        sprof.append(sp)
+        bprof.append(bp)
+        rs = stats.with_pooled_variance(spec, sprof, "w/speculative")
+        rb = stats.with_pooled_variance(base, bprof, "w/base")
+        paired = [stats.paired_round(rs[i], rb[i]) for i in range(rnd)]
+        iv = rule.interval(paired, rnd)
+        verdict = decide.judge_paired(iv, MIN_SPEEDUP)
+        final = rnd == rule.max_rounds
+        futility = verdict is decide.Verdict.UNDECIDED and not final and rule.futile(iv)
+        if (verdict is not decide.Verdict.UNDECIDED or futility) and not final and decide.width(iv) > decide.MAX_WIDTH:
+            verdict, futility = decide.Verdict.UNDECIDED, False  # run.py _stop_or_go_on: a wide interval is measured again
+        if verdict is decide.Verdict.PASS:
+            return "promote", rnd
+        if verdict is decide.Verdict.FAIL:
+            return "rollback", rnd
+        if futility or final:
+            return "inconclusive", rnd
+    raise AssertionError("unreachable")
+
+
+def _quantile(sorted_values: Sequence[int], q: float) -> float:
+    """Nearest-rank quantile of sorted integers."""
+    if not sorted_values:
+        return math.nan
+    return float(sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))])
+
+
+def run_cell(trace: Trace, truth: float, rule: Rule, probes: int, seed: int, gpus: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    counts = {"promote": 0, "rollback": 0, "inconclusive": 0}
+    rounds: list[int] = []
+    for _ in range(probes):
+        decision, n = simulate(trace, truth, rule, rng)
+        counts[decision] += 1
+        rounds.append(n)
+    rounds.sort()
+    mean_rounds = sum(rounds) / probes
+    return {
+        "trace": trace.name,
+        "method": rule.method,
+        "max_rounds": rule.max_rounds,
+        "truth": truth,
+        "probes": probes,
+        "promote": counts["promote"],
+        "rollback": counts["rollback"],
+        "inconclusive": counts["inconclusive"],
+        "false_promotion_rate": counts["promote"] / probes if truth <= MIN_SPEEDUP else None,
+        "false_rollback_rate": counts["rollback"] / probes if truth >= 1.2 else None,
+        "inconclusive_share": counts["inconclusive"] / probes,
+        "rounds_median": _quantile(rounds, 0.5),
+        "rounds_p90": _quantile(rounds, 0.9),
+        "rounds_mean": round(mean_rounds, 3),
+        "gpu_s_mean": round(mean_rounds * trace.round_s * trace.time_scale * gpus, 1),
+        "gpu_s_p90": round(_quantile(rounds, 0.9) * trace.round_s * trace.time_scale * gpus, 1),
+    }
+
+
+def load_modules(operator_path: str | None) -> dict[str, Any]:
+    if operator_path:
+        sys.path.insert(0, operator_path)
+    import importlib
+
+    mods = {name: importlib.import_module(f"specdec_operator.probe.{name}") for name in ("stats", "decide")}
+    try:
+        mods["sequential"] = importlib.import_module("specdec_operator.probe.sequential")
+    except ImportError:  # the old checkout has no sequential.py: only the old method runs there
+        pass
+    return mods
+
+
+def probes_for(truth: float, args: argparse.Namespace) -> int:
+    return args.null_probes if truth in NULL_HEAVY else args.probes
+
+
+def _cells(args: argparse.Namespace) -> list[tuple[str, int, float]]:
+    truths = [float(x) for x in args.truths.split(",")] if args.truths else list(TRUTHS)
+    return [(m, r, t) for m in args.methods.split(",") for r in args.max_rounds for t in truths]
+
+
+def _work(job: tuple[str, str, int, float, int, int, dict[str, Any]]) -> dict[str, Any]:
+    trace_name, method, max_rounds, truth, probes, seed, opts = job
+    mods = _worker_state["mods"]
+    trace = _worker_state["traces"][trace_name]
+    rule = Rule(method, opts["confidence"], max_rounds, mods)
+    return run_cell(trace, truth, rule, probes, seed, opts["gpus"])
+
+
+_worker_state: dict[str, Any] = {}
+
+
+def _init_worker(paths: list[str], operator_path: str | None, exact: bool) -> None:
+    mods = load_modules(operator_path)
+    if not exact:  # for the process's life (a study or a pool worker); tests use fast_t_quantile's restore
+        fast_t_quantile(mods).__enter__()
+    _worker_state["mods"] = mods
+    _worker_state["traces"] = {t.name: t for t in load_traces(paths, mods["stats"])}
+
+
+def cell_seed(trace: str, truth: float, max_rounds: int) -> int:
+    # The same draws for both methods (common random numbers): their difference is the rule's, not the sample's.
+    return int.from_bytes(f"{trace}|{truth}|{max_rounds}".encode(), "little") % (1 << 61)
+
+
+def cmd_study(args: argparse.Namespace) -> dict[str, Any]:
+    _init_worker(args.traces, args.operator_path, args.exact_t)
+    traces = list(_worker_state["traces"].values())
+    if args.only:
+        traces = [t for t in traces if any(o in t.name for o in args.only.split(","))]
+    opts = {"confidence": args.confidence, "gpus": args.gpus}
+    jobs = [(t.name, m, r, truth, probes_for(truth, args), cell_seed(t.name, truth, r), opts) for t in traces for (m, r, truth) in _cells(args)]
+    # Longest first (null-heavy, large budget) so the pool ends together.
+    jobs.sort(key=lambda j: -(j[4] * (j[2] if j[3] in NULL_HEAVY else 2)))
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    if args.workers > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(args.workers, _init_worker, (args.traces, args.operator_path, args.exact_t)) as pool:
+            for row in pool.imap_unordered(_work, jobs):
+                rows.append(row)
+                print(_progress(row, started), file=sys.stderr, flush=True)
+    else:
+        for job in jobs:
+            row = _work(job)
+            rows.append(row)
+            print(_progress(row, started), file=sys.stderr, flush=True)
+    rows.sort(key=lambda r: (r["trace"], r["max_rounds"], r["truth"], r["method"]))
+    doc = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["benchmarks/probe_study.py", *sys.argv[1:]]),
+        "confidence": args.confidence,
+        "min_speedup": MIN_SPEEDUP,
+        "gpus": args.gpus,
+        "exact_t_quantile": args.exact_t,
+        "seconds": round(time.perf_counter() - started, 1),
+        "traces": {
+            t.name: {
+                "mean_log_ratio": round(t.mean_log_ratio, 5),
+                "round_s": round(t.round_s, 4),
+                "time_scale": t.time_scale,
+                "rounds_odd": len(t.odd),
+                "rounds_even": len(t.even),
+            }
+            for t in traces
+        },
+        "rows": rows,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(doc))
+    return doc
+
+
+def _progress(row: dict[str, Any], started: float) -> str:
+    return (
+        f"[{time.perf_counter() - started:7.1f}s] {row['trace']} {row['method']} R{row['max_rounds']} x{row['truth']}: "
+        f"promote {row['promote']} rollback {row['rollback']} inconclusive {row['inconclusive']} of {row['probes']}, "
+        f"rounds p50 {row['rounds_median']:g} p90 {row['rounds_p90']:g}"
+    )
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.3f} %" if x < 0.01 else f"{100 * x:.1f} %"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """One table per trace: rows truth x (old, new) x maxRounds."""
+    out = [
+        f"Generated {doc['generated_at']} by `{doc['command']}` ({doc['seconds']} s); confidence {doc['confidence']}, "
+        f"min speedup {doc['min_speedup']}, GPU-seconds for {doc['gpus']} GPUs.\n"
+    ]
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        by_trace.setdefault(r["trace"], []).append(r)
+    for name, rows in by_trace.items():
+        t = doc["traces"][name]
+        out.append(
+            f"\n#### {name} (trace mean ratio {math.exp(t['mean_log_ratio']):.3f}x, round {t['round_s']:.2f} s wall x time scale {t['time_scale']:g})\n"
+        )
+        out.append(
+            "| truth | maxRounds | method | probes | promote | rollback | inconclusive | false promotion | false rollback | rounds p50 / p90 | GPU-s mean |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            out.append(
+                f"| {r['truth']:g} | {r['max_rounds']} | {r['method']} | {r['probes']} | {r['promote']} | {r['rollback']} | {r['inconclusive']} "
+                f"| {_pct(r['false_promotion_rate'])} | {_pct(r['false_rollback_rate'])} | {r['rounds_median']:g} / {r['rounds_p90']:g} | {r['gpu_s_mean']:g} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+# --- verify ---------------------------------------------------------------------------------------------------------
+
+
+def cmd_outcomes(args: argparse.Namespace) -> None:
+    """Every probe's (decision, rounds) of the old method on a few cells, as JSON on stdout (for verify)."""
+    mods = load_modules(args.operator_path)
+    if not args.exact_t:
+        fast_t_quantile(mods).__enter__()
+    traces = load_traces(args.traces, mods["stats"])
+    out = {}
+    for t in traces:
+        for max_rounds in args.max_rounds:
+            rule = Rule(args.method, args.confidence, max_rounds, mods)
+            for truth in (0.64, 1.0, 1.2, 2.0):
+                rng = random.Random(cell_seed(t.name, truth, max_rounds))
+                out[f"{t.name}|{max_rounds}|{truth}"] = [simulate(t, truth, rule, rng) for _ in range(args.probes)]
+    json.dump(out, sys.stdout)
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    """The old method run from the old checkout (exact t quantiles) and from this one, on the same draws: every outcome
+    must agree; and the new method with the cached t quantile against the exact one."""
+    common = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "outcomes",
+        "--traces",
+        *args.traces,
+        "--probes",
+        str(args.probes),
+        "--max-rounds",
+        *map(str, args.max_rounds),
+    ]
+    here = os.path.join(REPO, "operator")
+    runs = {
+        "old method, old checkout, exact t": ([*common, "--operator-path", args.old_operator, "--exact-t"], args.old_operator),
+        "old method, this checkout, cached t": (common, here),
+        "old method, this checkout, exact t": ([*common, "--exact-t"], here),
+        "new method, this checkout, exact t": ([*common, "--method", "new", "--exact-t"], here),
+        "new method, this checkout, cached t": ([*common, "--method", "new"], here),
+    }
+    got = {}
+    for label, (cmd, path) in runs.items():
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=path), check=True)
+        got[label] = json.loads(proc.stdout)
+    for label, ref in (
+        ("old method, old checkout, exact t", got["old method, old checkout, exact t"]),
+        ("new method, this checkout, exact t", got["new method, this checkout, exact t"]),
+    ):
+        method = label.split(",")[0]
+        for other, outcomes in got.items():
+            if other == label or not other.startswith(method):
+                continue
+            probes = sum(len(v) for v in ref.values())
+            diff = sum(1 for k in ref for a, b in zip(ref[k], outcomes[k]) if tuple(a) != tuple(b))
+            print(f"{other}: {diff} of {probes} probes' (decision, rounds) differ from {label} ({len(ref)} cells)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record")
+    rec.add_argument("--label", required=True)
+    rec.add_argument("--note", default="")
+    rec.add_argument("--rounds", type=int, default=50)
+    rec.add_argument("--pairs", default="equal,eagle3")
+    rec.add_argument("--workloads", default="chat,batch-32")
+    rec.add_argument("--time-scale", type=float, default=TIME_SCALE)
+    rec.add_argument("--seed", type=int, default=1)
+    rec.add_argument("--out")
+    rec.add_argument("--append", action="store_true", help="add to (replace by name in) an existing traces file")
+    for name in ("study", "outcomes", "verify"):
+        p = sub.add_parser(name)
+        p.add_argument("--traces", nargs="+", required=True)
+        p.add_argument("--confidence", type=float, default=CONFIDENCE)
+        p.add_argument("--max-rounds", type=int, nargs="+", default=list(MAX_ROUNDS))
+        p.add_argument("--operator-path", help="import specdec_operator from here (the old checkout's operator/)")
+        p.add_argument("--exact-t", action="store_true", help="the exact t_quantile, no cache (slow)")
+    st = sub.choices["study"]
+    st.add_argument("--methods", default="old,new")
+    st.add_argument("--truths", help=f"comma-separated; default {','.join(map(str, TRUTHS))}")
+    st.add_argument("--probes", type=int, default=2000)
+    st.add_argument("--null-probes", type=int, default=20000, help=f"probes at the truths {NULL_HEAVY}")
+    st.add_argument("--gpus", type=int, default=16)
+    st.add_argument("--workers", type=int, default=1)
+    st.add_argument("--only", help="comma-separated substrings of trace names")
+    st.add_argument("--json")
+    st.add_argument("--md")
+    sub.choices["outcomes"].add_argument("--probes", type=int, default=200)
+    sub.choices["outcomes"].add_argument("--method", default="old")
+    sub.choices["verify"].add_argument("--probes", type=int, default=200)
+    sub.choices["verify"].add_argument("--old-operator", default="/tmp/old/operator")
+    args = parser.parse_args(argv)
+    {"record": cmd_record, "study": cmd_study, "outcomes": cmd_outcomes, "verify": cmd_verify}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
