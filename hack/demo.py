@@ -428,6 +428,9 @@ def show_table(items: list[dict]) -> None:
         accept = probe.get("acceptLength")
         verdict = "promoted, serves" if st.get("activeVariant") == "speculative" else f"rolled back: {probe.get('reason')}"
         say(f"    {'speculative':<13}{spec}{(f'{accept:.2f}' if accept else '-'):>9}  {verdict}")
+        if probe.get("gpuSeconds") is not None:  # status.probe.gpuSeconds: declared GPUs x the probe's (compressed) time
+            cost = probe["gpuSeconds"]
+            say(f"    cost: {cost:,.0f} GPU-seconds of the two servers' declared GPUs ({cost * s:,.0f} in simulated GPU time, x{s:g})")
         say(f"    why: {probe.get('message', '')}\n")
 
 
