@@ -13,6 +13,7 @@ evaluates them, and the tests evaluate the same strings with cel-python.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, cast
 
@@ -259,6 +260,13 @@ def _tag_release_expression() -> str:
     return expr
 
 
+UNNAMED_RELEASE_MESSAGE = (
+    "{image} names no SGLang release (its repository is not called sglang, or its tag is latest, a digest or a name of "
+    "your own), so the command line cannot be rendered for the release inside it: set spec.sglangVersion to that release "
+    f"({_supported_list()}), or use an image tagged with it (lmsysorg/sglang:v{SGLANG_VERSIONS[-1]})"
+)
+
+
 def _release_rules() -> list[tuple[str, str, str | None, str]]:
     """CEL rules tying spec.image's tag to spec.sglangVersion: one truth about the release (docs/sglang-args.md)."""
     agreement = " || ".join(f"(self.sglangVersion == '{v}' && self.image.matches('{p}'))" for v, p in _IMAGE_RELEASE.items())
@@ -278,7 +286,24 @@ def _release_rules() -> list[tuple[str, str, str | None, str]]:
             + _tag_release_expression()
             + " + '): leave sglangVersion out (the release comes from the tag) or use an image of SGLang ' + self.sglangVersion",
         ),
+        (
+            # An image whose name says no release (a mirror that renames the repository, a digest, latest) would be
+            # rendered for the operator's own release without a word: the spec must say which release is inside.
+            f"(has(self.engine) && self.engine != '{DEFAULT.name}') || has(self.sglangVersion) || self.image.matches('{IMAGE_NAMES_A_RELEASE}')",
+            UNNAMED_RELEASE_MESSAGE.format(image="image"),
+            ".image",
+            "'image ' + self.image + '" + UNNAMED_RELEASE_MESSAGE.format(image="") + "'",
+        ),
     ]
+
+
+def unnamed_release(spec: Mapping[str, Any]) -> str | None:
+    """What the rule on an image that names no SGLang release refuses, in the same words, for a spec as written (the
+    parsed spec has sglangVersion filled in): None for another engine, a set sglangVersion or an image naming a release."""
+    image = spec.get("image")
+    if (spec.get("engine") or DEFAULT.name) != DEFAULT.name or spec.get("sglangVersion") is not None or not isinstance(image, str):
+        return None
+    return None if image_release(image) is not None else f"image {image}" + UNNAMED_RELEASE_MESSAGE.format(image="")
 
 
 _VLLM = f"has(self.engine) && self.engine == '{VLLM.name}'"
@@ -1371,14 +1396,17 @@ class SpeculativeServerSpec(_SpecModel):
         description="The engine's container image, e.g. lmsysorg/sglang:v0.5.23-cu130 or vllm/vllm-openai:v0.32.0.", min_length=1, max_length=512
     )
     # After parsing, the release the command line is rendered for: the one the image's tag names, else the one
-    # given, else the operator's own (SGLANG_VERSION). Unset on the wire unless the user sets it.
+    # given (required at admission then: unnamed_release), else the operator's own (SGLANG_VERSION, for a resource
+    # admitted under an older CRD). Unset on the wire unless the user sets it.
     sglang_version: SGLangVersion | None = Field(
         None,
         alias="sglangVersion",
         description=(
             "The SGLang release inside image (flags differ between releases; the command line is rendered for this one). "
             "Unset: the release the tag of an image of a repository called sglang names (lmsysorg/sglang:v0.5.23-cu129 is 0.5.23), or "
-            f"{SGLANG_VERSION} when the image names none (latest, a digest, an image of your own). Set, it must agree with the tag."
+            "required when the image names none (latest, a digest, a mirror that renames the repository, an image of your own): such a "
+            f"spec is refused at admission without it (one admitted under an older CRD is rendered for {SGLANG_VERSION}). Set, it must "
+            "agree with the tag."
         ),
         validate_default=True,
     )

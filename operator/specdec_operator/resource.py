@@ -39,6 +39,12 @@ def parse_spec(spec: dict[str, Any], *, source: str = "spec", check_rules: bool 
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise InputError(f"{source}: {'spec.' + loc if loc else 'spec'}: {err['msg']}{more}") from None
     if check_rules:
+        # Checked on the spec as written: parsing fills sglangVersion in, which the CEL rule would then always see.
+        from .api import unnamed_release
+
+        unnamed = unnamed_release(spec)
+        if unnamed is not None:
+            raise InputError(f"{source}: spec.image: {unnamed}")
         from .celrules import violations
         from .crd import structural_schema
 

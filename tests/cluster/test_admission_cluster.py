@@ -46,6 +46,11 @@ REFUSED = {
         'spec.sglangVersion: Unsupported value: "0.5.10"',
     ),
     "nextn with a path": (spec_with(drafter={"algorithm": "NEXTN", "path": "mtp"}), "drafter.path must not be set with algorithm NEXTN"),
+    # Issue 34: an image whose name says no release is refused unless sglangVersion says it.
+    "image naming no release": (
+        spec_with(image="mirror.example/inference:v0.5.23"),
+        "spec.image: Invalid value: image mirror.example/inference:v0.5.23 names no SGLang release",
+    ),
     "volume named model": (spec_with(podTemplate={"volumes": [{"name": "model", "emptyDir": {}}]}), "podTemplate.volumes[].name must not be model"),
     "mount at the model path": (
         spec_with(podTemplate={"volumes": [{"name": "x", "emptyDir": {}}], "volumeMounts": [{"name": "x", "mountPath": "/models"}]}),

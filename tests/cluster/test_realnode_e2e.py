@@ -29,6 +29,7 @@ import yaml
 
 from hack import devcluster
 from hack.devcluster import realnode
+from specdec_operator import SGLANG_VERSION
 from tests.support import model_dirs as md
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,6 +276,8 @@ def server(name: str, drafter: str, *, target: str = "llama", env: dict[str, str
         "metadata": {"name": name, "namespace": NS},
         "spec": {
             "image": SIMULATOR_REF,
+            # The simulator's image names no SGLang release (issue 34): the spec says which command line it takes.
+            "sglangVersion": SGLANG_VERSION,
             "model": {"volume": {"hostPath": {"path": str(STATE["models"]), "type": "Directory"}}},
             "target": {"path": target, "contextLength": 8192},
             "drafter": {"path": drafter, "numSteps": 3, "eagleTopk": 1},

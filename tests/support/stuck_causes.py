@@ -29,6 +29,7 @@ from typing import Any
 
 from hack import devcluster
 from hack.devcluster import realnode
+from specdec_operator import SGLANG_VERSION
 from tests.support import model_dirs as md
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,6 +150,8 @@ def server_cr(cause: Cause, models: Path, absent: Path) -> dict[str, Any]:
     env = {"SIMULATOR_TIME_SCALE": "5", "SIMULATOR_LOAD_SECONDS": "2", **cause.changes.get("env", {})}
     spec: dict[str, Any] = {
         "image": cause.changes.get("image", SIMULATOR_REF),
+        # The simulator's image names no SGLang release (issue 34): the spec says which command line it takes.
+        "sglangVersion": SGLANG_VERSION,
         "progressDeadlineSeconds": DEADLINE_S,
         "model": {"volume": {"hostPath": {"path": str(absent if cause.changes.get("model") == "absent" else models), "type": "Directory"}}},
         "target": {"path": "llama", "contextLength": 8192},

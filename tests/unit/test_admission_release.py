@@ -76,7 +76,36 @@ def test_the_release_comes_from_the_tag_else_sglang_version_else_the_operators()
     agreeing = parse_spec(spec_with(image="lmsysorg/sglang:v0.5.9-cu126", sglangVersion="0.5.9"), check_rules=True)
     assert agreeing.sglang_version == "0.5.9" and sglang_args.render_argv(agreeing, "base")[:3] == ["python3", "-m", "sglang.launch_server"]
     assert parse_spec(spec_with(image="mirror.example/sglang:prod", sglangVersion="0.5.22"), check_rules=True).sglang_version == "0.5.22"
-    assert parse_spec(spec_with(image="mirror.example/sglang:prod"), check_rules=True).sglang_version == SGLANG_VERSION
+    # Admitted under an older CRD (the operator does not check the rules again): rendered for the operator's own release.
+    assert parse_spec(spec_with(image="mirror.example/sglang:prod")).sglang_version == SGLANG_VERSION
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["mirror.example/sglang:prod", "mirror.example/inference:v0.5.23", "lmsysorg/sglang@sha256:" + "a" * 64, "lmsysorg/sglang:latest"],
+)
+def test_an_image_that_names_no_release_is_refused_unless_the_spec_names_the_release(image: str) -> None:
+    """Issue 34: a mirror that renames the repository, a digest, latest: no silent rendering for the operator's release."""
+    message = refusal(spec_with(image=image))
+    assert message == f"spec: spec.image: {api.unnamed_release({'image': image})}"
+    assert f"image {image} names no SGLang release" in message and "set spec.sglangVersion" in message and "\n" not in message
+    assert parse_spec(spec_with(image=image, sglangVersion="0.5.22"), check_rules=True).sglang_version == "0.5.22"
+    # vLLM: rendered for its one release; the rule is SGLang's.
+    assert api.unnamed_release({"image": image, "engine": "vLLM"}) is None
+
+
+def test_the_cel_rule_on_an_image_that_names_no_release_says_what_the_parser_says() -> None:
+    """The API server evaluates the spec as written (no sglangVersion filled in); cel-python evaluates the same rule."""
+    from specdec_operator.celrules import violations
+    from specdec_operator.crd import structural_schema
+    from specdec_operator.resource import dump
+
+    spec = dump(parse_spec(spec_with(image="mirror.example/inference:v1")))
+    del spec["sglangVersion"]  # filled in by parsing; absent on the wire
+    found = [(where, text) for where, text in violations(structural_schema(api.SpeculativeServerSpec), spec, "spec")]
+    assert found == [("spec.image", api.unnamed_release({"image": "mirror.example/inference:v1"}))]
+    spec["sglangVersion"] = "0.5.22"
+    assert not list(violations(structural_schema(api.SpeculativeServerSpec), spec, "spec"))
 
 
 def test_a_sglang_version_that_disagrees_with_the_image_is_refused_naming_both() -> None:
