@@ -75,6 +75,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "extraEnv": [{"name": "TZ", "value": "UTC"}],
             "healthPort": 18080,
             "metricsPort": 19090,
+            "serverPodDefaults": {
+                "imagePullSecrets": [{"name": "mirror-pull"}],
+                "priorityClassName": "inference",
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
+                "securityContext": {"fsGroup": 65532},
+            },
         },
         "peering": {"enabled": True, "name": "specdec-prod"},
         "podLabels": {"team": "inference"},
@@ -382,6 +388,29 @@ def test_image_peering_and_validator_image(helm_bin, tmp_path):
 
     standalone = _flags(_container(render(helm_bin, _values_file(tmp_path, "bring-your-own-rbac"))))
     assert "--peering" not in standalone and "--standalone" in standalone
+
+
+def test_server_pod_defaults_reach_the_operator_as_its_flag(helm_bin, tmp_path):
+    """operator.serverPodDefaults becomes `specdec run --server-pod-defaults`, which the operator's own parsers take."""
+    from specdec_operator import poddefaults
+    from specdec_operator.controller.runner import build_parser
+
+    assert "--server-pod-defaults" not in _flags(_container(render(helm_bin))), "no defaults: no flag, resources render as before"
+    custom = _container(render(helm_bin, _values_file(tmp_path, "customized")))
+    (text,) = _flags(custom)["--server-pod-defaults"]
+    args = build_parser().parse_args(custom["args"])
+    defaults = poddefaults.parse(args.server_pod_defaults)
+    assert defaults == poddefaults.ServerPodDefaults(
+        image_pull_secrets=("mirror-pull",),
+        priority_class_name="inference",
+        tolerations=({"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},),
+        security_context={"fsGroup": 65532},
+    )
+    # Only some of them: the empty ones are left out of the merge.
+    values = tmp_path / "some.yaml"
+    values.write_text(yaml.safe_dump({"operator": {"serverPodDefaults": {"imagePullSecrets": [{"name": "mirror-pull"}]}}}))
+    (text,) = _flags(_container(render(helm_bin, values)))["--server-pod-defaults"]
+    assert poddefaults.parse(text) == poddefaults.ServerPodDefaults(image_pull_secrets=("mirror-pull",))
 
 
 def test_more_than_one_replica_rolls_and_has_a_disruption_budget(helm_bin, tmp_path):

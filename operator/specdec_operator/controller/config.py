@@ -9,6 +9,7 @@ import yaml
 
 from .. import manifests as m
 from ..errors import InputError
+from ..poddefaults import ServerPodDefaults
 from ..reconcile import Settings
 
 
@@ -107,6 +108,8 @@ class OperatorConfig:
     """Everything `specdec run` configures about the handlers."""
 
     reconcile: Settings = dataclasses.field(default_factory=Settings)
+    # Operator-wide defaults merged under every resource's spec.podTemplate (poddefaults.py; the resource wins).
+    server_pod_defaults: ServerPodDefaults = dataclasses.field(default_factory=ServerPodDefaults)
     endpoints: Endpoints = dataclasses.field(default_factory=Endpoints)
     reconcile_interval: float = 10.0  # seconds between steps while a resource changes with time (loading, probing)
     # Seconds between steps of a settled resource (decided, its servers ready): a safety net only, since every

@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="QUANTITY",
         help="memory limit of the validator init container, e.g. 256Mi (default 512Mi)",
     )
+    p.add_argument(
+        "--server-pod-defaults",
+        default="",
+        metavar="JSON",
+        help="operator-wide defaults of the server pods, merged under each resource's spec.podTemplate (the resource wins; "
+        'lists are merged): {"imagePullSecrets": [{"name": ...}], "priorityClassName": ..., "tolerations": [...], "securityContext": {...}}',
+    )
     _add_intervals_and_limits(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -188,6 +195,7 @@ def main(argv: list[str]) -> int:
     from kubernetes import config as k8s_config
 
     from .. import manifests as m
+    from .. import poddefaults
     from ..reconcile import Settings
     from .config import Endpoints, OperatorConfig
     from .handlers import register
@@ -197,6 +205,7 @@ def main(argv: list[str]) -> int:
 
     endpoints = Endpoints.from_file(args.endpoints) if args.endpoints else Endpoints()
     config = OperatorConfig(
+        server_pod_defaults=poddefaults.parse(args.server_pod_defaults),
         reconcile=Settings(
             manifests=m.ManifestSettings(
                 validator_image=args.validator_image, startup_allowance_s=args.startup_allowance, validator_memory_limit=args.validator_memory_limit

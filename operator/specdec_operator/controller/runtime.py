@@ -28,6 +28,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from .. import manifests as m
+from .. import poddefaults
 from ..api import SpeculativeServerSpec, Variant
 from ..engines import engine_for
 from ..errors import InputError
@@ -265,7 +266,10 @@ class Runtime:
         if state.spec is None or state.generation != generation:
             namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
             try:
-                state.spec = parse_spec(plain(body.get("spec") or {}), source=f"{namespace}/{name}")
+                # The operator-wide pod defaults go under the resource's podTemplate here, once per generation, so
+                # every step, template and reader pod sees the same merged spec (poddefaults.py).
+                parsed = parse_spec(plain(body.get("spec") or {}), source=f"{namespace}/{name}")
+                state.spec = poddefaults.merged(parsed, self.config.server_pod_defaults)
             except InputError as exc:
                 state.spec, state.generation, state.rendered = None, None, {}
                 return None, str(exc)
