@@ -60,6 +60,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         ],
     },
     "namespaced-release-namespace": {"watch": {"allNamespaces": False, "namespaces": []}},
+    "network-policy": {
+        "watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]},
+        "networkPolicy": {
+            "enabled": True,
+            "extraIngress": [
+                {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}], "ports": [{"port": 30000}]}
+            ],
+        },
+    },
     "observability": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "prometheusRule": {"enabled": True, "alertLabels": {"team": "inference"}, "operatorDownFor": "3m"},
@@ -390,6 +399,45 @@ def test_image_peering_and_validator_image(helm_bin, tmp_path):
     assert "--peering" not in standalone and "--standalone" in standalone
 
 
+def test_network_policy_admits_the_operator_to_the_servers_and_readers_ports(helm_bin, tmp_path):
+    """The rendering only: the dev node's bridge CNI does not enforce NetworkPolicies, so no cluster test can show a
+    packet dropped or admitted. Selectors and ports are checked against what the chart and the operator render."""
+    from specdec_operator import manifests as m
+    from tests.support.world import World, llama_spec
+
+    assert not by_kind(render(helm_bin), "NetworkPolicy"), "off by default"
+    docs = render(helm_bin, _values_file(tmp_path, "network-policy"), namespace="ops")
+    policies = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in by_kind(docs, "NetworkPolicy")}
+    assert set(policies) == {(ns, f"specdec-specdec-operator-{kind}") for ns in ("team-a", "team-b") for kind in ("servers", "dataset-readers")}
+    operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    world = World(llama_spec())
+    world.step()
+    for (_, policy_name), policy in policies.items():
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        rule = spec["ingress"][0]
+        (peer,) = rule["from"]
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
+        assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
+        selects = spec["podSelector"]["matchLabels"].items()
+        if policy_name.endswith("-servers"):
+            # Every server pod the operator renders, of both variants, and on the port its container listens on.
+            for variant in ("base", "speculative"):
+                template = world.template(variant)
+                assert selects <= template["metadata"]["labels"].items(), variant
+                (port,) = template["spec"]["containers"][0]["ports"]
+                assert rule["ports"] == [{"protocol": "TCP", "port": port["containerPort"]}] == [{"protocol": "TCP", "port": m.DEFAULT_PORT}]
+            assert spec["ingress"][1:] == VALUE_SETS["network-policy"]["networkPolicy"]["extraIngress"]
+            assert not selects <= operator_labels.items()
+        else:
+            assert selects <= m.reader_labels("llama").items() and rule["ports"] == [{"protocol": "TCP", "port": m.READER_PORT}]
+            assert not selects <= world.template("base")["metadata"]["labels"].items()
+    proc = helm(helm_bin, "template", "x", str(CHART), "--set", "networkPolicy.enabled=true", check=False)
+    assert proc.returncode != 0 and "networkPolicy.namespaces must list the tenant namespaces" in proc.stderr
+    explicit = render(helm_bin, None, "--set", "networkPolicy.enabled=true", "--set", "networkPolicy.namespaces={team-c}")
+    assert {p["metadata"]["namespace"] for p in by_kind(explicit, "NetworkPolicy")} == {"team-c"}
+
+
 def test_server_pod_defaults_reach_the_operator_as_its_flag(helm_bin, tmp_path):
     """operator.serverPodDefaults becomes `specdec run --server-pod-defaults`, which the operator's own parsers take."""
     from specdec_operator import poddefaults
@@ -582,6 +630,7 @@ def test_alerts_cover_rollbacks_drift_probe_failures_and_operator_down(helm_bin,
         "SpecdecOperatorDown",
         "SpecdecProgressDeadlineExceeded",
         "SpecdecSpeculativeProgressDeadlineExceeded",
+        "SpecdecServerInvalidOrFailed",
         "SpecdecIdleGpus",
     }
     service = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics"))
@@ -603,6 +652,51 @@ def test_alerts_cover_rollbacks_drift_probe_failures_and_operator_down(helm_bin,
     assert 'variant="base"' in alerts["SpecdecProgressDeadlineExceeded"]["expr"]
     assert 'variant="speculative"' in alerts["SpecdecSpeculativeProgressDeadlineExceeded"]["expr"]
     assert alerts["SpecdecSpeculativeProgressDeadlineExceeded"]["labels"]["severity"] == "info"
+    assert alerts["SpecdecServerInvalidOrFailed"]["for"] == "15m"
+
+
+def _selected(expr: str, exposition: str) -> set[tuple[str, str, str]]:
+    """(namespace, name, phase) of the series with value 1 that the alert's one selector picks, read with
+    promql-parser's matchers from the operator's own exposition (the alert is `max by (...) (selector) > 0`)."""
+    import promql_parser
+
+    found: set[tuple[str, str, str]] = set()
+    node = promql_parser.parse(expr)
+    while type(node).__name__ != "VectorSelector":
+        node = getattr(node, "lhs", None) or node.expr
+    for line in exposition.splitlines():
+        if not line.startswith(node.name + "{") or not line.endswith(" 1.0"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        labels["job"] = "specdec-specdec-operator-metrics"  # added by the scrape
+        ok = True
+        for matcher in node.matchers.matchers:
+            value = labels.get(matcher.name, "")
+            op = str(matcher.op)
+            if op.endswith("Equal") and "Not" not in op:
+                ok &= value == matcher.value
+            elif op.endswith("NotEqual"):
+                ok &= value != matcher.value
+            elif op.endswith("NotRe"):
+                ok &= re.fullmatch(matcher.value, value) is None
+            else:
+                ok &= re.fullmatch(matcher.value, value) is not None
+        if ok:
+            found.add((labels["namespace"], labels["name"], labels["phase"]))
+    return found
+
+
+def test_the_invalid_or_failed_alert_selects_exactly_those_resources(helm_bin, tmp_path):
+    from prometheus_client import generate_latest
+
+    from specdec_operator.controller.metrics import OperatorMetrics
+
+    rule = one(render(helm_bin, _values_file(tmp_path, "observability")), "PrometheusRule")
+    alert = next(r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "SpecdecServerInvalidOrFailed")
+    metrics = OperatorMetrics()
+    for name, phase in (("good", "Promoted"), ("lost", "RolledBack"), ("bad", "Invalid"), ("stuck", "Failed"), ("new", "Pending")):
+        metrics.observe_status("ns", name, {"phase": phase})
+    assert _selected(alert["expr"], generate_latest(metrics.registry).decode()) == {("ns", "bad", "Invalid"), ("ns", "stuck", "Failed")}
 
 
 def test_dashboard_shows_speedup_acceptance_variant_and_rollbacks(helm_bin, tmp_path):
