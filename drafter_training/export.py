@@ -6,8 +6,11 @@ the engine loads our `lm_head.weight` over the draft vocabulary), and `eagle_con
 `eagle_aux_hidden_state_layer_ids` in the serving engine's convention. The two engines read those ids one
 layer apart: SGLang captures the input of target layer id + 1 (LlamaForCausalLM.set_eagle3_layers_to_capture
 adds one), vLLM the hidden state after `id` layers, i.e. the input of layer id (vLLM 0.32's LlamaModel.forward
-calls _maybe_add_hidden_state with start_layer before its loop and with idx + 1 after layer idx). Training records the layer outputs (SGLang's numbers), so `--engine vllm` writes each id
-plus one. Both engines load the same architecture name and the same tensors.
+calls _maybe_add_hidden_state with start_layer before its loop and with idx + 1 after layer idx). Training records the
+layer outputs (SGLang's numbers on most targets), so `--engine vllm` writes each id plus one. SGLang's DeepSeek family
+adds one only when the first id is 1 (deepseek_v2.py), so the ids are those that make the serving engine capture the
+trained layers on the target's class (validator/checks.ids_capturing, the rule the validator checks), and an export
+no ids can serve is refused. Both engines load the same architecture name and the same tensors.
 model.safetensors: `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight` (bf16), `d2t` (int64),
 `t2d` (bool). The engines skip unknown names silently, so `check_export` verifies every expected name.
 training_provenance.json (validator/provenance.py's DrafterProvenance): what the validator compares against
@@ -29,6 +32,7 @@ from specdec_operator.choices import ENGINES
 from specdec_operator.enginefacts import DRAFTER_FORMATS, PLAIN, SPECULATORS, EngineFacts, facts_for
 from specdec_operator.enginefacts import ENGINES as ALL_ENGINES
 from specdec_operator.errors import InputError
+from specdec_operator.validator.checks import ids_capturing
 from specdec_operator.validator.provenance import FILENAME as PROVENANCE
 from specdec_operator.validator.provenance import TRAINER, CaptureLayerIds, DrafterProvenance
 from specdec_operator.validator.speculators import SPECULATOR_ARCHITECTURE, flatten, is_speculators
@@ -67,10 +71,28 @@ def expected_weight_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def draft_config_json(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str) -> dict[str, Any]:
-    """config.json for `engine` (sglang | vllm); cfg.aux_layer_ids are the trained layers as output indices (SGLang's
-    convention)."""
-    aux_layer_ids = CaptureLayerIds.from_output_index(list(cfg.aux_layer_ids)).for_engine(engine)
+def aux_layer_ids_for(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str, target_architecture: str | None = None) -> list[int]:
+    """The eagle_aux_hidden_state_layer_ids that make `engine` capture the layers the draft was trained on
+    (cfg.aux_layer_ids, output indices) on this target: the engine's convention (enginefacts), with SGLang's per-class
+    rules (validator/checks.ids_capturing: its DeepSeek family adds one only when the first id is 1). InputError when
+    no ids do (SGLang's DeepSeek family cannot capture the input of layer 1 first)."""
+    facts = facts_for(engine)
+    inputs = CaptureLayerIds.from_output_index(list(cfg.aux_layer_ids)).input_index
+    arch = target_architecture or (target_cfg.get("architectures") or [""])[0]
+    ids = ids_capturing(facts, arch, inputs, int(target_cfg["num_hidden_layers"]))
+    if ids is None:
+        raise InputError(
+            f"--engine {facts.cli_name}: no eagle_aux_hidden_state_layer_ids make {facts.name} {facts.version}'s {arch or 'target class'} "
+            f"capture the inputs of target layers {inputs} (the outputs of layers {list(cfg.aux_layer_ids)}, which the draft was trained "
+            "on); capture other layers (specdec-train capture --capture-layers) and train again"
+        )
+    return ids
+
+
+def draft_config_json(cfg: DraftConfig, target_cfg: dict[str, Any], engine: str, target_architecture: str | None = None) -> dict[str, Any]:
+    """config.json for `engine` (sglang | vllm); cfg.aux_layer_ids are the trained layers as output indices, written as
+    the ids that make `engine` capture them on this target (aux_layer_ids_for)."""
+    aux_layer_ids = aux_layer_ids_for(cfg, target_cfg, engine, target_architecture)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -185,7 +207,7 @@ def export_drafter(
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     capture = summary.get("capture", {})
-    config = draft_config_json(cfg, target_cfg, engine)
+    config = draft_config_json(cfg, target_cfg, engine, _architecture(target_dir))
     if fmt == SPECULATORS:
         config = speculators_config_json(config, target_cfg, target_model or capture.get("target_model") or str(target_dir), speculative_tokens)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -211,6 +233,13 @@ def export_drafter(
     (out_dir / PROVENANCE).write_text(provenance.dumps())
     check_export(out_dir, engine=engine)
     return provenance
+
+
+def _architecture(target_dir: str | Path) -> str | None:
+    """The target's class as the serving engine and the validator read it: the top-level config's architectures (a
+    vision-language wrapper's, not its language model's)."""
+    archs = json.loads((Path(target_dir) / "config.json").read_text()).get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
 
 
 def _readers(fmt: str) -> list[EngineFacts]:

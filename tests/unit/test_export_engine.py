@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from drafter_training.capture import capture_hf
-from drafter_training.export import export_drafter
+from drafter_training.export import aux_layer_ids_for, export_drafter
+from drafter_training.model import DraftConfig
 from drafter_training.regenerate import tokenize_conversation
 from drafter_training.train import TrainConfig, train
 from drafter_training.vocab import build_vocab
@@ -148,6 +149,38 @@ def test_drafters_exported_before_the_engine_field_read_as_sglang_exports(traine
     (out / "training_provenance.json").write_text(json.dumps({"target_model": "t", "num_samples": 10}))
     rc, report = validate_cli(target, out, "--engine", "vllm")
     assert "DrafterExportedForOtherEngine" not in errors(report)
+
+
+def test_the_ids_written_capture_the_trained_layers_under_each_engines_rule_for_the_target():
+    """SGLang adds one to each id on most targets, vLLM none; SGLang's DeepSeek family adds one only when the first id
+    is 1 (deepseek_v2.py), so there the ids are chosen to capture the trained layers, and a set it cannot capture is
+    refused in one line rather than exported one layer off (validator/checks.ids_capturing)."""
+
+    def draft(outputs: list[int]) -> DraftConfig:
+        return DraftConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=320,
+            draft_vocab_size=64,
+            target_hidden_size=64,
+            aux_layer_ids=outputs,
+        )
+
+    llama = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 61}
+    deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61}
+    assert aux_layer_ids_for(draft([2, 30, 58]), llama, "sglang") == [2, 30, 58]
+    assert aux_layer_ids_for(draft([2, 30, 58]), llama, "vllm") == aux_layer_ids_for(draft([2, 30, 58]), deepseek, "vllm") == [3, 31, 59]
+    assert aux_layer_ids_for(draft([1, 29, 57]), deepseek, "sglang") == [1, 29, 57]  # first id 1: SGLang adds one
+    assert aux_layer_ids_for(draft([2, 30, 58]), deepseek, "sglang") == [3, 31, 59]  # taken as given
+    with pytest.raises(
+        InputError,
+        match=r"^--engine sglang: no eagle_aux_hidden_state_layer_ids make SGLang 0\.5\.23's DeepseekV3ForCausalLM capture the inputs of target layers \[1, 2, 3\]",
+    ) as info:
+        aux_layer_ids_for(draft([0, 1, 2]), deepseek, "sglang")
+    assert "\n" not in str(info.value) and "--capture-layers" in str(info.value)
+    assert aux_layer_ids_for(draft([0, 1, 2]), deepseek, "vllm") == [1, 2, 3]
 
 
 def test_provenance_model_round_trips_and_refuses_bad_fields_in_one_line():

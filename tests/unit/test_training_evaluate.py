@@ -139,14 +139,17 @@ def test_bootstrap_interval_brackets_the_ratio():
 def test_pipeline_on_other_families_exports_what_specdec_validate_accepts(family, tmp_path):
     from transformers import AutoTokenizer
 
-    target = make_model(tmp_path / family, family)
+    # SGLang's DeepSeek family adds one to the ids only when the first id is 1, so no ids capture layer 0's output
+    # first there (docs/validator.md): its drafter is trained on the outputs of layers 1, 2, 3 of 5.
+    layers, depth = (LAYERS, 4) if family == "qwen3" else ([1, 2, 3], 5)
+    target = make_model(tmp_path / family, family, layers=depth)
     tok = AutoTokenizer.from_pretrained(str(target))
     with (tmp_path / "samples.jsonl").open("w") as f:
         for i in range(10):
             msgs = [{"role": "user", "content": f"hello {i} world"}, {"role": "assistant", "content": "def add(a, b): return a + b " * (1 + i % 3)}]
             ids, mask = tokenize_conversation(tok, msgs)
             f.write(json.dumps({"id": i, "input_ids": ids, "loss_mask": mask}) + "\n")
-    capture_hf(tmp_path / "samples.jsonl", target, tmp_path / "cap", quantization="int4-rtn-g32", capture_layers=LAYERS, progress=False)
+    capture_hf(tmp_path / "samples.jsonl", target, tmp_path / "cap", quantization="int4-rtn-g32", capture_layers=layers, progress=False)
     build_vocab(tmp_path / "cap", tmp_path / "cap", 64)
     summary = train(
         TrainConfig(
@@ -208,4 +211,4 @@ def test_pipeline_on_other_families_exports_what_specdec_validate_accepts(family
     assert proc.returncode == 0, proc.stderr
     run = json.loads(proc.stdout)["runs"][0]
     assert run["prompts"] == 3 and 1.0 <= run["acceptance_length"] <= 3.0
-    assert load_trained(tmp_path / "r" / "final").cfg.aux_layer_ids == LAYERS
+    assert load_trained(tmp_path / "r" / "final").cfg.aux_layer_ids == layers

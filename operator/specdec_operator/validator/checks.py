@@ -423,16 +423,16 @@ def eagle3_captured_layers(t_arch: str, ids: list[int] | None, t_layers: int) ->
     return [i + 1 for i in ids], "id + 1"
 
 
-def _captured_layers(c: _Checks, ids: list[int] | None, t_layers: int) -> tuple[list[int], str, int] | None:
-    """The target layers whose inputs the serving engine captures for config ids `ids` (None: its defaults), the rule
-    in words, and the largest index the target produces (t_layers: the last layer's output, where it is captured).
-    None where SGLang hands the ids to a model outside its source (not checkable)."""
-    t_arch = c.t.architecture or ""
-    if not c.facts.capture_rule_per_target_class:
+def captured_layers(facts: EngineFacts, t_arch: str, ids: list[int] | None, t_layers: int) -> tuple[list[int], str, int] | None:
+    """The target layers whose inputs the engine captures for config ids `ids` (None: its defaults) on a target of class
+    `t_arch` with `t_layers` layers, the rule in words, and the largest index the target produces (t_layers: the last
+    layer's output, where it is captured). None where SGLang hands the ids to a model outside its source (not
+    checkable)."""
+    if not facts.capture_rule_per_target_class:
         # vLLM captures the hidden state after `id` layers (LlamaModel.forward's _maybe_add_hidden_state before the
         # loop and after each layer): 0..N, N being the last layer's output; its default ids are (2, N // 2, N - 3).
-        captured = c.facts.captured_inputs(ids if ids is not None else [2, t_layers // 2, t_layers - 3])
-        return captured, f"{c.facts.aux_layer_id_convention} ({c.facts.name})", t_layers
+        captured = facts.captured_inputs(ids if ids is not None else [2, t_layers // 2, t_layers - 3])
+        return captured, f"{facts.aux_layer_id_convention} ({facts.name})", t_layers
     if EAGLE3_CAPTURE_RULE.get(t_arch) == CAPTURE_DELEGATED:
         return None
     captured, rule = eagle3_captured_layers(t_arch, ids, t_layers)
@@ -440,15 +440,24 @@ def _captured_layers(c: _Checks, ids: list[int] | None, t_layers: int) -> tuple[
     return captured, rule, t_layers if t_arch in EAGLE3_CAPTURES_LAST_LAYER_OUTPUT else t_layers - 1
 
 
-def _ids_capturing(c: _Checks, inputs: list[int], t_layers: int) -> list[int] | None:
-    """The config ids that make the serving engine capture the inputs of exactly these target layers on this target,
-    or None when none do. The engine's plain convention first; SGLang's per-class rules (the DeepSeek family's "+1 only
-    when the first id is 1", gpt-oss's boundary) may instead take the layers as given or one less."""
-    for ids in (c.facts.ids_for_inputs(inputs), list(inputs), [i - 1 for i in inputs]):
-        found = _captured_layers(c, ids, t_layers)
+def ids_capturing(facts: EngineFacts, t_arch: str, inputs: list[int], t_layers: int) -> list[int] | None:
+    """The config ids that make the engine capture the inputs of exactly these target layers on a target of class
+    `t_arch`, or None when no ids do (or the class hands them outside SGLang's source). The engine's plain convention
+    first; SGLang's per-class rules (the DeepSeek family's "+1 only when the first id is 1", GPT-OSS's boundary) may
+    instead take the layers as given or one less. `specdec-train export` writes these; the validator names them."""
+    for ids in (facts.ids_for_inputs(inputs), list(inputs), [i - 1 for i in inputs]):
+        found = captured_layers(facts, t_arch, ids, t_layers)
         if found is not None and min(ids, default=0) >= 0 and found[0] == list(inputs) and max(found[0], default=0) <= found[2]:
             return ids
     return None
+
+
+def _captured_layers(c: _Checks, ids: list[int] | None, t_layers: int) -> tuple[list[int], str, int] | None:
+    return captured_layers(c.facts, c.t.architecture or "", ids, t_layers)
+
+
+def _ids_capturing(c: _Checks, inputs: list[int], t_layers: int) -> list[int] | None:
+    return ids_capturing(c.facts, c.t.architecture or "", inputs, t_layers)
 
 
 def _check_aux_layers(c: _Checks, ids: list[int] | None, num_aux_cfg: int | None, t_layers: int) -> None:
