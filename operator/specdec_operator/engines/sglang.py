@@ -45,8 +45,8 @@ def _number(metrics: Mapping[str, float], key: str) -> float | None:
 
 class SGLangEngine:
     facts = enginefacts.SGLANG
-    name = facts.name
-    cli_name = facts.cli_name
+    name: str = facts.name
+    cli_name: str = facts.cli_name
     container_name = "sglang"
     validator_args: tuple[str, ...] = ()  # the validator's default engine (and the pod templates of before spec.engine)
     # readiness: a real one-token generation (/health_generate answers within 20 s when the server is healthy).

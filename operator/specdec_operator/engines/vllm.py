@@ -107,8 +107,8 @@ def _positions(metrics: Mapping[str, float]) -> tuple[float, ...] | None:
 
 class VLLMEngine:
     facts = enginefacts.VLLM
-    name = facts.name
-    cli_name = facts.cli_name
+    name: str = facts.name
+    cli_name: str = facts.cli_name
     container_name = "vllm"
     validator_args: tuple[str, ...] = ("--engine", "vllm")
     health = HealthPaths(startup="/health", readiness="/health", liveness="/health")
