@@ -64,8 +64,9 @@ def child_path(kind: str) -> str:
 # page at a time (continue tokens): a namespace-wide read capped at a count let the cause drop out of a busy
 # namespace (issue 34). A pod's own Warnings are few (the kubelet aggregates repeats into one Event's count).
 POD_EVENTS_PAGE = 100
-# The pods whose Events are read in one step: the newest waiting ones (stuck.py diagnoses a variant's newest pod).
-MAX_DIAGNOSED_PODS = 8
+# The pods whose Events are read in one step (one request each, per step of a waiting resource): each variant's
+# newest waiting pod first (the one stuck.py diagnoses), then the newest others.
+MAX_DIAGNOSED_PODS = 4
 
 
 class KubernetesWriter:
