@@ -615,6 +615,186 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+# --- render: summary and goals (issue 32 item 3) ----------------------------------------------------------------
+
+CLEAR = (0.36, 0.64, 1.5, 2.0, 3.0)  # a truth of 1.5x or more, or 0.7x or less: the goal's "clear" speedups and losses
+
+
+def round_bound(trace: str) -> int:
+    """The goal's rounds for a clear truth: 2 on quiet traces, 4 on loaded ones (every trace not labelled quiet)."""
+    return 2 if trace.startswith("quiet/") else 4
+
+
+def correct_within(row: dict[str, Any], bound: int) -> float:
+    """The share of probes that reached the right decision (promote a win, roll back a loss) within ``bound`` rounds."""
+    right = "promote" if row["truth"] > MIN_SPEEDUP else "rollback"
+    return sum(c for n, c in row["by_rounds"][right].items() if int(n) <= bound) / row["probes"]
+
+
+def wilson_high(k: int, n: int, z: float = 1.96) -> float:
+    """Upper end of the 95 % Wilson interval of a binomial share."""
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre + half) / (1 + z * z / n)
+
+
+def wilson_low(k: int, n: int, z: float = 1.96) -> float:
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n)
+
+
+def summarize(rows: list[dict[str, Any]], confidence: float) -> list[dict[str, Any]]:
+    """Per (trace, maxRounds, method): the worst false-promotion rate at truths <= min speedup, the worst false rollback
+    at truths >= 1.2, rounds at the clear truths, the goals."""
+    alpha = 1.0 - confidence
+    groups: dict[tuple[str, int, str], dict[float, dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["trace"], r["max_rounds"], r["method"]), {})[r["truth"]] = r
+    out = []
+    for (trace, max_rounds, method), cells in sorted(groups.items()):
+        nulls = [c for t, c in cells.items() if t <= MIN_SPEEDUP]
+        worst = max(nulls, key=lambda c: (c["false_promotion_rate"], c["truth"]))
+        wins = [c for t, c in cells.items() if t >= 1.2]
+        worst_fr = max(wins, key=lambda c: c["false_rollback_rate"]) if wins else None
+        bound = round_bound(trace)
+        clear = {t: cells[t] for t in CLEAR if t in cells}
+        within = {t: correct_within(c, bound) for t, c in clear.items()}
+        out.append(
+            {
+                "trace": trace,
+                "max_rounds": max_rounds,
+                "method": method,
+                "false_promotion_worst": worst["false_promotion_rate"],
+                "false_promotion_worst_truth": worst["truth"],
+                "false_promotion_worst_count": f"{worst['promote']}/{worst['probes']}",
+                "false_promotion_worst_wilson_low": wilson_low(worst["promote"], worst["probes"]),
+                # Met when no truth at or below the threshold shows a rate above 1 - confidence beyond its sampling error.
+                "goal_false_promotions": all(wilson_low(c["promote"], c["probes"]) <= alpha for c in nulls),
+                "false_promotion_point_within": all(c["false_promotion_rate"] <= alpha for c in nulls),
+                "false_rollback_worst": None if worst_fr is None else worst_fr["false_rollback_rate"],
+                "false_rollback_worst_truth": None if worst_fr is None else worst_fr["truth"],
+                "round_bound": bound,
+                "correct_within_bound": {str(t): round(v, 4) for t, v in within.items()},
+                # The quiet bound on every trace too: what a loaded trace says about the stricter goal.
+                "correct_within_2": {str(t): round(correct_within(c, 2), 4) for t, c in clear.items()},
+                "rounds_p50": {str(t): c["rounds_median"] for t, c in clear.items()},
+                "rounds_p90": {str(t): c["rounds_p90"] for t, c in clear.items()},
+                # Met when at every clear truth at least 90 % of probes decide right within the bound (p90 rounds <= bound).
+                "goal_rounds_p90": all(v >= 0.9 for v in within.values()),
+                "goal_rounds_median": all(v >= 0.5 for v in within.values()),
+                "inconclusive": {str(t): round(c["inconclusive_share"], 4) for t, c in sorted(cells.items())},
+                "gpu_s_mean": {str(t): c["gpu_s_mean"] for t, c in sorted(cells.items())},
+                "cost_unit": next(iter(cells.values())).get("cost_unit", "GPU-s"),
+            }
+        )
+    return out
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def render(docs: list[dict[str, Any]]) -> str:
+    """The summary tables (goals, rounds, errors, cost) and every cell, for docs/benchmarks/probe-study.md."""
+    rows = [r for d in docs for r in d["rows"]]
+    confidence = docs[0]["confidence"]
+    summary = summarize(rows, confidence)
+    out = ["### Goals\n"]
+    out.append(
+        "| trace | maxRounds | method | worst false promotion (truth; count) | goal 1: <= 1 - confidence | clear truths decided right within "
+        "the bound (worst; bound) | goal 2 (90 % within) | median within | worst within 2 rounds |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for s in summary:
+        worst_t, worst_share = min(s["correct_within_bound"].items(), key=lambda kv: kv[1])
+        fp = f"{_pct(s['false_promotion_worst'])} (x{s['false_promotion_worst_truth']:g}; {s['false_promotion_worst_count']})"
+        out.append(
+            f"| {s['trace']} | {s['max_rounds']} | {s['method']} | {fp} | {_yes(s['goal_false_promotions'])} "
+            f"| {100 * worst_share:.1f} % at x{float(worst_t):g}; {s['round_bound']} | {_yes(s['goal_rounds_p90'])} | {_yes(s['goal_rounds_median'])} "
+            f"| {100 * min(s['correct_within_2'].values()):.1f} % at x{float(min(s['correct_within_2'], key=s['correct_within_2'].get)):g} |"
+        )
+    out.append("\n### Rounds to the end of a probe (median / p90) and Inconclusive share\n")
+    truths = sorted({r["truth"] for r in rows})
+    out.append("| trace | maxRounds | method | " + " | ".join(f"x{t:g}" for t in truths) + " |")
+    out.append("|---|---|---|" + "---|" * len(truths))
+    cells = {(r["trace"], r["max_rounds"], r["method"], r["truth"]): r for r in rows}
+    for s in summary:
+        parts = []
+        for t in truths:
+            c = cells.get((s["trace"], s["max_rounds"], s["method"], t))
+            if c is None:
+                parts.append("-")
+                continue
+            main = "P" if c["promote"] >= max(c["rollback"], c["inconclusive"]) else ("R" if c["rollback"] >= c["inconclusive"] else "I")
+            parts.append(f"{c['rounds_median']:g}/{c['rounds_p90']:g} {main} I{100 * c['inconclusive_share']:.0f}%")
+        out.append(f"| {s['trace']} | {s['max_rounds']} | {s['method']} | " + " | ".join(parts) + " |")
+    out.append("\n### Cost per decision (mean over probes)\n")
+    out.append("| trace | maxRounds | method | unit | " + " | ".join(f"x{t:g}" for t in truths) + " |")
+    out.append("|---|---|---|---|" + "---|" * len(truths))
+    for s in summary:
+        vals = [f"{s['gpu_s_mean'].get(str(t), '-')}" for t in truths]
+        out.append(f"| {s['trace']} | {s['max_rounds']} | {s['method']} | {s['cost_unit']} | " + " | ".join(vals) + " |")
+    out.append("\n### Every cell\n")
+    for d in docs:
+        out.append(markdown(d))
+    return "\n".join(out) + "\n"
+
+
+def trace_table(paths: Sequence[str]) -> str:
+    """What each recorded trace is: its servers, workload, rounds, ratio and noise, and the machine's load."""
+    import statistics
+
+    out = [
+        "| trace | servers | workload | rounds | expected | measured mean ratio | sd of a round's log ratio | round (wall s) | "
+        "load average (1 min) during the rounds | load record before |"
+    ]
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        for t in doc["traces"]:
+            logs = [r["speculative"]["log_rate"] - r["base"]["log_rate"] for r in t["rounds"]]
+            loads = [r["load1"] for r in t["rounds"]]
+            w = t["workload"]
+            servers = f"{t.get('base_profile', t.get('base_server'))} vs {t.get('speculative_profile', t.get('speculative_server'))}"
+            if t.get("engine") == "vllm":
+                servers = f"vLLM CPU: {servers}"
+            else:
+                servers = f"simulator x{t['time_scale']:g}: {servers}"
+            expected = t.get("analytic_speedup", 1.0 if t["pair"] == "equal" else "-")
+            before = t["load_before"]
+            record = f"{before['uptime'].split('load average:')[-1].strip()}; {before['pytest_processes']} pytest, {before['go_compile_processes']} Go compile"
+            out.append(
+                f"| {t['name']} | {servers} | {w['name']} c={w['concurrency']} {w['input_tokens']}/{w['output_tokens']} x{w['requests']} "
+                f"| {len(t['rounds'])} | {expected} | {math.exp(statistics.fmean(logs)):.3f} | {statistics.stdev(logs):.3f} "
+                f"| {statistics.fmean(r['duration_s'] for r in t['rounds']):.2f} | {min(loads):g}-{max(loads):g} | {record} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def cmd_render(args: argparse.Namespace) -> None:
+    docs = []
+    for path in args.studies:
+        with open(path) as f:
+            docs.append(json.load(f))
+    text = render(docs)
+    if args.traces:
+        text = "### Traces\n\n" + trace_table(args.traces) + "\n" + text
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    if args.summary_json:
+        rows = [r for d in docs for r in d["rows"]]
+        with open(args.summary_json, "w") as f:
+            json.dump(summarize(rows, docs[0]["confidence"]), f, indent=1)
+            f.write("\n")
+
+
 # --- verify ---------------------------------------------------------------------------------------------------------
 
 
@@ -708,8 +888,13 @@ def main(argv: list[str] | None = None) -> None:
     sub.choices["outcomes"].add_argument("--method", default="old")
     sub.choices["verify"].add_argument("--probes", type=int, default=200)
     sub.choices["verify"].add_argument("--old-operator", default="/tmp/old/operator")
+    ren = sub.add_parser("render")
+    ren.add_argument("studies", nargs="+", help="study JSON files")
+    ren.add_argument("--md")
+    ren.add_argument("--traces", nargs="*", help="trace files, for the table of what each trace is")
+    ren.add_argument("--summary-json")
     args = parser.parse_args(argv)
-    {"record": cmd_record, "study": cmd_study, "outcomes": cmd_outcomes, "verify": cmd_verify}[args.cmd](args)
+    {"record": cmd_record, "study": cmd_study, "outcomes": cmd_outcomes, "verify": cmd_verify, "render": cmd_render}[args.cmd](args)
 
 
 if __name__ == "__main__":
