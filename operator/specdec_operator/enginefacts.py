@@ -70,6 +70,12 @@ class EngineFacts:
     full_vocab_token_maps: bool
     # spec.sglangVersion picks the release whose command line is rendered (SGLang); vLLM is rendered for one release.
     release_per_spec: bool
+    # The variable without which the engine refuses to start with a context longer than the target's (SGLang's
+    # model_config.py; vLLM's config/model.py).
+    longer_context_env: str
+    # Whether it also refuses a context longer than the drafter's max_position_embeddings (SGLang, under the same
+    # variable); vLLM 0.32 caps the draft's max_model_len instead (SpeculativeConfig._maybe_override_draft_max_model_len).
+    refuses_shorter_draft_context: bool
     metric_prefix: str  # every sample name of the engine's own starts with it
     metric_names: frozenset[str]  # the /metrics sample names the operator reads
 
@@ -101,6 +107,8 @@ SGLANG = EngineFacts(
     own_eagle3_draft_classes=(),
     full_vocab_token_maps=True,
     release_per_spec=True,
+    longer_context_env="SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN",
+    refuses_shorter_draft_context=True,
     metric_prefix="sglang:",
     metric_names=frozenset({SGLANG_ACCEPT_LENGTH_METRIC, SGLANG_THROUGHPUT_METRIC, SGLANG_VERIFY_CALLS_METRIC, SGLANG_GENERATED_TOKENS_METRIC}),
 )
@@ -117,6 +125,8 @@ VLLM = EngineFacts(
     own_eagle3_draft_classes=(("Eagle3LlamaForCausalLM", "llama"), ("Eagle3Qwen3ForCausalLM", None)),
     full_vocab_token_maps=False,
     release_per_spec=False,
+    longer_context_env="VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+    refuses_shorter_draft_context=False,
     metric_prefix="vllm:",
     metric_names=frozenset(
         {VLLM_DRAFTS_METRIC, VLLM_DRAFT_TOKENS_METRIC, VLLM_ACCEPTED_TOKENS_METRIC, VLLM_ACCEPTED_PER_POSITION_METRIC, VLLM_GENERATED_TOKENS_METRIC}

@@ -152,6 +152,17 @@ def test_drafters_without_provenance_or_trained_layers_are_checked_as_before(tmp
     assert set(messages(check(llama, drafter(tmp_path, "other", OUTPUTS, other), "vllm"))) & ID_CODES == set()
 
 
+def test_context_warnings_say_what_the_serving_engine_does(tmp_path: Path, llama: Path) -> None:
+    # The drafter says 2048 positions, the target 131072: SGLang refuses to start unless told, vLLM caps the draft.
+    d = drafter(tmp_path, "d", INPUTS, None)
+    sglang, vllm = (messages(check(llama, d, e), "warning")["ContextLengthExceedsDrafter"] for e in ("sglang", "vllm"))
+    assert "SGLang 0.5.23 refuses to start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in sglang
+    assert "vLLM 0.32.0 caps the draft's max_model_len at 2048" in vllm and "SGLANG" not in vllm
+    argv = ["--target", str(llama), "--drafter", str(d), "--engine", "vllm", "--context-length", "200000"]
+    report, _ = validator.run(validator.build_parser().parse_args(argv))
+    assert "vLLM 0.32.0 refuses to start unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in messages(report)["ContextLengthExceedsTarget"]
+
+
 def test_the_json_report_names_the_engine_and_its_release(tmp_path: Path, llama: Path) -> None:
     doc = check(llama, drafter(tmp_path, "d", INPUTS, provenance("sglang")), "vllm").to_dict()
     assert (doc["engine"], doc["engine_version"]) == ("vllm", "0.32.0")

@@ -1147,8 +1147,8 @@ def _check_context(c: _Checks, context_length: int | None) -> None:
         c.add(
             WARNING,
             "ContextLengthExceedsTarget",
-            f"--context-length {context_length} exceeds the target's {t_ctx}; SGLang {SGLANG_VERSION} refuses to "
-            "start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+            f"--context-length {context_length} exceeds the target's {t_ctx}; {c.facts.name} {c.facts.version} refuses to "
+            f"start unless {c.facts.longer_context_env}=1",
             "target.contextLength",
         )
     if _same_dir(c.t, c.d):
@@ -1161,12 +1161,17 @@ def _check_context(c: _Checks, context_length: int | None) -> None:
             source = f"no max_position_embeddings in config.json: transformers' {c.d.text.get('model_type')} default"
         else:
             source = "max_position_embeddings"
+        engine = f"{c.facts.name} {c.facts.version}"
+        starts = (
+            f"{engine} refuses to start unless {c.facts.longer_context_env}=1"
+            if c.facts.refuses_shorter_draft_context
+            else f"{engine} caps the draft's max_model_len at {d_ctx}"
+        )
         c.add(
             WARNING,
             "ContextLengthExceedsDrafter",
-            f"the server runs with context {served} but the drafter was built for {d_ctx} "
-            f"({source}): SGLang {SGLANG_VERSION} refuses to start unless "
-            "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, and acceptance degrades on long prompts",
+            f"the server runs with context {served} but the drafter was built for {d_ctx} ({source}): {starts}, and "
+            "acceptance degrades on long prompts",
             "drafter.config.max_position_embeddings",
         )
 
