@@ -261,3 +261,15 @@ def test_pause_says_it_does_nothing_to_one_server():
     assert "does nothing to one server" in (pause_does_nothing("llama", llama_spec()) or "")
     assert "spec.replicas 0" in (pause_does_nothing("llama", llama_spec(replicas=0)) or "")
     assert pause_does_nothing("llama", llama_spec(replicas=4)) is None
+
+
+def test_status_says_a_paused_annotation_does_nothing_to_one_server():
+    """A specdec.io/paused carried from Git (not through `kubectl specdec pause`) on one server: the plugin says so."""
+    from specdec_operator import steering
+    from specdec_operator.api import SpeculativeServerStatus
+    from specdec_operator.cli.kubectl_specdec import describe
+
+    one = describe("llama", SpeculativeServerStatus(phase="Promoted", replicas=1), {steering.PAUSED: "true"})
+    assert "paused does nothing to one server" in one
+    fleet = describe("llama", SpeculativeServerStatus(phase="Promoted", replicas=4), {steering.PAUSED: "true"})
+    assert "(paused)" in fleet and "does nothing" not in fleet

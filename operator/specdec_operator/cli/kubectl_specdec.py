@@ -141,7 +141,10 @@ def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, 
     asked = steering.read(annotations)
     requests = [f"{key}={annotations[key]}" for key in steering.ANNOTATIONS if key in annotations]
     if requests:
-        lines.append(f"  by hand: {', '.join(requests)}" + (" (paused)" if asked.paused else ""))
+        # status.replicas is spec.replicas as the operator last saw it: one server takes no walk steps to pause.
+        one = status.replicas is not None and status.replicas < 2
+        paused = " (paused does nothing to one server: it holds a fleet's walk)" if one else " (paused)"
+        lines.append(f"  by hand: {', '.join(requests)}" + (paused if asked.paused else ""))
     probe = status.probe
     if probe is not None and probe.decision is not None:
         speedup = f"{probe.speedup:.2f}x" if probe.speedup is not None else "-"
