@@ -641,6 +641,29 @@ def _server_metadata(name: str, namespace: str, variant: str) -> dict[str, Any]:
     return {"name": child_name(name, variant), "namespace": namespace, "labels": {**instance_labels(name), LABEL_VARIANT: variant}}
 
 
+PROBE_EVIDENCE_KEY = "evidence.json"
+
+
+def probe_evidence_config_map_name(name: str) -> str:
+    return f"{name}-probe-evidence"
+
+
+def probe_evidence_config_map(name: str, namespace: str, evidence_json: str) -> dict[str, Any]:
+    """ConfigMap ``<name>-probe-evidence``: what the running probe has measured so far (probe/evidence.py), written by
+    the probe scheduler after every round so that a restarted operator resumes the probe (owner reference added by the
+    caller). Not labelled managed-by: the operator's watch does not see it, so its writes start no reconcile step."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": probe_evidence_config_map_name(name),
+            "namespace": namespace,
+            "labels": {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, "specdec.io/probe-evidence": "true"},
+        },
+        "data": {PROBE_EVIDENCE_KEY: evidence_json},
+    }
+
+
 def adaptive_config_map(name: str, namespace: str, config_json: str) -> dict[str, Any]:
     """ConfigMap ``<name>-adaptive``: the speculative server's --speculative-adaptive-config (owner reference added by the caller)."""
     return {

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from tests.support.kube import wait_until
 from tests.support.operator_process import (
@@ -291,15 +292,32 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations())
     custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
     probing = wait_phase(custom_objects, namespace, name, {"Probing"}, timeout=60)
-    wait_until(lambda: spec_sim.sim.generate_count > 0, timeout=30, message="the probe sending requests")
+    revision = probing["probe"]["revision"]
+
+    def kept_rounds() -> int:
+        """The rounds the probe's evidence ConfigMap holds (manifests.probe_evidence_config_map), 0 without one."""
+        try:
+            cm = core_v1.read_namespaced_config_map(f"{name}-probe-evidence", namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return 0
+            raise
+        doc = json.loads((cm.data or {}).get("evidence.json") or "{}")
+        assert doc.get("rev") == revision, doc.get("rev")
+        return max((row[0] for rows in (doc.get("arms") or {}).get("speculative", {}).values() for row in rows), default=0)
+
+    # Killed once the probe has kept a round: the restarted operator resumes from it instead of measuring it again.
+    kept = wait_until(lambda: kept_rounds(), timeout=60, message="the probe keeping its first round")
     operator.kill()
     st = status(custom_objects, namespace, name)
     assert st["phase"] == "Probing" and "decision" not in (st.get("probe") or {})
-    revision = probing["probe"]["revision"]
+    kept = kept_rounds()
 
     operator.start()
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=120)
     assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision
+    assert f"resumed after a restart: {kept} round(s) measured before it count" in st["probe"]["message"], st["probe"]["message"]
+    assert st["probe"]["rounds"] >= kept
     # Events are posted right after the status patch, asynchronously.
     reasons = wait_until(
         lambda: (r := event_reasons(core_v1, namespace, name)).count("SpeedupConfirmed") and r, timeout=10, message="SpeedupConfirmed Event"
@@ -307,6 +325,9 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2  # run again, decided once
     assert sorted(d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items) == [f"{name}-base", f"{name}-spec"]
     assert sorted(s.metadata.name for s in core_v1.list_namespaced_service(namespace).items) == [name, f"{name}-base", f"{name}-spec"]
+    assert [
+        c.metadata.owner_references[0].name for c in core_v1.list_namespaced_config_map(namespace, label_selector="specdec.io/probe-evidence").items
+    ] == [name]
     assert len(apps_v1.list_namespaced_replica_set(namespace).items) == 2
     assert len(core_v1.list_namespaced_pod(namespace).items) == 2
 

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +53,20 @@ class Executor:
         # At most one creation of a stable Service per resource, and at most CREATIONS_AT_ONCE in all, so that
         # they never hold all the API worker threads that the steps need.
         self._creation_slots: asyncio.Semaphore | None = None
+
+    def _evidence_writer(self, body: Any, uid: str | None) -> Callable[[str, str, dict, bool], Awaitable[None]] | None:
+        """How the probe scheduler keeps a probe's evidence: ConfigMap <name>-probe-evidence, owned by the resource (its
+        first write of a run checks the name is free or ours, as for every child the index does not hold)."""
+        if uid is None:
+            return None
+
+        async def write(namespace: str, name: str, doc: dict, first: bool) -> None:
+            obj = m.probe_evidence_config_map(name, namespace, json.dumps(doc, separators=(",", ":")))
+            taken_by = await self.writer.apply(obj, body, uid, known=not first)
+            if taken_by is not None:
+                raise RuntimeError(f"ConfigMap {namespace}/{obj['metadata']['name']} belongs to someone else; the evidence is not kept")
+
+        return write
 
     async def execute(
         self, key: Key, state: ResourceState, body: Any, spec: SpeculativeServerSpec, plan: Plan, observed: Observed, logger: Logger
@@ -121,6 +135,8 @@ class Executor:
                 probe_id=plan.probe.probe_id,
                 load_aware_probe=plan.probe.load_aware_probe,
                 owner_uid=state.uid,
+                generation=int((body.get("metadata") or {}).get("generation") or 1),
+                write_evidence=self._evidence_writer(body, state.uid),
             )
         if observed.scrape is not None:
             state.last_scrape = remember(state.last_scrape, observed.scrape)

@@ -192,6 +192,18 @@ class KubernetesWriter:
         read on demand, when a probe starts (the watch sees only the operator's own ConfigMaps)."""
         return await asyncio.to_thread(self._read_config_map, namespace, name)
 
+    async def read_probe_evidence(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The document in ConfigMap <name>-probe-evidence (manifests.probe_evidence_config_map), or None."""
+        found = await self.read_config_map(namespace, m.probe_evidence_config_map_name(name))
+        text = ((found or {}).get("data") or {}).get(m.PROBE_EVIDENCE_KEY)
+        if not text:
+            return None
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None  # unreadable: the probe starts afresh
+        return doc if isinstance(doc, dict) else None
+
     async def apply(self, obj: dict[str, Any], owner: Any, uid: str, *, known: bool) -> dict[str, Any] | None:
         """Create or update one child with server-side apply, owned by ``owner``.
 

@@ -10,6 +10,7 @@ names a host.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,16 +22,24 @@ from ..api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeSer
 from ..engines import Engine, engine_for
 from ..errors import InputError
 from ..monitor import Sample, sample_from_metrics
-from ..probe import ProbeRequestError, run_probe, scrape_metrics
+from ..probe import ProbeRequestError, scrape_metrics
 from ..probe.datasets import Prompt, parse_dataset
+from ..probe.evidence import Evidence, from_compact
+from ..probe.run import run_probe
 from ..probecost import probed_gpus, unit_seconds
+from ..reconcile.race import decide
 from ..textutil import clip, rfc3339
 from .config import OperatorConfig
 
+LOG = logging.getLogger("specdec.operator")
 Key = tuple[str, str]  # (namespace, name)
 ReadConfigMap = Callable[[str, str], Awaitable["dict | None"]]  # (namespace, name) -> the ConfigMap or None
 # (namespace, name, owner uid, workload, spec) -> the prompts of a File source (datasetreader.FileDatasetReader.read)
 ReadFileDataset = Callable[[str, str, str, Workload, SpeculativeServerSpec], Awaitable[list[Prompt]]]
+# (namespace, name) -> the probe evidence ConfigMap's document (manifests.probe_evidence_config_map) or None
+ReadEvidence = Callable[[str, str], Awaitable["dict | None"]]
+# (namespace, name, document, first write of this run) -> None: keep the evidence (owner: the resource)
+WriteEvidence = Callable[[str, str, dict, bool], Awaitable[None]]
 
 
 @dataclass
@@ -40,6 +49,8 @@ class _Probe:
     probe_id: str  # the revision, or "<revision>/adaptive-<hash>" for the load-aware server (Facts.probe_id)
     load_aware_probe: LoadAwareStatus | None = None  # set for the load-aware probe (the adaptive server); its result carries it
     owner_uid: str | None = None  # the resource's uid: the owner reference of a File source's reader pod
+    generation: int | None = None  # the resource's metadata.generation when the probe started (the evidence's key)
+    write_evidence: WriteEvidence | None = None  # keeps the evidence after every round (None: not kept)
     task: asyncio.Task[ProbeStatus] | None = None
     progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
 
@@ -88,6 +99,7 @@ class ProbeScheduler:
         self.read_config_map: ReadConfigMap | None = None  # set by the runtime: the writer's API client
         self.read_file_dataset: ReadFileDataset | None = None  # set by the runtime: a reader pod per File source
         self._scrape_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first scrape
+        self.read_evidence: ReadEvidence | None = None  # set by the runtime: the evidence ConfigMap of an earlier run
 
     def url(self, key: Key, variant: Variant) -> str:
         namespace, name = key
@@ -138,6 +150,8 @@ class ProbeScheduler:
         probe_id: str | None = None,
         load_aware_probe: LoadAwareStatus | None = None,
         owner_uid: str | None = None,
+        generation: int | None = None,
+        write_evidence: WriteEvidence | None = None,
     ) -> None:
         """Probe ``revision`` of this resource; ``on_done`` is called when it finishes (and when it waits for a slot).
 
@@ -145,7 +159,7 @@ class ProbeScheduler:
 
         ``load_aware_probe``: the speculative server runs the load-aware probe's adaptive table. An adaptive server does not
         draft from its no-draft batch size up, so the acceptance-length floor does not apply to it."""
-        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware_probe, owner_uid)
+        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware_probe, owner_uid, generation, write_evidence)
         probe.task = asyncio.create_task(self._run(probe, spec, on_done), name=f"probe {key[0]}/{key[1]}")
         probe.task.add_done_callback(lambda _t: on_done())
 
@@ -181,7 +195,26 @@ class ProbeScheduler:
                 return dataset_invalid(revision, f"dataset: reading it failed: {type(exc).__name__}: {one_line}")
             failures: list[str] = []
             spent = 0.0  # seconds measuring, over every attempt: the GPU-seconds' time
+            evidence, resumed = await self._resume(probe)
+            first_write = True
+
+            async def keep(found: Evidence) -> None:
+                # After every round: a restarted operator (or a new leader) resumes from here (_resume). A write that
+                # fails costs only the resumption, never the probe.
+                nonlocal first_write
+                if probe.write_evidence is None:
+                    return
+                try:
+                    await probe.write_evidence(key[0], key[1], found.to_compact(), first_write)
+                    first_write = False
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    LOG.warning(f"{key[0]}/{key[1]}: keeping the probe's evidence failed ({type(exc).__name__}: {clip(str(exc), 200)})")
+
             for attempt in range(self.config.probe_attempts):
+                if attempt:  # a half-measured attempt is not mixed with the next: its evidence is dropped
+                    evidence, resumed = self._fresh(probe), 0
                 try:
                     result = await run_probe(
                         self.url(key, Variant.BASE),
@@ -197,6 +230,9 @@ class ProbeScheduler:
                         datasets=datasets,
                         output_check=rollout.output_check,
                         engine=engine_for(spec),
+                        decide=decide,
+                        evidence=evidence,
+                        on_evidence=keep,
                     )
                 except asyncio.CancelledError:
                     raise
@@ -213,9 +249,35 @@ class ProbeScheduler:
                 wake()
                 await asyncio.sleep(delay)
             status = result.to_status(revision, gpu_seconds=unit_seconds(probed_gpus(spec), spent))
+            if resumed:
+                status.message = clip(f"{status.message} (resumed after a restart: {resumed} round(s) measured before it count)")
             if failures and status.reason == Reason.PROBE_FAILED:
                 status.message = clip(f"{status.message} (after {len(failures) + 1} attempts; the earlier ones: {'; '.join(failures)})")
             return status
+
+    def _fresh(self, probe: _Probe) -> Evidence:
+        return Evidence(probe.probe_id, probe.generation or 0)
+
+    async def _resume(self, probe: _Probe) -> tuple[Evidence, int]:
+        """The evidence an earlier run of this very probe kept (same probe id, i.e. revision and adaptive table, and
+        the same generation: evidence.from_compact), and the rounds it holds; otherwise fresh evidence and 0. Reading
+        it never fails the probe: an unreadable or stale document means starting afresh."""
+        fresh = self._fresh(probe)
+        if self.read_evidence is None or probe.generation is None:
+            return fresh, 0
+        try:
+            doc = await self.read_evidence(*probe.key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            LOG.warning(
+                f"{probe.key[0]}/{probe.key[1]}: reading the probe's evidence failed ({type(exc).__name__}: {clip(str(exc), 200)}); probing afresh"
+            )
+            return fresh, 0
+        found = from_compact(doc, probe.probe_id, probe.generation)
+        if found is None:
+            return fresh, 0
+        return found, found.rounds(Variant.SPECULATIVE.value)
 
     async def _datasets(self, key: Key, spec: SpeculativeServerSpec, owner_uid: str | None) -> dict[str, list[Prompt]]:
         """The prompts of the workloads whose source is a ConfigMap or a File, read now, before any request."""

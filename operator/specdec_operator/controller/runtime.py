@@ -98,6 +98,8 @@ class Runtime:
         self.probes = probes or ProbeScheduler(config)
         if self.probes.read_config_map is None:  # a ConfigMap prompt source is read through the API (get, one object)
             self.probes.read_config_map = self.writer.read_config_map
+        if self.probes.read_evidence is None:  # what an earlier run of a probe kept (ConfigMap <name>-probe-evidence)
+            self.probes.read_evidence = self.writer.read_probe_evidence
         if self.probes.read_file_dataset is None:  # a File prompt source is read by a reader pod (create, list, delete)
             reader = FileDatasetReader(self.writer.request, config.endpoints, config.reconcile.manifests, timeout=config.dataset_reader_timeout)
             self.probes.read_file_dataset = reader.read
