@@ -628,10 +628,12 @@ def test_plain_manifests_install_with_kubectl(kube_cluster, kube_client, core_v1
 @pytest.mark.slow
 def test_two_replicas_elect_one_through_the_charts_peering(cluster_release, kube_cluster, core_v1, apps_v1, tmp_path):
     """Two operators with the chart's arguments and ServiceAccount: the younger one pauses in favour of the older,
-    and takes over when the older one stops. The chart's peering object and RBAC are all Kopf's peering needs."""
+    and takes over when the older one stops. The chart's peering object and RBAC are all Kopf's peering needs.
+    A peering lifetime of 15 s (Kopf's shortest that does not flap) instead of 60: keep-alives every 5-10 s."""
     import time
 
-    first = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "a", [], pod_id="replica-a")
+    lifetime = ["--peering-lifetime=15"]
+    first = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "a", lifetime, pod_id="replica-a")
     second = None
     try:
         wait_until(
@@ -639,7 +641,7 @@ def test_two_replicas_elect_one_through_the_charts_peering(cluster_release, kube
             timeout=30,
             message="replica-a's keep-alive in the peering object",
         )
-        second = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "b", [], pod_id="replica-b")
+        second = OperatorUnderServiceAccount(kube_cluster, core_v1, apps_v1, cluster_release, tmp_path / "b", lifetime, pod_id="replica-b")
         # replica-b starts paused (mandatory peering) and stays so while replica-a, older and so of higher
         # priority, keeps its keep-alive: it announces itself in the peering but never resumes.
         wait_until(
@@ -647,7 +649,14 @@ def test_two_replicas_elect_one_through_the_charts_peering(cluster_release, kube
         )
         peers = _peering_status(kube_cluster, cluster_release)
         assert peers["replica-a"]["priority"] > peers["replica-b"]["priority"], peers
-        time.sleep(3)
+
+        # Each replica's keep-alive again after both were in the peering: changes of the peering object that both
+        # watch, each showing the other alive (the state each must act on), before looking at what they did.
+        def both_kept_alive() -> bool:
+            now = _peering_status(kube_cluster, cluster_release)
+            return all(now[replica]["lastseen"] != peers[replica]["lastseen"] for replica in ("replica-a", "replica-b"))
+
+        wait_until(both_kept_alive, timeout=45, message="a keep-alive of each replica after both joined")
         assert "Resuming operations" not in second.log(), f"{peers}\n{second.log()}"
         assert "Pausing" not in first.log()
         stopped = time.monotonic()
