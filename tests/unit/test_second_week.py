@@ -273,3 +273,19 @@ def test_status_says_a_paused_annotation_does_nothing_to_one_server():
     assert "paused does nothing to one server" in one
     fleet = describe("llama", SpeculativeServerStatus(phase="Promoted", replicas=4), {steering.PAUSED: "true"})
     assert "(paused)" in fleet and "does nothing" not in fleet
+
+
+def test_a_blocked_update_is_named_for_a_revision_decided_by_hand_too():
+    """specdec.io/promote holds every revision promoted: the new one is decided at once, and the old speculative
+    server is still kept until the new base serves, so the same deadlock is named."""
+    from specdec_operator import steering
+
+    world = _promoted_alone()
+    _new_image(world)
+    hand = {steering.PROMOTE: "validated offline"}
+    world.step(annotations=hand)
+    world.add_pod("base")
+    _unschedulable(world.pods[-1])
+    blocked = world.step(annotations=hand)
+    assert blocked.status["probe"]["reason"] == "PromotedByHand"
+    assert blocked.status["phase"] == "Failed" and blocked.status["reason"] == "UpdateBlocked", blocked.status

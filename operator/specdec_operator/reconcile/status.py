@@ -85,11 +85,13 @@ def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: Pr
 def walking_back(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, outcome: PhaseOutcome) -> PhaseOutcome:
     """The phase of an undecided revision while the fleet walks back before the speculative template changes
     (plan_replicas): Deploying, reason WalkingToBase, saying so (the validator and the probe wait for the template)."""
-    if not fleet.holding or decision is not None or outcome.phase in (Phase.FAILED, Phase.INVALID):
+    if not fleet.holding or outcome.phase in (Phase.FAILED, Phase.INVALID):
         return outcome
     blocked = update_blocked(facts, fleet)
     if blocked is not None:  # fail fast, the cause named; the old server keeps serving and the base may still come
-        return PhaseOutcome(Phase.FAILED, Reason.UPDATE_BLOCKED, blocked)
+        return PhaseOutcome(Phase.FAILED, Reason.UPDATE_BLOCKED, blocked)  # decided or not (a promotion by hand holds too)
+    if decision is not None:
+        return outcome
     state = fleet.state
     message = (
         f"walking back to the base before the speculative pod template changes (revision {facts.revision}): "
