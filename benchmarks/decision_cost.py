@@ -126,12 +126,14 @@ def _probe(pythonpath: Path, base: str, speculative: str, extra: list[str], work
     return row
 
 
-def vllm(old: Path, repeat: int, work: Path) -> dict[str, Any]:
-    from tests.support.real_engine import real_engine_models
+def vllm(old: Path, repeat: int, work: Path, models_dir: Path | None = None, new: Path = REPO) -> dict[str, Any]:
+    from tests.support.real_engine import RealEngineModels, real_engine_models
     from tests.support.vllm_servers import VllmServer, start_servers
 
     work.mkdir(parents=True, exist_ok=True)
-    models = real_engine_models()
+    # --models: a finished build of the tier's models (its key is a hash of the pipeline's sources, which other work
+    # may change meanwhile; the comparison needs the same servers for both checkouts, not the newest build).
+    models = RealEngineModels(models_dir) if models_dir is not None else real_engine_models()
     target = models.target("a")
     wanted = [
         VllmServer("base", target, work / "base.log", core="0"),
@@ -145,7 +147,7 @@ def vllm(old: Path, repeat: int, work: Path) -> dict[str, Any]:
         for i in range(repeat):
             for pair in ("matched", "other-target"):
                 # Alternate which checkout goes first, so drift on the machine hits both.
-                order = [("before", old / "operator", []), ("after", REPO / "operator", declared)]
+                order = [("before", old / "operator", []), ("after", new / "operator", declared)]
                 for label, path, extra in order if i % 2 == 0 else order[::-1]:
                     row = _probe(path, servers["base"].url, servers[pair].url, extra, work, f"{label}-{pair}-{i}")
                     row.update({"run": label, "pair": f"base vs {pair}", "repeat": i})
@@ -192,9 +194,11 @@ def main() -> int:
     s.add_argument("--out")
     v = sub.add_parser("vllm")
     v.add_argument("--old", required=True, type=Path, help="the old checkout (its operator/ goes on PYTHONPATH)")
+    v.add_argument("--new", type=Path, default=REPO, help="the new checkout (default this one; e.g. `git archive HEAD operator` unpacked)")
     v.add_argument("--repeat", type=int, default=2)
     v.add_argument("--work", type=Path, default=Path("/tmp/decision-cost-vllm"))
     v.add_argument("--out")
+    v.add_argument("--models", type=Path, help="a built real-engine directory (default: the current pipeline's, built if missing)")
     r = sub.add_parser("render")
     r.add_argument("json")
     args = ap.parse_args()
@@ -207,7 +211,7 @@ def main() -> int:
         report = sps(args.files, labels)
         text = render_sps(report)
     else:
-        report = vllm(args.old, args.repeat, args.work)
+        report = vllm(args.old, args.repeat, args.work, args.models, args.new)
         text = render_vllm(report)
     report_out = (
         {**report, "command": " ".join([Path(sys.executable).name, *sys.argv])} if isinstance(report, dict) and "probes" in report else report
