@@ -101,7 +101,7 @@ lint: venv
 # tests, which mostly wait on containers, fill the first phase's gaps instead of a phase of their own.)
 # Both phases always run; the target fails if either failed. --durations: where the time goes.
 PYTEST_WORKERS ?= 3
-TEST_TOOLS := kube etcd helm lws node
+TEST_TOOLS := kube etcd helm lws node registry
 REAL_ENGINE_LOG := $(SPECDEC_TOOLS_DIR)/real-engine-models.log
 PARALLEL := not timing and not realengine
 
@@ -177,7 +177,7 @@ images-local:
 RELEASE_BUILD ?= images
 RELEASE_IMAGES ?= operator simulator
 
-release: venv
+release:
 	@case "$(RELEASE_BUILD)" in images|images-local|none) ;; \
 	  *) echo "make release: RELEASE_BUILD must be images, images-local or none, not '$(RELEASE_BUILD)'" >&2; exit 2 ;; esac
 	hack/tools.sh helm

@@ -6,8 +6,9 @@
 #   helm                                                               (group `helm`: chart tests, manifests)
 #   lws-controller                (group `lws`, only when asked)      (the LeaderWorkerSet controller: devcluster --lws)
 #   kubelet, kube-proxy, coredns  (group `node`, only when asked)     (the real node: devcluster --real-node)
+#   registry                      (group `registry`, only when asked) (the CNCF distribution registry: the release test)
 # Versions are pinned in hack/versions.env; the Go consumer modules that build them live in hack/go/.
-# Groups kube, etcd, helm and lws come from ONE module (hack/go/kube) and, when several are wanted, from one `go build`:
+# Groups kube, etcd, helm, lws and registry come from ONE module (hack/go/kube) and, when several are wanted, from one `go build`:
 # they share most of their packages (client-go, apimachinery, grpc, ...), so together they compile about 3,100
 # packages where four modules compiled 5,600. Group node is a module of its own (a kubelet one minor older).
 #
@@ -24,7 +25,8 @@
 #   --print-dir  print the tools directory and exit
 #   --check      exit 0 when every binary is present and stamped, 1 otherwise (builds nothing)
 #   GROUP...     which groups (default: kube etcd helm; `node` adds the real node's kubelet, kube-proxy, coredns;
-#                `lws` the LeaderWorkerSet controller and its CRD, from the sigs.k8s.io/lws module: hack/go/kube)
+#                `lws` the LeaderWorkerSet controller and its CRD, from the sigs.k8s.io/lws module: hack/go/kube;
+#                `registry` the CNCF distribution registry, hack/go/kube/registry: `make release`'s test pushes to it)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,13 +40,14 @@ while IFS='=' read -r key value; do
 done < <(grep -E '^[A-Z_]+=' "$HACK_DIR/versions.env")
 : "${KUBERNETES_VERSION:?missing in hack/versions.env}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}"
 : "${NODE_KUBERNETES_VERSION:?missing in hack/versions.env}" "${COREDNS_VERSION:?missing in hack/versions.env}"
-: "${LWS_VERSION:?missing in hack/versions.env}"
+: "${LWS_VERSION:?missing in hack/versions.env}" "${DISTRIBUTION_VERSION:?missing in hack/versions.env}"
 
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 ETCD_BINS=(etcd)
 HELM_BINS=(helm)
 NODE_BINS=(kubelet kube-proxy coredns pause)
 LWS_BINS=(lws-controller)
+REGISTRY_BINS=(registry)
 # Beside the controller, group lws leaves the release's LeaderWorkerSet CRD in the tools directory.
 LWS_CRD_FILE=leaderworkerset.x-k8s.io_leaderworkersets.yaml
 
@@ -57,8 +60,8 @@ for arg in "$@"; do
   case "$arg" in
     --print-dir) echo "$TOOLS_DIR"; exit 0 ;;
     --check) CHECK_ONLY=1 ;;
-    kube|etcd|helm|node|lws) GROUPS_WANTED+=("$arg") ;;
-    *) die "unknown argument '$arg' (use --print-dir, --check, or groups among: kube etcd helm node lws)" ;;
+    kube|etcd|helm|node|lws|registry) GROUPS_WANTED+=("$arg") ;;
+    *) die "unknown argument '$arg' (use --print-dir, --check, or groups among: kube etcd helm node lws registry)" ;;
   esac
 done
 (( ${#GROUPS_WANTED[@]} )) || GROUPS_WANTED=(kube etcd helm)
@@ -73,10 +76,13 @@ stamp_of() {
       helm) echo "$HELM_VERSION" ;;
       node) echo "$NODE_KUBERNETES_VERSION $COREDNS_VERSION" ;;
       lws) echo "$LWS_VERSION" ;;
+      registry) echo "$DISTRIBUTION_VERSION" ;;
     esac
     cat "$HACK_DIR/go/$(module_of "$group")/go.mod" "$HACK_DIR/go/$(module_of "$group")/go.sum"
     # The node module has main packages of its own (coredns' plugin set, pause).
     [[ "$group" == node ]] && cat "$HACK_DIR"/go/node/*/*.go
+    # ... and so has group registry (the storage drivers it links).
+    [[ "$group" == registry ]] && cat "$HACK_DIR"/go/kube/registry/*.go
     true
   } | sha256sum | cut -c1-16
 }
@@ -99,6 +105,7 @@ pkgs_of() {
     helm) echo helm.sh/helm/v4/cmd/helm ;;
     node) echo k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy specdec.io/hack/node/coredns specdec.io/hack/node/pause ;;
     lws) echo sigs.k8s.io/lws/cmd ;;
+    registry) echo specdec.io/hack/kube/registry ;;
   esac
 }
 
@@ -109,6 +116,7 @@ bins_of() {
     helm) echo "${HELM_BINS[@]}" ;;
     node) echo "${NODE_BINS[@]}" ;;
     lws) echo "${LWS_BINS[@]}" ;;
+    registry) echo "${REGISTRY_BINS[@]}" ;;
   esac
 }
 
@@ -181,7 +189,8 @@ try_reuse() {
   local group="$1" bin found
   local -a links=()
   [[ "$REUSE" == 1 ]] || return 1
-  [[ "$group" == node || "$group" == lws ]] && return 1  # built here always (the kubelet must be exactly the pinned minor)
+  # Built here always: the kubelet must be exactly the pinned minor; the registry is ours (two storage drivers).
+  [[ "$group" == node || "$group" == lws || "$group" == registry ]] && return 1
   for bin in $(bins_of "$group"); do
     found="$(find_existing "$bin")" || return 1
     links+=("$bin=$found")
@@ -231,6 +240,7 @@ ldflags_of() {
     etcd) flags=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}" ;;
     helm) flags=" -X helm.sh/helm/v4/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v4/internal/version.gitTreeState=clean" ;;
     lws) flags=" -X sigs.k8s.io/lws/pkg/version.GitVersion=${LWS_VERSION} -X sigs.k8s.io/lws/pkg/version.BuildDate=1970-01-01T00:00:00Z" ;;
+    registry) flags=" -X github.com/distribution/distribution/v3/version.version=${DISTRIBUTION_VERSION}" ;;
   esac
   echo "$flags"
 }
@@ -285,7 +295,7 @@ check_pins() {
   local file pin
   for entry in "kube:k8s.io/kubernetes $KUBERNETES_VERSION" "kube:sigs.k8s.io/kwok $KWOK_VERSION" \
                "kube:go.etcd.io/etcd/server/v3 $ETCD_VERSION" "kube:helm.sh/helm/v4 $HELM_VERSION" \
-               "kube:sigs.k8s.io/lws $LWS_VERSION" \
+               "kube:sigs.k8s.io/lws $LWS_VERSION" "kube:github.com/distribution/distribution/v3 $DISTRIBUTION_VERSION" \
                "node:k8s.io/kubernetes $NODE_KUBERNETES_VERSION" "node:github.com/coredns/coredns $COREDNS_VERSION"; do
     file="$HACK_DIR/go/${entry%%:*}/go.mod"; pin="${entry#*:}"
     grep -qE "^[[:space:]]*(require[[:space:]]+)?${pin//./\\.}([[:space:]]|$)" "$file" \
