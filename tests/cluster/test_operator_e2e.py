@@ -166,7 +166,6 @@ def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
             assert pod.spec.node_name.startswith(("b200-", "rtxpro6000-")), pod.spec.node_name
 
 
-@pytest.mark.timing
 def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_everything(
     operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:
@@ -175,6 +174,10 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     spec_sim = sims.start("llama31-8b-eagle3")
     operator.map(f"{name}-base", base.url)
     operator.map(f"{name}-spec", spec_sim.url)
+    # The decision is scripted (the profile's truth, about 2x): this test is about what follows it (the switch, the
+    # drift monitor on the simulator's real /metrics, the deletion), not about measuring, so a busy machine cannot
+    # turn it Inconclusive. tests/unit/test_probe*.py and the `timing` tests measure.
+    operator.script(name, speedup={"chat": 2.0, "batch-32": 1.6}, acceptLength=3.2)
     metrics_port, health_port = free_port(), free_port()
     operator.extra_args = [
         "--metrics-port",

@@ -51,14 +51,24 @@ class Operator:
         self.extra_args: list[str] = []
         self.peering: str | None = None  # --peering NAME instead of --standalone
         self.all_procs: list[subprocess.Popen] = []
+        self.scripts: dict[str, dict[str, Any]] = {}  # --probe-script: scripted probes by resource name
 
     def map(self, service: str, url: str) -> None:
         self.endpoints[f"{self.namespace}/{service}"] = url
+
+    def script(self, name: str, speedup: float | dict[str, float], **entry: Any) -> None:
+        """Resource ``name``'s probes decide on scripted rounds (probe/scripted.py: speedup, noise, acceptLength,
+        secondsPerRound) instead of measuring the simulators: for tests of what the operator does with a decision, which
+        must not depend on how busy the machine is. Read when each probe starts, so it may be set while running."""
+        self.scripts[f"{self.namespace}/{name}"] = {"speedup": speedup, **entry}
+        (self.workdir / "probe-script.yaml").write_text(yaml.safe_dump(self.scripts))
 
     def start(self) -> subprocess.Popen:
         self.starts += 1
         path = self.workdir / "endpoints.yaml"
         path.write_text(yaml.safe_dump(self.endpoints))
+        script = self.workdir / "probe-script.yaml"
+        script.write_text(yaml.safe_dump(self.scripts))
         log = open(self.workdir / f"operator-{self.starts}.log", "w")
         env = {**os.environ, "KUBECONFIG": self.kubeconfig}
         peering = ["--peering", self.peering] if self.peering else ["--standalone"]
@@ -76,6 +86,8 @@ class Operator:
             "0",
             "--reconcile-interval",
             "1",
+            "--probe-script",
+            str(script),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)

@@ -55,6 +55,9 @@ class FakeWriter:
     async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         raise AssertionError("no prompt dataset in these specs")
 
+    async def read_probe_evidence(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # no probe here keeps evidence (the probes are FakeProbes)
+
     async def pod_warnings(self, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.pod_event_reads.append(namespace)  # a read, not a write: kept out of `calls`
         return list(self.pod_events)
@@ -99,6 +102,7 @@ class FakeProbes:
         self.result: ProbeStatus | None = None
         self.revision: str | None = None
         self.read_config_map = None  # set by the Operator (a ConfigMap prompt source, read through the API)
+        self.read_evidence = None  # set by the Operator (ConfigMap <name>-probe-evidence, read when a probe starts)
 
         async def no_file_dataset(*args, **kwargs):
             raise AssertionError("no File prompt source expected")
@@ -118,7 +122,7 @@ class FakeProbes:
         self.settled += 1
         self.result = self.revision = None
 
-    def start(self, key, spec, revision, on_done, *, probe_id=None, load_aware_probe=None, owner_uid=None):
+    def start(self, key, spec, revision, on_done, *, probe_id=None, load_aware_probe=None, owner_uid=None, generation=None, write_evidence=None):
         self.started.append(revision)
         self.revision = probe_id or revision
 

@@ -125,6 +125,8 @@ class OperatorConfig:
     # How long a File prompt source's reader pod may take to be scheduled, start and serve the dataset (its image
     # is the operator's, usually cached on the GPU nodes); then the probe ends DatasetInvalid, naming the pod's state.
     dataset_reader_timeout: float = 300.0
+    # --probe-script: a file of scripted probes (probe/scripted.py) for tests and demos; None: every probe measures.
+    probe_script: str | None = None
     scrape_timeout: float = 10.0
     # Drift scrapes in flight at once, over every resource's speculative pods (a 40-pod fleet is scraped
     # concurrently, but never more than this many connections at a time).

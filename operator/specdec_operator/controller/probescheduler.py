@@ -26,6 +26,7 @@ from ..probe import ProbeRequestError, scrape_metrics
 from ..probe.datasets import Prompt, parse_dataset
 from ..probe.evidence import Evidence, from_compact
 from ..probe.run import run_probe
+from ..probe.scripted import load_script, scripted_for
 from ..probecost import probed_gpus, unit_seconds
 from ..reconcile.race import decide
 from ..textutil import clip, rfc3339
@@ -193,6 +194,10 @@ class ProbeScheduler:
             except Exception as exc:  # the API refused the read (RBAC, unreachable): no probe, no promotion
                 one_line = " ".join(str(exc).split())[:200]
                 return dataset_invalid(revision, f"dataset: reading it failed: {type(exc).__name__}: {one_line}")
+            try:
+                script = scripted_for(load_script(self.config.probe_script), *key) if self.config.probe_script else None
+            except InputError as exc:
+                return probe_failed(revision, str(exc))
             failures: list[str] = []
             spent = 0.0  # seconds measuring, over every attempt: the GPU-seconds' time
             evidence, resumed = await self._resume(probe)
@@ -233,6 +238,7 @@ class ProbeScheduler:
                         decide=decide,
                         evidence=evidence,
                         on_evidence=keep,
+                        script=script,
                     )
                 except asyncio.CancelledError:
                     raise

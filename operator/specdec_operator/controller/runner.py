@@ -132,6 +132,13 @@ def _add_intervals_and_limits(p: argparse.ArgumentParser) -> None:
         "--probe-request-timeout", type=_positive(float), default=600.0, metavar="S", help="upper bound of one probe request (default 600)"
     )
     p.add_argument(
+        "--probe-script",
+        metavar="FILE",
+        default=None,
+        help="tests and demos: probes of the resources this YAML file names decide on its scripted rounds instead of "
+        "measuring the servers (docs/probe.md, probe/scripted.py); read when each probe starts",
+    )
+    p.add_argument(
         "--dataset-reader-timeout",
         type=_positive(float),
         default=300.0,
@@ -218,6 +225,7 @@ def main(argv: list[str]) -> int:
         probe_timeout=args.probe_timeout,
         probe_request_timeout=args.probe_request_timeout,
         dataset_reader_timeout=args.dataset_reader_timeout,
+        probe_script=args.probe_script,
         max_concurrent_probes=args.max_concurrent_probes,
         max_concurrent_scrapes=args.max_concurrent_scrapes,
         max_concurrent_reconciles=args.max_concurrent_reconciles,

@@ -23,36 +23,25 @@ from .client import Measurement, ProbeRequestError, get_json, measure
 from .curve import BreakEven, CurvePoint, break_even
 from .datasets import Prompt
 from .decide import (
-    MAX_WIDTH,
     PROMOTE_MIN_ROUNDS,
     Decision,
     Outcome,
     Reason,
     Verdict,
-    combine_all,
     drafter_not_accepting,
-    futile,
-    futility_horizon,
     judge_paired,
     normalize_policy,
-    outcome_for,
-    width,
 )
+from .evidence import ArmState, Continue, Decide, Decided, Evidence, Measured, PairedMeasurement, RaceRules
 from .metrics import scrape_metrics
 from .outputs import compare_outputs, judge_outputs
-from .sequential import LookLevels, look_levels
+from .scripted import ScriptedProbe
 from .stats import (
     LogRate,
-    PairedRound,
-    RatioInterval,
     block_rates,
     blocks_for,
     log_rate,
-    paired_round,
     pooled_blocks_for,
-    sequential_interval,
-    weighted_paired_round,
-    with_pooled_variance,
 )
 from .traffic import WorkloadTraffic, build_traffic
 
@@ -231,6 +220,7 @@ class ProbeResult:
 
 
 OnRound = Callable[[ProbeResult], "Awaitable[None] | None"]
+OnEvidence = Callable[[Evidence], "Awaitable[None] | None"]
 
 
 def _check_arguments(
@@ -279,8 +269,18 @@ async def run_probe(
     datasets: Mapping[str, list[Prompt]] | None = None,
     output_check: OutputCheck | None = None,
     engine: Engine | None = None,
+    decide: Decide,
+    evidence: Evidence | None = None,
+    on_evidence: OnEvidence | None = None,
+    script: ScriptedProbe | None = None,
 ) -> ProbeResult:
-    """Measure ``speculative_url`` against ``base_url`` and decide promote or rollback.
+    """Measure ``speculative_url`` against ``base_url``, one round at a time, until ``decide`` decides.
+
+    ``decide`` is the decision (reconcile/race.py ``decide``: the operator, ``specdec probe`` and the benchmarks pass
+    that one; this layer measures and never judges). ``evidence``: what an earlier run of this probe measured (a
+    restarted operator resumes it; evidence.from_compact has checked it is of this revision); ``on_evidence`` (sync or
+    async) gets the evidence after every round, to keep it. ``script``: the rounds come from it instead of from the
+    servers (probe/scripted.py: tests of what the operator does with a decision); the decision is the same.
 
     Rounds alternate the order of the two servers (speculative first in odd rounds, base first in even
     ones) so drift on the machine hits both. After each round every workload gets an interval on its log
@@ -323,11 +323,19 @@ async def run_probe(
             speculative_url.rstrip("/"),
             wls,
             result,
-            min_speedup=float(min_speedup),
-            max_rounds=max_rounds,
-            floor=float(accept_length_floor) if accept_length_floor is not None else None,
-            policy=policy_key,
-            confidence=confidence,
+            rules=RaceRules(
+                min_speedup=float(min_speedup),
+                confidence=confidence,
+                max_rounds=max_rounds,
+                policy=policy_key,
+                weights={w.name: w.weight for w in wls},
+                accept_length_floor=float(accept_length_floor) if accept_length_floor is not None else None,
+                labels={w.name: f"{w.name} (c={w.concurrency})" for w in wls},
+            ),
+            decide=decide,
+            evidence=evidence if evidence is not None else Evidence(),
+            on_evidence=on_evidence,
+            script=script,
             timeout=timeout,
             request_timeout=request_timeout,
             read_timeout=read_timeout,
@@ -336,7 +344,7 @@ async def run_probe(
             traffic=traffic,
             engine=engine,
         )
-        if output_check is not None and output_check.enabled and outcome.reason is not Reason.PROBE_FAILED:
+        if output_check is not None and output_check.enabled and outcome.reason is not Reason.PROBE_FAILED and script is None:
             urls = (base_url.rstrip("/"), speculative_url.rstrip("/"))
             outcome = await _check_outputs(session, urls, traffic, output_check, outcome, result, request_timeout, seed, engine)
     except ProbeRequestError as exc:
@@ -353,6 +361,10 @@ async def run_probe(
     if result.accept_length is None and result.server_accept_length is not None:
         # Chat streams (and vLLM's) carry no spec_verify_ct: the server's own acceptance stands in.
         result.accept_length = result.server_accept_length
+    if script is not None:
+        result.traffic = {}
+        result.synthetic = []
+        result.message += f" [ScriptedEvidence: the rounds came from --probe-script ({script.key}), not from the servers]"
     if result.synthetic and result.base_reachable:
         result.message += (
             f" [SyntheticTraffic: {', '.join(result.synthetic)} sent random token ids, not prompts: acceptance, and so the speedup, "
@@ -380,10 +392,11 @@ async def _check_outputs(
     return judge_outputs(outcome, comparison, check.min_match_rate)
 
 
-def _detail(results: list[WorkloadOutcome], min_speedup: float, combined: RatioInterval | None) -> str:
+def _detail(results: list[WorkloadOutcome], min_speedup: float, state: ArmState | None, rules: RaceRules) -> str:
     parts = []
-    if combined is not None:
-        parts.append(f"weighted speedup {combined.estimate:.3f}x [{combined.low:.3f}, {combined.high:.3f}]")
+    if rules.policy == "weighted" and state is not None and state.interval is not None:
+        iv = state.interval
+        parts.append(f"weighted speedup {iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}]")
     for w in results:
         if w.speedup is None:
             continue
@@ -400,49 +413,58 @@ async def _probe(
     wls: list[Workload],
     result: ProbeResult,
     *,
-    min_speedup: float,
-    max_rounds: int,
-    floor: float | None,
-    policy: str,
-    confidence: float,
+    rules: RaceRules,
+    decide: Decide,
+    evidence: Evidence,
     timeout: float,
     request_timeout: float,
     read_timeout: float,
     seed: int | None,
     on_round: OnRound | None,
+    on_evidence: OnEvidence | None,
+    script: ScriptedProbe | None = None,
     traffic: Mapping[str, WorkloadTraffic] | None = None,
     engine: Engine | None = None,
 ) -> Outcome:
+    """Measure what the decision asks for, one round at a time, until it decides (reconcile/race.py, given as
+    ``decide``): this loop measures and never judges. ``evidence`` may hold the rounds of an earlier run of this probe
+    (a restarted operator): they count, and the next round continues their numbering and order."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     rng = random.Random(seed)
     meter = ServerAcceptance(engine or engine_for(None))
 
-    failed = await _preflight(session, base_url, speculative_url, wls, result, timeout, meter, traffic or {})
-    if failed is not None:
-        return failed
+    if script is None:
+        failed = await _preflight(session, base_url, speculative_url, wls, result, timeout, meter, traffic or {})
+        if failed is not None:
+            return failed
+    elif script.accept_length is not None:
+        result.accept_length = evidence.accept_length[SPECULATIVE] = script.accept_length
 
-    by_name = {w.name: r for w, r in zip(wls, result.workloads)}
-    tok_s: dict[str, dict[str, list[float]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
-    logs: dict[str, dict[str, list[LogRate]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
-    # Per workload and server: every measurement's coarse block rates, for the pooled variance (stats.with_pooled_variance:
-    # measurements too short for their own blocks, or whose own blocks have fewer df; the first measurement fixes the count).
-    profiles: dict[str, dict[str, list[list[float]]]] = {w.name: {BASE: [], SPECULATIVE: []} for w in wls}
+    by_name = {w.name: w for w in wls}
+    names = [w.name for w in wls]
     last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
     spec_tokens = spec_verify = 0
-    active = list(wls)
-    combined: RatioInterval | None = None
+    arms = [SPECULATIVE]
+    step = decide(evidence, rules, arms, names)
+    rnd = evidence.rounds(SPECULATIVE)
 
     async def run_one(w: Workload, url: str, check: bool) -> Measurement:
-        return await _measure_one(session, url, w, loop.time, deadline, rng, request_timeout, read_timeout, floor if check else None, traffic)
+        floor = rules.accept_length_floor if check else None
+        return await _measure_one(session, url, w, loop.time, deadline, rng, request_timeout, read_timeout, floor, traffic)
 
-    for rnd in range(1, max_rounds + 1):
-        # One look after every round, at this look's levels whatever the budget (probe/sequential.py); a time-out
-        # summarizes the rounds completed so far at the levels of the last look.
-        level = look_levels(confidence, max(1, rnd - 1))
+    while isinstance(step, Continue):
+        rnd += 1
         order = [SPECULATIVE, BASE] if rnd % 2 == 1 else [BASE, SPECULATIVE]
+        if script is not None:
+            for name in step.workloads.get(SPECULATIVE, ()):
+                await asyncio.sleep(script.seconds_per_round / max(1, len(step.workloads.get(SPECULATIVE, ()))))
+                spec_m, base_m = script.pair(name, rnd)
+                evidence.add(SPECULATIVE, name, PairedMeasurement(rnd, spec_m, base_m))
         try:
-            for w in active:
+            for name in step.workloads.get(SPECULATIVE, ()) if script is None else ():
+                w = by_name[name]
+                measured: dict[str, Measured] = {}
                 for variant in order:
                     url = speculative_url if variant == SPECULATIVE else base_url
                     first_speculative = rnd == 1 and variant == SPECULATIVE
@@ -451,48 +473,49 @@ async def _probe(
                         spec_tokens += m.spec_tokens
                         spec_verify += m.spec_verify_ct
                         result.accept_length = spec_tokens / spec_verify if spec_verify else None
-                        if first_speculative:
-                            rejected = await _drafter_rejected(session, speculative_url, result, m, w, floor, meter)
-                            if rejected is not None:
-                                return rejected
-                    if m.aborted_early:  # only happens through drafter_check, handled above
+                        if first_speculative and await _drafter_rejected(session, speculative_url, result, m, meter, rules.accept_length_floor):
+                            assert result.accept_length is not None
+                            evidence.accept_length[SPECULATIVE] = result.accept_length
+                            decided = decide(evidence, rules, arms, names)
+                            if isinstance(decided, Decided):
+                                return Outcome(
+                                    decided.decision,
+                                    decided.reason,
+                                    f"{decided.message} (after {m.requests} request(s) of workload {w.name})",
+                                )
+                    if m.aborted_early:  # only happens through the drafter check, handled above
                         continue
-                    tok_s[w.name][variant].append(m.tokens_per_second)
-                    logs[w.name][variant].append(_log_rate(m, w))
-                    profiles[w.name][variant].append(_pooled_profile(m, w, profiles[w.name][variant]))
+                    measured[variant] = _measured(m, w, evidence.measurements(SPECULATIVE, name), variant)
                     last[w.name][variant] = m
+                if SPECULATIVE in measured and BASE in measured:
+                    evidence.add(SPECULATIVE, name, PairedMeasurement(rnd, measured[SPECULATIVE], measured[BASE]))
         except TimeoutError:
-            _summarize(wls, result, tok_s, logs, profiles, last, level)
+            state = decide(evidence, rules, arms, names).arms.get(SPECULATIVE)
+            _summarize(wls, result, evidence, last, state, rules)
             return Outcome(
                 Decision.ROLLBACK,
                 Reason.INCONCLUSIVE,
                 f"probe time budget of {timeout:g}s spent after {result.rounds} complete round(s): "
-                + _detail(result.workloads, min_speedup, combined),
+                + _detail(result.workloads, rules.min_speedup, state, rules),
             )
         result.rounds = rnd
-        level = look_levels(confidence, rnd)
-        server_accept = await meter.read(session, speculative_url, result)
+        server_accept = await meter.read(session, speculative_url, result) if script is None else None
         if server_accept is not None:
             result.server_accept_length = server_accept
-        intervals, paired = _summarize(wls, result, tok_s, logs, profiles, last, level)
-        verdicts = {w.name: judge_paired(intervals.get(w.name), min_speedup) for w in wls}
-        for w in wls:
-            by_name[w.name].verdict = verdicts[w.name].value
-        verdict, combined, active = _judge_round(wls, result, verdicts, paired, policy, level, min_speedup, combined, active)
-        final = rnd == max_rounds
-        horizon = futility_horizon(max_rounds)
-        last_level = look_levels(confidence, horizon).low_level
-        verdict, futility, active = _stop_or_go_on(
-            wls, verdict, verdicts, intervals, combined, policy, min_speedup, horizon, last_level, final, active
-        )
-        outcome = outcome_for(verdict, final=final, detail=_detail(result.workloads, min_speedup, combined), futility=futility, rounds=rnd)
+        accept = result.accept_length if result.accept_length is not None else result.server_accept_length
+        if accept is not None:
+            evidence.accept_length[SPECULATIVE] = accept
+        step = decide(evidence, rules, arms, names)
+        _summarize(wls, result, evidence, last, step.arms.get(SPECULATIVE), rules)
+        if on_evidence is not None:
+            maybe = on_evidence(evidence)
+            if inspect.isawaitable(maybe):
+                await maybe
         if on_round is not None:
             maybe = on_round(result)
             if inspect.isawaitable(maybe):
                 await maybe
-        if outcome is not None:
-            return _with_rounds_note(outcome, max_rounds)
-    raise AssertionError("unreachable: the last round always yields an outcome")
+    return _with_rounds_note(Outcome(step.decision, step.reason, step.message), rules.max_rounds)
 
 
 async def _measure_one(
@@ -595,116 +618,51 @@ async def _drafter_rejected(
     speculative_url: str,
     result: ProbeResult,
     m: Measurement,
-    w: Workload,
-    floor: float | None,
     meter: ServerAcceptance,
-) -> Outcome | None:
-    """After the first speculative measurement: a drafter that accepts nothing ends the probe at once."""
+    floor: float | None,
+) -> bool:
+    """After the first speculative measurement: does the drafter accept nothing? (The decision then ends the probe at
+    once: reconcile/race.py, DrafterNotAccepting.) The acceptance it read is the result's."""
     accept = m.accept_length
     if accept is None:
         accept = await meter.read(session, speculative_url, result)
     if not drafter_not_accepting(accept, floor):
-        return None
-    assert accept is not None and floor is not None
+        return False
     result.accept_length = accept
     result.rounds = 0
-    return Outcome(
-        Decision.ROLLBACK,
-        Reason.DRAFTER_NOT_ACCEPTING,
-        f"drafter not accepting: acceptance length {accept:.3f} <= floor {floor:g} "
-        f"after {m.requests} request(s) of workload {w.name} (1.00 = no draft token "
-        f"accepted); the base keeps serving",
-    )
+    return True
 
 
-def _judge_round(
-    wls: list[Workload],
-    result: ProbeResult,
-    verdicts: dict[str, Verdict],
-    paired: dict[str, list[PairedRound]],
-    policy: str,
-    level: LookLevels,
-    min_speedup: float,
-    combined: RatioInterval | None,
-    active: list[Workload],
-) -> tuple[Verdict, RatioInterval | None, list[Workload]]:
-    """The verdict of a round under the policy, the weighted mix's interval, and the workloads still measured."""
-    if policy == "weighted":
-        weights = {w.name: w.weight for w in wls}
-        n = min(len(paired[w.name]) for w in wls)
-        series = [weighted_paired_round({w.name: paired[w.name][i] for w in wls}, weights) for i in range(n)]
-        combined = sequential_interval(series, level) if series else None
-        verdict = judge_paired(combined, min_speedup)
-        if combined is not None:
-            result.speedup, result.speedup_low, result.speedup_high = combined.estimate, combined.low, combined.high
-        return verdict, combined, active
-    verdict = combine_all(verdicts)
-    estimates = [r for r in result.workloads if r.speedup is not None]
-    if estimates:
-        worst = min(estimates, key=lambda r: r.speedup or 0.0)
-        result.speedup, result.speedup_low, result.speedup_high = (worst.speedup, worst.speedup_low, worst.speedup_high)
-    # A workload already confirmed needs no more GPU time; the undecided ones go on.
-    return verdict, combined, [w for w in wls if verdicts[w.name] is not Verdict.PASS]
-
-
-def _stop_or_go_on(
-    wls: list[Workload],
-    verdict: Verdict,
-    verdicts: dict[str, Verdict],
-    intervals: dict[str, RatioInterval],
-    combined: RatioInterval | None,
-    policy: str,
-    min_speedup: float,
-    horizon: int,
-    last_level: float,
-    final: bool,
-    active: list[Workload],
-) -> tuple[Verdict, bool, list[Workload]]:
-    """Futility (no promotion is reachable any more), and intervals too wide to report: (verdict, futility, active).
-
-    ``horizon``: the round futility projects to (decide.futility_horizon: never beyond FUTILITY_HORIZON, so a larger
-    budget does not delay an early stop); ``last_level``: the promotion side's level at that look."""
-    futility = False
-    if verdict is Verdict.UNDECIDED and not final:
-        if policy == "weighted":
-            futility = futile(combined, min_speedup, horizon, last_level)
-        else:  # one workload that cannot pass keeps the whole server from promoting
-            futility = any(futile(intervals.get(w.name), min_speedup, horizon, last_level) for w in wls if verdicts[w.name] is Verdict.UNDECIDED)
-    if (verdict is not Verdict.UNDECIDED or futility) and not final:
-        # A decision reports every workload's interval: ones wider than the bound are measured again first
-        # (under `all` only those; a weighted mix measures them all).
-        wide = [w for w in wls if width(intervals.get(w.name)) > MAX_WIDTH]
-        if wide:
-            verdict, futility = Verdict.UNDECIDED, False
-            if policy != "weighted":
-                active = wide
-    return verdict, futility, active
-
-
-def _summarize(
-    wls, result: ProbeResult, tok_s, logs, profiles, last, level: LookLevels
-) -> tuple[dict[str, RatioInterval], dict[str, list[PairedRound]]]:
-    """Fill the per-workload results from the measurements; return each workload's interval and paired rounds."""
-    intervals: dict[str, RatioInterval] = {}
-    paired: dict[str, list[PairedRound]] = {}
+def _summarize(wls: list[Workload], result: ProbeResult, evidence: Evidence, last, state: ArmState | None, rules: RaceRules) -> None:
+    """Fill the per-workload results from the evidence and the decision's view of the arm (its intervals)."""
     for w, r in zip(wls, result.workloads):
-        base, speculative = tok_s[w.name][BASE], tok_s[w.name][SPECULATIVE]
-        n = min(len(base), len(speculative))
-        r.rounds = n
+        rows = evidence.measurements(SPECULATIVE, w.name)
+        base = [p.base.tok_s for p in rows]
+        speculative = [p.speculative.tok_s for p in rows]
+        r.rounds = len(rows)
         r.base_tok_s = sum(base) / len(base) if base else None
         r.speculative_tok_s = sum(speculative) / len(speculative) if speculative else None
-        r.ratios = [speculative[i] / base[i] if base[i] > 0 else math.inf for i in range(n)]
-        rates = {v: with_pooled_variance(logs[w.name][v], profiles[w.name][v], f"{w.name}/{v}") for v in (BASE, SPECULATIVE)}
-        paired[w.name] = [paired_round(rates[SPECULATIVE][i], rates[BASE][i]) for i in range(n)]
-        if n:
-            iv = intervals[w.name] = sequential_interval(paired[w.name], level)
+        r.ratios = [s / b if b > 0 else math.inf for s, b in zip(speculative, base, strict=True)]
+        iv = state.workloads.get(w.name) if state is not None else None
+        if iv is not None:
             r.speedup, r.speedup_low = iv.estimate, iv.low
             r.speedup_high = iv.high if math.isfinite(iv.high) else None
+            r.verdict = judge_paired(iv, rules.min_speedup).value
         if BASE in last[w.name]:
             r.base_latency = last[w.name][BASE].latency_summary()
         if SPECULATIVE in last[w.name]:
             r.speculative_latency = last[w.name][SPECULATIVE].latency_summary()
-    return intervals, paired
+    if state is not None and state.interval is not None:
+        result.speedup, result.speedup_low = state.interval.estimate, state.interval.low
+        result.speedup_high = state.interval.high if math.isfinite(state.interval.high) else None
+
+
+def _measured(m: Measurement, w: Workload, earlier: Sequence[PairedMeasurement], variant: str) -> Measured:
+    """A measurement reduced to what the decision reads: tok/s, log tok/s with its variance, the coarse blocks (as many
+    as this server's first measurement of the workload had: the pooled variance compares block positions)."""
+    lr = _log_rate(m, w)
+    profile = _pooled_profile(m, w, [list(getattr(p, variant).profile) for p in earlier[:1]])
+    return Measured(m.tokens_per_second, lr.log_rate, lr.var, lr.df, tuple(profile))
 
 
 def _log_rate(m: Measurement, w: Workload) -> LogRate:
