@@ -321,15 +321,15 @@ def expected_gpus(item: dict) -> dict[str, int] | None:
     return None
 
 
-def gpu_metrics(text: str) -> dict[str, dict[str, int]]:
-    """specdec_gpus (by variant) and specdec_idle_gpus ("idle") of each SpeculativeServer in NAMESPACE, from the
+def gpu_metrics(text: str, namespace: str = NAMESPACE) -> dict[str, dict[str, int]]:
+    """specdec_gpus (by variant) and specdec_idle_gpus ("idle") of each SpeculativeServer in ``namespace``, from the
     operator's /metrics text."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, dict[str, int]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.labels.get("namespace") != NAMESPACE:
+            if sample.labels.get("namespace") != namespace:
                 continue
             if sample.name == "specdec_gpus":
                 out.setdefault(sample.labels["name"], {})[sample.labels["variant"]] = int(sample.value)

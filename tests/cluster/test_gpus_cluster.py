@@ -12,8 +12,8 @@ import urllib.request
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from hack import demo
 from specdec_operator import steering
 from tests.support.kube import wait_until
 from tests.support.operator_process import (
@@ -33,22 +33,6 @@ pytestmark = pytest.mark.cluster
 
 # GPUs per server: unlike each other and above 1, so a count of pods or of the other resource's GPUs cannot pass.
 WARM, COLD = ("warm", 2), ("cold", 4)
-
-
-def gpu_metrics(url: str, namespace: str) -> dict[str, dict[str, float]]:
-    """specdec_gpus by variant and specdec_idle_gpus (key "idle") of each SpeculativeServer in ``namespace``."""
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    out: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = sample.labels
-            if labels.get("namespace") != namespace:
-                continue
-            if sample.name == "specdec_gpus":
-                out.setdefault(labels["name"], {})[labels["variant"]] = sample.value
-            elif sample.name == "specdec_idle_gpus":
-                out.setdefault(labels["name"], {})["idle"] = sample.value
-    return out
 
 
 def test_a_promoted_server_counts_its_gpus_and_a_warm_base_as_idle_ones(
@@ -107,4 +91,14 @@ def test_a_promoted_server_counts_its_gpus_and_a_warm_base_as_idle_ones(
         WARM[0]: {"base": WARM[1], "speculative": WARM[1], "idle": WARM[1]},
         COLD[0]: {"base": 0, "speculative": COLD[1], "idle": 0},
     }
-    wait_until(lambda: gpu_metrics(url, namespace) == want, timeout=30, message=f"specdec_gpus / specdec_idle_gpus {want}")
+
+    def scraped() -> dict:
+        return demo.gpu_metrics(urllib.request.urlopen(url, timeout=5).read().decode(), namespace)
+
+    wait_until(lambda: scraped() == want, timeout=30, message=f"specdec_gpus / specdec_idle_gpus {want}")
+    # make demo's closing check, on these objects as the API server returns them (CRD defaults applied): it
+    # derives the same numbers from each spec and finds nothing wrong.
+    items = custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    assert {i["metadata"]["name"]: demo.expected_gpus(i) for i in items} == want
+    lines, wrong = demo.gpu_report(items, scraped())
+    assert wrong == [] and len(lines) == 2, (lines, wrong)
