@@ -23,7 +23,7 @@ from contextlib import AsyncExitStack
 import aiohttp
 
 from specdec_operator.api import Workload
-from specdec_operator.probe import run_probe
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.simulator import SimulatorServer, load_profile
 
 WORKLOADS = [

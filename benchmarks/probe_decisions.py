@@ -42,7 +42,7 @@ from importlib import resources
 from typing import Any
 
 from specdec_operator.api import Prompts, Workload
-from specdec_operator.probe import run_probe
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.simulator import SimulatorProcess, SimulatorServer, profile_from_dict
 
 # Random token ids, as every run recorded under docs/benchmarks/ (the "before" method knew no other traffic): the

@@ -22,7 +22,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from specdec_operator.api import Prompts, Workload
-from specdec_operator.probe import ProbeResult, run_probe
+from specdec_operator.cli.probe import run_probe
+from specdec_operator.probe import ProbeResult
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
 FAULTS = ["http_500", "timeout", "truncated_stream", "malformed_json", "stall", "die_mid_round", "mixed"]

@@ -33,7 +33,7 @@ import time
 import aiohttp
 
 from specdec_operator.api import Prompts, Workload
-from specdec_operator.probe import run_probe
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.probe.client import measure
 from specdec_operator.probe.datasets import Prompt, default_prompts, load_dataset_file
 from specdec_operator.probe.traffic import build_traffic

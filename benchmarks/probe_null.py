@@ -17,7 +17,7 @@ import time
 from contextlib import AsyncExitStack
 
 from specdec_operator.api import Workload
-from specdec_operator.probe import run_probe
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.probe.run import DEFAULT_CONFIDENCE
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 

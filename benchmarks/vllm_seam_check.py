@@ -109,9 +109,10 @@ async def probe_and_monitor(urls: dict[str, str]) -> dict[str, Any]:
     import aiohttp
 
     from specdec_operator.api import OutputCheck, Prompts
+    from specdec_operator.cli.probe import run_probe
     from specdec_operator.engines.vllm import VLLM
     from specdec_operator.monitor import observe, sample_from_metrics
-    from specdec_operator.probe import parse_workload, run_probe, scrape_metrics
+    from specdec_operator.probe import parse_workload, scrape_metrics
 
     out: dict[str, Any] = {}
     async with aiohttp.ClientSession() as session:

@@ -9,9 +9,9 @@ from contextlib import AsyncExitStack
 import pytest
 
 from specdec_operator.api import OutputCheck, Workload
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.controller.probescheduler import config_map_dataset
 from specdec_operator.errors import InputError
-from specdec_operator.probe import run_probe
 from specdec_operator.probe.datasets import default_prompts, parse_dataset
 from specdec_operator.probe.outputs import prefix_match
 from specdec_operator.simulator import SimulatorServer, profile_from_dict

@@ -13,10 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from specdec_operator.api import MonitorStatus, OutputCheck, Prompts
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.engines.sglang import SGLANG
 from specdec_operator.engines.vllm import VLLM
 from specdec_operator.monitor import observe, observe_fleet, remember, sample_from_metrics
-from specdec_operator.probe import parse_workload, run_probe, scrape_metrics
+from specdec_operator.probe import parse_workload, scrape_metrics
 from specdec_operator.probe.datasets import Prompt
 from specdec_operator.probe.metrics import parse_engine_metrics
 from specdec_operator.probe.traffic import prompt_plan, random_ids_plans

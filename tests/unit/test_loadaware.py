@@ -14,8 +14,9 @@ import pytest
 from specdec_operator import resource
 from specdec_operator import sglang as sglang_args
 from specdec_operator.api import ProbeStatus, WorkloadResult
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.loadaware import adaptive_config, adaptive_unsupported_reason, never_slower
-from specdec_operator.probe import parse_workload, run_probe
+from specdec_operator.probe import parse_workload
 from specdec_operator.probe.curve import BreakEven
 from specdec_operator.simulator import SimulatorServer
 from specdec_operator.simulator.model import profile_from_dict

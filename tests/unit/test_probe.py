@@ -16,8 +16,9 @@ import pytest
 
 from specdec_operator.api import Prompts, Workload
 from specdec_operator.cli import main as specdec_main
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.errors import InputError
-from specdec_operator.probe import ProbeResult, parse_sglang_metrics, parse_workload, run_probe, scrape_metrics
+from specdec_operator.probe import ProbeResult, parse_sglang_metrics, parse_workload, scrape_metrics
 from specdec_operator.probe.decide import Verdict, combine_all, judge, normalize_policy
 from specdec_operator.probe.stats import (
     log_ratio_interval,

@@ -39,7 +39,7 @@ def test_the_same_servers_without_faults_would_promote():
     async def control():
         from contextlib import AsyncExitStack
 
-        from specdec_operator.probe import run_probe
+        from specdec_operator.cli.probe import run_probe
         from specdec_operator.simulator import SimulatorServer, profile_from_dict
 
         base = campaign._profile("base", [[1, 10.0], [64, 20.0]], None, {})

@@ -13,15 +13,17 @@ import random
 import pytest
 
 from specdec_operator.api import Decision, Reason
-from specdec_operator.probe.evidence import BYTE_BUDGET, SCHEMA, ArmRound, Evidence, from_compact
-from specdec_operator.probe.stats import PairedRound
+from specdec_operator.probe.evidence import SCHEMA, STATUS_BYTE_BUDGET, Evidence, Measured, PairedMeasurement, from_compact
 from specdec_operator.reconcile.race import ArmOutcome, Continue, Decided, RaceRules, decide
 
 NOISE = 0.04  # within-round standard deviation of a log speedup: a quiet simulator's
 
 
-def paired(speedup: float, sd: float = NOISE, df: float = 30.0) -> PairedRound:
-    return PairedRound(math.log(speedup), sd * sd, df)
+def pair(rnd: int, speedup: float, sd: float = NOISE, df: float = 30.0) -> PairedMeasurement:
+    """A paired measurement whose log speedup has within-round variance sd^2 (half from each server's measurement)."""
+    half = sd * sd / 2.0
+    base = Measured(100.0, math.log(100.0), half, df)
+    return PairedMeasurement(rnd, Measured(100.0 * speedup, math.log(100.0 * speedup), half, df), base)
 
 
 def run(script: dict[str, list[float]], rules: RaceRules, workloads: tuple[str, ...] = ("chat",)) -> tuple[Decided, int, Evidence]:
@@ -34,8 +36,8 @@ def run(script: dict[str, list[float]], rules: RaceRules, workloads: tuple[str, 
         rounds += 1
         for arm, names in step.workloads.items():
             for name in names:
-                ratio = script[arm][len(evidence.paired(arm, name))]
-                evidence.add(arm, name, ArmRound(rounds, paired(ratio), 100.0 * ratio, 100.0))
+                ratio = script[arm][len(evidence.measurements(arm, name))]
+                evidence.add(arm, name, pair(rounds, ratio))
         step = decide(evidence, rules, list(script), list(workloads))
     return step, rounds, evidence
 
@@ -43,7 +45,7 @@ def run(script: dict[str, list[float]], rules: RaceRules, workloads: tuple[str, 
 def test_a_clear_win_is_promoted_at_the_second_round_and_not_before():
     rules = RaceRules(max_rounds=6)
     evidence = Evidence("rev-1", 1)
-    evidence.add("eagle3", "chat", ArmRound(1, paired(2.0), 200.0, 100.0))
+    evidence.add("eagle3", "chat", pair(1, 2.0))
     assert isinstance(decide(evidence, rules, ["eagle3"], ["chat"]), Continue)  # both server orders first
     decided, rounds, _ = run({"eagle3": [2.0, 2.05, 1.98] * 4}, rules)
     assert (decided.decision, decided.reason, decided.winner, rounds) == (Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, "eagle3", 2)
@@ -92,8 +94,8 @@ def test_under_policy_all_a_confirmed_workload_is_not_measured_again():
     rules = RaceRules(max_rounds=6)
     evidence = Evidence("rev-1", 1)
     for rnd, (chat, batch) in enumerate([(2.0, 1.02), (2.02, 0.99)], start=1):
-        evidence.add("a", "chat", ArmRound(rnd, paired(chat), 1.0, 1.0))
-        evidence.add("a", "batch", ArmRound(rnd, paired(batch, sd=0.3, df=5.0), 1.0, 1.0))
+        evidence.add("a", "chat", pair(rnd, chat))
+        evidence.add("a", "batch", pair(rnd, batch, sd=0.3, df=5.0))
     step = decide(evidence, rules, ["a"], ["chat", "batch"])
     assert isinstance(step, Continue) and step.workloads == {"a": ("batch",)}
 
@@ -113,10 +115,11 @@ def test_evidence_round_trips_compactly_and_is_never_resumed_from_another_revisi
     _, _, evidence = run({"a": [1.4, 1.5, 1.45, 1.47] * 2, "b": [0.8, 0.82, 0.79] * 3}, RaceRules(), ("chat", "batch"))
     doc = json.loads(json.dumps(evidence.to_compact()))
     back = from_compact(doc, "rev-1", 1)
-    assert back is not None and back.rounds.keys() == evidence.rounds.keys()
-    for arm in evidence.rounds:
+    assert back is not None and back.pairs.keys() == evidence.pairs.keys()
+    for arm in evidence.pairs:
         for w in ("chat", "batch"):
             assert [round(p.log_ratio, 5) for p in back.paired(arm, w)] == [round(p.log_ratio, 5) for p in evidence.paired(arm, w)]
+    assert back.rounds("a") == evidence.rounds("a")
     # Deciding on the resumed evidence gives the same answer as on the original.
     resumed, original = (decide(e, RaceRules(), ["a", "b"], ["chat", "batch"]) for e in (back, evidence))
     assert isinstance(resumed, Decided) and isinstance(original, Decided)
@@ -126,14 +129,20 @@ def test_evidence_round_trips_compactly_and_is_never_resumed_from_another_revisi
     assert from_compact(doc, "rev-1", 2) is None
     assert from_compact({**doc, "v": SCHEMA + 1}, "rev-1", 1) is None
     assert from_compact({**doc, "arms": {"a": {"chat": [["x"]]}}}, "rev-1", 1) is None
-    assert evidence.compact_bytes() < BYTE_BUDGET
 
 
-def test_six_rounds_of_four_arms_on_two_workloads_fit_the_byte_budget():
+def test_the_compact_evidence_of_a_probe_is_small_and_profiles_are_what_makes_it_grow():
+    # Six rounds of one arm on two workloads without block profiles fit status's budget; with the coarse profiles a
+    # measurement keeps for the pooled variance (up to 40 blocks) it goes to a child object.
     evidence = Evidence("0123456789abcdef", 12)
-    for arm in ("eagle3", "ngram", "dflash", "standalone"):
-        for w in ("chat", "batch-64"):
-            for rnd in range(1, 7):
-                p = PairedRound(math.log(1.2345678), 0.00123456, 33.3333, (("chat/base", 0.000612345, 31.5), (None, 0.000622222, 29.1)))
-                evidence.add(arm, w, ArmRound(rnd, p, 1234.56789, 1000.123456))
-    assert evidence.compact_bytes() < BYTE_BUDGET, evidence.compact_bytes()
+    for w in ("chat", "batch-64"):
+        for rnd in range(1, 7):
+            evidence.add("speculative", w, pair(rnd, 1.2345678))
+    assert evidence.compact_bytes() < STATUS_BYTE_BUDGET, evidence.compact_bytes()
+    profiled = Evidence("0123456789abcdef", 12)
+    blocks = tuple(1234.56789 + i for i in range(40))
+    for w in ("chat", "batch-64"):
+        for rnd in range(1, 7):
+            m = Measured(1234.56789, 7.118, 0.000612345, 31.5, blocks)
+            profiled.add("speculative", w, PairedMeasurement(rnd, m, m))
+    assert STATUS_BYTE_BUDGET < profiled.compact_bytes() < 64 * 1024, profiled.compact_bytes()

@@ -15,7 +15,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from specdec_operator.probe import run_probe
+from specdec_operator.cli.probe import run_probe
 from specdec_operator.probe.decide import (
     MAX_WIDTH,
     Verdict,

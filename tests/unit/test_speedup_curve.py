@@ -10,7 +10,8 @@ import math
 import pytest
 
 from specdec_operator import crd
-from specdec_operator.probe import parse_workload, run_probe
+from specdec_operator.cli.probe import run_probe
+from specdec_operator.probe import parse_workload
 from specdec_operator.probe.curve import CurvePoint, break_even
 from specdec_operator.resource import dump
 from specdec_operator.simulator import SimulatorServer

@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("specdec_operator.validator.cli", "check a drafter against its target from metadata only"),
     "sglang-args": ("specdec_operator.cli.sglang_args", "print the server command line (SGLang's or vLLM's) of a SpeculativeServer variant"),
     "crd": ("specdec_operator.cli.crd", "print the CustomResourceDefinition generated from the API models"),
-    "probe": ("specdec_operator.probe.cli", "measure a speculative server against its base and decide"),
+    "probe": ("specdec_operator.cli.probe", "measure a speculative server against its base and decide"),
     "dataset-serve": ("specdec_operator.probe.reader", "read a prompt dataset file and serve it normalised (the File source's reader pod)"),
     "adaptive-config": ("specdec_operator.cli.adaptive_config", "derive SGLang's adaptive speculation table from a probe's speedup curve"),
     "simulate": ("specdec_operator.simulator.cli", "run an SGLang-compatible simulator for tests and demos"),

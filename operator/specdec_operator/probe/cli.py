@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..probecost import cli_cost, render_cost
 from .client import parse_workload
 from .datasets import load_dataset_file
+from .evidence import Decide
 from .run import DEFAULT_CONFIDENCE, ProbeResult, run_probe
 
 DEFAULT_WORKLOADS = ["single-stream:1:1024:256:4", "concurrent-64:64:1024:256:128"]
@@ -149,7 +150,10 @@ def render_text(result: ProbeResult, cost: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], decide: Decide | None = None) -> int:
+    """``decide``: the probe's decision (cli/probe.py passes reconcile/race.py's; this layer cannot import it)."""
+    if decide is None:
+        raise InputError("specdec probe: run it as `specdec probe` (the command passes the decision to the probe)")
     args = build_parser().parse_args(argv)
     workloads = [parse_workload(w) for w in (args.workload or DEFAULT_WORKLOADS)]
     if args.random_ids and args.dataset:
@@ -205,6 +209,7 @@ def main(argv: list[str]) -> int:
             datasets=datasets,
             output_check=check,
             engine=engine_named(args.engine),
+            decide=decide,
         )
     )
     cost = cost_of(result.wall_seconds)

@@ -1,4 +1,4 @@
-"""Decision rules of the probe: pure functions from intervals and acceptance to promote/rollback and a reason."""
+"""Decision rules of the probe: pure verdicts from intervals and acceptance (reconcile/race.py turns them into a decision and a reason)."""
 
 from __future__ import annotations
 
@@ -146,24 +146,3 @@ class Outcome:
     reason: Reason
     message: str
     transient: bool = False  # ProbeFailed on a failure a later attempt can clear (ProbeRequestError.transient)
-
-
-def outcome_for(verdict: Verdict, *, final: bool, detail: str, futility: bool = False, rounds: int = 0) -> Outcome | None:
-    """The probe's outcome for a combined verdict; None means "run another round".
-
-    ``futility``: an undecided verdict that :func:`futile` says more rounds would not decide ends now,
-    Inconclusive (it never promotes)."""
-    if verdict is Verdict.PASS:
-        return Outcome(Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"speedup confirmed: {detail}")
-    if verdict is Verdict.FAIL:
-        return Outcome(Decision.ROLLBACK, Reason.SPEEDUP_BELOW_THRESHOLD, f"speedup below threshold: {detail}")
-    if futility and not final:
-        return Outcome(
-            Decision.ROLLBACK,
-            Reason.INCONCLUSIVE,
-            f"inconclusive, stopped early after {rounds} round(s): the estimate is too close to min speedup for more rounds to "
-            f"decide (futility): {detail}",
-        )
-    if final:
-        return Outcome(Decision.ROLLBACK, Reason.INCONCLUSIVE, f"inconclusive after the last round: {detail}")
-    return None

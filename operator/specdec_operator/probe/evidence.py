@@ -1,71 +1,101 @@
-"""What a probe has measured so far, kept compactly and keyed so that it is never resumed from stale evidence.
+"""What a probe has measured so far, kept compactly and keyed so that it is never resumed from stale evidence, and the
+steps a decision over it can return.
 
-The unit is a paired round of one arm (a speculative configuration) against the base on one workload: the round's log
-speedup with its within-round variance and degrees of freedom (stats.PairedRound), and both servers' tok/s. An arm's
-acceptance counters come with it. A race of several arms shares one base, so each arm has its own paired rounds.
+The unit is a paired measurement of one arm (a speculative configuration) against the base on one workload in one
+round: each server's tok/s, the log of it with its within-measurement variance and degrees of freedom, and its coarse
+block profile (stats.with_pooled_variance pools those over the rounds of one server and workload, so the paired rounds
+are derived from all of them, never stored). An arm's acceptance length comes with it. A race of several arms shares
+one base; each arm has its own paired measurements.
 
 ``to_compact()`` is a JSON document (short keys, rounded floats, a schema version, the resource's revision and
-generation) meant for a child object or status; ``from_compact()`` returns None for a document of another schema,
-revision or generation, so a restarted operator resumes only the probe of the spec it is still looking at.
+generation) meant for a child object; ``from_compact()`` returns None for a document of another schema, revision or
+generation (or one it cannot read), so a restarted operator resumes only the probe of the spec it is still looking at.
+
+The decision itself is reconcile/race.py's: a pure function of an :class:`Evidence` and :class:`RaceRules` that returns
+:class:`Continue` (what to measure next) or :class:`Decided`. They are defined here so that the probe's loop (this
+layer) can run any decision function it is given (``Decide``) without importing the layer above.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from .stats import PairedRound
+from ..api import Decision, Reason
+from .stats import LogRate, PairedRound, RatioInterval, paired_round, with_pooled_variance
 
 SCHEMA = 1
-# The compact document of a probe is kept under this many bytes (6 rounds x 2 workloads x 4 arms is about 3 KiB): a
-# larger one belongs in a child object, not in status (tests/unit/test_probe_race.py checks the typical size).
-BYTE_BUDGET = 8192
+BASE, SPECULATIVE = "base", "speculative"
+# A compact document of at most this many bytes may go into status; a larger one belongs in a child object. Six rounds
+# of two workloads with coarse profiles are about 3-6 KiB per arm (tests/unit/test_probe_race.py measures it).
+STATUS_BYTE_BUDGET = 2048
 
 
 @dataclass(frozen=True)
-class ArmRound:
-    """One paired round of one arm on one workload."""
+class Measured:
+    """One server's measurement of one workload: tok/s, log tok/s with its variance and df, the coarse block rates."""
 
+    tok_s: float
+    log_rate: float
+    var: float
+    df: float
+    profile: tuple[float, ...] = ()
+
+    def rate(self) -> LogRate:
+        return LogRate(self.log_rate, self.var, self.df)
+
+
+@dataclass(frozen=True)
+class PairedMeasurement:
     round: int
-    paired: PairedRound
-    speculative_tok_s: float
-    base_tok_s: float
+    speculative: Measured
+    base: Measured
 
 
 @dataclass
 class Evidence:
-    """Every arm's paired rounds per workload, its acceptance, keyed by the resource's revision and generation."""
+    """Every arm's paired measurements per workload and its acceptance, keyed by the resource's revision and generation."""
 
-    revision: str
-    generation: int
-    rounds: dict[str, dict[str, list[ArmRound]]] = field(default_factory=dict)  # arm -> workload -> rounds
+    revision: str = ""
+    generation: int = 0
+    pairs: dict[str, dict[str, list[PairedMeasurement]]] = field(default_factory=dict)  # arm -> workload -> rounds
     accept_length: dict[str, float] = field(default_factory=dict)  # arm -> acceptance length measured so far
 
-    def add(self, arm: str, workload: str, entry: ArmRound) -> None:
-        self.rounds.setdefault(arm, {}).setdefault(workload, []).append(entry)
+    def add(self, arm: str, workload: str, pair: PairedMeasurement) -> None:
+        self.pairs.setdefault(arm, {}).setdefault(workload, []).append(pair)
+
+    def measurements(self, arm: str, workload: str) -> list[PairedMeasurement]:
+        return self.pairs.get(arm, {}).get(workload, [])
+
+    def rounds(self, arm: str) -> int:
+        """The last round in which anything of this arm was measured."""
+        return max((p.round for rows in self.pairs.get(arm, {}).values() for p in rows), default=0)
 
     def paired(self, arm: str, workload: str) -> list[PairedRound]:
-        return [r.paired for r in self.rounds.get(arm, {}).get(workload, [])]
-
-    def complete_rounds(self, arm: str, workloads: list[str]) -> int:
-        """Rounds in which every workload of the arm was measured."""
-        per = self.rounds.get(arm, {})
-        return min((len(per.get(w, [])) for w in workloads), default=0)
+        """The arm's paired rounds on a workload, each measurement with the better-founded of its own variance and the
+        one pooled over all of that server's measurements of the workload (stats.with_pooled_variance)."""
+        rows = self.measurements(arm, workload)
+        rates = {}
+        for variant in (SPECULATIVE, BASE):
+            ms = [getattr(p, variant) for p in rows]
+            rates[variant] = with_pooled_variance([m.rate() for m in ms], [list(m.profile) for m in ms], f"{workload}/{variant}")
+        return [paired_round(s, b) for s, b in zip(rates[SPECULATIVE], rates[BASE], strict=True)]
 
     def to_compact(self) -> dict[str, Any]:
-        def one(r: ArmRound) -> list[Any]:
-            p = r.paired
-            parts = [[key, _f(var), _f(df)] for key, var, df in p.parts]
-            return [r.round, _f(p.log_ratio), _f(p.var), _f(p.df), _f(r.speculative_tok_s), _f(r.base_tok_s), parts]
+        def one(m: Measured) -> list[Any]:
+            return [_f(m.tok_s), _f(m.log_rate), _f(m.var), _f(m.df), [_f(x) for x in m.profile]]
 
         return {
             "v": SCHEMA,
             "rev": self.revision,
             "gen": self.generation,
-            "arms": {arm: {w: [one(r) for r in rs] for w, rs in per.items()} for arm, per in self.rounds.items()},
+            "arms": {
+                arm: {w: [[p.round, one(p.speculative), one(p.base)] for p in rows] for w, rows in per.items()} for arm, per in self.pairs.items()
+            },
             "acc": {arm: _f(a) for arm, a in self.accept_length.items()},
         }
 
@@ -78,26 +108,81 @@ def from_compact(doc: Mapping[str, Any] | None, revision: str, generation: int) 
     if not isinstance(doc, Mapping) or doc.get("v") != SCHEMA or doc.get("rev") != revision or doc.get("gen") != generation:
         return None
     evidence = Evidence(revision, generation)
+
+    def one(row: Sequence[Any]) -> Measured:
+        tok_s, log_rate, var, df, profile = row
+        return Measured(float(tok_s), float(log_rate), float(var), float(df), tuple(float(x) for x in profile))
+
     try:
         for arm, per in (doc.get("arms") or {}).items():
             for workload, rows in per.items():
-                for rnd, log_ratio, var, df, spec, base, parts in rows:
-                    paired = PairedRound(_inf(log_ratio), _inf(var), float(df), tuple((key, _inf(v), float(d)) for key, v, d in parts))
-                    evidence.add(arm, workload, ArmRound(int(rnd), paired, float(spec), float(base)))
-        evidence.accept_length = {arm: float(a) for arm, a in (doc.get("acc") or {}).items() if a is not None}
-    except (TypeError, ValueError):
-        return None  # a document this code cannot read is stale too: the probe starts afresh
+                for rnd, spec, base in rows:
+                    evidence.add(str(arm), str(workload), PairedMeasurement(int(rnd), one(spec), one(base)))
+        evidence.accept_length = {str(arm): float(a) for arm, a in (doc.get("acc") or {}).items() if a is not None}
+    except (TypeError, ValueError, AttributeError):
+        return None  # a document this code cannot read counts as stale: the probe starts afresh
     return evidence
 
 
 def _f(x: float) -> float | str:
-    """Six significant digits; infinities as strings (JSON has none)."""
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if math.isnan(x):
-        return "nan"
+    """Six significant digits; infinities and NaN as strings (JSON has none; float() reads them back)."""
+    if math.isinf(x) or math.isnan(x):
+        return str(x)
     return float(f"{x:.6g}")
 
 
-def _inf(x: float | str) -> float:
-    return float(x)
+# --- What a decision over the evidence returns ------------------------------------------------------------------------
+
+
+class ArmOutcome(StrEnum):
+    UNDECIDED = "Undecided"
+    PASSED = "Passed"
+    FAILED = "Failed"
+    FUTILE = "Futile"
+    NOT_ACCEPTING = "NotAccepting"
+    CANNOT_WIN = "CannotWin"
+    INCONCLUSIVE = "Inconclusive"  # undecided when the budget ran out
+
+
+@dataclass(frozen=True)
+class RaceRules:
+    """What ``spec.rollout`` says about deciding (``policy``: "all" or "weighted")."""
+
+    min_speedup: float = 1.0
+    confidence: float = 0.998
+    max_rounds: int = 6
+    policy: str = "all"
+    weights: Mapping[str, float] = field(default_factory=dict)  # workload -> weight (weighted policy; default 1)
+    accept_length_floor: float | None = 1.1
+    labels: Mapping[str, str] = field(default_factory=dict)  # workload -> how messages name it ("chat (c=1)")
+
+
+@dataclass(frozen=True)
+class ArmState:
+    arm: str
+    outcome: ArmOutcome
+    rounds: int
+    interval: RatioInterval | None  # the policy's: the worst workload's (all) or the weighted mix's
+    workloads: Mapping[str, RatioInterval] = field(default_factory=dict)
+    wide: tuple[str, ...] = ()  # workloads whose intervals are wider than the bound: measured again before a decision
+    next_workloads: tuple[str, ...] = ()  # what another round of this arm measures (while it is undecided)
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Measure another round of these arms, each on these workloads."""
+
+    workloads: Mapping[str, tuple[str, ...]]  # arm -> workloads
+    arms: Mapping[str, ArmState]
+
+
+@dataclass(frozen=True)
+class Decided:
+    decision: Decision
+    reason: Reason
+    message: str
+    winner: str | None
+    arms: Mapping[str, ArmState]
+
+
+Decide = Callable[[Evidence, RaceRules, Sequence[str], Sequence[str]], "Continue | Decided"]

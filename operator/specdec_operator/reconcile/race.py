@@ -23,85 +23,36 @@ probe/sequential.py, the error budget shared by the arms:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Sequence
 
 from ..api import Decision, Reason
 from ..probe.decide import MAX_WIDTH, Verdict, combine_all, drafter_not_accepting, futile, futility_horizon, judge_paired, width
-from ..probe.evidence import Evidence
+from ..probe.evidence import ArmOutcome, ArmState, Continue, Decided, Evidence, RaceRules
 from ..probe.sequential import look_levels
 from ..probe.stats import RatioInterval, sequential_interval, weighted_paired_round
 
-
-class ArmOutcome(StrEnum):
-    UNDECIDED = "Undecided"
-    PASSED = "Passed"
-    FAILED = "Failed"
-    FUTILE = "Futile"
-    NOT_ACCEPTING = "NotAccepting"
-    CANNOT_WIN = "CannotWin"
-    INCONCLUSIVE = "Inconclusive"  # undecided when the budget ran out
-
-
-@dataclass(frozen=True)
-class RaceRules:
-    """What ``spec.rollout`` says about deciding (``policy``: "all" or "weighted")."""
-
-    min_speedup: float = 1.0
-    confidence: float = 0.998
-    max_rounds: int = 6
-    policy: str = "all"
-    weights: Mapping[str, float] = field(default_factory=dict)  # workload -> weight (weighted policy; default 1)
-    accept_length_floor: float | None = 1.1
-
-
-@dataclass(frozen=True)
-class ArmState:
-    arm: str
-    outcome: ArmOutcome
-    rounds: int
-    interval: RatioInterval | None  # the policy's: the worst workload's (all) or the weighted mix's
-    workloads: Mapping[str, RatioInterval] = field(default_factory=dict)
-    wide: tuple[str, ...] = ()  # workloads whose intervals are wider than the bound: measured again before a decision
-    next_workloads: tuple[str, ...] = ()  # what another round of this arm measures (while it is undecided)
-
-
-@dataclass(frozen=True)
-class Continue:
-    """Measure another round of these arms, each on these workloads."""
-
-    workloads: Mapping[str, tuple[str, ...]]  # arm -> workloads
-    arms: Mapping[str, ArmState]
-
-
-@dataclass(frozen=True)
-class Decided:
-    decision: Decision
-    reason: Reason
-    message: str
-    winner: str | None
-    arms: Mapping[str, ArmState]
+__all__ = ["ArmOutcome", "ArmState", "Continue", "Decided", "RaceRules", "arm_state", "decide"]
 
 
 def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: RaceRules, arms: int) -> ArmState:
     """Where one arm stands after its rounds. Under ``all`` each workload's interval is at the look of its own rounds (a
     workload that passed is not measured again); under ``weighted`` the mix's is at the look of the complete rounds."""
     accept = evidence.accept_length.get(arm)
-    counts = {w: len(evidence.paired(arm, w)) for w in workloads}
-    rounds = max(counts.values(), default=0)
+    paired = {w: evidence.paired(arm, w) for w in workloads}
+    counts = {w: len(paired[w]) for w in workloads}
+    rounds = evidence.rounds(arm)
     if drafter_not_accepting(accept, rules.accept_length_floor):
         return ArmState(arm, ArmOutcome.NOT_ACCEPTING, rounds, None)
     if min(counts.values(), default=0) == 0:
         return ArmState(arm, ArmOutcome.UNDECIDED, rounds, None, next_workloads=tuple(workloads))
-    per = {w: sequential_interval(evidence.paired(arm, w), look_levels(rules.confidence, counts[w], arms)) for w in workloads}
+    per = {w: sequential_interval(paired[w], look_levels(rules.confidence, counts[w], arms)) for w in workloads}
     wide = tuple(w for w in workloads if width(per[w]) > MAX_WIDTH)
     horizon = futility_horizon(rules.max_rounds)
     last_level = look_levels(rules.confidence, horizon, arms).low_level
     if rules.policy == "weighted":
         n = min(counts.values())
         weights = {w: rules.weights.get(w, 1.0) for w in workloads}
-        series = [weighted_paired_round({w: evidence.paired(arm, w)[i] for w in workloads}, weights) for i in range(n)]
+        series = [weighted_paired_round({w: paired[w][i] for w in workloads}, weights) for i in range(n)]
         interval: RatioInterval = sequential_interval(series, look_levels(rules.confidence, n, arms))
         verdict = judge_paired(interval, rules.min_speedup)
         undecided = [interval] if verdict is Verdict.UNDECIDED else []
@@ -112,13 +63,16 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
         verdict = combine_all(verdicts)
         interval = min(per.values(), key=lambda iv: iv.estimate)
         undecided = [per[w] for w in workloads if verdicts[w] is Verdict.UNDECIDED]
+        # A workload already confirmed needs no more GPU time; the undecided (and too wide) ones go on.
         next_workloads = tuple(w for w in workloads if verdicts[w] is not Verdict.PASS or w in wide)
         final = all(counts[w] >= rules.max_rounds for w in next_workloads)
     if verdict is not Verdict.UNDECIDED and wide:
-        # A decision reports every workload's interval within the bound: the wide ones are measured again first.
-        return ArmState(arm, ArmOutcome.INCONCLUSIVE if final else ArmOutcome.UNDECIDED, rounds, interval, per, wide, wide)
+        # A decision reports every workload's interval within the bound: the wide ones are measured again first
+        # (under `all` only those; a weighted mix measures them all).
+        again = next_workloads if rules.policy == "weighted" else wide
+        return ArmState(arm, ArmOutcome.INCONCLUSIVE if final else ArmOutcome.UNDECIDED, rounds, interval, per, wide, again)
     if verdict is Verdict.UNDECIDED and not wide and not final and any(futile(iv, rules.min_speedup, horizon, last_level) for iv in undecided):
-        return ArmState(arm, ArmOutcome.FUTILE, rounds, interval, per)
+        return ArmState(arm, ArmOutcome.FUTILE, rounds, interval, per, wide)
     outcome = {Verdict.PASS: ArmOutcome.PASSED, Verdict.FAIL: ArmOutcome.FAILED}.get(verdict, ArmOutcome.UNDECIDED)
     if outcome is ArmOutcome.UNDECIDED and final:
         outcome = ArmOutcome.INCONCLUSIVE
@@ -139,30 +93,48 @@ def decide(evidence: Evidence, rules: RaceRules, arms: Sequence[str], workloads:
     running = {arm: s.next_workloads for arm, s in states.items() if s.outcome is ArmOutcome.UNDECIDED}
     if running:
         return Continue(running, states)
-    return _decided(states, rules)
+    return _decided(states, rules, evidence)
 
 
-def _decided(states: Mapping[str, ArmState], rules: RaceRules) -> Decided:
+def _decided(states: dict[str, ArmState], rules: RaceRules, evidence: Evidence) -> Decided:
     passed = [s for s in states.values() if s.outcome is ArmOutcome.PASSED and s.interval is not None]
-    detail = "; ".join(_describe(s) for s in states.values())
-    threshold = f" vs min speedup {rules.min_speedup:g}"
+    single = len(states) == 1
+    detail = "; ".join(_detail(s, rules, single) for s in states.values()) + f" vs min speedup {rules.min_speedup:g}"
     if passed:
         best = max(passed, key=lambda s: (s.interval.estimate if s.interval else 0.0, s.interval.low if s.interval else 0.0))
-        prefix = "" if len(states) == 1 else f"arm {best.arm} wins: "
-        return Decided(Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"speedup confirmed: {prefix}{detail}{threshold}", best.arm, states)
+        prefix = "" if single else f"arm {best.arm} wins: "
+        return Decided(Decision.PROMOTE, Reason.SPEEDUP_CONFIRMED, f"speedup confirmed: {prefix}{detail}", best.arm, states)
     outcomes = {s.outcome for s in states.values()}
+    rounds = max((s.rounds for s in states.values()), default=0)
     if outcomes == {ArmOutcome.NOT_ACCEPTING}:
-        reason, what = Reason.DRAFTER_NOT_ACCEPTING, "drafter not accepting"
-    elif outcomes <= {ArmOutcome.FAILED, ArmOutcome.NOT_ACCEPTING, ArmOutcome.CANNOT_WIN}:
-        reason, what = Reason.SPEEDUP_BELOW_THRESHOLD, "speedup below threshold"
-    else:
-        reason, what = Reason.INCONCLUSIVE, "inconclusive"
-    return Decided(Decision.ROLLBACK, reason, f"{what}: {detail}{threshold}", None, states)
+        accepts = ", ".join(f"{'' if single else a + ' '}{evidence.accept_length[a]:.3f}" for a in states if a in evidence.accept_length)
+        message = (
+            f"drafter not accepting: acceptance length {accepts} <= floor {rules.accept_length_floor:g} "
+            f"(1.00 = no draft token accepted); the base keeps serving"
+        )
+        return Decided(Decision.ROLLBACK, Reason.DRAFTER_NOT_ACCEPTING, message, None, states)
+    if outcomes <= {ArmOutcome.FAILED, ArmOutcome.NOT_ACCEPTING, ArmOutcome.CANNOT_WIN}:
+        return Decided(Decision.ROLLBACK, Reason.SPEEDUP_BELOW_THRESHOLD, f"speedup below threshold: {detail}", None, states)
+    if ArmOutcome.INCONCLUSIVE in outcomes:
+        return Decided(Decision.ROLLBACK, Reason.INCONCLUSIVE, f"inconclusive after the last round: {detail}", None, states)
+    message = (
+        f"inconclusive, stopped early after {rounds} round(s): the estimate is too close to min speedup for more rounds "
+        f"to decide (futility): {detail}"
+    )
+    return Decided(Decision.ROLLBACK, Reason.INCONCLUSIVE, message, None, states)
 
 
-def _describe(s: ArmState) -> str:
-    iv = s.interval
-    if iv is None:
-        return f"{s.arm} {s.outcome.value} after {s.rounds} round(s)"
+def _interval(iv: RatioInterval) -> str:
     high = "inf" if not math.isfinite(iv.high) else f"{iv.high:.3f}"
-    return f"{s.arm} {s.outcome.value} {iv.estimate:.3f}x [{iv.low:.3f}, {high}] after {s.rounds} round(s)"
+    return f"{iv.estimate:.3f}x [{iv.low:.3f}, {high}]"
+
+
+def _detail(s: ArmState, rules: RaceRules, single: bool) -> str:
+    """One arm's intervals as the probe has always reported them: the weighted mix's first (policy weighted), then each
+    workload's; a race names the arm and its outcome."""
+    parts = []
+    if rules.policy == "weighted" and s.interval is not None:
+        parts.append(f"weighted speedup {_interval(s.interval)}")
+    parts += [f"{rules.labels.get(w, w)} {_interval(iv)}" for w, iv in s.workloads.items()]
+    body = "; ".join(parts) if parts else f"no complete round after {s.rounds} round(s)"
+    return body if single else f"{s.arm} ({s.outcome.value}, {s.rounds} round(s)): {body}"
