@@ -154,6 +154,11 @@ def free_port() -> int:
 
 TEST_MAX_ROUNDS = 20
 
+# The scripted probe (Operator.script, Cluster.script) of examples/llama31-8b-eagle3.yaml on the simulators'
+# llama31-8b-eagle3 profile: its truth, about 2x at one stream and less at 32 (the example's two workloads), and the
+# profile's acceptance length. For tests of what the operator does with a promotion, not of measuring it.
+LLAMA_EAGLE3_SCRIPT: dict[str, Any] = {"speedup": {"chat": 2.0, "batch-32": 1.6}, "acceptLength": 2.8}
+
 
 def example(
     file: str, name: str, namespace: str, *, annotations: dict[str, str] | None = None, workloads: list | None = None, **spec_changes: Any

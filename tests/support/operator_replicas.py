@@ -28,9 +28,9 @@ PEERING_LIFETIME = 15  # seconds; Kopf's minimum that does not flap (it refreshe
 class OperatorProcess:
     """One `specdec run` subprocess (a replica); restartable; SIGKILL on demand."""
 
-    def __init__(self, kubeconfig: str, namespace: str, workdir: Path, endpoints: dict[str, str], label: str, extra: list[str]) -> None:
+    def __init__(self, kubeconfig: str, namespace: str, workdir: Path, endpoints: dict[str, str], label: str, extra: list[str], script: Path) -> None:
         self.kubeconfig, self.namespace, self.workdir = kubeconfig, namespace, workdir
-        self.endpoints, self.label, self.extra = endpoints, label, extra
+        self.endpoints, self.label, self.extra, self.script = endpoints, label, extra, script
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -52,6 +52,8 @@ class OperatorProcess:
             "0",
             "--reconcile-interval",
             "1",
+            "--probe-script",
+            str(self.script),
             *self.extra,
         ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": self.kubeconfig}, cwd=self.workdir)
@@ -87,6 +89,16 @@ class Cluster:
         self.sims = Simulators()
         self.endpoints: dict[str, str] = {}
         self.replicas: list[OperatorProcess] = []
+        self.scripts: dict[str, dict[str, Any]] = {}  # --probe-script of every replica: scripted probes by resource name
+        self.script_path = workdir / "probe-script.yaml"
+        self.script_path.write_text(yaml.safe_dump(self.scripts))
+
+    def script(self, name: str, speedup: float | dict[str, float], **entry: Any) -> None:
+        """Resource ``name``'s probes decide on scripted rounds (probe/scripted.py), as Operator.script: for tests of
+        what the replicas do with a decision, which must not depend on how busy the machine is. Every replica reads
+        the same file when each probe starts."""
+        self.scripts[f"{self.namespace}/{name}"] = {"speedup": speedup, **entry}
+        self.script_path.write_text(yaml.safe_dump(self.scripts))
 
     def serve(self, name: str, time_scale: float = 20.0) -> tuple[Any, Any]:
         base = self.sims.start("llama31-8b-base", time_scale=time_scale)
@@ -96,7 +108,9 @@ class Cluster:
         return base, spec
 
     def replica(self, *extra: str) -> OperatorProcess:
-        op = OperatorProcess(self.kubeconfig, self.namespace, self.workdir, self.endpoints, f"r{len(self.replicas)}", list(extra) or ["--standalone"])
+        op = OperatorProcess(
+            self.kubeconfig, self.namespace, self.workdir, self.endpoints, f"r{len(self.replicas)}", list(extra) or ["--standalone"], self.script_path
+        )
         self.replicas.append(op)
         return op
 
