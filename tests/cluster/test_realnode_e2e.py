@@ -1,9 +1,12 @@
-"""End to end on a real node: the chart, the operator, the validator and the servers run in real containers.
+"""End to end on a real node, from a real registry: the chart, the operator, the validator and the servers run in
+real containers, installed the way a team that mirrors the release installs them.
 
 Unlike test_operator_e2e.py (kwok pods, whose outcomes are scripted), everything here runs on the real node of
 hack/devcluster (containerd + runc, kubelet v1.35, kube-proxy, CoreDNS; hack/devcluster/realnode.py), as a user would
-run it: the images are built from this checkout by `make images-local` (buildah, over a Debian base made by
-mmdebstrap), imported into the node's containerd, and the operator is installed with `helm install`. The model
+run it: `make release` builds the images from this checkout (`make images-local`: buildah, over a Debian base made by
+mmdebstrap) and pushes them and the chart (an OCI artifact, `helm push`) to a CNCF distribution registry started on
+127.0.0.1 (tests/support/registry.py); the operator is installed with `helm install oci://...` from it, and the node's
+containerd pulls the operator, validator and simulator images from it (nothing is imported with `ctr`). The model
 volume is a hostPath directory holding tiny model directories written by tests/support/model_dirs.py. The SGLang servers
 are the sglang-simulator image (`specdec simulate`, a SIMULATOR of SGLang's HTTP API: no GPU, no model).
 
@@ -21,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from hack import devcluster
 from hack.devcluster import realnode
 from specdec_operator import SGLANG_VERSION
 from tests.support import model_dirs as md
+from tests.support import registry as reg
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,8 +61,22 @@ def _images_env() -> dict[str, str]:
 
 
 IMAGES = _images_env()
-OPERATOR_REF = f"{IMAGES['OPERATOR_IMAGE']}:{IMAGES['OPERATOR_TAG']}"
-SIMULATOR_REF = f"{IMAGES['SIMULATOR_IMAGE']}:{IMAGES['SIMULATOR_TAG']}"
+CHART_VERSION = yaml.safe_load((REPO / "charts" / "specdec-operator" / "Chart.yaml").read_text())["version"]
+PROJECT_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def mirrored(image: str, tag: str) -> str:
+    """Where `make release` put an image: $REGISTRY/<last path element>:<tag>."""
+    return f"{STATE['registry'].host}/specdec/{IMAGES[image].rsplit('/', 1)[-1]}:{IMAGES[tag]}"
+
+
+def simulator_ref() -> str:
+    return mirrored("SIMULATOR_IMAGE", "SIMULATOR_TAG")
+
+
+def chart_args() -> list[str]:
+    """The released chart, as `helm install`/`upgrade` name it: from the registry (plain HTTP on 127.0.0.1)."""
+    return [f"oci://{STATE['registry'].host}/specdec/charts/specdec-operator", "--version", CHART_VERSION, "--plain-http"]
 
 
 def wait(predicate: Any, timeout: float, message: str, interval: float = 0.5) -> Any:
@@ -80,7 +99,26 @@ def wait(predicate: Any, timeout: float, message: str, interval: float = 0.5) ->
 
 
 @pytest.fixture(scope="module")
-def node_cluster() -> Any:
+def registry(tmp_path_factory: Any) -> Any:
+    """The CNCF distribution registry on 127.0.0.1, for the module (hack/tools.sh group registry)."""
+    if os.environ.get("SPECDEC_SKIP_REAL_NODE") == "1":
+        pytest.skip("SPECDEC_SKIP_REAL_NODE=1: real-node tests skipped on request")
+    binary = devcluster.tools_dir() / "registry"
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"{binary} missing: run `hack/tools.sh registry` (make test builds it)", pytrace=False)
+    try:
+        started = reg.start(binary, tmp_path_factory.mktemp("registry"))
+    except reg.RegistryError as error:
+        pytest.fail(str(error), pytrace=False)
+    STATE["registry"] = started
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def node_cluster(registry: Any, tmp_path_factory: Any) -> Any:
     if os.environ.get("SPECDEC_SKIP_REAL_NODE") == "1":
         pytest.skip("SPECDEC_SKIP_REAL_NODE=1: real-node tests skipped on request")
     why = realnode.can_run_containers()
@@ -94,12 +132,34 @@ def node_cluster() -> Any:
     if missing:
         pytest.fail(f"tools missing in {tools} ({', '.join(missing)}): run `make tools REAL_NODE=1`", pytrace=False)
     started = time.monotonic()
-    build = subprocess.run(
-        ["make", "--no-print-directory", "images-local", "IMAGES=operator simulator"], cwd=REPO, capture_output=True, text=True, timeout=1800
-    )
+    dist = tmp_path_factory.mktemp("release")
+    release = [
+        "make",
+        "--no-print-directory",
+        "release",
+        f"REGISTRY={registry.host}/specdec",
+        "RELEASE_BUILD=images-local",
+        "RELEASE_IMAGES=operator simulator",
+        "RELEASE_PLAIN_HTTP=1",
+        f"RELEASE_DIST={dist}",
+    ]
+    build = subprocess.run(release, cwd=REPO, capture_output=True, text=True, timeout=1800)
     if build.returncode != 0:
-        pytest.fail(f"make images-local failed:\n{(build.stdout + build.stderr)[-3000:]}", pytrace=False)
-    TIMINGS["make images-local (operator, simulator)"] = time.monotonic() - started
+        pytest.fail(f"{' '.join(release)} failed:\n{(build.stdout + build.stderr)[-3000:]}", pytrace=False)
+    TIMINGS["make release (make images-local, push images and chart, plugin files)"] = time.monotonic() - started
+    STATE["dist"] = dist
+    STATE["release"] = build.stdout + build.stderr
+    # The plugin from the release's krew archive, unpacked as krew does (its store, a link on PATH); its launcher's first
+    # run installs the wheel with pip into a virtualenv. Started now, so that it runs while the cluster comes up.
+    plugin = tmp_path_factory.mktemp("krew")
+    subprocess.run(["tar", "-xzf", str(dist / f"kubectl-specdec-{PROJECT_VERSION}.tar.gz"), "-C", str(plugin)], check=True)
+    (plugin / "bin").mkdir()
+    (plugin / "bin" / "kubectl-specdec").symlink_to(plugin / "kubectl-specdec")
+    plugin_env = {**os.environ, "SPECDEC_PLUGIN_HOME": str(plugin / "home"), "PATH": f"{plugin / 'bin'}:{os.environ['PATH']}"}
+    STATE["plugin_env"] = plugin_env
+    STATE["plugin_install"] = subprocess.Popen(
+        ["kubectl-specdec", "--help"], env=plugin_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     devcluster.reap_orphans()
     name = f"pytest-rn-{os.getpid()}"
     started = time.monotonic()
@@ -109,13 +169,8 @@ def node_cluster() -> Any:
         devcluster.down(name, purge=True)
         pytest.fail(f"could not start the cluster with a real node: {error}", pytrace=False)
     TIMINGS["cluster up with the real node"] = time.monotonic() - started
-    started = time.monotonic()
-    archives = [
-        Path(subprocess.run([str(REPO / "hack" / "build-image.sh"), "--archive-of", ref], capture_output=True, text=True, check=True).stdout.strip())
-        for ref in (OPERATOR_REF, SIMULATOR_REF)
-    ]
-    devcluster.load_images(cluster, archives)
-    TIMINGS["ctr images import (operator, simulator)"] = time.monotonic() - started
+    # The node pulls from the registry (plain HTTP: a hosts.toml for it); nothing is imported with `ctr`.
+    devcluster.trust_registry(cluster, registry.host)
     models = Path(tempfile.mkdtemp(prefix="specdec-realnode-models-"))
     models.chmod(0o755)  # the validator runs as UID 65532
     md.make_target(models / "llama", md.LLAMA_31_8B, tokenizer_config=md.LLAMA_31_TOKENIZER)
@@ -131,6 +186,8 @@ def node_cluster() -> Any:
     try:
         yield cluster
     finally:
+        if STATE["plugin_install"].poll() is None:
+            STATE["plugin_install"].kill()
         devcluster.down(name, purge=True)
         shutil.rmtree(models, ignore_errors=True)
         if TIMINGS:
@@ -219,8 +276,8 @@ def run_client(api: Any, name: str, requests: list[dict[str, Any]], namespace: s
             "containers": [
                 {
                     "name": "client",
-                    "image": SIMULATOR_REF,
-                    "imagePullPolicy": "Never",
+                    "image": simulator_ref(),
+                    "imagePullPolicy": "IfNotPresent",
                     "command": ["python3", "-c", CLIENT, json.dumps(requests)],
                     "resources": {"limits": {"cpu": "500m", "memory": "128Mi"}},
                     "securityContext": {
@@ -275,7 +332,7 @@ def server(name: str, drafter: str, *, target: str = "llama", env: dict[str, str
         "kind": "SpeculativeServer",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "image": SIMULATOR_REF,
+            "image": simulator_ref(),
             # The simulator's image names no SGLang release (issue 34): the spec says which command line it takes.
             "sglangVersion": SGLANG_VERSION,
             "model": {"volume": {"hostPath": {"path": str(STATE["models"]), "type": "Directory"}}},
@@ -333,8 +390,56 @@ def metrics_text(api: Any, client_name: str) -> str:
     return result["body"]
 
 
+def pushed() -> dict[str, str]:
+    """What `make release` says it pushed (dist/release/release.txt): reference -> digest."""
+    out = {}
+    for line in (STATE["dist"] / "release.txt").read_text().splitlines():
+        kind, ref = line.split(" ", 1)
+        if kind in ("image", "chart"):
+            name, digest = ref.rsplit("@", 1)
+            out[name] = digest
+    return out
+
+
+def node_images(cluster: Any) -> list[str]:
+    proc = devcluster.node_ctr(cluster, "images", "ls", "-q")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Tests, in order
+
+
+def test_make_release_pushed_the_images_and_the_chart_to_the_registry(node_cluster: Any, registry: Any) -> None:
+    release = pushed()
+    operator, simulator = mirrored("OPERATOR_IMAGE", "OPERATOR_TAG"), simulator_ref()
+    chart = f"oci://{registry.host}/specdec/charts/specdec-operator:{CHART_VERSION}"
+    assert set(release) == {operator, simulator, chart}, release
+    assert registry.catalog() == ["specdec/charts/specdec-operator", "specdec/sglang-simulator", "specdec/specdec-operator"]
+    # Each digest `make release` recorded is the one the registry resolves the tag to.
+    for ref in (operator, simulator):
+        repository, tag = ref.removeprefix(f"{registry.host}/").rsplit(":", 1)
+        digest, manifest = registry.manifest(repository, tag)
+        assert digest == release[ref], (ref, digest, release[ref])
+        assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json" and manifest["layers"], manifest
+    digest, manifest = registry.manifest("specdec/charts/specdec-operator", CHART_VERSION)
+    assert digest == release[chart]
+    # A Helm chart as an OCI artifact: its config is the chart's metadata, its one layer the packaged chart.
+    assert manifest["config"]["mediaType"] == "application/vnd.cncf.helm.config.v1+json", manifest  # type: ignore[index]
+    assert [layer["mediaType"] for layer in manifest["layers"]] == ["application/vnd.cncf.helm.chart.content.v1.tar+gzip"]  # type: ignore[union-attr]
+    # The released chart pulls the operator (and so the validator) from the mirror; nothing else in it moved.
+    shown = subprocess.run(
+        [str(node_cluster.helm_path), "show", "values", *chart_args()], env=node_cluster.env(), capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    # helm prints what it pulled ("Pulled: ...", "Digest: ...") before the values.
+    values = yaml.safe_load("\n".join(line for line in shown.stdout.splitlines() if not line.startswith(("Pulled: ", "Digest: "))))
+    checkout = yaml.safe_load((REPO / "charts" / "specdec-operator" / "values.yaml").read_text())
+    assert values["image"]["repository"] == operator.rsplit(":", 1)[0]
+    assert {**values, "image": checkout["image"]} == checkout
+    # Nothing on the node yet but its own pause image: what runs next is pulled from the registry.
+    assert [ref for ref in node_images(node_cluster) if "specdec-operator" in ref or "sglang-simulator" in ref] == []
 
 
 def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any, api: Any) -> None:
@@ -349,7 +454,7 @@ def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any
         node_cluster,
         "install",
         RELEASE,
-        str(REPO / "charts" / "specdec-operator"),
+        *chart_args(),
         "--namespace",
         OPERATOR_NS,
         "--create-namespace",
@@ -362,8 +467,13 @@ def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any
     pod = wait(
         lambda: (p := operator_pod(api)) and p.status.container_statuses and p.status.container_statuses[0].ready and p, 120, "operator pod Ready"
     )
-    TIMINGS["helm install -> operator Ready"] = time.monotonic() - started
+    TIMINGS["helm install oci:// -> operator Ready (image pulled from the registry)"] = time.monotonic() - started
     assert pod.spec.node_name == realnode.NODE_NAME
+    # The kubelet pulled the operator image from the registry: the digest it runs is the one `make release` pushed.
+    operator = mirrored("OPERATOR_IMAGE", "OPERATOR_TAG")
+    (cs,) = pod.status.container_statuses
+    assert pod.spec.containers[0].image == operator
+    assert cs.image_id == f"{operator.rsplit(':', 1)[0]}@{pushed()[operator]}", cs.image_id
     spec = container_spec(node_cluster, pod.status.container_statuses[0].container_id)
     assert spec["process"]["user"]["uid"] == 65532 and spec["root"]["readonly"] is True
     assert spec["process"]["args"][:2] == ["specdec", "run"]
@@ -394,6 +504,10 @@ def test_an_incompatible_drafter_is_invalid_from_the_real_validator(node_cluster
     term = init.state.terminated or init.last_state.terminated
     assert term.exit_code == 1
     assert json.loads(term.message)["compatible"] is False
+    # The validator runs from the mirrored operator image, in the tenant's namespace (the chart's default).
+    operator = mirrored("OPERATOR_IMAGE", "OPERATOR_TAG")
+    assert pod.spec.init_containers[0].image == operator
+    assert init.image_id == f"{operator.rsplit(':', 1)[0]}@{pushed()[operator]}", init.image_id
     spec = validator_spec(node_cluster, api, pod.metadata.name)
     assert spec["process"]["user"]["uid"] == 65532 and spec["root"]["readonly"] is True
     assert spec["process"]["args"][:2] == ["specdec", "validate"]
@@ -464,6 +578,28 @@ def test_a_compatible_drafter_is_probed_over_cluster_dns_and_promoted(node_clust
     slices = api["discovery"].list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=llama")
     assert {a for s in slices.items for e in s.endpoints or [] for a in e.addresses} == {spec_pod.status.pod_ip}
     STATE["decided"] = status(api, "llama")
+    # The simulator image came from the registry too: every image of this module on the node is a mirrored one.
+    simulator = simulator_ref()
+    assert cs.image_id == f"{simulator.rsplit(':', 1)[0]}@{pushed()[simulator]}", cs.image_id
+    named = [ref for ref in node_images(node_cluster) if not ref.startswith("sha256:") and "pause" not in ref]
+    assert named and all(ref.startswith(f"{STATE['registry'].host}/specdec/") for ref in named), named
+
+
+def test_the_released_kubectl_plugin_reads_the_decision_through_kubectl(node_cluster: Any, api: Any) -> None:
+    """The plugin from the release's krew archive (no checkout): kubectl finds kubectl-specdec on PATH."""
+    install = STATE["plugin_install"]
+    output, _ = install.communicate(timeout=600)
+    assert install.returncode == 0, output[-2000:]
+    assert "usage: kubectl specdec" in output
+    env = {**node_cluster.env(), "PATH": f"{STATE['plugin_env']['PATH'].split(':', 1)[0]}:{node_cluster.env()['PATH']}"}
+    env["SPECDEC_PLUGIN_HOME"] = STATE["plugin_env"]["SPECDEC_PLUGIN_HOME"]
+    listed = subprocess.run([str(node_cluster.kubectl_path), "plugin", "list"], env=env, capture_output=True, text=True, timeout=60)
+    assert "kubectl-specdec" in listed.stdout, listed.stdout + listed.stderr
+    shown = subprocess.run(
+        [str(node_cluster.kubectl_path), "specdec", "status", "llama", "-n", NS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert shown.stdout.startswith("llama: Promoted"), shown.stdout
 
 
 def test_the_operator_pod_killed_is_restarted_by_the_kubelet_without_a_second_decision(node_cluster: Any, api: Any) -> None:
@@ -509,7 +645,7 @@ def test_a_validator_over_its_memory_limit_is_oom_killed_and_reported(node_clust
         node_cluster,
         "upgrade",
         RELEASE,
-        str(REPO / "charts" / "specdec-operator"),
+        *chart_args(),
         "--namespace",
         OPERATOR_NS,
         "--values",
