@@ -507,7 +507,9 @@ async def _probe(
             evidence.accept_length[SPECULATIVE] = accept
         step = decide(evidence, rules, arms, names)
         _summarize(wls, result, evidence, last, step.arms.get(SPECULATIVE), rules)
-        if on_evidence is not None:
+        if on_evidence is not None and isinstance(step, Continue):
+            # Only while more rounds follow: a decided probe's result is recorded in status by the next step (a
+            # restart before that resumes from the round before and decides again at once), so the last write is saved.
             maybe = on_evidence(evidence)
             if inspect.isawaitable(maybe):
                 await maybe
