@@ -110,6 +110,8 @@ UPSTREAM = {
 EXAMPLES = {
     "dist/install.yaml",
     "dist/crds.yaml",
+    "dist/release/release.txt",  # make release
+    "dist/release/krew/specdec.yaml",
     "datasets/absent.jsonl",
     "datasets/bad.jsonl",
     "datasets/chat.jsonl",
@@ -276,6 +278,9 @@ OTHER_FLAGS = {
     "--quick": "benchmarks/probe_calibration.py",
     "--repeats": "benchmarks/probe_calibration.py",
     "--name": "python -m hack.devcluster",
+    "--set": "helm",  # docs/install.md, mirroring a release
+    "--plain-http": "helm",
+    "--tls-verify": "buildah",
     "--print-dir": "python -m hack.devcluster",
     "--dataset-name": "SGLang's bench_serving",
     "--disable-ignore-eos": "SGLang's bench_serving",
