@@ -198,7 +198,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         print(f"wrote {trace['name']} to {out}", file=sys.stderr)
 
     if args.vllm:
-        for trace in record_vllm(args.rounds, args.seed, args.label):
+        for trace in record_vllm(args.rounds, args.seed, args.label, args.models_root):
             save(trace)
         return
     for i, (pair, workload) in enumerate((p, wl) for p in args.pairs.split(",") for wl in args.workloads.split(",")):
@@ -210,7 +210,7 @@ def cmd_record(args: argparse.Namespace) -> None:
 VLLM_WORKLOAD = dict(name="single-stream", concurrency=1, input_tokens=64, output_tokens=48, requests=16)
 
 
-def record_vllm(rounds: int, seed: int, label: str) -> Iterator[dict[str, Any]]:
+def record_vllm(rounds: int, seed: int, label: str, models_root: str | None = None) -> Iterator[dict[str, Any]]:
     """Two equal servers (target a, twice) and base against the matched drafter (target a + its drafter exported for
     vLLM), each server pinned to one core (tests/support/vllm_servers.py), the servers' own probe protocol (engine
     vllm). Equal pair first, then the speedup pair; the servers run together (two per core)."""
@@ -221,13 +221,15 @@ def record_vllm(rounds: int, seed: int, label: str) -> Iterator[dict[str, Any]]:
 
     sys.path.insert(0, REPO)
     from specdec_operator.api import Workload
-    from specdec_operator.engines import engine_for
+    from specdec_operator.engines import engine_named
     from specdec_operator.probe.traffic import build_traffic
-    from tests.support.real_engine import real_engine_models
+    from tests.support.real_engine import RealEngineModels, real_engine_models
     from tests.support.vllm_servers import VllmServer, start_servers
 
     t0 = time.monotonic()
-    models = real_engine_models()
+    # --models-root: a build already made (the pipeline's key changes with every edit of its sources, and a build takes
+    # tens of minutes on a loaded machine).
+    models = RealEngineModels(Path(models_root)) if models_root else real_engine_models()
     models_s = time.monotonic() - t0
     work = Path(tempfile.mkdtemp(prefix="probe-study-vllm-"))
     target = models.target("a")
@@ -236,7 +238,7 @@ def record_vllm(rounds: int, seed: int, label: str) -> Iterator[dict[str, Any]]:
         VllmServer("base-2", target, work / "base-2.log", core="1"),
         VllmServer("matched", target, work / "matched.log", drafter=models.drafter("a", "vllm"), core="1"),
     ]
-    engine = engine_for("vllm")
+    engine = engine_named("vllm")
     try:
         servers = {s.name: s for s in start_servers(wanted)}
         ready = {n: round(s.ready_s or 0.0, 1) for n, s in servers.items()}
@@ -264,6 +266,7 @@ def record_vllm(rounds: int, seed: int, label: str) -> Iterator[dict[str, Any]]:
                 "devices": 2,
                 "device_unit": "CPU core",
                 "models_ready_s": round(models_s, 1),
+                "models": str(models.root),
                 "servers_ready_s": ready,
                 "seed": seed + i,
                 "load_before": before,
@@ -867,6 +870,7 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--out")
     rec.add_argument("--append", action="store_true", help="add to (replace by name in) an existing traces file")
     rec.add_argument("--vllm", action="store_true", help="vLLM's CPU tier (the real-engine models, make vllm-cpu) instead of simulators")
+    rec.add_argument("--models-root", help="with --vllm: a real-engine build to use (~/.cache/specdec-operator/real-engine/<key>)")
     for name in ("study", "outcomes", "verify"):
         p = sub.add_parser(name)
         p.add_argument("--traces", nargs="+", required=True)
