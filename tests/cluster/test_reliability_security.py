@@ -20,7 +20,7 @@ import uuid
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.operator_process import GROUP, PLURAL, VERSION, compatible_annotations, example, wait_phase
+from tests.support.operator_process import GROUP, LLAMA_EAGLE3_SCRIPT, PLURAL, VERSION, compatible_annotations, example, wait_phase
 from tests.support.operator_replicas import DECIDED, Cluster
 
 pytestmark = pytest.mark.cluster
@@ -53,6 +53,8 @@ def test_a_secret_reference_is_passed_through_and_its_value_never_logged_or_stor
     )
     name = "secretive"
     cluster.serve(name)
+    # Decided on scripted evidence: the test is about where the Secret's value goes, not about measuring.
+    cluster.script(name, **LLAMA_EAGLE3_SCRIPT)
     op = cluster.replica()
     op.start()
     cr = example("llama31-8b-eagle3.yaml", name, cluster.namespace, annotations=compatible_annotations())
@@ -72,8 +74,9 @@ def test_a_secret_reference_is_passed_through_and_its_value_never_logged_or_stor
 
 
 def test_spec_labels_cannot_impersonate_another_resource_and_a_dotted_name_gets_no_service_and_no_probe(cluster: Cluster) -> None:
-    cluster.serve("victim")
-    cluster.serve("attacker")
+    for name in ("victim", "attacker"):
+        cluster.serve(name)
+        cluster.script(name, **LLAMA_EAGLE3_SCRIPT)  # decided on scripted evidence: the test is about where Services point
     op = cluster.replica()
     op.start()
     cluster.create(example("llama31-8b-eagle3.yaml", "victim", cluster.namespace, annotations=compatible_annotations()))
