@@ -29,6 +29,7 @@ import yaml
 from tests.support.kube import wait_until
 from tests.support.operator_process import (
     GROUP,
+    LLAMA_EAGLE3_SCRIPT,
     PLURAL,
     VERSION,
     Operator,
@@ -95,7 +96,6 @@ def sick_events(core_v1: Any, namespace: str, name: str) -> list:
     return [e for e in events(core_v1, namespace, name) if e.reason == "SpeculativePodSick"]
 
 
-@pytest.mark.timing
 def test_one_sick_pod_among_six_is_named_in_an_event_and_the_aggregate_going_bad_rolls_back(
     operator: Operator, sims: Any, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:
@@ -104,6 +104,9 @@ def test_one_sick_pod_among_six_is_named_in_an_event_and_the_aggregate_going_bad
     first = sims.start("llama31-8b-eagle3")
     operator.map(f"{name}-base", base.url)
     operator.map(f"{name}-spec", first.url)
+    # The promotion is scripted (the profile's truth, about 2x): the test is about the monitor of a promoted fleet,
+    # which reads the simulators' real /metrics; a measured promotion once came out Inconclusive on a busy machine.
+    operator.script(name, **LLAMA_EAGLE3_SCRIPT)
     operator.start()
     cr = example(
         "llama31-8b-eagle3.yaml",
