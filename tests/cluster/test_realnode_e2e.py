@@ -36,6 +36,7 @@ from hack.devcluster import realnode
 from specdec_operator import SGLANG_VERSION
 from tests.support import model_dirs as md
 from tests.support import registry as reg
+from tests.support.operator_process import logged_events, step_after_now
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -383,6 +384,17 @@ def events(api: Any, name: str) -> list[str]:
     return out
 
 
+def liveness_probes(api: Any, pod_name: str, result: str) -> int:
+    """Liveness probes of the pod's containers that the real node's kubelet ran with that result ("successful",
+    "failed"): its prober_probe_total, read through the API server's node proxy."""
+    text = api["core"].connect_get_node_proxy_with_path(realnode.NODE_NAME, "metrics/probes")
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("prober_probe_total{") and 'probe_type="Liveness"' in line and f'pod="{pod_name}"' in line and f'result="{result}"' in line
+    )
+
+
 def metrics_text(api: Any, client_name: str) -> str:
     service = f"{RELEASE}-specdec-operator-metrics.{OPERATOR_NS}.svc"
     (result,) = run_client(api, client_name, [{"url": f"http://{service}:9090/metrics", "grep": "# TYPE specdec_", "keep": 3000}])
@@ -484,8 +496,11 @@ def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any
     (health,) = run_client(api, "client-healthz", [{"url": f"http://{pod.status.pod_ip}:8080/healthz"}])
     assert health.get("status") == 200, health
     assert "# TYPE specdec_probes_total counter" in metrics_text(api, "client-metrics")
-    # The kubelet runs the liveness probe (period 5 s here): after three periods the container was not restarted.
-    time.sleep(16)
+    # The kubelet runs the liveness probe (period 5 s here): three more of them, each answered, counted by the kubelet
+    # itself, and the container was not restarted.
+    seen = liveness_probes(api, pod.metadata.name, "successful")
+    wait(lambda: liveness_probes(api, pod.metadata.name, "successful") >= seen + 3, 60, "three more liveness probes of the operator")
+    assert liveness_probes(api, pod.metadata.name, "failed") == 0
     pod = operator_pod(api)
     assert pod.status.container_statuses[0].restart_count == 0 and pod.status.container_statuses[0].ready
     STATE["operator_pod"] = pod.metadata.name
@@ -617,9 +632,12 @@ def test_the_operator_pod_killed_is_restarted_by_the_kubelet_without_a_second_de
     )
     assert restarted.metadata.name == pod.metadata.name  # the same pod: restarted in place, not replaced
     assert restarted.status.container_statuses[0].last_state.terminated.exit_code == 137
-    time.sleep(15)  # the restarted operator resyncs every SpeculativeServer
-    after = status(api, "llama")
+    # Steps of the restarted operator, seen (an edit of spec.monitor.window each, its observedGeneration), decide
+    # nothing again: neither its status nor its log (the restarted container's) has a second probe.
+    after = step_after_now(api["custom"], NS, "llama", timeout=120)
     assert after["phase"] == "Promoted" and after.get("probe") == before.get("probe")
+    log = api["core"].read_namespaced_pod_log(restarted.metadata.name, OPERATOR_NS)
+    assert logged_events(log, "llama", "ProbeStarted") == 0, log[-3000:]
     assert events(api, "llama").count("ProbeStarted") == probes_before
 
 
