@@ -66,7 +66,7 @@ MAX_ROUNDS = (6, 24)
 TIME_SCALE = 5.0
 PAIRS = {"equal": ("llama31-8b-base", "llama31-8b-base"), "eagle3": ("llama31-8b-base", "llama31-8b-eagle3")}
 # The demo's workloads (hack/demo.py, benchmarks/probe_decisions.py DEMO_WORKLOADS), random token ids.
-WORKLOADS = {
+WORKLOADS: dict[str, dict[str, Any]] = {
     "chat": dict(name="chat", concurrency=1, input_tokens=128, output_tokens=64, requests=4),
     "batch-32": dict(name="batch-32", concurrency=32, input_tokens=128, output_tokens=64, requests=64),
 }
@@ -207,7 +207,7 @@ def cmd_record(args: argparse.Namespace) -> None:
 
 # vLLM's CPU tier: the operator test's workload (tests/cluster/test_vllm_engine.py WORKLOADS: one stream, 16 requests of
 # 48 tokens, the default prompt set through the chat endpoint).
-VLLM_WORKLOAD = dict(name="single-stream", concurrency=1, input_tokens=64, output_tokens=48, requests=16)
+VLLM_WORKLOAD: dict[str, Any] = dict(name="single-stream", concurrency=1, input_tokens=64, output_tokens=48, requests=16)
 
 
 def record_vllm(rounds: int, seed: int, label: str, models_root: str | None = None) -> Iterator[dict[str, Any]]:
@@ -300,7 +300,9 @@ def load_traces(paths: Sequence[str], stats: Any) -> list[Trace]:
         with open(path) as f:
             doc = json.load(f)
         for t in doc["traces"]:
-            odd, even, ratios = [], [], []
+            odd: list[tuple[Any, Any, tuple[float, ...], tuple[float, ...]]] = []
+            even: list[tuple[Any, Any, tuple[float, ...], tuple[float, ...]]] = []
+            ratios: list[float] = []
             for r in t["rounds"]:
                 s, b = r["speculative"], r["base"]
                 item = (
