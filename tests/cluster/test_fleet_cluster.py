@@ -273,10 +273,16 @@ def fleet_cr(namespace: str, replicas: int, **changes: Any) -> dict:
 def start_fleet(
     operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str, replicas: int, **changes: Any
 ) -> tuple[Any, Any, Recorder]:
+    from tests.support.operator_process import LLAMA_EAGLE3_SCRIPT
+
     base = sims.start("llama31-8b-base", time_scale=2.0)
     spec_sim = sims.start("llama31-8b-eagle3", time_scale=2.0)
     operator.map(f"{FLEET}-base", base.url)
     operator.map(f"{FLEET}-spec", spec_sim.url)
+    # The canary's probe decides on scripted evidence (the profile's truth, about 2x): these tests are about the walk
+    # that follows a decision, not about measuring, so a busy machine cannot turn it Inconclusive. The drift monitor
+    # still reads the simulators' real /metrics.
+    operator.script(FLEET, **LLAMA_EAGLE3_SCRIPT)
     operator.start()
     recorder = Recorder(core_v1, custom_objects, namespace)
     custom_objects.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, fleet_cr(namespace, replicas, **changes))
@@ -300,7 +306,6 @@ def server_pods(core_v1: Any, namespace: str) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.timing
 def test_a_six_server_fleet_is_promoted_without_a_seventh_servers_gpus_and_never_below_five_serving(
     operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
 ) -> None:
@@ -317,8 +322,10 @@ def test_a_six_server_fleet_is_promoted_without_a_seventh_servers_gpus_and_never
     most, fewest = recorder.replay({"Promoted"})
     assert most <= 6, f"{most} servers held or asked for GPUs at once (maxSurge 0, 6 replicas)"
     assert fewest >= 5, f"only {fewest} Ready servers behind the stable Service during the walk (maxUnavailable 1)"
-    # While probed, the canary serves beside the 5 base servers (docs/operator.md, "The canary").
-    assert recorder.replay({"Probing"}) == (6, 6)
+    # While probed, the canary serves beside the 5 base servers (docs/operator.md, "The canary"): six servers, none
+    # more. How many of them were Ready is not asserted: the probe starts once the canary and one base server are
+    # Ready (reconcile/pods.py), so it depends on how fast kwok readied the base pods (2 of 6 beside a busy machine).
+    assert recorder.replay({"Probing"})[0] == 6
     reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, FLEET)).count("WalkFinished") and r, timeout=10, message="WalkFinished")
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("WalkStarted") == 1 and reasons.count("WalkFinished") == 1
 
@@ -359,7 +366,8 @@ def test_an_operator_killed_at_several_steps_of_the_walk_resumes_with_no_duplica
 
 
 # A race against the walk: the drift must be seen (two scrapes 5 s apart) before the walk reaches 6. From the first
-# speculative server on, five steps remain; beside 3 workers and a Go build the walk once went from 3 to 6 first.
+# speculative server on, five steps remain; beside 3 workers and a Go build the walk once went from 3 to 6 first. The
+# probe's decision is scripted (start_fleet); the race with the monitor's real-time scrapes keeps it in `timing`.
 @pytest.mark.timing
 def test_a_drift_mid_walk_walks_the_fleet_back_to_the_base_at_once(
     operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
