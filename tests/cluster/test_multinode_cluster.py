@@ -27,7 +27,7 @@ from specdec_operator import sglang as sglang_args
 from specdec_operator.resource import parse_spec
 from tests.support.kube import wait_until
 from tests.support.multinode import kubelet_expand
-from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, events, example, get, status
+from tests.support.operator_process import GROUP, LLAMA_EAGLE3_SCRIPT, PLURAL, VERSION, Operator, compatible_annotations, events, example, get, status
 
 pytestmark = pytest.mark.cluster
 
@@ -105,6 +105,9 @@ def test_without_the_crd_a_multi_node_spec_is_refused_and_with_it_leaderworkerse
     spec_sim.sim.engine.set_accept_length_mean(1.0)  # the drafter accepts nothing: the probe rolls it back
     operator.map("kimi-base", base.url)
     operator.map("kimi-spec", spec_sim.url)
+    # The probe decides on scripted evidence of that drafter (acceptance 1.0: DrafterNotAccepting): the test is about
+    # the LeaderWorkerSets a decision makes and removes, not about measuring.
+    operator.script("kimi", speedup=1.0, acceptLength=1.0)
     operator.start()
 
     # An existing one-node resource, then its spec asks for two nodes: refused, its children left as they are.
@@ -183,7 +186,7 @@ def test_without_the_crd_a_multi_node_spec_is_refused_and_with_it_leaderworkerse
         headless = core_v1.read_namespaced_service(f"{lws_name}-0", namespace)
         assert headless.spec.cluster_ip == "None" and headless.spec.publish_not_ready_addresses
 
-    # The probe measures the leaders, and the drafter that accepts nothing is rolled back: the speculative
+    # The probe (scripted) rolls back the drafter that accepts nothing: the speculative
     # LeaderWorkerSet goes to 0 groups at once, and the controller deletes the group, leader and worker together.
     st = wait_until(
         lambda: (s := status(custom_objects, namespace, "kimi")).get("phase") in ("Promoted", "RolledBack", "Failed") and s,
@@ -216,6 +219,8 @@ def test_nodes_1_to_2_replaces_the_deployments_with_leaderworkersets_and_deletes
     spec_sim = sims.start("llama31-8b-eagle3", time_scale=10.0)
     operator.map("grow-base", base.url)
     operator.map("grow-spec", spec_sim.url)
+    # Decided on scripted evidence (the profile's truth, about 2x): the test is about the change of kind that follows.
+    operator.script("grow", **LLAMA_EAGLE3_SCRIPT)
     operator.start()
     # maxSurge 1 >= replicas 1: room for the new kind beside the old (reconcile/retire.py).
     cr = example("llama31-8b-eagle3.yaml", "grow", namespace, annotations=compatible_annotations(), rollout__maxSurge=1)
