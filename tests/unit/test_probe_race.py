@@ -146,3 +146,18 @@ def test_the_compact_evidence_of_a_probe_is_small_and_profiles_are_what_makes_it
             m = Measured(1234.56789, 7.118, 0.000612345, 31.5, blocks)
             profiled.add("speculative", w, PairedMeasurement(rnd, m, m))
     assert STATUS_BYTE_BUDGET < profiled.compact_bytes() < 64 * 1024, profiled.compact_bytes()
+
+
+def test_at_the_last_round_a_verdict_stands_with_a_wide_side_interval():
+    # Weighted: the mix passes, one workload's own interval is wider than the bound. Before the last round that
+    # workload is measured again; at the last round the verdict stands (the old probe's rule, docs/probe.md).
+    rules = RaceRules(policy="weighted", weights={"chat": 3.0, "batch": 1.0}, max_rounds=3)
+    evidence = Evidence("rev-1", 1)
+    for rnd, (chat, batch) in enumerate([(2.0, 2.5), (2.05, 1.4), (1.98, 3.1)], start=1):
+        evidence.add("a", "chat", pair(rnd, chat))
+        evidence.add("a", "batch", pair(rnd, batch, sd=0.5, df=3.0))
+        step = decide(evidence, rules, ["a"], ["chat", "batch"])
+        if rnd < 3:
+            assert isinstance(step, Continue), step
+    assert isinstance(step, Decided) and step.decision is Decision.PROMOTE, step.message
+    assert step.arms["a"].wide == ("batch",)

@@ -66,11 +66,11 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
         # A workload already confirmed needs no more GPU time; the undecided (and too wide) ones go on.
         next_workloads = tuple(w for w in workloads if verdicts[w] is not Verdict.PASS or w in wide)
         final = all(counts[w] >= rules.max_rounds for w in next_workloads)
-    if verdict is not Verdict.UNDECIDED and wide:
+    if verdict is not Verdict.UNDECIDED and wide and not final:
         # A decision reports every workload's interval within the bound: the wide ones are measured again first
-        # (under `all` only those; a weighted mix measures them all).
+        # (under `all` only those; a weighted mix measures them all). At the last round the verdict stands as it is.
         again = next_workloads if rules.policy == "weighted" else wide
-        return ArmState(arm, ArmOutcome.INCONCLUSIVE if final else ArmOutcome.UNDECIDED, rounds, interval, per, wide, again)
+        return ArmState(arm, ArmOutcome.UNDECIDED, rounds, interval, per, wide, again)
     if verdict is Verdict.UNDECIDED and not wide and not final and any(futile(iv, rules.min_speedup, horizon, last_level) for iv in undecided):
         return ArmState(arm, ArmOutcome.FUTILE, rounds, interval, per, wide)
     outcome = {Verdict.PASS: ArmOutcome.PASSED, Verdict.FAIL: ArmOutcome.FAILED}.get(verdict, ArmOutcome.UNDECIDED)
