@@ -142,6 +142,7 @@ def server(name: str, namespace: str, workloads: list[dict[str, Any]], output_ch
     cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=compatible_annotations(), workloads=workloads)
     cr["spec"]["resources"]["gpuFamily"] = "blackwell"
     cr["spec"]["rollout"]["policy"] = "AllWorkloads"
+    cr["spec"]["rollout"]["maxRounds"] = 20  # they measure (acceptance by prompt kind): rounds enough for a busy machine
     cr["spec"]["rollout"]["outputCheck"] = output_check
     cr["spec"]["monitor"] = {"enabled": False}  # the subject is the probe's decision, not what follows it
     return cr

@@ -246,6 +246,9 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     )
 
 
+# It measures (the probe in vLLM's protocol, its output check, vLLM's counters), so it cannot be scripted: beside a busy
+# machine (load 9 on 2 cores) it was still undecided after 90 s (round 10 of 20, chat 1.94x, batch-32 2.28x).
+@pytest.mark.timing
 def test_a_vllm_server_is_probed_in_vllms_protocol_promoted_and_rolled_back_on_its_counters(
     operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, apps_v1: Any
 ) -> None:
