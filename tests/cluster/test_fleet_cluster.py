@@ -317,6 +317,7 @@ def test_a_six_server_fleet_is_promoted_without_a_seventh_servers_gpus_and_never
     finally:
         recorder.stop()
     assert st["phase"] == "Promoted" and st["rolloutProgress"] == "6/6 speculative" and st["readyReplicas"] == 6
+    assert "[ScriptedEvidence: " in st["probe"]["message"], st["probe"]["message"]  # start_fleet's script decided it
     assert server_pods(core_v1, namespace) == {"base": 0, "speculative": 6}
     assert core_v1.read_namespaced_service(FLEET, namespace).spec.selector[m.LABEL_VARIANT] == "speculative"
     most, fewest = recorder.replay({"Promoted"})

@@ -443,7 +443,7 @@ def test_two_replicas_with_leader_election_decide_once(
     leader.terminate()  # a rolling update: the leader leaves, the other replica resumes at once
     leader.wait(20)
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=120)
-    assert st["phase"] == "Promoted"
+    assert st["phase"] == "Promoted" and "[ScriptedEvidence: " in st["probe"]["message"], st["probe"]["message"]
     wait_until(lambda: "SpeedupConfirmed" in operator.log_of(2), timeout=10, message="the second replica logging its decision")
     assert "SpeedupConfirmed" not in operator.log_of(1)
     # The second replica was paused until the leader left: it resumed once, and only then stepped the resource.
