@@ -5,8 +5,10 @@ Unlike test_operator_e2e.py (kwok pods, whose outcomes are scripted), everything
 hack/devcluster (containerd + runc, kubelet v1.35, kube-proxy, CoreDNS; hack/devcluster/realnode.py), as a user would
 run it: `make release` builds the images from this checkout (`make images-local`: buildah, over a Debian base made by
 mmdebstrap) and pushes them and the chart (an OCI artifact, `helm push`) to a CNCF distribution registry started on
-127.0.0.1 (tests/support/registry.py); the operator is installed with `helm install oci://...` from it, and the node's
-containerd pulls the operator, validator and simulator images from it (nothing is imported with `ctr`). The model
+127.0.0.1 (tests/support/registry.py) that, like a private mirror, answers only with credentials (`buildah login`,
+`helm registry login`); the operator is installed with `helm install oci://...` from it, and the node's containerd
+pulls the operator, validator and simulator images from it with the pods' imagePullSecrets: the chart's for the
+operator, its operator-wide server pod defaults for the tenant's pods (nothing is imported with `ctr`). The model
 volume is a hostPath directory holding tiny model directories written by tests/support/model_dirs.py. The SGLang servers
 are the sglang-simulator image (`specdec simulate`, a SIMULATOR of SGLang's HTTP API: no GPU, no model).
 
@@ -17,8 +19,11 @@ cannot, they FAIL with the reason. SPECDEC_SKIP_REAL_NODE=1 skips them explicitl
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -108,10 +113,34 @@ def registry(tmp_path_factory: Any) -> Any:
     if not os.access(binary, os.X_OK):
         pytest.fail(f"{binary} missing: run `hack/tools.sh registry` (make test builds it)", pytrace=False)
     try:
-        started = reg.start(binary, tmp_path_factory.mktemp("registry"))
+        started = reg.start(binary, tmp_path_factory.mktemp("registry"), user=("specdec-ci", secrets.token_hex(12)))
     except reg.RegistryError as error:
         pytest.fail(str(error), pytrace=False)
     STATE["registry"] = started
+    # The tools' own logins, in a file of the test's (not the machine user's): buildah reads REGISTRY_AUTH_FILE, helm
+    # HELM_REGISTRY_CONFIG (both the docker config.json format).
+    auth = tmp_path_factory.mktemp("auth") / "auth.json"
+    STATE["auth_env"] = {"REGISTRY_AUTH_FILE": str(auth), "HELM_REGISTRY_CONFIG": str(auth)}
+    name, password = started.user
+    for login in (
+        ["buildah", "login", "--authfile", str(auth), "--tls-verify=false", "--username", name, "--password-stdin", started.host],
+        [
+            str(devcluster.tools_dir() / "helm"),
+            "registry",
+            "login",
+            "--registry-config",
+            str(auth),
+            "--plain-http",
+            "--username",
+            name,
+            "--password-stdin",
+            started.host,
+        ],
+    ):
+        proc = subprocess.run(login, input=password, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            started.stop()
+            pytest.fail(f"{login[0]} login to the test registry failed: {proc.stderr.strip()}", pytrace=False)
     try:
         yield started
     finally:
@@ -144,7 +173,7 @@ def node_cluster(registry: Any, tmp_path_factory: Any) -> Any:
         "RELEASE_PLAIN_HTTP=1",
         f"RELEASE_DIST={dist}",
     ]
-    build = subprocess.run(release, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    build = subprocess.run(release, cwd=REPO, capture_output=True, text=True, timeout=1800, env={**os.environ, **STATE["auth_env"]})
     if build.returncode != 0:
         pytest.fail(f"{' '.join(release)} failed:\n{(build.stdout + build.stderr)[-3000:]}", pytrace=False)
     TIMINGS["make release (make images-local, push images and chart, plugin files)"] = time.monotonic() - started
@@ -210,14 +239,19 @@ def api(node_cluster: Any) -> Any:
 
 
 def helm(cluster: Any, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(cluster.helm_path), *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout)
+    env = {**cluster.env(), **STATE["auth_env"]}  # helm's login to the registry
+    proc = subprocess.run([str(cluster.helm_path), *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}"
     return proc
 
 
+PULL_SECRET = "mirror-pull"
 HELM_VALUES = {
     "nodeSelector": ON_NODE,
-    "operator": {"extraArgs": ["--reconcile-interval=2"]},
+    # The operator pod's pull secret, and every server pod's and validator's (operator-wide defaults): the SpeculativeServers
+    # of this module name none themselves.
+    "imagePullSecrets": [{"name": PULL_SECRET}],
+    "operator": {"extraArgs": ["--reconcile-interval=2"], "serverPodDefaults": {"imagePullSecrets": [{"name": PULL_SECRET}]}},
     "livenessProbe": {"initialDelaySeconds": 5, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 4},
 }
 
@@ -263,8 +297,25 @@ print(json.dumps(out))
 """
 
 
+def pull_secret(api: Any, namespace: str) -> None:
+    """The docker-registry Secret of the test registry's user in ``namespace``, as a team creates it for its mirror."""
+    registry = STATE["registry"]
+    token = base64.b64encode(":".join(registry.user).encode()).decode()
+    config = json.dumps({"auths": {registry.host: {"auth": token}}})
+    api["core"].create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {"name": PULL_SECRET},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": base64.b64encode(config.encode()).decode()},
+        },
+    )
+
+
 def run_client(api: Any, name: str, requests: list[dict[str, Any]], namespace: str = NS) -> list[dict[str, Any]]:
-    """A pod on the real node that makes HTTP requests (through cluster DNS and Services) and reports them."""
+    """A pod on the real node that makes HTTP requests (through cluster DNS and Services) and reports them. It runs the
+    operator image's python3, so that the simulator image is first pulled by the servers' pods, with the operator-wide
+    pull secret only."""
     core = api["core"]
     pod = {
         "apiVersion": "v1",
@@ -273,11 +324,12 @@ def run_client(api: Any, name: str, requests: list[dict[str, Any]], namespace: s
         "spec": {
             "restartPolicy": "Never",
             "nodeSelector": ON_NODE,
+            "imagePullSecrets": [{"name": PULL_SECRET}],
             "automountServiceAccountToken": False,
             "containers": [
                 {
                     "name": "client",
-                    "image": simulator_ref(),
+                    "image": mirrored("OPERATOR_IMAGE", "OPERATOR_TAG"),
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["python3", "-c", CLIENT, json.dumps(requests)],
                     "resources": {"limits": {"cpu": "500m", "memory": "128Mi"}},
@@ -423,7 +475,7 @@ def node_images(cluster: Any) -> list[str]:
 # Tests, in order
 
 
-def test_make_release_pushed_the_images_and_the_chart_to_the_registry(node_cluster: Any, registry: Any) -> None:
+def test_make_release_pushed_the_images_and_the_chart_to_the_registry(node_cluster: Any, registry: Any, api: Any) -> None:
     release = pushed()
     operator, simulator = mirrored("OPERATOR_IMAGE", "OPERATOR_TAG"), simulator_ref()
     chart = f"oci://{registry.host}/specdec/charts/specdec-operator:{CHART_VERSION}"
@@ -442,7 +494,11 @@ def test_make_release_pushed_the_images_and_the_chart_to_the_registry(node_clust
     assert [layer["mediaType"] for layer in manifest["layers"]] == ["application/vnd.cncf.helm.chart.content.v1.tar+gzip"]  # type: ignore[union-attr]
     # The released chart pulls the operator (and so the validator) from the mirror; nothing else in it moved.
     shown = subprocess.run(
-        [str(node_cluster.helm_path), "show", "values", *chart_args()], env=node_cluster.env(), capture_output=True, text=True, timeout=120
+        [str(node_cluster.helm_path), "show", "values", *chart_args()],
+        env={**node_cluster.env(), **STATE["auth_env"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert shown.returncode == 0, shown.stderr
     # helm prints what it pulled ("Pulled: ...", "Digest: ...") before the values.
@@ -452,6 +508,33 @@ def test_make_release_pushed_the_images_and_the_chart_to_the_registry(node_clust
     assert {**values, "image": checkout["image"]} == checkout
     # Nothing on the node yet but its own pause image: what runs next is pulled from the registry.
     assert [ref for ref in node_images(node_cluster) if "specdec-operator" in ref or "sglang-simulator" in ref] == []
+    # The registry wants credentials: the kubelet's pull of a pod without a pull secret is refused.
+    assert registry.get("/v2/", auth=False)[0] == 401
+    api["core"].create_namespace({"metadata": {"name": NS}})
+    wait(lambda: api["core"].read_namespaced_service_account("default", NS), 30, "default ServiceAccount")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "no-pull-secret"},
+        "spec": {
+            "nodeSelector": ON_NODE,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": operator, "command": ["true"], "securityContext": {"runAsUser": 65532, "runAsNonRoot": True}}],
+        },
+    }
+    api["core"].create_namespaced_pod(NS, pod)
+    waiting = wait(
+        lambda: (
+            (cs := (api["core"].read_namespaced_pod("no-pull-secret", NS).status.container_statuses or [None])[0])
+            and cs.state.waiting
+            and cs.state.waiting.reason in ("ErrImagePull", "ImagePullBackOff")
+            and cs.state.waiting
+        ),
+        120,
+        "the kubelet to report the refused pull",
+    )
+    assert re.search(r"401|unauthorized", waiting.message or "", re.IGNORECASE), waiting.message
+    api["core"].delete_namespaced_pod("no-pull-secret", NS, grace_period_seconds=0)
 
 
 def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any, api: Any) -> None:
@@ -459,8 +542,11 @@ def test_helm_install_runs_the_operator_image_on_the_real_node(node_cluster: Any
     assert node.status.allocatable["nvidia.com/gpu"] == realnode.GPU_COUNT
     assert node.status.node_info.kubelet_version.startswith("v1.35.")
     assert node.status.node_info.container_runtime_version.startswith("containerd://1.")
-    api["core"].create_namespace({"metadata": {"name": NS}})
     wait(lambda: api["core"].read_namespaced_service_account("default", NS), 30, "default ServiceAccount")
+    # The mirror's pull secret in the operator's namespace and in the tenant's, as docs/install.md says.
+    api["core"].create_namespace({"metadata": {"name": OPERATOR_NS}})
+    for namespace in (OPERATOR_NS, NS):
+        pull_secret(api, namespace)
     started = time.monotonic()
     helm(
         node_cluster,
@@ -519,9 +605,11 @@ def test_an_incompatible_drafter_is_invalid_from_the_real_validator(node_cluster
     term = init.state.terminated or init.last_state.terminated
     assert term.exit_code == 1
     assert json.loads(term.message)["compatible"] is False
-    # The validator runs from the mirrored operator image, in the tenant's namespace (the chart's default).
+    # The validator runs from the mirrored operator image, in the tenant's namespace (the chart's default), with the
+    # operator-wide pull secret (the resource names none).
     operator = mirrored("OPERATOR_IMAGE", "OPERATOR_TAG")
     assert pod.spec.init_containers[0].image == operator
+    assert [s.name for s in pod.spec.image_pull_secrets or []] == [PULL_SECRET]
     assert init.image_id == f"{operator.rsplit(':', 1)[0]}@{pushed()[operator]}", init.image_id
     spec = validator_spec(node_cluster, api, pod.metadata.name)
     assert spec["process"]["user"]["uid"] == 65532 and spec["root"]["readonly"] is True
@@ -593,8 +681,10 @@ def test_a_compatible_drafter_is_probed_over_cluster_dns_and_promoted(node_clust
     slices = api["discovery"].list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=llama")
     assert {a for s in slices.items for e in s.endpoints or [] for a in e.addresses} == {spec_pod.status.pod_ip}
     STATE["decided"] = status(api, "llama")
-    # The simulator image came from the registry too: every image of this module on the node is a mirrored one.
+    # The simulator image came from the registry too, first pulled by these servers' pods with the operator-wide pull
+    # secret only: every image of this module on the node is a mirrored one.
     simulator = simulator_ref()
+    assert [s.name for s in pod.spec.image_pull_secrets or []] == [PULL_SECRET]
     assert cs.image_id == f"{simulator.rsplit(':', 1)[0]}@{pushed()[simulator]}", cs.image_id
     named = [ref for ref in node_images(node_cluster) if not ref.startswith("sha256:") and "pause" not in ref]
     assert named and all(ref.startswith(f"{STATE['registry'].host}/specdec/") for ref in named), named
