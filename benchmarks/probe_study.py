@@ -742,6 +742,8 @@ def render(docs: list[dict[str, Any]]) -> str:
     for s in summary:
         vals = [f"{s['gpu_s_mean'].get(str(t), '-')}" for t in truths]
         out.append(f"| {s['trace']} | {s['max_rounds']} | {s['method']} | {s['cost_unit']} | " + " | ".join(vals) + " |")
+    out.append("\n### Mean rounds, old against new\n")
+    out.append(comparisons(rows))
     out.append("\n### Every cell\n")
     for d in docs:
         out.append(markdown(d))
@@ -777,6 +779,27 @@ def trace_table(paths: Sequence[str]) -> str:
                 f"| {len(t['rounds'])} | {expected} | {math.exp(statistics.fmean(logs)):.3f} | {statistics.stdev(logs):.3f} "
                 f"| {statistics.fmean(r['duration_s'] for r in t['rounds']):.2f} | {min(loads):g}-{max(loads):g} | {record} |"
             )
+    return "\n".join(out) + "\n"
+
+
+def comparisons(rows: list[dict[str, Any]]) -> str:
+    """Old against new where the issue asks: is the new rule ever slower at maxRounds 6, and what does a budget of 24
+    cost each (mean rounds; round-1 rollbacks; probes that ran all 24 rounds)."""
+    cells = {(r["trace"], r["max_rounds"], r["method"], r["truth"]): r for r in rows}
+    out = [
+        "| trace | truth | old R6 | new R6 | new vs old, R6 | round-1 rollbacks old / new R6 | old R24 | new R24 | new R24 probes that ran 24 rounds |"
+    ]
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for (trace, budget, method, truth), r in sorted(cells.items()):
+        if budget != 6 or method != "new" or (trace, 6, "old", truth) not in cells:
+            continue
+        old6, old24, new24 = cells[trace, 6, "old", truth], cells.get((trace, 24, "old", truth)), cells.get((trace, 24, "new", truth))
+        r1 = f"{old6['by_rounds']['rollback'].get('1', 0)} / {r['by_rounds']['rollback'].get('1', 0)}"
+        ran = "-" if new24 is None else f"{sum(v.get('24', 0) for v in new24['by_rounds'].values())} of {new24['probes']}"
+        out.append(
+            f"| {trace} | {truth:g} | {old6['rounds_mean']:.2f} | {r['rounds_mean']:.2f} | {100 * (r['rounds_mean'] / old6['rounds_mean'] - 1):+.0f} % | {r1} "
+            f"| {'-' if old24 is None else format(old24['rounds_mean'], '.2f')} | {'-' if new24 is None else format(new24['rounds_mean'], '.2f')} | {ran} |"
+        )
     return "\n".join(out) + "\n"
 
 
