@@ -534,6 +534,9 @@ def test_a_look_has_the_same_level_whatever_the_budget_and_no_look_of_six_is_str
 
 def test_futility_projects_to_the_same_horizon_for_every_larger_budget():
     assert futility_horizon(4) == 4 and futility_horizon(6) == futility_horizon(24) == futility_horizon(100) == 6
+    # Past round 6 it projects 3 rounds ahead (so a budget of 24 does not keep an undecidable probe to its end), the
+    # same for every budget that reaches that far.
+    assert futility_horizon(24, 6) == futility_horizon(100, 6) == 9 and futility_horizon(24, 8) == 11 and futility_horizon(10, 8) == 10
     near_one = [PairedRound(math.log(r), 0.04**2, 30.0) for r in (0.995, 1.01)]
     levels = look_levels(0.998, 2)
     iv = sequential_interval(near_one, levels)
@@ -543,8 +546,25 @@ def test_futility_projects_to_the_same_horizon_for_every_larger_budget():
 
 def test_a_sequential_interval_takes_each_bound_at_its_sides_level():
     rounds = [PairedRound(math.log(r), 0.05**2, 30.0) for r in (1.3, 1.4, 1.35)]
-    levels = look_levels(0.998, 1)  # the promotion side spends nothing at the first look: its low end is uninformative
+    levels = look_levels(0.998, 3)  # both sides spend at look 3, the promotion side more (alpha / 6 > 5 alpha / 36)
     iv = sequential_interval(rounds, levels)
     assert iv.high == pytest.approx(paired_interval(rounds, levels.high_level).high)
-    assert iv.low == pytest.approx(paired_interval(rounds, levels.low_level).low) and iv.low < paired_interval(rounds, levels.high_level).low
+    assert iv.low == pytest.approx(paired_interval(rounds, levels.low_level).low)
+    # At the first look the promotion side spends nothing: both ends are the rollback side's (no promotion is possible).
+    first = look_levels(0.998, 1)
+    one = sequential_interval(rounds[:1], first)
+    assert (one.low, one.high) == pytest.approx(
+        (paired_interval(rounds[:1], first.high_level).low, paired_interval(rounds[:1], first.high_level).high)
+    )
     assert judge_paired(sequential_interval(rounds[:2], look_levels(0.998, 2)), 1.0) is Verdict.PASS
+
+
+def test_the_first_look_rolls_back_a_clear_loss_even_with_few_degrees_of_freedom():
+    # One round at 0.36x from short measurements (8 df): the promotion side spends nothing at look 1, so its bound
+    # must not make the interval too wide to roll back (the simulation study found no round-1 rollbacks otherwise).
+    one = [PairedRound(math.log(0.36), 0.05**2, 8.0)]
+    iv = sequential_interval(one, look_levels(0.998, 1))
+    assert iv.high < 1.0 and width(iv) <= MAX_WIDTH, iv
+    assert judge_paired(iv, 1.0) is Verdict.FAIL
+    # ...and still never a promotion at the first look, however clear the win.
+    assert judge_paired(sequential_interval([PairedRound(math.log(3.0), 0.05**2, 8.0)], look_levels(0.998, 1)), 1.0) is Verdict.UNDECIDED

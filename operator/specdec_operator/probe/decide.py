@@ -76,14 +76,18 @@ def judge_paired(interval: RatioInterval | None, min_speedup: float) -> Verdict:
 
 
 # Futility projects the interval to at most this many rounds (the looks the error-spending design spends in equal parts,
-# probe/sequential.py): a larger budget (rollout.maxRounds) never delays the early stop of a probe that cannot decide; it
-# only gives more rounds to the probes that are still in reach of a decision.
+# probe/sequential.py) while the probe is within them, and FUTILITY_AHEAD rounds ahead after that: a larger budget
+# (rollout.maxRounds) never delays the early stop of a probe that cannot decide (the horizon at round n does not depend on
+# the budget unless the budget ends first), and a probe past round 6 that still cannot decide stops instead of running
+# to a large budget's end.
 FUTILITY_HORIZON = DESIGN_LOOKS
+FUTILITY_AHEAD = 3
 
 
-def futility_horizon(max_rounds: int) -> int:
-    """The round futility projects to: the budget's last round, or FUTILITY_HORIZON if that is earlier."""
-    return min(max_rounds, FUTILITY_HORIZON)
+def futility_horizon(max_rounds: int, rounds: int = 0) -> int:
+    """The round futility projects to after ``rounds`` rounds: FUTILITY_HORIZON, or FUTILITY_AHEAD rounds ahead once
+    past it, never beyond the budget's last round."""
+    return min(max_rounds, max(FUTILITY_HORIZON, rounds + FUTILITY_AHEAD if rounds >= FUTILITY_HORIZON else 0))
 
 
 def futile(interval: RatioInterval | None, min_speedup: float, max_rounds: int = 6, last_level: float | None = None) -> bool:

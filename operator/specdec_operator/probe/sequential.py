@@ -81,8 +81,12 @@ def look_levels(confidence: float, look: int, arms: int = 1) -> LookLevels:
     return LookLevels(look, _two_sided(spend(alpha, look, PROMOTE_FROM_LOOK)), _two_sided(spend(alpha, look, 1)))
 
 
+# The level of a side that spends nothing at a look: its bound decides nothing there (stats.sequential_interval).
+NOTHING_SPENT = 1.0 - 1e-15
+
+
 def _two_sided(tail: float) -> float:
-    return 1.0 - 2.0 * tail if tail > 0 else 1.0 - 1e-15
+    return 1.0 - 2.0 * tail if tail > 0 else NOTHING_SPENT
 
 
 def spent(confidence: float, looks: int, arms: int = 1) -> tuple[float, float]:

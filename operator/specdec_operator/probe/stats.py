@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from .sequential import LookLevels
+from .sequential import NOTHING_SPENT, LookLevels
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -477,9 +477,14 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
 def sequential_interval(rounds: Sequence[PairedRound], levels: LookLevels) -> PairedInterval:
     """:func:`paired_interval` for one look of the sequential probe (probe/sequential.py): the low end at the promotion
     side's level, the high end at the rollback side's, so each bound spends exactly this look's share of its side.
-    ``level`` on the result is the promotion side's (futility projects with it)."""
-    low = paired_interval(rounds, levels.low_level)
-    if levels.high_level == levels.low_level:
-        return low
+    ``level`` on the result is the promotion side's (futility projects with it).
+
+    At a look where the promotion side spends nothing (the first: no promotion before both server orders were
+    measured) the interval is the rollback side's on both ends: its low end then costs no promotion error (nothing can
+    promote at that look), and an unbounded low end would make the interval too wide (decide.MAX_WIDTH) for the clear
+    loss that the first look exists to roll back."""
     high = paired_interval(rounds, levels.high_level)
+    if levels.high_level == levels.low_level or levels.low_level >= NOTHING_SPENT:
+        return high
+    low = paired_interval(rounds, levels.low_level)
     return replace(low, high=high.high)

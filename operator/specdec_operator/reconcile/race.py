@@ -11,7 +11,7 @@ probe/sequential.py, the error budget shared by the arms:
 * An arm **passes** when its policy's interval (every workload's under ``all``, the weighted mix's under ``weighted``)
   has its low end above ``min_speedup``, from the second round, within the width bound; it **fails** when the high end
   is below (from the first round); it is **futile** when the estimate is too close to the threshold for the rounds left
-  to decide (decide.futile, projected to decide.futility_horizon); it **does not accept** when its acceptance length
+  to decide (decide.futile, projected to decide.futility_horizon: round 6, or 3 rounds ahead after it); it **does not accept** when its acceptance length
   is at or below the floor.
 * An arm still undecided whose interval's high end is below the best passing arm's low end **cannot win** and stops.
 * The race goes on while any arm is undecided and the budget has rounds left; then the passing arm with the highest
@@ -47,8 +47,11 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
         return ArmState(arm, ArmOutcome.UNDECIDED, rounds, None, next_workloads=tuple(workloads))
     per = {w: sequential_interval(paired[w], look_levels(rules.confidence, counts[w], arms)) for w in workloads}
     wide = tuple(w for w in workloads if width(per[w]) > MAX_WIDTH)
-    horizon = futility_horizon(rules.max_rounds)
-    last_level = look_levels(rules.confidence, horizon, arms).low_level
+
+    def cannot_decide(iv: RatioInterval) -> bool:
+        horizon = futility_horizon(rules.max_rounds, iv.n)
+        return futile(iv, rules.min_speedup, horizon, look_levels(rules.confidence, horizon, arms).low_level)
+
     if rules.policy == "weighted":
         n = min(counts.values())
         weights = {w: rules.weights.get(w, 1.0) for w in workloads}
@@ -71,7 +74,7 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
         # (under `all` only those; a weighted mix measures them all). At the last round the verdict stands as it is.
         again = next_workloads if rules.policy == "weighted" else wide
         return ArmState(arm, ArmOutcome.UNDECIDED, rounds, interval, per, wide, again)
-    if verdict is Verdict.UNDECIDED and not wide and not final and any(futile(iv, rules.min_speedup, horizon, last_level) for iv in undecided):
+    if verdict is Verdict.UNDECIDED and not wide and not final and any(cannot_decide(iv) for iv in undecided):
         return ArmState(arm, ArmOutcome.FUTILE, rounds, interval, per, wide)
     outcome = {Verdict.PASS: ArmOutcome.PASSED, Verdict.FAIL: ArmOutcome.FAILED}.get(verdict, ArmOutcome.UNDECIDED)
     if outcome is ArmOutcome.UNDECIDED and final:
