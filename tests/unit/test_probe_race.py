@@ -113,8 +113,10 @@ def test_picking_the_best_of_four_equal_arms_promotes_no_more_often_than_the_bud
 
 def test_evidence_round_trips_compactly_and_is_never_resumed_from_another_revision_or_generation():
     _, _, evidence = run({"a": [1.4, 1.5, 1.45, 1.47] * 2, "b": [0.8, 0.82, 0.79] * 3}, RaceRules(), ("chat", "batch"))
+    evidence.seconds = 12.5  # the time measured before a restart: a resumed probe's GPU-seconds count it
     doc = json.loads(json.dumps(evidence.to_compact()))
     back = from_compact(doc, "rev-1", 1)
+    assert back is not None and back.seconds == 12.5
     assert back is not None and back.pairs.keys() == evidence.pairs.keys()
     for arm in evidence.pairs:
         for w in ("chat", "batch"):

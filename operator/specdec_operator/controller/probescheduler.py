@@ -201,6 +201,7 @@ class ProbeScheduler:
             failures: list[str] = []
             spent = 0.0  # seconds measuring, over every attempt: the GPU-seconds' time
             evidence, resumed = await self._resume(probe)
+            spent += evidence.seconds  # what the runs before a restart measured (a resumed probe's cost is all of it)
             first_write = True
 
             async def keep(found: Evidence) -> None:

@@ -64,6 +64,7 @@ class Evidence:
     generation: int = 0
     pairs: dict[str, dict[str, list[PairedMeasurement]]] = field(default_factory=dict)  # arm -> workload -> rounds
     accept_length: dict[str, float] = field(default_factory=dict)  # arm -> acceptance length measured so far
+    seconds: float = 0.0  # time spent measuring these rounds, over every run of the probe (its GPU-seconds' time)
 
     def add(self, arm: str, workload: str, pair: PairedMeasurement) -> None:
         self.pairs.setdefault(arm, {}).setdefault(workload, []).append(pair)
@@ -97,6 +98,7 @@ class Evidence:
                 arm: {w: [[p.round, one(p.speculative), one(p.base)] for p in rows] for w, rows in per.items()} for arm, per in self.pairs.items()
             },
             "acc": {arm: _f(a) for arm, a in self.accept_length.items()},
+            "s": _f(self.seconds),
         }
 
     def compact_bytes(self) -> int:
@@ -119,6 +121,7 @@ def from_compact(doc: Mapping[str, Any] | None, revision: str, generation: int) 
                 for rnd, spec, base in rows:
                     evidence.add(str(arm), str(workload), PairedMeasurement(int(rnd), one(spec), one(base)))
         evidence.accept_length = {str(arm): float(a) for arm, a in (doc.get("acc") or {}).items() if a is not None}
+        evidence.seconds = float(doc.get("s") or 0.0)
     except (TypeError, ValueError, AttributeError):
         return None  # a document this code cannot read counts as stale: the probe starts afresh
     return evidence

@@ -455,6 +455,7 @@ async def _probe(
 
     while isinstance(step, Continue):
         rnd += 1
+        round_started = loop.time()
         order = [SPECULATIVE, BASE] if rnd % 2 == 1 else [BASE, SPECULATIVE]
         if script is not None:
             for name in step.workloads.get(SPECULATIVE, ()):
@@ -499,6 +500,7 @@ async def _probe(
                 + _detail(result.workloads, rules.min_speedup, state, rules),
             )
         result.rounds = rnd
+        evidence.seconds += loop.time() - round_started
         server_accept = await meter.read(session, speculative_url, result) if script is None else None
         if server_accept is not None:
             result.server_accept_length = server_accept
