@@ -32,6 +32,7 @@ def test_hundred_faulty_probes_never_promote_and_all_end_with_a_reason():
     assert max(o.seconds for o in outcomes) < 10
 
 
+@pytest.mark.timing
 def test_the_same_servers_without_faults_would_promote():
     """The control: the campaign's candidate is truly faster, so a zero-promotion result means something."""
     campaign = load_campaign()

@@ -452,6 +452,7 @@ def test_equal_servers_stop_early_for_futility_and_never_report_a_wide_interval_
             assert w.speedup_low and w.speedup_high and max(w.speedup_high / w.speedup, w.speedup / w.speedup_low) <= MAX_WIDTH
 
 
+@pytest.mark.timing
 def test_a_short_workload_decides_from_round_two_with_pooled_block_variances():
     # FEW_BLOCKS: 16 requests x 24 tokens at concurrency 4, 8 tokens per event: 4 blocks per measurement, below
     # MIN_BLOCKS, so no measurement has a variance of its own. Before the pooled variance the probe fell back to the
