@@ -11,7 +11,8 @@ Two parts:
   cluster tests run them), on the demo workloads chat (c=1) and batch-32. The simulators are in-process
   ``SimulatorServer``s (real HTTP on localhost, the client on the same event loop). What the machine was doing is
   recorded with the trace (``uptime``, ``vmstat``, the processes' names, the 1-minute load at every round). Traces
-  go to docs/benchmarks/probe-study-traces-<label>.json.
+  go to docs/benchmarks/probe-study-traces-<label>.json. ``--vllm``: vLLM's CPU tier instead (the real-engine tier's
+  target a served twice and with its matched drafter, tests/support/vllm_servers.py; the operator test's workload).
 * ``study``: an offline Monte Carlo over the traces. Each simulated probe draws its rounds from a trace (whole rounds
   with replacement, each round's pair of measurements kept together; look k draws from the trace's rounds of the same
   server order as run.py's round k), shifts every speculative log rate by ``log(truth) - mean log ratio of the trace``
@@ -32,10 +33,12 @@ Two parts:
 GPU-seconds per decision = rounds x the trace's mean round duration (wall) x time scale (simulated seconds) x GPUs
 (``--gpus``, default 16: two servers of 8 GPUs, as the seed's Kimi-K2.5 servers; the Llama profiles are 1 GPU each).
 
-Usage:
-  .venv/bin/python benchmarks/probe_study.py record --label loaded --rounds 50 [--pairs equal,eagle3] [--workloads chat,batch-32]
+Usage (docs/benchmarks/probe-study.md has the commands that made the committed results):
+  .venv/bin/python benchmarks/probe_study.py record --label loaded --rounds 60 [--pairs equal,eagle3] [--workloads chat,batch-32]
+  .venv/bin/python benchmarks/probe_study.py record --vllm --label vllm --rounds 24 [--models-root DIR]
   .venv/bin/python benchmarks/probe_study.py study --traces docs/benchmarks/probe-study-traces-*.json --json OUT.json [--md OUT.md]
   .venv/bin/python benchmarks/probe_study.py verify --traces FILE --old-operator /tmp/old/operator
+  .venv/bin/python benchmarks/probe_study.py render STUDY.json... [--traces TRACES.json...] [--md OUT.md] [--summary-json OUT.json]
 """
 
 from __future__ import annotations
