@@ -438,7 +438,7 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
     what the time blocks of each measurement say) plus, from two rounds on, the between-round one
     (``sd(log ratio)^2 / n``: a host hiccup, drift and round effects that the robust block scale does not
     see; when there are none it roughly doubles the variance, the price of not trusting the blocks alone). Quantile:
-    Student t with the within-round Satterthwaite df, unless Cochran's Q says the rounds disagree beyond
+    Student t with the Satterthwaite df of all those components (the between-round one with n - 1), unless Cochran's Q says the rounds disagree beyond
     their within-round variances (p < HETEROGENEITY_P): then the round-level t with n - 1 df. When a
     measurement had no blocks (too few stream events), the round-level :func:`log_ratio_interval`.
     """
@@ -455,11 +455,17 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
         est = _exp(mean) if math.isfinite(mean) else 0.0
         return PairedInterval(est, 0.0, math.inf, n, level, df=0.0)
     var = sum(r.var for r in rounds) / (n * n)
-    df = pooled_satterthwaite([(key, v / (n * n), d) for r in rounds for key, v, d in r.components()])
+    within = [(key, v / (n * n), d) for r in rounds for key, v, d in r.components()]
+    df = pooled_satterthwaite(within)
     heterogeneous = False
     if n >= 2:
         between = sum((r.log_ratio - mean) ** 2 for r in rounds) / (n - 1) / n
         var += between
+        # The between-round term is an estimate too, with n - 1 degrees of freedom: it counts in the Satterthwaite df.
+        # Without it a noise the time blocks do not see (vLLM's CPU build: a round's log ratio spread 0.144 where its
+        # blocks implied 0.06) made a two-round interval a t with the blocks' many df, and equal servers were promoted
+        # 2.6-4 % of the time (docs/benchmarks/probe-study.md); with it, such an interval is as wide as n - 1 df allow.
+        df = pooled_satterthwaite(within + [(None, between, float(n - 1))])
         if all(r.var > 0 for r in rounds):
             weights = [1.0 / r.var for r in rounds]
             pooled = sum(w * r.log_ratio for w, r in zip(weights, rounds)) / sum(weights)
