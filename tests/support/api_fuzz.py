@@ -427,7 +427,10 @@ def oracle(spec: dict[str, Any]) -> Verdict:
         errors = exc.errors()
         floats = all(e["type"] == "int_type" and isinstance(e["input"], float) and e["input"].is_integer() for e in errors)
         return Verdict(False, [_kube_path(e["loc"]) for e in errors], message, floats)
-    return Verdict(False, [where for where, _ in violations(SPEC_SCHEMA, resource.dump(parsed), "spec")] or ["spec"], message)
+    # A rule on the whole spec (a CEL rule with a fieldPath, or the release an image names) names its field in our message
+    # ("spec: spec.image: ..."), as the API server names it in its refusal.
+    named = re.findall(r"(spec(?:\.[A-Za-z][A-Za-z0-9]*)+):", message)
+    return Verdict(False, [where for where, _ in violations(SPEC_SCHEMA, resource.dump(parsed), "spec")] or named or ["spec"], message)
 
 
 def pruned(value: Any, schema: dict[str, Any]) -> Any:
