@@ -91,6 +91,32 @@ def retry_delay(attempt: int, backoff: float) -> float:
     return backoff * (2**attempt)
 
 
+def fresh_evidence(probe: _Probe) -> Evidence:
+    return Evidence(probe.probe_id, probe.generation or 0)
+
+
+async def resume_evidence(probe: _Probe, read: ReadEvidence | None) -> tuple[Evidence, int]:
+    """The evidence an earlier run of this very probe kept (same probe id, i.e. revision and adaptive table, and the
+    same generation: evidence.from_compact), and the rounds it holds; otherwise fresh evidence and 0. Reading it never
+    fails the probe: an unreadable or stale document means starting afresh."""
+    fresh = fresh_evidence(probe)
+    if read is None or probe.generation is None:
+        return fresh, 0
+    try:
+        doc = await read(*probe.key)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        LOG.warning(
+            f"{probe.key[0]}/{probe.key[1]}: reading the probe's evidence failed ({type(exc).__name__}: {clip(str(exc), 200)}); probing afresh"
+        )
+        return fresh, 0
+    found = from_compact(doc, probe.probe_id, probe.generation)
+    if found is None:
+        return fresh, 0
+    return found, found.rounds(Variant.SPECULATIVE.value)
+
+
 class ProbeScheduler:
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
@@ -200,7 +226,7 @@ class ProbeScheduler:
                 return probe_failed(revision, str(exc))
             failures: list[str] = []
             spent = 0.0  # seconds measuring, over every attempt: the GPU-seconds' time
-            evidence, resumed = await self._resume(probe)
+            evidence, resumed = await resume_evidence(probe, self.read_evidence)
             spent += evidence.seconds  # what the runs before a restart measured (a resumed probe's cost is all of it)
             first_write = True
 
@@ -220,7 +246,7 @@ class ProbeScheduler:
 
             for attempt in range(self.config.probe_attempts):
                 if attempt:  # a half-measured attempt is not mixed with the next: its evidence is dropped
-                    evidence, resumed = self._fresh(probe), 0
+                    evidence, resumed = fresh_evidence(probe), 0
                 try:
                     result = await run_probe(
                         self.url(key, Variant.BASE),
@@ -261,30 +287,6 @@ class ProbeScheduler:
             if failures and status.reason == Reason.PROBE_FAILED:
                 status.message = clip(f"{status.message} (after {len(failures) + 1} attempts; the earlier ones: {'; '.join(failures)})")
             return status
-
-    def _fresh(self, probe: _Probe) -> Evidence:
-        return Evidence(probe.probe_id, probe.generation or 0)
-
-    async def _resume(self, probe: _Probe) -> tuple[Evidence, int]:
-        """The evidence an earlier run of this very probe kept (same probe id, i.e. revision and adaptive table, and
-        the same generation: evidence.from_compact), and the rounds it holds; otherwise fresh evidence and 0. Reading
-        it never fails the probe: an unreadable or stale document means starting afresh."""
-        fresh = self._fresh(probe)
-        if self.read_evidence is None or probe.generation is None:
-            return fresh, 0
-        try:
-            doc = await self.read_evidence(*probe.key)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            LOG.warning(
-                f"{probe.key[0]}/{probe.key[1]}: reading the probe's evidence failed ({type(exc).__name__}: {clip(str(exc), 200)}); probing afresh"
-            )
-            return fresh, 0
-        found = from_compact(doc, probe.probe_id, probe.generation)
-        if found is None:
-            return fresh, 0
-        return found, found.rounds(Variant.SPECULATIVE.value)
 
     async def _datasets(self, key: Key, spec: SpeculativeServerSpec, owner_uid: str | None) -> dict[str, list[Prompt]]:
         """The prompts of the workloads whose source is a ConfigMap or a File, read now, before any request."""

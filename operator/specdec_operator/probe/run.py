@@ -323,15 +323,7 @@ async def run_probe(
             speculative_url.rstrip("/"),
             wls,
             result,
-            rules=RaceRules(
-                min_speedup=float(min_speedup),
-                confidence=confidence,
-                max_rounds=max_rounds,
-                policy=policy_key,
-                weights={w.name: w.weight for w in wls},
-                accept_length_floor=float(accept_length_floor) if accept_length_floor is not None else None,
-                labels={w.name: f"{w.name} (c={w.concurrency})" for w in wls},
-            ),
+            rules=_rules(wls, min_speedup, confidence, max_rounds, policy_key, accept_length_floor),
             decide=decide,
             evidence=evidence if evidence is not None else Evidence(),
             on_evidence=on_evidence,
@@ -356,6 +348,24 @@ async def run_probe(
     finally:
         if own_session:
             await session.close()
+    return _finish(result, outcome, script)
+
+
+def _rules(wls: list[Workload], min_speedup: float, confidence: float, max_rounds: int, policy: str, floor: float | None) -> RaceRules:
+    """What the decision (reconcile/race.py) needs of the probe's arguments."""
+    return RaceRules(
+        min_speedup=float(min_speedup),
+        confidence=confidence,
+        max_rounds=max_rounds,
+        policy=policy,
+        weights={w.name: w.weight for w in wls},
+        accept_length_floor=float(floor) if floor is not None else None,
+        labels={w.name: f"{w.name} (c={w.concurrency})" for w in wls},
+    )
+
+
+def _finish(result: ProbeResult, outcome: Outcome, script: ScriptedProbe | None) -> ProbeResult:
+    """The outcome into the result, with the notes on what was measured (scripted rounds, random token ids)."""
     result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
     result.transient = outcome.reason == Reason.PROBE_FAILED and outcome.transient
     if result.accept_length is None and result.server_accept_length is not None:
@@ -458,10 +468,7 @@ async def _probe(
         round_started = loop.time()
         order = [SPECULATIVE, BASE] if rnd % 2 == 1 else [BASE, SPECULATIVE]
         if script is not None:
-            for name in step.workloads.get(SPECULATIVE, ()):
-                await asyncio.sleep(script.seconds_per_round / max(1, len(step.workloads.get(SPECULATIVE, ()))))
-                spec_m, base_m = script.pair(name, rnd)
-                evidence.add(SPECULATIVE, name, PairedMeasurement(rnd, spec_m, base_m))
+            await _scripted_round(script, step.workloads.get(SPECULATIVE, ()), rnd, evidence)
         try:
             for name in step.workloads.get(SPECULATIVE, ()) if script is None else ():
                 w = by_name[name]
@@ -492,13 +499,7 @@ async def _probe(
                     evidence.add(SPECULATIVE, name, PairedMeasurement(rnd, measured[SPECULATIVE], measured[BASE]))
         except TimeoutError:
             state = decide(evidence, rules, arms, names).arms.get(SPECULATIVE)
-            _summarize(wls, result, evidence, last, state, rules)
-            return Outcome(
-                Decision.ROLLBACK,
-                Reason.INCONCLUSIVE,
-                f"probe time budget of {timeout:g}s spent after {result.rounds} complete round(s): "
-                + _detail(result.workloads, rules.min_speedup, state, rules),
-            )
+            return _timed_out(wls, result, evidence, last, state, rules, timeout)
         result.rounds = rnd
         evidence.seconds += loop.time() - round_started
         server_accept = await meter.read(session, speculative_url, result) if script is None else None
@@ -509,17 +510,36 @@ async def _probe(
             evidence.accept_length[SPECULATIVE] = accept
         step = decide(evidence, rules, arms, names)
         _summarize(wls, result, evidence, last, step.arms.get(SPECULATIVE), rules)
-        if on_evidence is not None and isinstance(step, Continue):
-            # Only while more rounds follow: a decided probe's result is recorded in status by the next step (a
-            # restart before that resumes from the round before and decides again at once), so the last write is saved.
-            maybe = on_evidence(evidence)
-            if inspect.isawaitable(maybe):
-                await maybe
-        if on_round is not None:
-            maybe = on_round(result)
-            if inspect.isawaitable(maybe):
-                await maybe
+        # The evidence is kept only while more rounds follow: a decided probe's result is recorded in status by the next
+        # step (a restart before that resumes from the round before and decides again at once), so the last write is saved.
+        await _notify(on_evidence if isinstance(step, Continue) else None, evidence)
+        await _notify(on_round, result)
     return _with_rounds_note(Outcome(step.decision, step.reason, step.message), rules.max_rounds)
+
+
+def _timed_out(wls, result: ProbeResult, evidence: Evidence, last, state: ArmState | None, rules: RaceRules, timeout: float) -> Outcome:
+    """The probe's time budget spent: Inconclusive, with the rounds completed so far."""
+    _summarize(wls, result, evidence, last, state, rules)
+    detail = _detail(result.workloads, rules.min_speedup, state, rules)
+    return Outcome(
+        Decision.ROLLBACK, Reason.INCONCLUSIVE, f"probe time budget of {timeout:g}s spent after {result.rounds} complete round(s): {detail}"
+    )
+
+
+async def _notify(callback: Callable[[Any], Awaitable[None] | None] | None, value: Any) -> None:
+    """Call a sync or async callback (on_round, on_evidence), if there is one."""
+    if callback is not None:
+        maybe = callback(value)
+        if inspect.isawaitable(maybe):
+            await maybe
+
+
+async def _scripted_round(script: ScriptedProbe, workloads: Sequence[str], rnd: int, evidence: Evidence) -> None:
+    """One round from the script instead of the servers (probe/scripted.py), taking the script's time."""
+    for name in workloads:
+        await asyncio.sleep(script.seconds_per_round / max(1, len(workloads)))
+        spec_m, base_m = script.pair(name, rnd)
+        evidence.add(SPECULATIVE, name, PairedMeasurement(rnd, spec_m, base_m))
 
 
 async def _measure_one(
