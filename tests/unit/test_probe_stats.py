@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import math
 import random
+from collections import Counter
 from contextlib import AsyncExitStack
 
 import pytest
@@ -46,8 +47,10 @@ from specdec_operator.probe.stats import (
     weighted_paired_round,
     with_pooled_variance,
 )
+from specdec_operator.reconcile.race import RaceRules
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 from tests.support.benchmarks import load_benchmark
+from tests.support.trace_replay import recorded_traces, replay
 
 # --- chi-square tail -------------------------------------------------------------------------------------
 
@@ -501,8 +504,41 @@ def test_a_five_percent_loss_never_promotes_with_own_or_pooled_block_variances()
         return await asyncio.gather(*(one(s, w) for s in range(400, 405) for w in (bench.SMALL, bench.FEW_BLOCKS)))
 
     results = asyncio.run(all_of())
+    # Rolled back, never promoted. Whether as SpeedupBelowThreshold or as Inconclusive (futility) depends on the noise
+    # the host adds: at confidence 0.998 most 5 % losses stop by futility even with a quiet simulator's noise, and beside
+    # a busy machine all of them do (CI, 2026-12-06: 0 of 10 below threshold), so only the decision is asserted here;
+    # the reasons are asserted on recorded noise below.
     assert all(str(r.decision) == "rollback" for r in results), [r.message for r in results]
-    assert sum(str(r.reason) == "SpeedupBelowThreshold" for r in results) >= 3, [r.message for r in results]
+
+
+@pytest.mark.parametrize("label", ["loaded", "favoured"])
+@pytest.mark.parametrize("truth", [0.95, 0.99, 1.0])
+def test_a_loss_or_a_tie_replayed_on_recorded_simulator_noise_is_never_promoted(label, truth):
+    # Deterministic: the simulator's recorded rounds (quiet-ish and beside a busy make test), drawn with a seed, decided
+    # by reconcile/race.py. 100 probes per trace and truth; a false promotion at these truths is at most 0.2 % each.
+    rules = RaceRules(max_rounds=6)
+    outcomes: Counter[tuple[str, str]] = Counter()
+    for trace in recorded_traces(label):
+        rng = random.Random(f"{label}/{trace.name}/{truth}")
+        for _ in range(100):
+            decided, rounds = replay(trace, truth, rules, rng)
+            outcomes[(str(decided.decision), str(decided.reason))] += 1
+            assert 1 <= rounds <= 6
+    assert outcomes[("promote", "SpeedupConfirmed")] == 0, outcomes
+    assert sum(outcomes.values()) == 400 and set(outcomes) <= {("rollback", "Inconclusive"), ("rollback", "SpeedupBelowThreshold")}, outcomes
+
+
+def test_a_clear_loss_or_win_replayed_on_recorded_noise_is_decided_with_its_own_reason():
+    # The same replay at 0.7x and 2x: the rollback is SpeedupBelowThreshold and the promotion SpeedupConfirmed, never
+    # a futility stop, on the simulator's chat workload even beside a busy machine.
+    rules = RaceRules(max_rounds=6)
+    for trace in recorded_traces("loaded"):
+        if not trace.name.endswith("/chat"):
+            continue
+        rng = random.Random(trace.name)
+        for truth, expected in ((0.7, "SpeedupBelowThreshold"), (2.0, "SpeedupConfirmed")):
+            reasons = Counter(str(replay(trace, truth, rules, rng)[0].reason) for _ in range(50))
+            assert reasons == Counter({expected: 50}), (trace.name, truth, reasons)
 
 
 # --- The anytime-valid look levels (probe/sequential.py) ----------------------------------------------------------
