@@ -49,6 +49,8 @@ from datetime import UTC
 
 import devcluster
 
+from specdec_operator.reconcile.status import STATUS_BYTES_BUDGET
+
 GROUP, VERSION, PLURAL = "specdec.io", "v1alpha1", "speculativeservers"
 TERMINAL = {"Promoted", "RolledBack", "Invalid", "Failed"}
 # With its defaults the deployment controller syncs 5 Deployments at a time, each sync a few API round trips: on a
@@ -287,6 +289,8 @@ class PhaseWatcher(threading.Thread):
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.relists = 0
+        self.status_bytes: dict[tuple[str, str], int] = {}  # the latest status of each resource, compact JSON bytes
+        self.peak_status_bytes = 0  # the largest status any resource had at any moment of the run
 
     def counts(self) -> Counter:
         with self.lock:
@@ -301,9 +305,31 @@ class PhaseWatcher(threading.Thread):
         meta, status = obj["metadata"], obj.get("status") or {}
         key = (meta["namespace"], meta["name"])
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        size = len(json.dumps(status, separators=(",", ":")).encode())
         with self.lock:
             self.phases[key] = status.get("phase") or "none"
             (self.serving.add if ready else self.serving.discard)(key)
+            self.status_bytes[key] = size
+            self.peak_status_bytes = max(self.peak_status_bytes, size)
+
+    def status_sizes(self) -> dict[str, Any]:
+        """The resources' status sizes now (median, p99, largest) and the largest seen during the run, against the budget
+        the operator states (reconcile/status.py STATUS_BYTES_BUDGET)."""
+        with self.lock:
+            sizes = sorted(self.status_bytes.values())
+            peak = self.peak_status_bytes
+        if not sizes:
+            return {"resources": 0}
+        return {
+            "resources": len(sizes),
+            "median_bytes": sizes[len(sizes) // 2],
+            "p99_bytes": sizes[min(len(sizes) - 1, math.ceil(0.99 * len(sizes)) - 1)],
+            "max_bytes": sizes[-1],
+            "peak_during_run_bytes": peak,
+            "total_bytes": sum(sizes),
+            "budget_bytes": STATUS_BYTES_BUDGET,
+            "within_budget": peak <= STATUS_BYTES_BUDGET,
+        }
 
     def run(self) -> None:
         from kubernetes import watch
@@ -338,6 +364,34 @@ class PhaseWatcher(threading.Thread):
             except Exception:  # 410 Gone, a timeout under load: list again
                 self.relists += 1
                 time.sleep(1)
+
+
+class EvidenceSampler:
+    """The probes' evidence ConfigMaps (<name>-probe-evidence, label specdec.io/probe-evidence=true), sampled every
+    10 s while the resources settle: how many exist at once and how large they get, since evidence kept outside status
+    is the price of keeping status small."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.samples: list[tuple[int, int]] = []  # (ConfigMaps, largest data in bytes)
+
+    def sample(self) -> None:
+        try:
+            items = self.core.list_config_map_for_all_namespaces(label_selector="specdec.io/probe-evidence=true", _request_timeout=60).items
+        except Exception:  # a timeout under load: this sample is skipped
+            return
+        sizes = [sum(len(v.encode()) for v in (cm.data or {}).values()) for cm in items]
+        self.samples.append((len(sizes), max(sizes, default=0)))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "samples": len(self.samples),
+            "most_at_once": max((n for n, _ in self.samples), default=0),
+            "largest_bytes": max((b for _, b in self.samples), default=0),
+            "at_end": self.samples[-1][0] if self.samples else None,
+        }
 
 
 def baseline_children(name: str, namespace: str, incompatible: bool) -> list[dict[str, Any]]:
@@ -741,6 +795,7 @@ def main(argv: list[str] | None = None) -> int:
         phases: Counter = Counter()
         watcher = PhaseWatcher(api_client)
         watcher.start()
+        evidence = EvidenceSampler(api_client)
         last_said = 0.0
         while time.monotonic() - started < args.timeout:
             phases = watcher.counts()
@@ -752,12 +807,17 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if time.monotonic() - last_said >= 10:
                 last_said = time.monotonic()
+                evidence.sample()
                 say(
                     f"  {time.monotonic() - started:5.0f}s  {dict(sorted(phases.items()))}  steady {steady}  rss {sampler.samples[-1][1] / 2**20:.0f} MB"
                 )
             time.sleep(0.5)
         watcher.stop.set()
         result["watch_relists"] = watcher.relists
+        evidence.sample()
+        result["status_size"] = watcher.status_sizes()
+        result["probe_evidence"] = evidence.summary()
+        say(f"status sizes: {result['status_size']}; probe evidence ConfigMaps: {result['probe_evidence']}")
         settle = (settled_at or time.monotonic()) - started
         result.update(
             {"create_seconds": round(created, 1), "settled": settled_at is not None, "steady_state_seconds": round(settle, 1), "phases": dict(phases)}

@@ -29,6 +29,12 @@ from .pods import (
     finding_summary,
 )
 
+# What one resource's status may weigh, as compact JSON. Every watcher of SpeculativeServers (the operator, kubectl,
+# Argo CD) lists all of them, so at 1,000 resources each KiB of status is a MiB per list; the largest status the API
+# allows (16 workloads, every section set, messages clipped) stays under it, and what a probe measures round by round
+# goes to a child ConfigMap (<name>-probe-evidence) instead. benchmarks/scale.py reports the sizes at 1,000 resources.
+STATUS_BYTES_BUDGET = 16 * 1024
+
 
 @dataclass(frozen=True)
 class PhaseOutcome:
