@@ -175,6 +175,24 @@ def test_promote_by_hand_skips_the_probe_with_a_warning_and_the_reason():
     assert event.type == "Warning" and "measured on the canary by hand" in event.message
 
 
+def test_promote_by_hand_at_creation_is_deploying_until_the_speculative_server_serves():
+    world = World(llama_spec())
+    created = world.step(annotations={steering.PROMOTE: "measured elsewhere"})
+    assert created.status["phase"] == "Deploying" and created.status["reason"] == "PromotedByHand", created.status
+    assert "waiting for the speculative server" in created.status["message"]
+    world.set_pods(base={"ready": True}, speculative={"init": (0, COMPATIBLE), "running_since": NOW})
+    loading = world.step(annotations={steering.PROMOTE: "measured elsewhere"})
+    assert loading.status["phase"] == "Deploying" and loading.status["activeVariant"] == "base"
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    serving = world.step(annotations={steering.PROMOTE: "measured elsewhere"})
+    assert serving.status["phase"] == "Promoted" and serving.status["activeVariant"] == "speculative"
+    assert not serving.starts_probe
+    # Once it has served, a restart of the promoted server keeps the phase (the base answers meanwhile).
+    world.set_pods(base={"ready": True}, speculative={"init": (0, COMPATIBLE), "running_since": NOW})
+    restarting = world.step(annotations={steering.PROMOTE: "measured elsewhere"})
+    assert restarting.status["phase"] == "Promoted" and restarting.status["activeVariant"] == "base"
+
+
 def test_promote_does_not_override_an_incompatible_drafter():
     from tests.support.world import INCOMPATIBLE
 

@@ -64,6 +64,13 @@ def settle_phase(facts: Facts, validation: ValidationStatus | None, decision: Pr
     if decision is not None:
         promoted = is_promoted(decision)
         reason = decision.reason or (Reason.SPEEDUP_CONFIRMED if promoted else Reason.INCONCLUSIVE)
+        if promoted and not speculative.any_ready and facts.prev.phase != Phase.PROMOTED:
+            # Promoted by hand before the speculative server ever served (at creation, or over a rolled-back one whose
+            # servers are scaled down): Promoted would claim a server that does not answer yet. Deploying until it
+            # does; a promoted server that restarts later stays Promoted (the base answers meanwhile, choose_active).
+            return PhaseOutcome(
+                Phase.DEPLOYING, reason, clip(f"{decision.message or reason}; waiting for the speculative server: {speculative.message}")
+            )
         return PhaseOutcome(Phase.PROMOTED if promoted else Phase.ROLLED_BACK, reason, decision.message or reason)
     if not observed.deployments and not observed.pods:
         return PhaseOutcome(Phase.PENDING, Reason.CREATING, "creating the base and speculative servers")
