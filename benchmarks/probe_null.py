@@ -1,7 +1,8 @@
 """Equal servers: how often does the probe promote (or reject) two identical simulated servers?
 
-The setup of tests/unit/test_probe.py::test_equal_servers_with_five_percent_jitter_never_promote (step jitter
-5 %, a small workload, time scale 4, max_rounds 5), repeated over many seeds, 5 probes at a time.
+Equal simulators with step jitter 5 %, a small workload, time scale 4, max_rounds 5 (the real-time setup that
+tests/unit/test_probe.py's equal-servers test had before it moved to recorded rounds), repeated over many seeds, 5
+probes at a time.
 
 Usage: .venv/bin/python benchmarks/probe_null.py [--runs 200] [--confidence 0.998]
 """
