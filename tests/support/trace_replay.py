@@ -88,9 +88,9 @@ def _coarse(row: dict[str, Any], blocks: int) -> Measured:
 
 
 def traces_by_shape(label: str, pair: str, workloads: Sequence[Workload]) -> dict[str, RecordedTrace]:
-    """Each workload's recorded noise of the same shape: the ``chat`` trace (one stream) of ``<label>/<pair>`` for a
-    one-stream workload, its ``batch-32`` trace (32 concurrent streams) for a concurrent one."""
-    return {w.name: trace_named(f"{label}/{pair}/{'chat' if w.concurrency == 1 else 'batch-32'}") for w in workloads}
+    """Each workload's recorded noise of the nearer shape: the ``chat`` trace (one stream) of ``<label>/<pair>`` for a
+    workload of up to 4 streams, its ``batch-32`` trace (32 concurrent streams, far noisier) for a wider one."""
+    return {w.name: trace_named(f"{label}/{pair}/{'chat' if w.concurrency <= 4 else 'batch-32'}") for w in workloads}
 
 
 @dataclass(frozen=True)
