@@ -16,6 +16,7 @@ from specdec_operator.probe.datasets import default_prompts, parse_dataset
 from specdec_operator.probe.outputs import prefix_match
 from specdec_operator.simulator import SimulatorServer, profile_from_dict
 from specdec_operator.simulator.promptkind import classify
+from tests.support.trace_replay import ReplayedProbe, analytic_speedup, traces_by_shape
 
 
 def test_the_three_formats_parse_and_auto_tells_them_apart():
@@ -95,28 +96,45 @@ BASE = _profile("base")
 CODE_DATASET = {"w": parse_dataset("".join(json.dumps({"prompt": f"Write a Python function number {i}"}) + "\n" for i in range(16)), source="t")}
 
 
-async def _probe(spec_profile, workload, datasets=None, check=None):
+async def _probe(spec_profile, workload, datasets=None, check=None, max_rounds=6):
     async with AsyncExitStack() as stack:
         b = await stack.enter_async_context(SimulatorServer(BASE, time_scale=2, seed=1, load_seconds=0))
         s = await stack.enter_async_context(SimulatorServer(spec_profile, time_scale=2, seed=2, load_seconds=0))
-        return await run_probe(b, s, [workload], seed=3, max_rounds=6, datasets=datasets, output_check=check)
+        return await run_probe(b, s, [workload], seed=3, max_rounds=max_rounds, datasets=datasets, output_check=check)
 
 
 def _workload(**prompts):
     return Workload.model_validate({"name": "w", "concurrency": 2, "requests": 4, "inputTokens": 32, "outputTokens": 64, "prompts": prompts})
 
 
-@pytest.mark.timing
+def _decided_at_measured_acceptance(accept_length, workload, datasets=None):
+    """The decision at the speedup the measured acceptance gives these simulators (their model, _profile's step times),
+    on the simulators' recorded rounds (tests/support/trace_replay.py): the same on every machine."""
+    truth = analytic_speedup(BASE, _profile("measured", accept_length), workload)
+    traces = traces_by_shape("favoured", "eagle3", [workload])
+    script = ReplayedProbe(f"datasets/{workload.prompts.source}/{accept_length:.2f}", truth, traces=traces)
+    return asyncio.run(run_probe("http://127.0.0.1:9", "http://127.0.0.1:9", [workload], max_rounds=6, datasets=datasets, script=script))
+
+
 def test_random_ids_promote_a_drafter_that_the_users_code_rolls_back_and_the_reverse():
+    # Measured for real, one round each: which prompts reach the server (random ids, or the user's code through the
+    # generate and the chat endpoints) shows in the drafter's acceptance, counted from the streamed tokens (not timed:
+    # it holds on a busy machine). The decision at the speed that acceptance gives is made on recorded rounds.
     random_lover = _profile("random-lover", 2.0, {"random": 3.5, "code": 1.2})
     code_lover = _profile("code-lover", 2.0, {"random": 1.2, "code": 3.5})
-    on_random = asyncio.run(_probe(random_lover, _workload(source="Random")))
-    assert on_random.decision == "promote" and "SyntheticTraffic" in on_random.message, on_random.message
-    on_code = asyncio.run(_probe(random_lover, _workload(endpoint="Generate"), CODE_DATASET))
-    assert on_code.decision == "rollback", on_code.message
-    assert asyncio.run(_probe(code_lover, _workload(source="Random"))).decision == "rollback"
-    promoted = asyncio.run(_probe(code_lover, _workload(), CODE_DATASET))  # the chat endpoint
-    assert promoted.decision == "promote" and "SyntheticTraffic" not in promoted.message, promoted.message
+    cases = [
+        (random_lover, _workload(source="Random"), None, 3.5, "promote"),
+        (random_lover, _workload(endpoint="Generate"), CODE_DATASET, 1.2, "rollback"),
+        (code_lover, _workload(source="Random"), None, 1.2, "rollback"),
+        (code_lover, _workload(), CODE_DATASET, 3.5, "promote"),  # the chat endpoint
+    ]
+    for profile, workload, datasets, accept, decision in cases:
+        measured = asyncio.run(_probe(profile, workload, datasets, max_rounds=1))
+        assert measured.reason != "ProbeFailed" and measured.accept_length == pytest.approx(accept, rel=0.15), measured.message
+        synthetic = workload.prompts.source == "Random"
+        assert ("SyntheticTraffic" in measured.message) is synthetic and bool(measured.synthetic) is synthetic, measured.message
+        decided = _decided_at_measured_acceptance(measured.accept_length, workload, datasets)
+        assert decided.decision == decision, (profile.name, workload.prompts, decided.message)
 
 
 def test_prefix_match():
