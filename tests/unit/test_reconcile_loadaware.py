@@ -148,6 +148,21 @@ def test_an_operator_restart_during_the_second_probe_resumes_it_without_a_second
     assert "decision" not in restarted.status["probe"] or restarted.status["probe"]["decision"] is None
 
 
+def test_an_adaptive_server_whose_outputs_differ_from_the_base_is_rolled_back_whatever_its_speed() -> None:
+    """The curve alone would promote it (never slower, faster at c1), but its greedy outputs differ: OutputMismatch
+    stands (reconcile/loadaware.adaptive_verdict); never-slower judges only a probe that ended on speed."""
+    world = World(llama_spec())
+    to_trial(world)
+    ready_adaptive(world)
+    plan = world.step()
+    world.probe_running = None
+    mismatch = {"reason": "OutputMismatch", "message": "greedy outputs match the base's on 41% of tokens at c1 (minimum 90%)"}
+    plan = world.step(probe_result=adaptive_result(plan.revision, 0.97, 1.03, world.status) | mismatch)
+    status = plan.status
+    assert status["phase"] == "RolledBack" and status["reason"] == "OutputMismatch" and status["activeVariant"] == "base"
+    assert status["probe"]["loadAware"]["reason"] == "OutputMismatch" and "41% of tokens" in status["probe"]["message"]
+
+
 def test_a_configuration_sglang_cannot_run_adaptive_keeps_the_plain_decision_and_says_why() -> None:
     world = World(llama_spec(**{"drafter.eagleTopk": 4, "drafter.numDraftTokens": 8}))
     plan = to_trial(world)

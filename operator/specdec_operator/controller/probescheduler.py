@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from .. import manifests as m
-from ..api import Decision, LoadAwareStatus, ProbeStatus, Reason, SpeculativeServerSpec, Variant, Workload
+from ..api import LoadAwareStatus, ProbeStatus, SpeculativeServerSpec, Variant, Workload
 from ..engines import Engine, engine_for
 from ..errors import InputError
 from ..monitor import Sample, sample_from_metrics
@@ -28,6 +28,7 @@ from ..probe.evidence import Evidence, from_compact
 from ..probe.run import run_probe
 from ..probe.scripted import load_script, scripted_for
 from ..probecost import probed_gpus, unit_seconds
+from ..reconcile.attempts import dataset_invalid, dataset_unreadable, next_attempt_in, probe_failed_status, with_run_notes
 from ..reconcile.race import decide
 from ..textutil import clip, rfc3339
 from .config import OperatorConfig
@@ -56,22 +57,6 @@ class _Probe:
     progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
 
 
-def probe_failed(revision: str, message: str) -> ProbeStatus:
-    """The decision of a probe that could not measure: never a promotion."""
-    return ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.PROBE_FAILED, message=message, rounds=0, revision=revision)
-
-
-def dataset_invalid(revision: str, message: str) -> ProbeStatus:
-    """A workload's dataset could not be read or parsed: the probe did not run, nothing is promoted."""
-    return ProbeStatus(
-        decision=Decision.ROLLBACK,
-        reason=Reason.DATASET_INVALID,
-        message=f"{message} (the probe did not run; fix the dataset, then change the spec or recreate the resource to probe again)",
-        rounds=0,
-        revision=revision,
-    )
-
-
 def config_map_dataset(namespace: str, config_map: dict | None, name: str, key: str, fmt: str) -> list[Prompt]:
     """The prompts in a ConfigMap key (pure: the operator has read the object); InputError names the source and line."""
     source = f"dataset configmap/{name} key {key}"
@@ -84,11 +69,6 @@ def config_map_dataset(namespace: str, config_map: dict | None, name: str, key: 
         keys = ", ".join(sorted(data)) or "none"
         raise InputError(f"{source}: ConfigMap {namespace}/{name} has no key {key!r} (keys: {keys}); name an existing key")
     return parse_dataset(data[key], source=source, fmt=fmt)
-
-
-def retry_delay(attempt: int, backoff: float) -> float:
-    """Seconds before attempt ``attempt + 2`` of a probe that failed transiently: backoff, doubled each time."""
-    return backoff * (2**attempt)
 
 
 def fresh_evidence(probe: _Probe) -> Evidence:
@@ -152,7 +132,7 @@ class ProbeScheduler:
             return None
         exc = probe.task.exception()
         if exc is not None:  # run() catches everything; belt and braces
-            result = probe_failed(probe.revision, f"probe failed: {exc}")
+            result = probe_failed_status(probe.revision, f"probe failed: {exc}")
         else:
             result = probe.task.result()
         # The adaptive server's result says so: reconcile judges it by the never-slower rule, not as a plain probe.
@@ -218,12 +198,11 @@ class ProbeScheduler:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API refused the read (RBAC, unreachable): no probe, no promotion
-                one_line = " ".join(str(exc).split())[:200]
-                return dataset_invalid(revision, f"dataset: reading it failed: {type(exc).__name__}: {one_line}")
+                return dataset_unreadable(revision, exc)
             try:
                 script = scripted_for(load_script(self.config.probe_script), *key) if self.config.probe_script else None
             except InputError as exc:
-                return probe_failed(revision, str(exc))
+                return probe_failed_status(revision, str(exc))
             failures: list[str] = []
             spent = 0.0  # seconds measuring, over every attempt: the GPU-seconds' time
             evidence, resumed = await resume_evidence(probe, self.read_evidence)
@@ -270,23 +249,17 @@ class ProbeScheduler:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # an unusable argument or a bug still ends in a reason, never a promotion
-                    return probe_failed(revision, f"probe failed: {exc}")
+                    return probe_failed_status(revision, f"probe failed: {exc}")
                 spent += result.wall_seconds or 0.0
-                if not result.transient or attempt + 1 >= self.config.probe_attempts:
+                delay = next_attempt_in(result.transient, attempt, self.config.probe_attempts, self.config.probe_retry_backoff)
+                if delay is None:
                     break
-                # A connection reset, a 5xx, a timeout, a preempted pod: measured again from the start after a
-                # backoff (a half-measured attempt is not mixed with the next), a bounded number of times.
+                # Measured again from the start after a backoff (a half-measured attempt is not mixed with the next).
                 failures.append(result.message)
-                delay = retry_delay(attempt, self.config.probe_retry_backoff)
                 probe.progress = f"attempt {attempt + 1} of {self.config.probe_attempts} failed ({clip(result.message, 160)}); again in {delay:g}s"
                 wake()
                 await asyncio.sleep(delay)
-            status = result.to_status(revision, gpu_seconds=unit_seconds(probed_gpus(spec), spent))
-            if resumed:
-                status.message = clip(f"{status.message} (resumed after a restart: {resumed} round(s) measured before it count)")
-            if failures and status.reason == Reason.PROBE_FAILED:
-                status.message = clip(f"{status.message} (after {len(failures) + 1} attempts; the earlier ones: {'; '.join(failures)})")
-            return status
+            return with_run_notes(result.to_status(revision, gpu_seconds=unit_seconds(probed_gpus(spec), spent)), resumed, failures)
 
     async def _datasets(self, key: Key, spec: SpeculativeServerSpec, owner_uid: str | None) -> dict[str, list[Prompt]]:
         """The prompts of the workloads whose source is a ConfigMap or a File, read now, before any request."""

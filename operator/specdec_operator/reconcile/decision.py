@@ -14,10 +14,10 @@ from ..api import (
     SpeculativeServerSpec,
     ValidationStatus,
 )
-from ..loadaware import LoadAwareProbe, load_aware_probe_for, never_slower, unsupported_note
 from ..monitor import observe_fleet
 from ..probecost import decision_seconds
 from .facts import BASE, SPECULATIVE, Facts
+from .loadaware import LoadAwareProbe, adaptive_verdict, load_aware_probe_for, unsupported_note
 from .pods import (
     validation_from_pods,
 )
@@ -94,11 +94,8 @@ def settle_decision(facts: Facts, validation: ValidationStatus | None) -> ProbeS
 
 
 def _adaptive_decision(facts: Facts, load_aware_probe: LoadAwareProbe, result: ProbeStatus) -> ProbeStatus:
-    """The decision on the adaptive server's probe: never slower than the base, faster somewhere (loadaware.never_slower)."""
-    if result.reason == Reason.PROBE_FAILED:
-        decision, reason, message = Decision.ROLLBACK, Reason.PROBE_FAILED, result.message or "the adaptive server could not be measured"
-    else:
-        decision, reason, message = never_slower(result, facts.spec.rollout.min_speedup)
+    """The decision on the adaptive server's probe: never slower than the base, faster somewhere (loadaware.adaptive_verdict)."""
+    decision, reason, message = adaptive_verdict(result, facts.spec.rollout.min_speedup)
     message = f"load-aware ({load_aware_probe.summary}): {message}"
     return result.model_copy(
         update={

@@ -16,10 +16,10 @@ from ..api import (
     SpeculativeServerStatus,
     Variant,
 )
-from ..loadaware import LoadAwareProbe, load_aware_probe_for
 from ..steering import Steering
 from ..textutil import rfc3339
 from .diff import labels_of, owned_by
+from .loadaware import LoadAwareProbe, load_aware_probe_for
 from .model import Observed, Settings
 from .pods import (
     ServerState,
