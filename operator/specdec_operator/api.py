@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from . import SGLANG_VERSION
-from .choices import SGLANG_VERSIONS, Algorithm, Quantization, SGLangVersion
+from .choices import DRAFT_MODEL_ALGORITHMS, DRAFTER_FREE_ALGORITHMS, SGLANG_VERSIONS, TREE_ALGORITHMS, Algorithm, Quantization, SGLangVersion
 from .enginefacts import DEFAULT, VLLM, EngineName, facts_for
 
 # --------------------------------------------------------------------------------------------------
@@ -342,10 +343,97 @@ def _engine_rules() -> list[tuple[str, str, str | None]]:
             "resources.nodes above 1 needs engine SGLang: the operator renders vLLM servers of one node only",
             ".resources.nodes",
         ),
+    ]
+
+
+def _release_expression() -> str:
+    """CEL: the SGLang release the command line is rendered for (spec.sglangVersion, else the one the image's tag names)."""
+    return f"(has(self.sglangVersion) ? self.sglangVersion : {_tag_release_expression()})"
+
+
+def _method_rules() -> list[tuple[str, str, str | None]]:
+    """CEL rules refusing a method, or a method's setting, that the engine or the SGLang release does not serve: each
+    (when, rule over one method's settings ``m``, message starting with the field) holds for spec.drafter and for every
+    entry of spec.candidates."""
+    sglang, release = f"!({_VLLM})", _release_expression()
+    checks = [
         (
-            f"!({_VLLM}) || !has(self.drafter.eagleTopk) || self.drafter.eagleTopk == 1",
-            "drafter.eagleTopk above 1 needs engine SGLang: the operator renders vLLM's speculation as a chain (eagleTopk 1)",
-            ".drafter.eagleTopk",
+            sglang,
+            "m.algorithm != 'SUFFIX'",
+            "algorithm SUFFIX (suffix decoding) needs engine vLLM: SGLang has no suffix method; choose NGRAM for speculation "
+            "without a drafter on SGLang, or set engine: vLLM",
+            ".algorithm",
+        ),
+        (
+            sglang,
+            "!has(m.ngram) || (!has(m.ngram.minMatch) && !has(m.ngram.maxMatch))",
+            "ngram.minMatch and ngram.maxMatch are vLLM's prompt_lookup_min/max: with engine SGLang remove them and use "
+            "ngram.maxTrieDepth (and ngram.minBfsBreadth/maxBfsBreadth)",
+            ".ngram",
+        ),
+        (
+            f"({_VLLM})",
+            "!has(m.ngram) || (!has(m.ngram.maxTrieDepth) && !has(m.ngram.minBfsBreadth) && !has(m.ngram.maxBfsBreadth))",
+            "ngram.maxTrieDepth, minBfsBreadth and maxBfsBreadth are SGLang's: with engine vLLM remove them and use ngram.minMatch "
+            "and ngram.maxMatch (prompt_lookup_min/max)",
+            ".ngram",
+        ),
+        (
+            f"({_VLLM})",
+            "!has(m.eagleTopk) || m.eagleTopk == 1",
+            "eagleTopk above 1 needs engine SGLang: the operator renders vLLM's speculation as a chain (eagleTopk 1)",
+            ".eagleTopk",
+        ),
+        (
+            f"({_VLLM})",
+            "!has(m.numDraftTokens) || m.numDraftTokens == m.numSteps + 1",
+            "numDraftTokens: vLLM verifies a chain of numSteps draft tokens; leave numDraftTokens out or set it to numSteps + 1",
+            ".numDraftTokens",
+        ),
+    ]
+    for version, methods in SGLANG_METHODS.items():
+        lacking = tuple(a for a in DRAFT_MODEL_ALGORITHMS + TREE_ALGORITHMS + ("NGRAM",) if a not in methods)
+        if lacking:
+            later = next(v for v in SGLANG_VERSIONS if all(a in SGLANG_METHODS[v] for a in lacking))
+            checks.append(
+                (
+                    f"{sglang} && {release} == '{version}'",
+                    f"!({_in('m.algorithm', lacking)})",
+                    f"algorithm {' and '.join(lacking)} needs SGLang {later} or later (SGLang {version} lacks it): use an image of "
+                    f"a later release (lmsysorg/sglang:v{SGLANG_VERSIONS[-1]}) or another algorithm",
+                    ".algorithm",
+                )
+            )
+    checks.append(
+        (
+            f"{sglang} && {release} == '0.5.9'",
+            "!has(m.ngram) || !has(m.ngram.maxTrieDepth)",
+            "ngram.maxTrieDepth needs SGLang 0.5.22 or later (0.5.9 has no --speculative-ngram-max-trie-depth): remove it or use an "
+            "image of a later release",
+            ".ngram",
+        )
+    )
+    rules: list[tuple[str, str, str | None]] = []
+    for when, rule, message, field in checks:
+        on_drafter = re.sub(r"\bm[.]", "self.drafter.", rule)
+        rules.append((f"!({when}) || ({on_drafter})", f"drafter.{message}", f".drafter{field}"))
+        rules.append((f"!({when}) || !has(self.candidates) || self.candidates.all(m, {rule})", f"candidates[].{message}", ".candidates"))
+    return rules
+
+
+def _candidate_rules() -> list[tuple[str, str, str | None]]:
+    """CEL rules of spec.candidates against the rest of the spec."""
+    names = "{" + ", ".join(f"'{a}': '{a.lower()}'" for a in get_args(Algorithm)) + "}"
+    return [
+        (
+            "!has(self.candidates) || self.candidates.all(c, !has(c.path) || !c.path.startsWith('/') || c.path.startsWith(self.model.mountPath + '/'))",
+            "candidates[].path must be relative to model.mountPath or an absolute path under it",
+            ".candidates",
+        ),
+        (
+            f"!has(self.candidates) || self.candidates.all(c, c.name != {names}[self.drafter.algorithm])",
+            "candidates[].name must not be the name of spec.drafter's candidate (its algorithm in lower case, e.g. eagle3): rename the candidate",
+            ".candidates",
         ),
     ]
 
@@ -523,80 +611,248 @@ class Target(_SpecModel):
     )
 
 
+# What each engine serves of the methods (choices.Algorithm), as the operator renders them. SGLang: per release, read
+# from SpeculativeAlgorithm in each release's sglang/srt/speculative/spec_info.py (0.5.9 has no DFLASH; no release has
+# suffix decoding). vLLM 0.32: SpeculativeMethod in vllm/config/speculative.py, under its own names.
+SGLANG_METHODS: dict[str, tuple[Algorithm, ...]] = {
+    "0.5.9": ("EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "NGRAM"),
+    "0.5.22": ("EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "DFLASH", "NGRAM"),
+    "0.5.23": ("EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "DFLASH", "NGRAM"),
+}
+VLLM_METHODS: dict[str, str] = {
+    "EAGLE3": "eagle3",
+    "EAGLE": "eagle",
+    "NEXTN": "mtp",  # the target's own MTP layers, vLLM's generic mtp
+    "STANDALONE": "draft_model",
+    "DFLASH": "dflash",
+    "NGRAM": "ngram",
+    "SUFFIX": "suffix",  # needs the arctic-inference package in the image
+}
+# What spec.includeDrafterFree adds: n-gram speculation, which both engines serve (every SGLang release above, vLLM's
+# ngram). vLLM's suffix decoding is left to be named (candidates[].algorithm SUFFIX): it needs the arctic-inference
+# package, which an image may lack, and vLLM refuses to start without it.
+DRAFTER_FREE_DEFAULTS: tuple[Algorithm, ...] = ("NGRAM",)
+
 # The admission rule's words, also said by reconcile (refused.py) of a resource admitted under an older CRD.
 NEXTN_PATH_MESSAGE = (
     "drafter.path must not be set with algorithm NEXTN, which drafts with the target's own multi-token-prediction "
     "layers: remove drafter.path, or choose EAGLE3 or EAGLE for a separate draft model"
 )
+_LIST = "', '".join  # a CEL list literal's items
 
 
-class Drafter(_SpecModel):
+def _in(expr: str, methods: tuple[str, ...]) -> str:
+    return f"{expr} in ['{_LIST(methods)}']"
+
+
+class NgramSettings(_SpecModel):
+    """N-gram speculation's parameters (algorithm NGRAM): the drafts are spans of the prompt and the output so far."""
+
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
-                "!has(self.numDraftTokens) || self.eagleTopk != 1 || self.numDraftTokens == self.numSteps + 1",
-                "drafter.numDraftTokens must equal drafter.numSteps + 1 when drafter.eagleTopk is 1 "
-                "(a chain of numSteps drafts plus the bonus token; SGLang would silently change it)",
-                ".numDraftTokens",
+                "!has(self.minMatch) || !has(self.maxMatch) || self.minMatch <= self.maxMatch",
+                "ngram.minMatch must be at most ngram.maxMatch",
+                ".minMatch",
             ),
             (
-                "self.eagleTopk == 1 || has(self.numDraftTokens)",
-                "drafter.numDraftTokens is required when drafter.eagleTopk is above 1 (the tree size cannot be derived)",
-                ".numDraftTokens",
-            ),
-            (
-                "!has(self.numDraftTokens) || self.eagleTopk == 1 || self.numDraftTokens <= self.numSteps * self.eagleTopk + 1",
-                "drafter.numDraftTokens must be at most numSteps * eagleTopk + 1 (the size of the draft tree)",
-                ".numDraftTokens",
-            ),
-            (
-                "self.algorithm == 'NEXTN' || has(self.path)",
-                "drafter.path is required for EAGLE3 and EAGLE (only NEXTN/MTP uses the target's own layers)",
-                ".path",
-            ),
-            (
-                # A NEXTN server drafts with the target's own layers: a path would be ignored by the command line,
-                # and the operator would wait for a validator verdict no init container ever gives.
-                "self.algorithm != 'NEXTN' || !has(self.path)",
-                NEXTN_PATH_MESSAGE,
-                ".path",
-            ),
-            (
-                f"!has(self.path) || !self.path.matches('{_NO_DOTDOT}')",
-                "drafter.path must not contain '..' segments",
-                ".path",
+                "!has(self.minBfsBreadth) || !has(self.maxBfsBreadth) || self.minBfsBreadth <= self.maxBfsBreadth",
+                "ngram.minBfsBreadth must be at most ngram.maxBfsBreadth",
+                ".minBfsBreadth",
             ),
         )
     )
+    min_match: int | None = Field(
+        None,
+        alias="minMatch",
+        description="engine vLLM: the shortest n-gram matched against the context (prompt_lookup_min; unset: vLLM's 5).",
+        ge=1,
+        le=64,
+    )
+    max_match: int | None = Field(
+        None,
+        alias="maxMatch",
+        description="engine vLLM: the longest n-gram matched against the context (prompt_lookup_max; unset: vLLM's 5).",
+        ge=1,
+        le=64,
+    )
+    max_trie_depth: int | None = Field(
+        None,
+        alias="maxTrieDepth",
+        description="engine SGLang 0.5.22 and later: how many recent tokens the n-gram trie matches and stores (--speculative-ngram-max-trie-depth; unset: 18).",
+        ge=1,
+        le=1024,
+    )
+    min_bfs_breadth: int | None = Field(
+        None,
+        alias="minBfsBreadth",
+        description="engine SGLang: the draft tree's smallest breadth (--speculative-ngram-min-bfs-breadth; unset: 1).",
+        ge=1,
+        le=64,
+    )
+    max_bfs_breadth: int | None = Field(
+        None,
+        alias="maxBfsBreadth",
+        description="engine SGLang: the draft tree's largest breadth (--speculative-ngram-max-bfs-breadth; unset: 10).",
+        ge=1,
+        le=64,
+    )
+
+
+class SuffixSettings(_SpecModel):
+    """Suffix decoding's parameters (algorithm SUFFIX, engine vLLM: its suffix_decoding_* keys)."""
+
+    max_tree_depth: int | None = Field(
+        None,
+        alias="maxTreeDepth",
+        description="The suffix tree's depth: the longest draft (suffix_decoding_max_tree_depth; unset: 24).",
+        ge=1,
+        le=1024,
+    )
+    max_spec_factor: float | None = Field(
+        None,
+        alias="maxSpecFactor",
+        description="Drafts at most this times the matched prefix's length (suffix_decoding_max_spec_factor; unset: 1.0).",
+        ge=0,
+        le=100,
+    )
+    min_token_prob: float | None = Field(
+        None,
+        alias="minTokenProb",
+        description="Drafts only tokens at least this frequent after the match (suffix_decoding_min_token_prob; unset: 0.1).",
+        ge=0,
+        le=1,
+    )
+
+
+def _drafter_rules(shown: str) -> list[tuple[str, str, str | None]]:
+    """The CEL rules of one speculative method's settings (spec.drafter, or each of spec.candidates)."""
+    chain_free = "self.algorithm == 'NGRAM'"  # SGLang's n-gram tree: numDraftTokens is its size, not numSteps + 1
+    return [
+        (
+            f"{chain_free} || !has(self.numDraftTokens) || self.eagleTopk != 1 || self.numDraftTokens == self.numSteps + 1",
+            f"{shown}.numDraftTokens must equal {shown}.numSteps + 1 when {shown}.eagleTopk is 1 "
+            "(a chain of numSteps drafts plus the bonus token; SGLang would silently change it)",
+            ".numDraftTokens",
+        ),
+        (
+            "self.eagleTopk == 1 || has(self.numDraftTokens)",
+            f"{shown}.numDraftTokens is required when {shown}.eagleTopk is above 1 (the tree size cannot be derived)",
+            ".numDraftTokens",
+        ),
+        (
+            f"{chain_free} || !has(self.numDraftTokens) || self.eagleTopk == 1 || self.numDraftTokens <= self.numSteps * self.eagleTopk + 1",
+            f"{shown}.numDraftTokens must be at most numSteps * eagleTopk + 1 (the size of the draft tree)",
+            ".numDraftTokens",
+        ),
+        (
+            f"self.eagleTopk == 1 || {_in('self.algorithm', TREE_ALGORITHMS)}",
+            f"{shown}.eagleTopk above 1 (a draft tree) needs algorithm EAGLE3, EAGLE, NEXTN or STANDALONE: DFLASH and SUFFIX draft "
+            "a chain, NGRAM's tree breadth is ngram.maxBfsBreadth; remove eagleTopk",
+            ".eagleTopk",
+        ),
+        (
+            f"has(self.path) || !({_in('self.algorithm', DRAFT_MODEL_ALGORITHMS)})",
+            f"{shown}.path is required for EAGLE3, EAGLE, STANDALONE and DFLASH (the draft model's directory; NEXTN uses the "
+            "target's own layers, NGRAM and SUFFIX need no drafter)",
+            ".path",
+        ),
+        (
+            # A NEXTN server drafts with the target's own layers: a path would be ignored by the command line,
+            # and the operator would wait for a validator verdict no init container ever gives.
+            "self.algorithm != 'NEXTN' || !has(self.path)",
+            NEXTN_PATH_MESSAGE.replace("drafter.path", f"{shown}.path"),
+            ".path",
+        ),
+        (
+            f"!({_in('self.algorithm', DRAFTER_FREE_ALGORITHMS)}) || !has(self.path)",
+            f"{shown}.path must not be set with algorithm NGRAM or SUFFIX, which draft from the prompt and the output so far: "
+            "remove it, or choose STANDALONE for a small draft model",
+            ".path",
+        ),
+        (
+            f"!has(self.path) || !self.path.matches('{_NO_DOTDOT}')",
+            f"{shown}.path must not contain '..' segments",
+            ".path",
+        ),
+        ("!has(self.ngram) || self.algorithm == 'NGRAM'", f"{shown}.ngram applies to algorithm NGRAM only: remove it", ".ngram"),
+        ("!has(self.suffix) || self.algorithm == 'SUFFIX'", f"{shown}.suffix applies to algorithm SUFFIX only: remove it", ".suffix"),
+    ]
+
+
+class Drafter(_SpecModel):
+    model_config = ConfigDict(json_schema_extra=_cel(*_drafter_rules("drafter")))
     algorithm: Algorithm = Field(
         "EAGLE3",
         description=(
-            "Speculative algorithm: EAGLE3 (a draft fed by three target layers), EAGLE, or NEXTN "
-            "(the target's own multi-token-prediction layers, DeepSeek-V3/Kimi style)."
+            "Speculative method: EAGLE3 (a draft fed by three target layers), EAGLE, NEXTN (the target's own "
+            "multi-token-prediction layers, DeepSeek-V3/Kimi style; vLLM's mtp), STANDALONE (a small model of the target's "
+            "family and tokenizer; vLLM's draft_model), DFLASH (a block-diffusion drafter; SGLang 0.5.22 and later, vLLM), "
+            "NGRAM (no drafter: drafts from the prompt and the output so far) or SUFFIX (vLLM's suffix decoding, no drafter; "
+            "the image needs the arctic-inference package)."
         ),
     )
     path: str | None = Field(
         None,
-        description="Directory of the draft model, relative to model.mountPath (or absolute under it). Not used by NEXTN.",
+        description="Directory of the draft model, relative to model.mountPath (or absolute under it): EAGLE3, EAGLE, STANDALONE and DFLASH only.",
         min_length=1,
         max_length=1024,
     )
-    num_steps: int = Field(3, alias="numSteps", description="Draft steps per verify (--speculative-num-steps).", ge=1, le=16)
+    num_steps: int = Field(
+        3,
+        alias="numSteps",
+        description="Draft tokens per verify step of a chain: SGLang's --speculative-num-steps (DFLASH: its block is numSteps + 1 "
+        "tokens, --speculative-num-draft-tokens; NGRAM: the tree holds numSteps + 1 tokens unless numDraftTokens says), vLLM's "
+        "num_speculative_tokens.",
+        ge=1,
+        le=16,
+    )
     eagle_topk: int = Field(
-        1, alias="eagleTopk", description="Branching factor per draft step (--speculative-eagle-topk); 1 is a chain.", ge=1, le=16
+        1,
+        alias="eagleTopk",
+        description="Branching factor per draft step (--speculative-eagle-topk); 1 is a chain. EAGLE3, EAGLE, NEXTN and STANDALONE "
+        "with engine SGLang only.",
+        ge=1,
+        le=16,
     )
     num_draft_tokens: int | None = Field(
         None,
         alias="numDraftTokens",
-        description="Tokens verified per step (--speculative-num-draft-tokens). Unset: numSteps + 1 (a chain); required when eagleTopk > 1.",
+        description="Tokens verified per step (--speculative-num-draft-tokens). Unset: numSteps + 1 (a chain); required when "
+        "eagleTopk > 1; with NGRAM on SGLang the size of its draft tree (any value up to 64).",
         ge=2,
         le=64,
     )
+    ngram: NgramSettings | None = Field(None, description="algorithm NGRAM: the n-gram sizes (vLLM) or the trie and tree (SGLang).")
+    suffix: SuffixSettings | None = Field(None, description="algorithm SUFFIX (engine vLLM): the suffix tree's limits.")
 
     @property
     def draft_tokens(self) -> int:
         """The effective --speculative-num-draft-tokens."""
         return self.num_draft_tokens if self.num_draft_tokens is not None else self.num_steps + 1
+
+
+# metadata.name of a candidate's speculative server will carry its name (the race, issue 35): short, a DNS label.
+CANDIDATE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_CANDIDATE_NAME_LENGTH = 20
+MAX_CANDIDATES = 8
+
+
+class Candidate(Drafter):
+    """One speculative configuration to measure against the base: a method and its settings, as spec.drafter has them."""
+
+    model_config = ConfigDict(json_schema_extra=_cel(*_drafter_rules("candidates[]")))
+    name: str = Field(
+        description="The candidate's name, unique among the candidates and not the name of spec.drafter's candidate (its "
+        "algorithm in lower case, e.g. eagle3).",
+        pattern=CANDIDATE_NAME_PATTERN,
+        max_length=MAX_CANDIDATE_NAME_LENGTH,
+    )
+
+
+def drafter_candidate_name(drafter: Drafter) -> str:
+    """The name spec.drafter has among the candidates: its algorithm in lower case (eagle3, ngram)."""
+    return drafter.algorithm.lower()
 
 
 class Resources(_SpecModel):
@@ -1347,6 +1603,8 @@ class SpeculativeServerSpec(_SpecModel):
             *_legacy_rules(),
             *_release_rules(),
             *_engine_rules(),
+            *_method_rules(),
+            *_candidate_rules(),
         )
     )
 
@@ -1437,7 +1695,41 @@ class SpeculativeServerSpec(_SpecModel):
     target: Target = Field(description="The model being served.")
     # Required: Drafter()'s defaults (EAGLE3 without a path) are not a valid drafter, and an object default
     # that breaks its own CEL rules makes the API server refuse the whole CRD.
-    drafter: Drafter = Field(description="The draft model and the speculation shape.")
+    drafter: Drafter = Field(
+        description="The draft model and the speculation shape: the first candidate, the one the operator serves and probes "
+        "(named after its algorithm in lower case among spec.candidates)."
+    )
+    candidates: list[Candidate] | None = Field(
+        None,
+        description="More speculative configurations for the same target (a method, its drafter where it has one, its steps, "
+        "tree or n-gram sizes), to be raced against the base after spec.drafter. Today the operator serves and probes only "
+        "the first candidate, spec.drafter: these are listed in status.candidates as waiting for the race (issue 35), and "
+        "each is admitted, rendered and validated as spec.drafter would be.",
+        max_length=MAX_CANDIDATES,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    include_drafter_free: bool | None = Field(
+        None,
+        alias="includeDrafterFree",
+        description="true: add the engine's methods that need no trained drafter (NGRAM, on SGLang and vLLM) to the candidates, "
+        "unless a candidate already uses them. vLLM's SUFFIX is added only when named (it needs the arctic-inference package "
+        "in the image). Unset: false.",
+    )
+
+    @field_validator("candidates")
+    @classmethod
+    def _unique_candidate_names(cls, value: list[Candidate] | None, info: ValidationInfo) -> list[Candidate] | None:
+        # A list-type map (the API server refuses a repeated name), and none may take spec.drafter's name.
+        drafter = info.data.get("drafter")
+        seen = {drafter_candidate_name(drafter)} if isinstance(drafter, Drafter) else set()
+        for i, candidate in enumerate(value or []):
+            if candidate.name in seen:
+                raise ValueError(
+                    f"[{i}].name {candidate.name!r} is repeated or is spec.drafter's (its algorithm in lower case): names must be unique"
+                )
+            seen.add(candidate.name)
+        return value
+
     resources: Resources = Field(default_factory=Resources, description="GPUs and memory of each server.")
     pod_template: PodTemplate = Field(
         default_factory=PodTemplate,
@@ -1651,6 +1943,15 @@ class SteeringStatus(_Model):
     paused: bool | None = Field(None, description="True while specdec.io/paused holds a fleet's walk.")
 
 
+class CandidateStatus(_Model):
+    name: str = Field(description="The candidate's name (spec.drafter's: its algorithm in lower case).")
+    algorithm: str = Field(description="Its speculative method (EAGLE3, NGRAM, ...).")
+    state: Literal["Served", "WaitsForRace"] = Field(
+        description="Served: spec.drafter, the candidate the operator serves and probes today. WaitsForRace: measured once the "
+        "race of the candidates exists (issue 35); nothing runs for it yet."
+    )
+
+
 class SpeculativeServerStatus(_Model):
     phase: Phase | None = Field(None, description="Pending, Validating, Deploying, Probing, Promoted, RolledBack, Invalid or Failed.")
     active_variant: Variant | None = Field(None, alias="activeVariant", description="Which server the stable Service selects: base or speculative.")
@@ -1686,6 +1987,12 @@ class SpeculativeServerStatus(_Model):
     monitor: MonitorStatus | None = Field(None, description="Drift monitor state after promotion.")
     gpus: GpuStatus | None = Field(None, description="The GPUs each variant's pods hold, and how many of them serve no traffic.")
     steering: SteeringStatus | None = Field(None, description="What was asked by hand (the specdec.io/* annotations) and acted on.")
+    candidates: list[CandidateStatus] | None = Field(
+        None,
+        description="The resolved candidates (spec.drafter, spec.candidates, the drafter-free methods spec.includeDrafterFree "
+        "adds), when the spec names more than spec.drafter: the first is served and probed, the others wait for the race.",
+        max_length=MAX_CANDIDATES + 4,
+    )
     waiting_for: str | None = Field(
         None,
         alias="waitingFor",
@@ -1696,3 +2003,65 @@ class SpeculativeServerStatus(_Model):
         alias="waitingSince",
         description="Since when it waits for that (RFC 3339): spec.progressDeadlineSeconds counts from here, and a change of waitingFor is progress (not from one cause of no progress to another for the same server, e.g. Unschedulable to ImageNotPulled).",
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Candidates: spec.drafter first, then spec.candidates, then the drafter-free methods spec.includeDrafterFree adds.
+# Today the operator serves and probes the first only (spec.drafter, which every other part of the operator reads); the
+# others are admitted, rendered and validated the same way and listed in status.candidates as waiting for the race
+# (issue 35). spec_for_candidate gives the spec in which a candidate takes spec.drafter's place: what the race will
+# render and validate for it.
+
+
+@dataclass(frozen=True)
+class ResolvedCandidate:
+    name: str
+    drafter: Drafter  # the method and its settings, as spec.drafter holds them
+    source: str  # where it comes from: spec.drafter, spec.candidates[i] or spec.includeDrafterFree
+
+
+def _settings(drafter: Drafter) -> Drafter:
+    """A candidate's method and settings as a Drafter (without its name)."""
+    return Drafter.model_validate(drafter.model_dump(by_alias=True, exclude_none=True, exclude={"name"}))
+
+
+def resolve_candidates(spec: SpeculativeServerSpec) -> list[ResolvedCandidate]:
+    """The candidates in order: spec.drafter, spec.candidates, then each drafter-free method of the engine that no
+    candidate uses yet (with includeDrafterFree), named after the method (or method-auto when that name is taken)."""
+    out = [ResolvedCandidate(drafter_candidate_name(spec.drafter), spec.drafter, "spec.drafter")]
+    for i, candidate in enumerate(spec.candidates or []):
+        out.append(ResolvedCandidate(candidate.name, _settings(candidate), f"spec.candidates[{i}]"))
+    if spec.include_drafter_free:
+        used = {c.drafter.algorithm for c in out}
+        names = {c.name for c in out}
+        for algorithm in DRAFTER_FREE_DEFAULTS:
+            if algorithm in used:
+                continue
+            name = algorithm.lower() if algorithm.lower() not in names else f"{algorithm.lower()}-auto"
+            out.append(ResolvedCandidate(name, Drafter(algorithm=algorithm), "spec.includeDrafterFree"))
+    return out
+
+
+def names_more_than_the_drafter(spec: SpeculativeServerSpec) -> bool:
+    """Whether the spec asks for candidates beyond spec.drafter (status.candidates is written only then, so the status
+    of a single-drafter spec stays as it was)."""
+    return bool(spec.candidates) or bool(spec.include_drafter_free)
+
+
+def candidate_status(spec: SpeculativeServerSpec) -> list[CandidateStatus] | None:
+    """status.candidates: every resolved candidate with its state (the first Served, the rest WaitsForRace), or None for
+    a spec of spec.drafter alone."""
+    if not names_more_than_the_drafter(spec):
+        return None
+    return [
+        CandidateStatus(name=c.name, algorithm=c.drafter.algorithm, state="Served" if i == 0 else "WaitsForRace")
+        for i, c in enumerate(resolve_candidates(spec))
+    ]
+
+
+def spec_for_candidate(spec: SpeculativeServerSpec, name: str) -> SpeculativeServerSpec:
+    """The spec with candidate ``name`` in spec.drafter's place (and no other candidates): what renders and validates it."""
+    for candidate in resolve_candidates(spec):
+        if candidate.name == name:
+            return spec.model_copy(update={"drafter": candidate.drafter, "candidates": None, "include_drafter_free": None})
+    raise ValueError(f"spec.candidates: no candidate named {name!r}; the candidates are {', '.join(c.name for c in resolve_candidates(spec))}")

@@ -10,8 +10,18 @@ from typing import Literal, get_args
 
 from .enginefacts import CLI_NAMES, EngineCliName
 
-Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN"]
+# A speculative method (spec.drafter.algorithm, spec.candidates[].algorithm), in SGLang's names; engines/vllm.py maps
+# each to vLLM's (STANDALONE is its draft_model, NEXTN its mtp). EAGLE3, EAGLE, STANDALONE and DFLASH load a separate
+# draft model (drafter.path); NEXTN drafts with the target's own MTP layers; NGRAM and SUFFIX need no drafter at all
+# (they draft from the prompt and the output so far).
+Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "DFLASH", "NGRAM", "SUFFIX"]
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+# The methods whose drafter is a model directory of its own (drafter.path; the validator checks it against the target).
+DRAFT_MODEL_ALGORITHMS: tuple[Algorithm, ...] = ("EAGLE3", "EAGLE", "STANDALONE", "DFLASH")
+# The methods that need no trained drafter (no path, nothing for the validator to read).
+DRAFTER_FREE_ALGORITHMS: tuple[Algorithm, ...] = ("NGRAM", "SUFFIX")
+# The methods that draft a tree (drafter.eagleTopk above 1): SGLang's EAGLE worker, which STANDALONE runs on too.
+TREE_ALGORITHMS: tuple[Algorithm, ...] = ("EAGLE3", "EAGLE", "NEXTN", "STANDALONE")
 
 Quantization = Literal["auto", "none", "bf16", "fp8", "int8", "int4", "fp4"]
 QUANTIZATIONS: tuple[Quantization, ...] = get_args(Quantization)

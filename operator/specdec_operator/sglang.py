@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .api import MANAGED_SGLANG_FLAGS, SpeculativeServerSpec, Variant
+from .api import MANAGED_SGLANG_FLAGS, SGLANG_METHODS, SpeculativeServerSpec, Variant
+from .choices import TREE_ALGORITHMS
 from .engines.paths import LISTEN_HOST as LISTEN_HOST  # where every engine's server listens (engines/paths.py)
 from .engines.paths import SERVER_PORT as SERVER_PORT
 from .engines.paths import draft_model_path as draft_model_path
@@ -86,8 +87,18 @@ SPECULATIVE_FLAGS = (
     "--speculative-num-steps",
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
+    "--speculative-ngram-max-trie-depth",
+    "--speculative-ngram-min-bfs-breadth",
+    "--speculative-ngram-max-bfs-breadth",
     "--speculative-adaptive",
     "--speculative-adaptive-config",
+)
+# drafter.ngram's SGLang settings and their flags (0.5.9 has no --speculative-ngram-max-trie-depth: admission refuses
+# maxTrieDepth there).
+NGRAM_FLAGS = (
+    ("max_trie_depth", "--speculative-ngram-max-trie-depth"),
+    ("min_bfs_breadth", "--speculative-ngram-min-bfs-breadth"),
+    ("max_bfs_breadth", "--speculative-ngram-max-bfs-breadth"),
 )
 
 
@@ -143,18 +154,45 @@ def speculative_args(spec: SpeculativeServerSpec, adaptive_config_path: str | No
     size as that file says (loadaware.py renders it).
     """
     drafter = spec.drafter
+    _check_method(spec)
     args = ["--speculative-algorithm", drafter.algorithm]
     draft_path = draft_model_path(spec)
     if draft_path is not None:
         args += ["--speculative-draft-model-path", draft_path]
-    args += [
-        "--speculative-num-steps", str(drafter.num_steps),
-        "--speculative-eagle-topk", str(drafter.eagle_topk),
-        "--speculative-num-draft-tokens", str(drafter.draft_tokens),
-    ]  # fmt: skip
+    if drafter.algorithm in TREE_ALGORITHMS:
+        args += [
+            "--speculative-num-steps", str(drafter.num_steps),
+            "--speculative-eagle-topk", str(drafter.eagle_topk),
+            "--speculative-num-draft-tokens", str(drafter.draft_tokens),
+        ]  # fmt: skip
+    else:
+        # DFLASH: the block (numSteps + 1), SGLang sets its steps and topk to 1 itself (speculative_hook.py _handle_dflash,
+        # with a warning for any other value). NGRAM: the draft tree's size; SGLang sets topk to ngram.maxBfsBreadth and
+        # derives the steps (_handle_ngram), so neither is passed.
+        args += ["--speculative-num-draft-tokens", str(drafter.draft_tokens)]
+    if drafter.algorithm == "NGRAM" and drafter.ngram is not None:
+        for key, flag in NGRAM_FLAGS:
+            value = getattr(drafter.ngram, key)
+            if value is not None:
+                args += [flag, str(value)]
     if adaptive_config_path is not None:
         args += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_config_path]
     return args
+
+
+def _check_method(spec: SpeculativeServerSpec) -> None:
+    """InputError (InvalidSpec) for a method this release does not serve: admission refuses it already (api._method_rules);
+    this says the same of a spec that reached the renderer another way (the CLI without the rules, an older CRD)."""
+    algorithm, version = spec.drafter.algorithm, spec.sglang_version or ""
+    if algorithm not in SGLANG_METHODS.get(version, ()):
+        served = ", ".join(SGLANG_METHODS.get(version, ()))
+        raise InputError(
+            f"spec.drafter.algorithm: SGLang {version} has no {algorithm} speculation (it serves {served}); choose one of those, "
+            "or an engine or release that has it"
+        )
+    ngram = spec.drafter.ngram
+    if ngram is not None and (ngram.min_match is not None or ngram.max_match is not None):
+        raise InputError("spec.drafter.ngram: minMatch and maxMatch are vLLM's; with engine SGLang use ngram.maxTrieDepth")
 
 
 def tensor_parallel_size(spec: SpeculativeServerSpec) -> int:

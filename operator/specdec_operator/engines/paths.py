@@ -6,6 +6,7 @@ from __future__ import annotations
 import posixpath
 
 from ..api import SpeculativeServerSpec
+from ..choices import DRAFT_MODEL_ALGORITHMS
 
 # SGLang's own default port (kept for vLLM too); the pods, Services and probes all use it.
 SERVER_PORT = 30000
@@ -30,7 +31,8 @@ def target_model_path(spec: SpeculativeServerSpec) -> str:
 
 
 def draft_model_path(spec: SpeculativeServerSpec) -> str | None:
-    """Where the draft's weights are inside the container; None for NEXTN (the target's own MTP layers)."""
-    if spec.drafter.algorithm == "NEXTN" or spec.drafter.path is None:
+    """Where the draft's weights are inside the container; None for NEXTN (the target's own MTP layers), NGRAM and
+    SUFFIX (no drafter)."""
+    if spec.drafter.algorithm not in DRAFT_MODEL_ALGORITHMS or spec.drafter.path is None:
         return None
     return _under_mount(spec, spec.drafter.path)

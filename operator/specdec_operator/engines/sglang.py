@@ -9,6 +9,7 @@ from typing import Any
 from .. import enginefacts
 from .. import sglang as argv
 from ..api import SpeculativeServerSpec, Variant
+from ..choices import DRAFT_MODEL_ALGORITHMS
 from ..enginefacts import SGLANG_ACCEPT_LENGTH_METRIC as ACCEPT_LENGTH_METRIC
 from ..enginefacts import SGLANG_GENERATED_TOKENS_METRIC as GENERATED_TOKENS_METRIC
 from ..enginefacts import SGLANG_THROUGHPUT_METRIC as THROUGHPUT_METRIC
@@ -72,7 +73,8 @@ class SGLangEngine:
         return argv.render_argv(spec, variant, adaptive_config_path=adaptive_config_path, worker=worker)
 
     def container_env(self, spec: SpeculativeServerSpec, variant: Variant | str) -> list[dict[str, Any]]:
-        if Variant(variant) is Variant.SPECULATIVE and spec.drafter.algorithm != "NEXTN":
+        # Only a separate draft model has a context length of its own (NEXTN's are the target's layers, NGRAM has none).
+        if Variant(variant) is Variant.SPECULATIVE and spec.drafter.algorithm in DRAFT_MODEL_ALGORITHMS:
             return [{"name": ALLOW_LONGER_DRAFT_CONTEXT_ENV, "value": "1"}]
         return []
 

