@@ -1,4 +1,5 @@
-"""`specdec probe`: measure a speculative SGLang server against its base and print the decision."""
+"""`specdec probe`: measure a speculative SGLang server (or race several: ``--arm NAME=URL``) against its base and print
+the decision."""
 
 from __future__ import annotations
 
@@ -31,7 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
         "2 for bad arguments, 3 when the base server cannot be reached.",
     )
     p.add_argument("--base", required=True, help="base SGLang server URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--speculative", "--candidate", dest="speculative", required=True, help="speculative SGLang server URL (--candidate: the same)")
+    p.add_argument(
+        "--speculative",
+        "--candidate",
+        dest="speculative",
+        default=None,
+        help="speculative SGLang server URL, the arm 'speculative' (--candidate: the same)",
+    )
+    p.add_argument(
+        "--arm",
+        action="append",
+        default=None,
+        metavar="NAME=URL",
+        help="another speculative server to race (repeatable): each arm is paired with a base measurement of its own "
+        "every round, and the fastest arm that passes wins (give --speculative, --arm, or both)",
+    )
     p.add_argument(
         "--workload",
         action="append",
@@ -122,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def render_text(result: ProbeResult, cost: dict[str, Any] | None = None) -> str:
     lines = [f"decision: {result.decision} ({result.reason}) after {result.rounds} round(s)"]
+    if len(result.arms) > 1:
+        lines.append(f"winner: {result.winner or 'none'} (the lines below are {'its' if result.winner else 'the leading arm'}'s)")
+        for name, arm in result.arms.items():
+            speed = (
+                "not measured"
+                if arm.speedup is None
+                else f"{arm.speedup:.3f}x [{arm.speedup_low or 0:.3f}, {'inf' if arm.speedup_high is None else f'{arm.speedup_high:.3f}'}]"
+            )
+            accept = "" if arm.accept_length is None else f", acceptance length {arm.accept_length:.3f}"
+            lines.append(f"  arm {name}: {arm.outcome} after {arm.rounds} round(s), speedup {speed}{accept}")
     if result.accept_length is not None:
         lines.append(f"acceptance length: {result.accept_length:.3f}")
     elif result.server_accept_length is not None:
@@ -150,11 +175,27 @@ def render_text(result: ProbeResult, cost: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
+def parse_arms(values: list[str] | None) -> dict[str, str]:
+    """``--arm NAME=URL`` values by name; one-line InputError for a malformed one (run_probe checks names and URLs)."""
+    arms: dict[str, str] = {}
+    for value in values or ():
+        name, sep, url = value.partition("=")
+        if not sep or not name or not url:
+            raise InputError(f"--arm {value!r}: expected NAME=URL, e.g. --arm eagle3-k4=http://127.0.0.1:30001")
+        if name in arms:
+            raise InputError(f"--arm {name}: given twice; give each arm one URL")
+        arms[name] = url
+    return arms
+
+
 def main(argv: list[str], decide: Decide | None = None) -> int:
     """``decide``: the probe's decision (cli/probe.py passes reconcile/race.py's; this layer cannot import it)."""
     if decide is None:
         raise InputError("specdec probe: run it as `specdec probe` (the command passes the decision to the probe)")
     args = build_parser().parse_args(argv)
+    arms = parse_arms(args.arm)
+    if args.speculative is None and not arms:
+        raise InputError("--speculative URL or --arm NAME=URL: at least one speculative server to measure against --base")
     workloads = [parse_workload(w) for w in (args.workload or DEFAULT_WORKLOADS)]
     if args.random_ids and args.dataset:
         raise InputError("--random-ids and --dataset: choose one (random token ids, or the dataset's prompts)")
@@ -197,6 +238,7 @@ def main(argv: list[str], decide: Decide | None = None) -> int:
             args.base,
             args.speculative,
             workloads,
+            arms=arms,
             min_speedup=args.min_speedup,
             max_rounds=args.max_rounds,
             accept_length_floor=args.accept_length_floor,

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from enum import StrEnum
 
-from ..api import Decision, Reason
 from .sequential import DESIGN_LOOKS
 from .stats import RatioInterval, t_quantile
 
@@ -142,11 +140,3 @@ def combine_all(verdicts: dict[str, Verdict]) -> Verdict:
 def drafter_not_accepting(accept_length: float | None, floor: float | None) -> bool:
     """True when the speculative server's measured acceptance length is at or below the floor (None: no floor)."""
     return floor is not None and accept_length is not None and math.isfinite(accept_length) and accept_length <= floor
-
-
-@dataclass(frozen=True)
-class Outcome:
-    decision: Decision
-    reason: Reason
-    message: str
-    transient: bool = False  # ProbeFailed on a failure a later attempt can clear (ProbeRequestError.transient)

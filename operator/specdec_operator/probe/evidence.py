@@ -11,6 +11,12 @@ one base; each arm has its own paired measurements.
 generation) meant for a child object; ``from_compact()`` returns None for a document of another schema, revision or
 generation (or one it cannot read), so a restarted operator resumes only the probe of the spec it is still looking at.
 
+Besides the rounds, the evidence carries what this run of the probe observed that is not a round (:class:`RunFacts`:
+a server that could not be measured, the time budget spent, the greedy output comparison, where an arm's acceptance
+was read). They are facts, never a Reason: the decision turns them into one (reconcile/race.py with
+reconcile/probe_outcome.py). They belong to one run and are not kept in the compact document: a resumed probe starts
+with none.
+
 The decision itself is reconcile/race.py's: a pure function of an :class:`Evidence` and :class:`RaceRules` that returns
 :class:`Continue` (what to measure next) or :class:`Decided`. They are defined here so that the probe's loop (this
 layer) can run any decision function it is given (``Decide``) without importing the layer above.
@@ -56,6 +62,60 @@ class PairedMeasurement:
     base: Measured
 
 
+class FailureKind(StrEnum):
+    """Why a probe could not measure (each becomes ProbeFailed in reconcile/probe_outcome.py)."""
+
+    UNREACHABLE = "Unreachable"  # a server's info endpoint did not answer before the first round
+    MODEL_MISMATCH = "ModelMismatch"  # the servers serve different model names: the same prompts cannot go to all
+    REQUEST = "Request"  # a request of a round or of the output check failed (client.ProbeRequestError)
+    ERROR = "Error"  # anything unforeseen (a bug, an answer no code path expected)
+
+
+@dataclass(frozen=True)
+class ProbeFailure:
+    """A fact: the probe could not measure. ``detail``: the error as the client saw it; ``transient``: a later attempt
+    may clear it (a reset connection, a 5xx, a timeout); ``server``: the unreachable one ("base" or an arm's name);
+    ``models``: server -> served model name (ModelMismatch)."""
+
+    kind: FailureKind
+    detail: str = ""
+    transient: bool = False
+    server: str | None = None
+    models: tuple[tuple[str, str | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class TimeBudgetSpent:
+    """A fact: the probe's time budget (``seconds``) ran out after ``complete_rounds`` complete rounds."""
+
+    seconds: float
+    complete_rounds: int
+
+
+@dataclass(frozen=True)
+class OutputFacts:
+    """A fact: the greedy completions of ``arm`` compared with the base's (probe/outputs.py) on ``compared`` prompts:
+    their mean match share, how many were identical, where the others first differed; ``min_match_rate`` is the rule's
+    threshold (rollout.outputCheck.minMatchRate), carried with the measurement it applies to."""
+
+    arm: str
+    match_rate: float | None
+    compared: int
+    identical: int
+    first_differences: tuple[int, ...]
+    min_match_rate: float
+
+
+@dataclass
+class RunFacts:
+    """What one run of a probe observed besides its rounds (not kept: a resumed probe starts with none)."""
+
+    failure: ProbeFailure | None = None
+    time_budget: TimeBudgetSpent | None = None
+    outputs: OutputFacts | None = None
+    accept_read: dict[str, str] = field(default_factory=dict)  # arm -> where the acceptance that stopped it was read
+
+
 @dataclass
 class Evidence:
     """Every arm's paired measurements per workload and its acceptance, keyed by the resource's revision and generation."""
@@ -65,6 +125,7 @@ class Evidence:
     pairs: dict[str, dict[str, list[PairedMeasurement]]] = field(default_factory=dict)  # arm -> workload -> rounds
     accept_length: dict[str, float] = field(default_factory=dict)  # arm -> acceptance length measured so far
     seconds: float = 0.0  # time spent measuring these rounds, over every run of the probe (its GPU-seconds' time)
+    facts: RunFacts = field(default_factory=RunFacts, compare=False)  # this run's non-round facts (not in to_compact)
 
     def add(self, arm: str, workload: str, pair: PairedMeasurement) -> None:
         self.pairs.setdefault(arm, {}).setdefault(workload, []).append(pair)
@@ -186,6 +247,8 @@ class Decided:
     message: str
     winner: str | None
     arms: Mapping[str, ArmState]
+    # ProbeFailed on a failure that a later attempt can clear (ProbeFailure.transient): the probe scheduler tries again.
+    transient: bool = False
 
 
 Decide = Callable[[Evidence, RaceRules, Sequence[str], Sequence[str]], "Continue | Decided"]

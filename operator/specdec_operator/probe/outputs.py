@@ -10,9 +10,9 @@ tokens) and compares the completions' token ids token by token: SGLang's ``/gene
 
 A prompt's match is the share of the base's tokens before the first difference (1.0: identical; a completion that
 differs at its first token: 0.0). Greedy decoding follows its own earlier tokens, so everything after the first
-difference is a different continuation, not more evidence. The match rate is the mean over the sample; the
-decision is rollback with reason OutputMismatch when it is below ``rollout.outputCheck.minMatchRate`` (0.9 by
-default). Why a threshold and not equality: batched kernels are not bit-deterministic, and the verify step runs a
+difference is a different continuation, not more evidence. The match rate is the mean over the sample; it goes to
+the decision as a fact (:func:`output_facts`), which rolls back with reason OutputMismatch when it is below
+``rollout.outputCheck.minMatchRate`` (0.9 by default; reconcile/probe_outcome.py). Why a threshold and not equality: batched kernels are not bit-deterministic, and the verify step runs a
 different kernel shape than a decode step, so on real GPUs two correct servers can part on a near-tie, usually
 late in a completion (docs/probe.md has the rule and the evidence). One prompt at a time keeps the batch at 1.
 """
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from ..api import Decision, OutputCheck, Reason
+from ..api import OutputCheck
 from ..engines import Engine, engine_for
 from .client import ProbeRequestError, _loads, transient_status
-from .decide import Outcome
+from .evidence import OutputFacts
 from .traffic import WorkloadTraffic, _dumps
 
 
@@ -129,20 +129,13 @@ async def compare_outputs(
     return out
 
 
-def judge_outputs(outcome: Outcome, comparison: OutputComparison, min_match_rate: float) -> Outcome:
-    """The decision once the outputs are compared: rollback (OutputMismatch) below the threshold, else unchanged."""
-    rate = comparison.match_rate
-    if rate is None or rate >= min_match_rate:
-        return outcome
-    diffs = [d for d in comparison.first_difference if d is not None]
-    message = (
-        f"output mismatch: the speculative server's greedy completions match the base's on {rate:.1%} of their tokens "
-        f"(mean share before the first difference over {comparison.compared} prompts, {comparison.identical} identical; "
-        f"first differences at tokens {sorted(diffs)[:8]}) < minMatchRate {min_match_rate:g}: speculative decoding changed "
-        f"what the model says (check the drafter's target and vocabulary mapping)"
+def output_facts(comparison: OutputComparison, arm: str, min_match_rate: float) -> OutputFacts:
+    """The comparison as the fact the decision reads (reconcile/probe_outcome.py: OutputMismatch below the threshold)."""
+    return OutputFacts(
+        arm,
+        comparison.match_rate,
+        comparison.compared,
+        comparison.identical,
+        tuple(d for d in comparison.first_difference if d is not None),
+        float(min_match_rate),
     )
-    if outcome.decision == Decision.PROMOTE:
-        message += f"; the speed measurement alone would have promoted ({outcome.message})"
-    else:
-        message += f"; speed: {outcome.message}"
-    return Outcome(Decision.ROLLBACK, Reason.OUTPUT_MISMATCH, message)

@@ -1,12 +1,15 @@
-"""The probe: paired rounds of base and speculative server, intervals after every round, a decision with a reason."""
+"""The probe: paired rounds of the base and one or more speculative servers (arms), the evidence after every round,
+and the decision the caller gives it (reconcile/race.py's). This layer measures and never judges: what goes wrong is
+recorded as a fact on the evidence (probe/evidence.py RunFacts), and the decision turns it into a Reason
+(reconcile/probe_outcome.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import math
 import random
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,224 +18,67 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from ..api import BreakEvenStatus, OutputCheck, ProbeStatus, Variant, Workload, WorkloadResult
-from ..engines import Engine, SpecMetrics, counter_window, engine_for
+from ..api import OutputCheck, Variant, Workload
+from ..engines import Engine, engine_for
 from ..errors import InputError
-from ..textutil import rfc3339
-from .client import Measurement, ProbeRequestError, get_json, measure
-from .curve import BreakEven, CurvePoint, break_even
+from .client import Measurement, ProbeRequestError, measure
 from .datasets import Prompt
-from .decide import (
-    PROMOTE_MIN_ROUNDS,
-    Decision,
-    Outcome,
-    Reason,
-    Verdict,
-    drafter_not_accepting,
-    judge_paired,
-    normalize_policy,
+from .decide import PROMOTE_MIN_ROUNDS, drafter_not_accepting, judge_paired, normalize_policy
+from .evidence import (
+    ArmState,
+    Continue,
+    Decide,
+    Decided,
+    Evidence,
+    FailureKind,
+    Measured,
+    PairedMeasurement,
+    ProbeFailure,
+    RaceRules,
+    RunFacts,
+    TimeBudgetSpent,
 )
-from .evidence import ArmState, Continue, Decide, Decided, Evidence, Measured, PairedMeasurement, RaceRules
-from .metrics import scrape_metrics
-from .outputs import compare_outputs, judge_outputs
+from .outputs import compare_outputs, output_facts
+from .preflight import DEFAULT_ARM, ServerAcceptance, ServerFacts, arm_label, preflight
+from .result import DEFAULT_CONFIDENCE, ArmResult, ProbeResult, WorkloadOutcome
 from .scripted import ScriptedProbe
-from .stats import (
-    LogRate,
-    block_rates,
-    blocks_for,
-    log_rate,
-    pooled_blocks_for,
-)
+from .stats import LogRate, block_rates, blocks_for, log_rate, pooled_blocks_for
 from .traffic import WorkloadTraffic, build_traffic
 
+__all__ = ["DEFAULT_CONFIDENCE", "ArmResult", "ProbeResult", "WorkloadOutcome", "measurement_order", "run_probe"]
+
 BASE, SPECULATIVE = Variant.BASE.value, Variant.SPECULATIVE.value
-
-# Family-wise over every look a probe could take, however many rounds its budget allows (probe/sequential.py: each
-# look spends its own share of 1 - confidence). Equal servers must practically never be promoted: docs/probe.md has
-# the measured rates (benchmarks/probe_decisions.py, benchmarks/probe_study.py).
-DEFAULT_CONFIDENCE = 0.998
-
-
-def _rfc3339(ts: datetime | None) -> str | None:
-    return None if ts is None else rfc3339(ts)
-
-
-def _num(value: float | None, digits: int = 4) -> float | None:
-    if value is None or not math.isfinite(value):
-        return None
-    return round(value, digits)
-
-
-@dataclass
-class WorkloadOutcome:
-    """Per-workload outcome: mean tok/s of each server over the rounds, the speedup and its interval."""
-
-    name: str
-    concurrency: int
-    weight: float = 1.0
-    base_tok_s: float | None = None
-    speculative_tok_s: float | None = None
-    speedup: float | None = None
-    speedup_low: float | None = None
-    speedup_high: float | None = None
-    rounds: int = 0
-    verdict: str = Verdict.UNDECIDED.value
-    ratios: list[float] = field(default_factory=list)
-    base_latency: dict[str, float | None] = field(default_factory=dict)
-    speculative_latency: dict[str, float | None] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "concurrency": self.concurrency,
-            "weight": self.weight,
-            "base_tok_s": _num(self.base_tok_s, 2),
-            # The `specdec probe --json` document keeps the names it was published with (docs/probe.md):
-            # "candidate" there is the speculative server.
-            "candidate_tok_s": _num(self.speculative_tok_s, 2),
-            "speedup": _num(self.speedup),
-            "speedup_low": _num(self.speedup_low),
-            "speedup_high": _num(self.speedup_high),
-            "rounds": self.rounds,
-            "verdict": self.verdict,
-            "ratios": [_num(r) for r in self.ratios],
-            "base_latency": self.base_latency,
-            "candidate_latency": self.speculative_latency,
-        }
-
-    def to_status(self) -> WorkloadResult:
-        return WorkloadResult(
-            name=self.name,
-            concurrency=self.concurrency,
-            base_tokens_per_second=_num(self.base_tok_s, 2),
-            speculative_tokens_per_second=_num(self.speculative_tok_s, 2),
-            speedup=_num(self.speedup),
-            speedup_low=_num(self.speedup_low),
-            speedup_high=_num(self.speedup_high),
-        )
-
-
-@dataclass
-class ProbeResult:
-    """What the probe decided and why (``to_status()`` is the CR's ``status.probe``)."""
-
-    decision: Decision = Decision.ROLLBACK
-    reason: Reason = Reason.PROBE_FAILED
-    message: str = ""
-    rounds: int = 0
-    policy: str = "all"
-    min_speedup: float = 1.0
-    confidence: float = DEFAULT_CONFIDENCE
-    accept_length: float | None = None  # client side: completion_tokens / spec_verify_ct over the speculative server's rounds
-    server_accept_length: float | None = None  # the server's own, from /metrics after the last round (ServerAcceptance)
-    accept_rate_by_position: list[float] | None = None  # vLLM: accepted tokens per draft at each draft position
-    speedup: float | None = None  # smallest workload speedup (all) or the weighted one (weighted)
-    speedup_low: float | None = None
-    speedup_high: float | None = None
-    workloads: list[WorkloadOutcome] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    base_reachable: bool = True
-    base_max_running_requests: int | None = None
-    speculative_max_running_requests: int | None = None
-    traffic: dict[str, str] = field(default_factory=dict)  # workload -> what it sent (traffic.py)
-    synthetic: list[str] = field(default_factory=list)  # workloads that sent random token ids
-    output_match_rate: float | None = None  # outputs.py: the greedy completions' match with the base's
-    outputs_compared: int | None = None
-    # ProbeFailed on a failure that a later attempt can clear (a connection reset, a 5xx, a timeout, a server that
-    # went away): the probe scheduler tries again, with backoff, before it reports ProbeFailed.
-    transient: bool = False
-
-    @property
-    def wall_seconds(self) -> float | None:
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return (self.finished_at - self.started_at).total_seconds()
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``specdec probe --json`` document (snake_case)."""
-        return {
-            "decision": self.decision,
-            "reason": self.reason,
-            "message": self.message,
-            "rounds": self.rounds,
-            "policy": self.policy,
-            "min_speedup": self.min_speedup,
-            "confidence": self.confidence,
-            "accept_length": _num(self.accept_length),
-            "server_accept_length": _num(self.server_accept_length),
-            "accept_rate_by_position": self.accept_rate_by_position,
-            "speedup": _num(self.speedup),
-            "speedup_low": _num(self.speedup_low),
-            "speedup_high": _num(self.speedup_high),
-            "workloads": [w.to_dict() for w in self.workloads],
-            "warnings": list(self.warnings),
-            "base_max_running_requests": self.base_max_running_requests,
-            "candidate_max_running_requests": self.speculative_max_running_requests,
-            "started_at": _rfc3339(self.started_at),
-            "finished_at": _rfc3339(self.finished_at),
-            "wall_seconds": _num(self.wall_seconds, 3),
-            "break_even": dataclasses.asdict(found) if (found := self.break_even()) is not None else None,
-            "traffic": dict(self.traffic),
-            "synthetic_traffic": bool(self.synthetic),
-            "output_match_rate": _num(self.output_match_rate),
-            "outputs_compared": self.outputs_compared,
-        }
-
-    def traffic_summary(self) -> str | None:
-        return "; ".join(f"{name}: {what}" for name, what in self.traffic.items()) or None
-
-    def to_status(self, revision: str | None = None, gpu_seconds: float | None = None) -> ProbeStatus:
-        """The CR's ``status.probe`` for the speculative ``revision`` that was measured; ``gpu_seconds``: what it cost
-        (the scheduler's, from the spec: probecost.py)."""
-        return ProbeStatus(
-            decision=self.decision,
-            reason=self.reason,
-            rounds=self.rounds,
-            started_at=_rfc3339(self.started_at),
-            finished_at=_rfc3339(self.finished_at),
-            gpu_seconds=gpu_seconds,
-            # Chat streams carry no spec_verify_ct: then the server's own sglang:spec_accept_length.
-            accept_length=_num(self.accept_length if self.accept_length is not None else self.server_accept_length),
-            accept_rate_by_position=self.accept_rate_by_position,
-            speedup=_num(self.speedup),
-            message=self.message,
-            revision=revision,
-            output_match_rate=_num(self.output_match_rate),
-            outputs_compared=self.outputs_compared,
-            traffic=self.traffic_summary(),
-            synthetic_traffic=True if self.synthetic else None,
-            workloads=[w.to_status() for w in self.workloads],
-            break_even=self.break_even_status(),
-        )
-
-    def break_even(self) -> BreakEven | None:
-        """Where the speedup curve over the workloads' concurrencies crosses 1.0 (probe/curve.py)."""
-        points = [CurvePoint(w.concurrency, w.speedup, w.speedup_low, w.speedup_high) for w in self.workloads if w.speedup is not None]
-        return break_even(points)
-
-    def break_even_status(self) -> BreakEvenStatus | None:
-        found = self.break_even()
-        if found is None:
-            return None
-        return BreakEvenStatus(concurrency=_num(found.concurrency, 2), low=_num(found.low, 2), high=_num(found.high, 2), summary=found.summary)
-
+ARM_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 
 OnRound = Callable[[ProbeResult], "Awaitable[None] | None"]
 OnEvidence = Callable[[Evidence], "Awaitable[None] | None"]
 
 
+def _arm_urls(speculative_url: str | None, arms: Mapping[str, str] | None) -> dict[str, str]:
+    """The arms by name: ``speculative_url`` is the arm "speculative" (a plain probe), ``arms`` any others."""
+    found = {DEFAULT_ARM: speculative_url} if speculative_url is not None else {}
+    for name, url in (arms or {}).items():
+        if not isinstance(name, str) or not ARM_NAME.match(name) or name == BASE:
+            raise InputError(f"--arm {name!r}: an arm's name is lower-case letters, digits, '.', '_' or '-' (not 'base'), e.g. eagle3-k4")
+        if name in found:
+            raise InputError(f"--arm {name}: named twice (the --speculative server is the arm {DEFAULT_ARM!r})")
+        found[name] = url
+    if not found:
+        raise InputError("--speculative or --arm NAME=URL: at least one speculative server to measure against the base")
+    return found
+
+
 def _check_arguments(
     base_url: str,
-    speculative_url: str,
+    arms: Mapping[str, str],
     workloads: Sequence[Workload],
     min_speedup: float,
     max_rounds: int,
     accept_length_floor: float | None,
     confidence: float,
 ) -> None:
-    for flag, url in (("--base", base_url), ("--speculative", speculative_url)):
+    flags = [("--base", base_url)] + [("--speculative" if name == DEFAULT_ARM else f"--arm {name}", url) for name, url in arms.items()]
+    for flag, url in flags:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise InputError(f"{flag} {url!r}: must be an http:// or https:// URL of an SGLang or vLLM server")
     if not workloads:
@@ -250,11 +96,25 @@ def _check_arguments(
         raise InputError(f"confidence {confidence!r}: must be within [0.5, 1)")
 
 
+def _scripts(script: ScriptedProbe | Mapping[str, ScriptedProbe] | None, arms: Sequence[str]) -> dict[str, ScriptedProbe] | None:
+    """Each arm's script: a mapping names every arm; one ScriptedProbe serves every arm (its ``arms`` entries, or
+    itself with the arm in its key: the rounds' noise differs between arms)."""
+    if script is None:
+        return None
+    if isinstance(script, ScriptedProbe):
+        return {arm: script.for_arm(arm) for arm in arms}
+    missing = [arm for arm in arms if arm not in script]
+    if missing:
+        raise InputError(f"script: no scripted rounds for arm(s) {', '.join(missing)}; script every arm or none")
+    return {arm: script[arm] for arm in arms}
+
+
 async def run_probe(
     base_url: str,
-    speculative_url: str,
+    speculative_url: str | None,
     workloads: Iterable[Workload | dict[str, Any]],
     *,
+    arms: Mapping[str, str] | None = None,
     min_speedup: float = 1.0,
     max_rounds: int = 6,
     accept_length_floor: float | None = 1.1,
@@ -272,28 +132,29 @@ async def run_probe(
     decide: Decide,
     evidence: Evidence | None = None,
     on_evidence: OnEvidence | None = None,
-    script: ScriptedProbe | None = None,
+    script: ScriptedProbe | Mapping[str, ScriptedProbe] | None = None,
 ) -> ProbeResult:
-    """Measure ``speculative_url`` against ``base_url``, one round at a time, until ``decide`` decides.
+    """Measure each speculative arm against ``base_url``, one round at a time, until ``decide`` decides.
 
-    ``decide`` is the decision (reconcile/race.py ``decide``: the operator, ``specdec probe`` and the benchmarks pass
-    that one; this layer measures and never judges). ``evidence``: what an earlier run of this probe measured (a
-    restarted operator resumes it; evidence.from_compact has checked it is of this revision); ``on_evidence`` (sync or
-    async) gets the evidence after every round, to keep it. ``script``: the rounds come from it instead of from the
-    servers (probe/scripted.py: tests of what the operator does with a decision); the decision is the same.
+    ``speculative_url`` is the arm named "speculative" (the operator's one speculative server); ``arms`` maps more
+    arms' names to their URLs (a race; ``speculative_url`` may then be None). ``decide`` is the decision
+    (reconcile/race.py ``decide``: the operator, ``specdec probe`` and the benchmarks pass that one); every Reason
+    comes from it, this layer only records facts. ``evidence``: what an earlier run of this probe measured (a
+    restarted operator resumes it; evidence.from_compact has checked it is of this revision); ``on_evidence`` (sync
+    or async) gets the evidence after every round, to keep it. ``script``: the rounds come from it instead of from the
+    servers (probe/scripted.py: one for every arm, or one per arm by name); the decision is the same.
 
-    Rounds alternate the order of the two servers (speculative first in odd rounds, base first in even
-    ones) so drift on the machine hits both. After each round every workload gets an interval on its log
-    speedup from the time blocks inside each measurement and the spread between rounds (see
-    :mod:`.stats`); the probe stops as soon as the policy's verdict is decided and every reported interval is
-    within [0.5x, 2x] of its estimate, or early (Inconclusive) when the estimate is too close to ``min_speedup``
-    for the remaining rounds to decide (:func:`.decide.futile`).
-    ``timeout`` bounds the whole probe (Inconclusive when spent), ``request_timeout``/``read_timeout``
-    each request (ProbeFailed). ``on_round`` (sync or async) gets the partial result after each round.
-    ``datasets`` maps a workload name to its prompts (a ConfigMap's or a File's, read by the operator, or ``--dataset``);
-    other workloads use their source (traffic.py). ``output_check`` compares the greedy completions afterwards
-    (outputs.py; None: not compared). ``engine``: the servers' engine, whose HTTP protocol and metrics the probe
-    speaks (engines/; default SGLang). Bad arguments raise InputError; everything else ends in a ProbeResult.
+    Each round measures exactly what the decision asks for (``Continue.workloads``: arm -> workloads). Every arm is
+    paired with a base measurement of its own, adjacent in time; odd rounds measure each arm before its base and the
+    arms in their order, even rounds the mirror image (:func:`measurement_order`), so drift on the machine hits both
+    sides of every pair. The decision's intervals come from the time blocks inside each measurement and the spread
+    between rounds (:mod:`.stats`). ``timeout`` bounds the whole probe (the fact: TimeBudgetSpent),
+    ``request_timeout``/``read_timeout`` each request (a failed request: ProbeFailure). ``on_round`` (sync or async)
+    gets the partial result after each round. ``datasets`` maps a workload name to its prompts; other workloads use
+    their source (traffic.py). ``output_check`` compares the greedy completions of the arm the decision would promote
+    (of the only arm, whatever the decision) with the base's afterwards (outputs.py; None: not compared).
+    ``engine``: the servers' engine (engines/; default SGLang). Bad arguments raise InputError; everything else ends
+    in a ProbeResult.
     """
     engine = engine or engine_for(None)
     try:
@@ -305,50 +166,38 @@ async def run_probe(
         policy_key = normalize_policy(policy)
     except ValueError as exc:
         raise InputError(f"--policy: {exc}") from None
-    _check_arguments(base_url, speculative_url, wls, min_speedup, max_rounds, accept_length_floor, confidence)
+    arm_urls = _arm_urls(speculative_url, arms)
+    _check_arguments(base_url, arm_urls, wls, min_speedup, max_rounds, accept_length_floor, confidence)
+    scripts = _scripts(script, list(arm_urls))
     traffic = build_traffic(wls, datasets, seed, engine)
     result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence, started_at=datetime.now(UTC))
-    result.workloads = [WorkloadOutcome(w.name, w.concurrency, w.weight) for w in wls]
+    runs = {name: _ArmRun.new(name, url.rstrip("/"), wls, engine) for name, url in arm_urls.items()}
+    result.arms = {name: run.result for name, run in runs.items()}
+    result.show_arm(next(iter(runs.values())).result)
     result.traffic = {name: t.description for name, t in traffic.items()}
     result.synthetic = [name for name, t in traffic.items() if t.synthetic]
+    evidence = evidence if evidence is not None else Evidence()
+    evidence.facts = RunFacts()  # facts belong to one run: a resumed probe's rounds count, its facts do not
+    rules = _rules(wls, min_speedup, confidence, max_rounds, policy_key, accept_length_floor)
     own_session = session is None
-    connector_limit = max(w.concurrency for w in wls) + 8
     if own_session:
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connector_limit))
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(w.concurrency for w in wls) + 8))
     assert session is not None
+    loop = _ProbeLoop(session, base_url.rstrip("/"), runs, wls, result, rules, decide, evidence, traffic, engine, scripts)
     try:
-        outcome = await _probe(
-            session,
-            base_url.rstrip("/"),
-            speculative_url.rstrip("/"),
-            wls,
-            result,
-            rules=_rules(wls, min_speedup, confidence, max_rounds, policy_key, accept_length_floor),
-            decide=decide,
-            evidence=evidence if evidence is not None else Evidence(),
-            on_evidence=on_evidence,
-            script=script,
-            timeout=timeout,
-            request_timeout=request_timeout,
-            read_timeout=read_timeout,
-            seed=seed,
-            on_round=on_round,
-            traffic=traffic,
-            engine=engine,
-        )
-        if output_check is not None and output_check.enabled and outcome.reason is not Reason.PROBE_FAILED and script is None:
-            urls = (base_url.rstrip("/"), speculative_url.rstrip("/"))
-            outcome = await _check_outputs(session, urls, traffic, output_check, outcome, result, request_timeout, seed, engine)
+        await loop.run(timeout, request_timeout, read_timeout, seed, on_round, on_evidence)
+        if output_check is not None and output_check.enabled and scripts is None and evidence.facts.failure is None:
+            await loop.check_outputs(output_check, request_timeout, seed)
     except ProbeRequestError as exc:
-        outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {exc}", transient=exc.transient)
+        evidence.facts.failure = ProbeFailure(FailureKind.REQUEST, str(exc), exc.transient)
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # a bug or an unforeseen server answer must still end in a reason
-        outcome = Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"probe failed: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a bug or an unforeseen server answer must still end in a decision
+        evidence.facts.failure = ProbeFailure(FailureKind.ERROR, f"{type(exc).__name__}: {exc}")
     finally:
         if own_session:
             await session.close()
-    return _finish(result, outcome, script)
+    return loop.finish(_final(decide, evidence, rules, list(runs), [w.name for w in wls]))
 
 
 def _rules(wls: list[Workload], min_speedup: float, confidence: float, max_rounds: int, policy: str, floor: float | None) -> RaceRules:
@@ -364,166 +213,278 @@ def _rules(wls: list[Workload], min_speedup: float, confidence: float, max_round
     )
 
 
-def _finish(result: ProbeResult, outcome: Outcome, script: ScriptedProbe | None) -> ProbeResult:
-    """The outcome into the result, with the notes on what was measured (scripted rounds, random token ids)."""
-    result.decision, result.reason, result.message = outcome.decision, outcome.reason, outcome.message
-    result.transient = outcome.reason == Reason.PROBE_FAILED and outcome.transient
-    if result.accept_length is None and result.server_accept_length is not None:
-        # Chat streams (and vLLM's) carry no spec_verify_ct: the server's own acceptance stands in.
-        result.accept_length = result.server_accept_length
-    if script is not None:
-        result.traffic = {}
-        result.synthetic = []
-        result.message += f" [ScriptedEvidence: the rounds came from --probe-script ({script.key}), not from the servers]"
-    if result.synthetic and result.base_reachable:
-        result.message += (
-            f" [SyntheticTraffic: {', '.join(result.synthetic)} sent random token ids, not prompts: acceptance, and so the speedup, "
-            f"differs on real traffic; give the workload a dataset (prompts.source Default, ConfigMap or File)]"
+def _final(decide: Decide, evidence: Evidence, rules: RaceRules, arms: list[str], workloads: list[str]) -> Decided:
+    """The decision once the loop has ended (decided, a failure, the time budget): a decision function that fails or
+    still asks for rounds is itself a failure of the probe, never a promotion."""
+    try:
+        step = decide(evidence, rules, arms, workloads)
+        if isinstance(step, Decided):
+            return step
+        raise RuntimeError(f"the decision asked for more rounds after the probe ended: {dict(step.workloads)}")
+    except Exception as exc:
+        evidence.facts.failure = ProbeFailure(FailureKind.ERROR, f"{type(exc).__name__}: {exc}")
+    step = decide(evidence, rules, arms, workloads)
+    assert isinstance(step, Decided), "a failure is always decided"
+    return step
+
+
+def measurement_order(
+    asked: Mapping[str, Sequence[str]], arms: Sequence[str], workloads: Sequence[str], rnd: int
+) -> list[tuple[str, str, tuple[str, str]]]:
+    """What round ``rnd`` measures, in order: ``(workload, arm, (first, second))`` for every workload the decision
+    asked of an arm (``asked``: arm -> workloads). Workload by workload (their order), and within one workload each arm
+    with a base measurement of its own right before or after it: odd rounds take the arms in their order, each before
+    its base; even rounds the mirror image (the arms reversed, each after its base). Linear drift then cancels within
+    every arm's pair over two rounds, and no arm always runs first on a workload."""
+    odd = rnd % 2 == 1
+    order = list(arms) if odd else list(reversed(arms))
+    plan = []
+    for workload in workloads:
+        for arm in order:
+            if workload in asked.get(arm, ()):
+                plan.append((workload, arm, (arm, BASE) if odd else (BASE, arm)))
+    return plan
+
+
+@dataclass
+class _ArmRun:
+    """One arm while the probe runs: its result, its acceptance meter and counts, its last measurements per workload."""
+
+    result: ArmResult
+    meter: ServerAcceptance
+    spec_tokens: int = 0
+    spec_verify: int = 0
+    last: dict[str, dict[str, Measurement]] = field(default_factory=dict)  # workload -> SPECULATIVE/BASE -> measurement
+
+    @classmethod
+    def new(cls, name: str, url: str, wls: Sequence[Workload], engine: Engine) -> _ArmRun:
+        result = ArmResult(name, url, workloads=[WorkloadOutcome(w.name, w.concurrency, w.weight) for w in wls])
+        return cls(result, ServerAcceptance(engine, arm_label(name)), last={w.name: {} for w in wls})
+
+    def count(self, m: Measurement) -> None:
+        self.spec_tokens += m.spec_tokens
+        self.spec_verify += m.spec_verify_ct
+        self.result.accept_length = self.spec_tokens / self.spec_verify if self.spec_verify else None
+
+
+class _ProbeLoop:
+    """Measure what the decision asks for, one round at a time, until it decides: this loop measures and never
+    judges. ``evidence`` may hold the rounds of an earlier run of this probe (a restarted operator): they count, and
+    the next round continues their numbering and order."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        runs: dict[str, _ArmRun],
+        wls: list[Workload],
+        result: ProbeResult,
+        rules: RaceRules,
+        decide: Decide,
+        evidence: Evidence,
+        traffic: Mapping[str, WorkloadTraffic],
+        engine: Engine,
+        scripts: Mapping[str, ScriptedProbe] | None,
+    ) -> None:
+        self.session, self.base_url, self.runs, self.wls, self.result = session, base_url, runs, wls, result
+        self.rules, self._decide, self.evidence, self.traffic, self.engine, self.scripts = rules, decide, evidence, traffic, engine, scripts
+        self.by_name = {w.name: w for w in wls}
+        self.names = [w.name for w in wls]
+        self.measure_one: Callable[[Workload, str, float | None], Awaitable[Measurement]] | None = None
+
+    def decide(self) -> Continue | Decided:
+        return self._decide(self.evidence, self.rules, list(self.runs), self.names)
+
+    async def run(
+        self, timeout: float, request_timeout: float, read_timeout: float, seed: int | None, on_round: OnRound | None, on_evidence: OnEvidence | None
+    ) -> None:
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + timeout
+        rng = random.Random(seed)
+
+        async def measure_one(w: Workload, url: str, floor: float | None) -> Measurement:
+            return await _measure_one(self.session, url, w, clock, deadline, rng, request_timeout, read_timeout, floor, self.traffic)
+
+        self.measure_one = measure_one
+        if not await self._start(timeout):
+            return
+        step = self.decide()
+        rnd = max(self.evidence.rounds(arm) for arm in self.runs)
+        while isinstance(step, Continue):
+            rnd += 1
+            round_started = clock()
+            try:
+                if await self._round(rnd, step):
+                    return  # a drafter that accepts nothing decided the probe at its first measurement
+            except TimeoutError:
+                self.evidence.facts.time_budget = TimeBudgetSpent(timeout, self.result.rounds)
+                return
+            self.result.rounds = rnd
+            self.evidence.seconds += clock() - round_started
+            await self._read_acceptance([arm for arm in step.workloads if arm in self.runs])
+            step = self.decide()
+            self.summarize(step)
+            # The evidence is kept only while more rounds follow: a decided probe's result is recorded in status by the
+            # next step (a restart before that resumes from the round before and decides again at once).
+            await _notify(on_evidence if isinstance(step, Continue) else None, self.evidence)
+            await _notify(on_round, self.result)
+
+    async def _start(self, timeout: float) -> bool:
+        """The preflight (or the script's acceptance): False when a server cannot be measured (the fact is recorded)."""
+        if self.scripts is not None:
+            for arm, script in self.scripts.items():
+                if script.accept_length is not None:
+                    self.runs[arm].result.accept_length = self.evidence.accept_length[arm] = script.accept_length
+            return True
+        urls = {arm: run.result.url for arm, run in self.runs.items()}
+        found = await preflight(self.session, self.base_url, urls, self.wls, timeout, self.engine, self.traffic)
+        if isinstance(found, ProbeFailure):
+            self.evidence.facts.failure = found
+            self.result.base_reachable = not (found.kind is FailureKind.UNREACHABLE and found.server == BASE)
+            return False
+        self._servers(found)
+        for run in self.runs.values():
+            await run.meter.start(self.session, run.result.url, self.result.warnings)
+        return True
+
+    def _servers(self, found: ServerFacts) -> None:
+        self.result.base_max_running_requests = found.caps.get(BASE)
+        for arm, run in self.runs.items():
+            run.result.max_running_requests = found.caps.get(arm)
+        self.result.speculative_max_running_requests = self.result.arms[next(iter(self.runs))].max_running_requests
+        self.result.warnings.extend(found.warnings)
+
+    async def _round(self, rnd: int, step: Continue) -> bool:
+        """One round as the decision asked (measurement_order); True when the decision came within it (a drafter
+        rejected at its first measurement decided the probe)."""
+        plan = measurement_order(step.workloads, list(self.runs), self.names, rnd)
+        if self.scripts is not None:
+            await self._scripted_round(plan, step, rnd)
+            return False
+        rejected: set[str] = set()
+        for name, arm, order in plan:
+            if arm in rejected:
+                continue
+            run, w = self.runs[arm], self.by_name[name]
+            measured: dict[str, Measured] = {}
+            for server in order:
+                variant = BASE if server == BASE else SPECULATIVE
+                check = rnd == 1 and variant == SPECULATIVE
+                assert self.measure_one is not None
+                m = await self.measure_one(w, self.base_url if variant == BASE else run.result.url, self.rules.accept_length_floor if check else None)
+                if variant == SPECULATIVE:
+                    run.count(m)
+                    if check and await self._drafter_rejected(run, m, w):
+                        rejected.add(arm)
+                        if isinstance(self.decide(), Decided):
+                            return True
+                        break
+                if m.aborted_early:  # only through the drafter check, handled above
+                    continue
+                measured[variant] = _measured(m, w, self.evidence.measurements(arm, name), variant)
+                run.last[name][variant] = m
+            if arm not in rejected and SPECULATIVE in measured and BASE in measured:
+                self.evidence.add(arm, name, PairedMeasurement(rnd, measured[SPECULATIVE], measured[BASE]))
+        return False
+
+    async def _scripted_round(self, plan: list[tuple[str, str, tuple[str, str]]], step: Continue, rnd: int) -> None:
+        """One round from the scripts instead of the servers (probe/scripted.py), taking the scripts' time."""
+        assert self.scripts is not None
+        for name, arm, _order in plan:
+            script = self.scripts[arm]
+            await asyncio.sleep(script.seconds_per_round / max(1, len(step.workloads.get(arm, ()))))
+            spec_m, base_m = script.pair(name, rnd)
+            self.evidence.add(arm, name, PairedMeasurement(rnd, spec_m, base_m))
+
+    async def _drafter_rejected(self, run: _ArmRun, m: Measurement, w: Workload) -> bool:
+        """After an arm's first measurement: does its drafter accept nothing? The acceptance (the measurement's, else
+        the server's) goes into the evidence with where it was read; the decision says what follows
+        (reconcile/race.py: the arm stops, DrafterNotAccepting when no arm is left)."""
+        accept = m.accept_length
+        if accept is None:
+            accept = await run.meter.read(self.session, run.result.url, self.result.warnings)
+        if not drafter_not_accepting(accept, self.rules.accept_length_floor):
+            return False
+        assert accept is not None
+        run.result.accept_length = self.evidence.accept_length[run.result.name] = accept
+        self.evidence.facts.accept_read[run.result.name] = f"after {m.requests} request(s) of workload {w.name}"
+        return True
+
+    async def _read_acceptance(self, arms: Sequence[str]) -> None:
+        """After a round: each measured arm's acceptance (its responses', else its server's) into the evidence."""
+        for arm in arms:
+            r = self.runs[arm].result
+            if self.scripts is None:
+                server_accept = await self.runs[arm].meter.read(self.session, r.url, self.result.warnings)
+                if server_accept is not None:
+                    r.server_accept_length = server_accept
+                r.accept_rate_by_position = self.runs[arm].meter.position_rates
+            accept = r.accept_length if r.accept_length is not None else r.server_accept_length
+            if accept is not None:
+                self.evidence.accept_length[arm] = accept
+
+    def summarize(self, step: Continue | Decided) -> None:
+        """Every arm's per-workload results from the evidence and the decision's view of it (its intervals); the lead
+        arm's become the top-level ones."""
+        for arm, run in self.runs.items():
+            _summarize_arm(run, self.wls, self.evidence, step.arms.get(arm), self.rules)
+        winner = step.winner if isinstance(step, Decided) else None
+        self.result.show_arm(_lead(self.result.arms, winner))
+
+    async def check_outputs(self, check: OutputCheck, request_timeout: float, seed: int | None) -> None:
+        """The greedy completions of the arm the decision would promote (of the only arm, whatever the decision)
+        compared with the base's, in the model name the preflight found (outputs.py): a fact for the decision."""
+        step = self.decide()
+        arm = step.winner if isinstance(step, Decided) and step.winner else (next(iter(self.runs)) if len(self.runs) == 1 else None)
+        if arm is None:
+            return  # a race promotes nothing: no arm's outputs matter
+        model = next(iter(self.traffic.values())).model if self.traffic else "default"
+        comparison = await compare_outputs(
+            self.session,
+            self.base_url,
+            self.runs[arm].result.url,
+            self.traffic,
+            check,
+            request_timeout=request_timeout,
+            seed=seed,
+            engine=self.engine,
+            model=model,
         )
-    result.finished_at = datetime.now(UTC)
-    return result
+        self.result.output_match_rate, self.result.outputs_compared = comparison.match_rate, comparison.compared
+        self.evidence.facts.outputs = output_facts(comparison, arm, check.min_match_rate)
+
+    def finish(self, decided: Decided) -> ProbeResult:
+        """The decision into the result, with the notes on what was measured (scripted rounds, random token ids)."""
+        result = self.result
+        if decided.arms:
+            self.summarize(decided)
+        for run in self.runs.values():
+            if run.result.accept_length is None and run.result.server_accept_length is not None:
+                # Chat streams (and vLLM's) carry no spec_verify_ct: the server's own acceptance stands in.
+                run.result.accept_length = run.result.server_accept_length
+        result.winner = decided.winner
+        result.show_arm(_lead(result.arms, decided.winner))
+        result.decision, result.reason, result.message = decided.decision, decided.reason, decided.message
+        result.transient = decided.transient
+        if self.scripts is not None:
+            result.traffic = {}
+            result.synthetic = []
+            keys = ", ".join(sorted({s.key for s in self.scripts.values()}))
+            result.message += f" [ScriptedEvidence: the rounds came from --probe-script ({keys}), not from the servers]"
+        if result.synthetic and result.base_reachable:
+            result.message += (
+                f" [SyntheticTraffic: {', '.join(result.synthetic)} sent random token ids, not prompts: acceptance, and so the speedup, "
+                f"differs on real traffic; give the workload a dataset (prompts.source Default, ConfigMap or File)]"
+            )
+        result.finished_at = datetime.now(UTC)
+        return result
 
 
-async def _check_outputs(
-    session: aiohttp.ClientSession,
-    urls: tuple[str, str],
-    traffic: Mapping[str, WorkloadTraffic],
-    check: OutputCheck,
-    outcome: Outcome,
-    result: ProbeResult,
-    request_timeout: float,
-    seed: int | None,
-    engine: Engine,
-) -> Outcome:
-    """The greedy completions of both servers compared (outputs.py), in the model name the preflight found."""
-    model = next(iter(traffic.values())).model if traffic else "default"
-    comparison = await compare_outputs(session, *urls, traffic, check, request_timeout=request_timeout, seed=seed, engine=engine, model=model)
-    result.output_match_rate, result.outputs_compared = comparison.match_rate, comparison.compared
-    return judge_outputs(outcome, comparison, check.min_match_rate)
-
-
-def _detail(results: list[WorkloadOutcome], min_speedup: float, state: ArmState | None, rules: RaceRules) -> str:
-    parts = []
-    if rules.policy == "weighted" and state is not None and state.interval is not None:
-        iv = state.interval
-        parts.append(f"weighted speedup {iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}]")
-    for w in results:
-        if w.speedup is None:
-            continue
-        hi = "inf" if w.speedup_high is None or not math.isfinite(w.speedup_high) else f"{w.speedup_high:.3f}"
-        lo = "0" if w.speedup_low is None else f"{w.speedup_low:.3f}"
-        parts.append(f"{w.name} (c={w.concurrency}) {w.speedup:.3f}x [{lo}, {hi}]")
-    return "; ".join(parts) + f" vs min speedup {min_speedup:g}"
-
-
-async def _probe(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    speculative_url: str,
-    wls: list[Workload],
-    result: ProbeResult,
-    *,
-    rules: RaceRules,
-    decide: Decide,
-    evidence: Evidence,
-    timeout: float,
-    request_timeout: float,
-    read_timeout: float,
-    seed: int | None,
-    on_round: OnRound | None,
-    on_evidence: OnEvidence | None,
-    script: ScriptedProbe | None = None,
-    traffic: Mapping[str, WorkloadTraffic] | None = None,
-    engine: Engine | None = None,
-) -> Outcome:
-    """Measure what the decision asks for, one round at a time, until it decides (reconcile/race.py, given as
-    ``decide``): this loop measures and never judges. ``evidence`` may hold the rounds of an earlier run of this probe
-    (a restarted operator): they count, and the next round continues their numbering and order."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    rng = random.Random(seed)
-    meter = ServerAcceptance(engine or engine_for(None))
-
-    if script is None:
-        failed = await _preflight(session, base_url, speculative_url, wls, result, timeout, meter, traffic or {})
-        if failed is not None:
-            return failed
-    elif script.accept_length is not None:
-        result.accept_length = evidence.accept_length[SPECULATIVE] = script.accept_length
-
-    by_name = {w.name: w for w in wls}
-    names = [w.name for w in wls]
-    last: dict[str, dict[str, Measurement]] = {w.name: {} for w in wls}
-    spec_tokens = spec_verify = 0
-    arms = [SPECULATIVE]
-    step = decide(evidence, rules, arms, names)
-    rnd = evidence.rounds(SPECULATIVE)
-
-    async def run_one(w: Workload, url: str, check: bool) -> Measurement:
-        floor = rules.accept_length_floor if check else None
-        return await _measure_one(session, url, w, loop.time, deadline, rng, request_timeout, read_timeout, floor, traffic)
-
-    while isinstance(step, Continue):
-        rnd += 1
-        round_started = loop.time()
-        order = [SPECULATIVE, BASE] if rnd % 2 == 1 else [BASE, SPECULATIVE]
-        if script is not None:
-            await _scripted_round(script, step.workloads.get(SPECULATIVE, ()), rnd, evidence)
-        try:
-            for name in step.workloads.get(SPECULATIVE, ()) if script is None else ():
-                w = by_name[name]
-                measured: dict[str, Measured] = {}
-                for variant in order:
-                    url = speculative_url if variant == SPECULATIVE else base_url
-                    first_speculative = rnd == 1 and variant == SPECULATIVE
-                    m = await run_one(w, url, first_speculative)
-                    if variant == SPECULATIVE:
-                        spec_tokens += m.spec_tokens
-                        spec_verify += m.spec_verify_ct
-                        result.accept_length = spec_tokens / spec_verify if spec_verify else None
-                        if first_speculative and await _drafter_rejected(session, speculative_url, result, m, meter, rules.accept_length_floor):
-                            assert result.accept_length is not None
-                            evidence.accept_length[SPECULATIVE] = result.accept_length
-                            decided = decide(evidence, rules, arms, names)
-                            if isinstance(decided, Decided):
-                                return Outcome(
-                                    decided.decision,
-                                    decided.reason,
-                                    f"{decided.message} (after {m.requests} request(s) of workload {w.name})",
-                                )
-                    if m.aborted_early:  # only happens through the drafter check, handled above
-                        continue
-                    measured[variant] = _measured(m, w, evidence.measurements(SPECULATIVE, name), variant)
-                    last[w.name][variant] = m
-                if SPECULATIVE in measured and BASE in measured:
-                    evidence.add(SPECULATIVE, name, PairedMeasurement(rnd, measured[SPECULATIVE], measured[BASE]))
-        except TimeoutError:
-            state = decide(evidence, rules, arms, names).arms.get(SPECULATIVE)
-            return _timed_out(wls, result, evidence, last, state, rules, timeout)
-        result.rounds = rnd
-        evidence.seconds += loop.time() - round_started
-        server_accept = await meter.read(session, speculative_url, result) if script is None else None
-        if server_accept is not None:
-            result.server_accept_length = server_accept
-        accept = result.accept_length if result.accept_length is not None else result.server_accept_length
-        if accept is not None:
-            evidence.accept_length[SPECULATIVE] = accept
-        step = decide(evidence, rules, arms, names)
-        _summarize(wls, result, evidence, last, step.arms.get(SPECULATIVE), rules)
-        # The evidence is kept only while more rounds follow: a decided probe's result is recorded in status by the next
-        # step (a restart before that resumes from the round before and decides again at once), so the last write is saved.
-        await _notify(on_evidence if isinstance(step, Continue) else None, evidence)
-        await _notify(on_round, result)
-    return _with_rounds_note(Outcome(step.decision, step.reason, step.message), rules.max_rounds)
-
-
-def _timed_out(wls, result: ProbeResult, evidence: Evidence, last, state: ArmState | None, rules: RaceRules, timeout: float) -> Outcome:
-    """The probe's time budget spent: Inconclusive, with the rounds completed so far."""
-    _summarize(wls, result, evidence, last, state, rules)
-    detail = _detail(result.workloads, rules.min_speedup, state, rules)
-    return Outcome(
-        Decision.ROLLBACK, Reason.INCONCLUSIVE, f"probe time budget of {timeout:g}s spent after {result.rounds} complete round(s): {detail}"
-    )
+def _lead(arms: Mapping[str, ArmResult], winner: str | None) -> ArmResult:
+    """The arm the top-level result shows: the winner, else the only arm, else the one with the highest estimate."""
+    if winner is not None and winner in arms:
+        return arms[winner]
+    return max(arms.values(), key=lambda a: a.speedup if a.speedup is not None else -math.inf)
 
 
 async def _notify(callback: Callable[[Any], Awaitable[None] | None] | None, value: Any) -> None:
@@ -532,14 +493,6 @@ async def _notify(callback: Callable[[Any], Awaitable[None] | None] | None, valu
         maybe = callback(value)
         if inspect.isawaitable(maybe):
             await maybe
-
-
-async def _scripted_round(script: ScriptedProbe, workloads: Sequence[str], rnd: int, evidence: Evidence) -> None:
-    """One round from the script instead of the servers (probe/scripted.py), taking the script's time."""
-    for name in workloads:
-        await asyncio.sleep(script.seconds_per_round / max(1, len(workloads)))
-        spec_m, base_m = script.pair(name, rnd)
-        evidence.add(SPECULATIVE, name, PairedMeasurement(rnd, spec_m, base_m))
 
 
 async def _measure_one(
@@ -556,8 +509,8 @@ async def _measure_one(
 ) -> Measurement:
     """One measurement of one workload on one server, within the probe's deadline (TimeoutError past it).
 
-    ``check_floor``: the first speculative measurement stops early once a few finished requests show a drafter that
-    accepts nothing (acceptance at or below the floor), so the seed's broken drafter costs seconds, not a benchmark."""
+    ``check_floor``: an arm's first measurement stops early once a few finished requests show a drafter that accepts
+    nothing (acceptance at or below the floor), so the seed's broken drafter costs seconds, not a benchmark."""
     remaining = deadline - clock()
     if remaining <= 0:
         raise TimeoutError
@@ -578,89 +531,11 @@ async def _measure_one(
     )
 
 
-def _with_rounds_note(outcome: Outcome, max_rounds: int) -> Outcome:
-    """An inconclusive outcome says when max_rounds was too few for a promotion at all."""
-    if outcome.reason is Reason.INCONCLUSIVE and max_rounds < PROMOTE_MIN_ROUNDS:
-        return Outcome(
-            outcome.decision,
-            outcome.reason,
-            outcome.message + f" (max rounds {max_rounds} < {PROMOTE_MIN_ROUNDS}: no promotion without both orders of the servers)",
-        )
-    return outcome
-
-
-async def _preflight(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    speculative_url: str,
-    wls: list[Workload],
-    result: ProbeResult,
-    timeout: float,
-    meter: ServerAcceptance,
-    traffic: Mapping[str, WorkloadTraffic],
-) -> Outcome | None:
-    """Both servers answer the engine's info endpoint (else the probe fails): their max_running_requests and what it
-    means, whether the speculative one speculates, the served model name; then the acceptance counters' baseline."""
-    engine = meter.engine
-    try:
-        base = engine.server_info(await get_json(session, base_url + engine.info_path, timeout=min(30.0, timeout)))
-    except ProbeRequestError as exc:
-        result.base_reachable = False
-        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"base server unreachable: {exc}", transient=exc.transient)
-    try:
-        speculative = engine.server_info(await get_json(session, speculative_url + engine.info_path, timeout=min(30.0, timeout)))
-    except ProbeRequestError as exc:
-        return Outcome(Decision.ROLLBACK, Reason.PROBE_FAILED, f"speculative server unreachable: {exc}", transient=exc.transient)
-    if base.model != speculative.model:
-        return Outcome(
-            Decision.ROLLBACK,
-            Reason.PROBE_FAILED,
-            f"the servers serve different model names (base {base.model!r}, speculative {speculative.model!r}): the same prompts cannot go to both",
-        )
-    for t in traffic.values():
-        t.model = speculative.model or t.model
-    result.base_max_running_requests = base.max_running_requests
-    result.speculative_max_running_requests = speculative.max_running_requests
-    for label, cap in (("speculative", result.speculative_max_running_requests), ("base", result.base_max_running_requests)):
-        if cap is None:
-            continue
-        for w in wls:
-            if cap < w.concurrency:
-                result.warnings.append(
-                    f"{label} max_running_requests={cap} is below workload {w.name}'s concurrency {w.concurrency}: "
-                    f"SGLang queues the rest (speculative SGLang defaults to 48 unless --max-running-requests "
-                    f"is passed)"
-                )
-    if speculative.speculating is False:
-        result.warnings.append(f"speculative {engine.info_path} reports no speculative_algorithm: is it speculating?")
-    await meter.start(session, speculative_url, result)
-    return None
-
-
-async def _drafter_rejected(
-    session: aiohttp.ClientSession,
-    speculative_url: str,
-    result: ProbeResult,
-    m: Measurement,
-    meter: ServerAcceptance,
-    floor: float | None,
-) -> bool:
-    """After the first speculative measurement: does the drafter accept nothing? (The decision then ends the probe at
-    once: reconcile/race.py, DrafterNotAccepting.) The acceptance it read is the result's."""
-    accept = m.accept_length
-    if accept is None:
-        accept = await meter.read(session, speculative_url, result)
-    if not drafter_not_accepting(accept, floor):
-        return False
-    result.accept_length = accept
-    result.rounds = 0
-    return True
-
-
-def _summarize(wls: list[Workload], result: ProbeResult, evidence: Evidence, last, state: ArmState | None, rules: RaceRules) -> None:
-    """Fill the per-workload results from the evidence and the decision's view of the arm (its intervals)."""
-    for w, r in zip(wls, result.workloads):
-        rows = evidence.measurements(SPECULATIVE, w.name)
+def _summarize_arm(run: _ArmRun, wls: list[Workload], evidence: Evidence, state: ArmState | None, rules: RaceRules) -> None:
+    """Fill one arm's per-workload results from the evidence and the decision's view of the arm (its intervals)."""
+    arm = run.result
+    for w, r in zip(wls, arm.workloads):
+        rows = evidence.measurements(arm.name, w.name)
         base = [p.base.tok_s for p in rows]
         speculative = [p.speculative.tok_s for p in rows]
         r.rounds = len(rows)
@@ -672,13 +547,16 @@ def _summarize(wls: list[Workload], result: ProbeResult, evidence: Evidence, las
             r.speedup, r.speedup_low = iv.estimate, iv.low
             r.speedup_high = iv.high if math.isfinite(iv.high) else None
             r.verdict = judge_paired(iv, rules.min_speedup).value
-        if BASE in last[w.name]:
-            r.base_latency = last[w.name][BASE].latency_summary()
-        if SPECULATIVE in last[w.name]:
-            r.speculative_latency = last[w.name][SPECULATIVE].latency_summary()
-    if state is not None and state.interval is not None:
-        result.speedup, result.speedup_low = state.interval.estimate, state.interval.low
-        result.speedup_high = state.interval.high if math.isfinite(state.interval.high) else None
+        if BASE in run.last[w.name]:
+            r.base_latency = run.last[w.name][BASE].latency_summary()
+        if SPECULATIVE in run.last[w.name]:
+            r.speculative_latency = run.last[w.name][SPECULATIVE].latency_summary()
+    arm.rounds = evidence.rounds(arm.name)
+    if state is not None:
+        arm.outcome = state.outcome.value
+        if state.interval is not None:
+            arm.speedup, arm.speedup_low = state.interval.estimate, state.interval.low
+            arm.speedup_high = state.interval.high if math.isfinite(state.interval.high) else None
 
 
 def _measured(m: Measurement, w: Workload, earlier: Sequence[PairedMeasurement], variant: str) -> Measured:
@@ -706,44 +584,3 @@ def _pooled_profile(m: Measurement, w: Workload, earlier: Sequence[Sequence[floa
     if not blocks:
         return []
     return block_rates(m.arrivals, m.started_at, m.duration_s, blocks)
-
-
-@dataclass
-class ServerAcceptance:
-    """The speculative server's own acceptance length during the probe, from its /metrics: SGLang's gauge, or for an
-    engine that exports counters (vLLM) 1 + accepted / drafts since the preflight's scrape (and per draft position,
-    ProbeResult.accept_rate_by_position). Never a lifetime ratio: the server may have served before the probe."""
-
-    engine: Engine
-    baseline: SpecMetrics | None = None
-
-    async def _scrape(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> SpecMetrics | None:
-        try:
-            metrics = await scrape_metrics(session, url, only=self.engine.metric_names, engine=self.engine)
-        except ProbeRequestError as exc:
-            note = f"speculative /metrics unavailable ({exc}); acceptance comes from responses only"
-            if note not in result.warnings:
-                result.warnings.append(note)
-            return None
-        return self.engine.read_metrics(metrics)
-
-    async def start(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> None:
-        """The counters before the first request (a gauge needs no baseline)."""
-        if not self.engine.acceptance_from_counters:
-            return
-        found = await self._scrape(session, url, result)
-        self.baseline = found if found is not None and found.counts_acceptance else None
-        if found is not None and self.baseline is None:  # vLLM exports the counters only with --speculative-config
-            result.warnings.append(f"speculative /metrics has no {self.engine.metric_prefix}spec_decode counters: is it speculating?")
-
-    async def read(self, session: aiohttp.ClientSession, url: str, result: ProbeResult) -> float | None:
-        found = await self._scrape(session, url, result)
-        if found is None:
-            return None
-        if not found.counts_acceptance:
-            return found.accept_length if found.accept_length and found.accept_length > 0 else None
-        window = counter_window(self.baseline, found) if self.baseline is not None else None
-        if window is None:
-            return None
-        result.accept_rate_by_position = list(window.position_rates) if window.position_rates is not None else None
-        return window.accept_length

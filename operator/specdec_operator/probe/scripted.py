@@ -16,6 +16,8 @@ The script is YAML or JSON, read when each probe starts (so a test may add entri
       noise: 0.03              # standard deviation of each round's log speedup (default 0.03)
       acceptLength: 2.4        # the drafter's acceptance length (default: none measured)
       secondsPerRound: 0.5     # how long a round takes (default 0.2: the probe's progress is visible)
+      arms:                    # a race (run_probe's ``arms``): each arm's own script, the same fields but arms;
+        eagle3-k4: {speedup: 2.2}  # an arm not named here takes the entry's own (with its noise seeded by the arm)
 
 A round's two measurements are deterministic for a given resource, workload and round (the noise is seeded by them),
 so the same script gives the same decision on every machine.
@@ -27,7 +29,7 @@ import hashlib
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from .evidence import Measured
 BASE_TOK_S = 1000.0  # the scripted base server's tok/s (only ratios matter to the decision)
 DEFAULT_NOISE = 0.03
 DEFAULT_SECONDS_PER_ROUND = 0.2
+DEFAULT_ARM = "speculative"  # the arm of a probe of one speculative server
 DF = 30.0  # degrees of freedom of a scripted measurement's variance (a measurement of ~40 time blocks)
 
 
@@ -47,12 +50,23 @@ class ScriptedProbe:
     """The script of one resource's probe."""
 
     key: str
-    speedup: float | Mapping[str, float]
+    speedup: float | Mapping[str, float] | None  # None: only its arms are scripted
     noise: float = DEFAULT_NOISE
     accept_length: float | None = None
     seconds_per_round: float = DEFAULT_SECONDS_PER_ROUND
+    arms: Mapping[str, ScriptedProbe] = field(default_factory=dict)
+
+    def for_arm(self, arm: str) -> ScriptedProbe:
+        """The script of one arm of a probe: its own entry under ``arms``, else this one (the arm "speculative" as it
+        is; another with the arm in its key, so its rounds' noise is its own)."""
+        found = self.arms.get(arm) or (self if arm == DEFAULT_ARM else replace(self, key=f"{self.key}/{arm}", arms={}))
+        if found.speedup is None:
+            raise InputError(f"probe script {self.key}: no speedup for arm {arm!r}; give the entry a speedup or the arm one under arms")
+        return found
 
     def speedup_of(self, workload: str) -> float:
+        if self.speedup is None:
+            raise InputError(f"probe script {self.key}: no speedup; give one (a number, or one per workload)")
         if isinstance(self.speedup, Mapping):
             if workload not in self.speedup:
                 raise InputError(f"probe script {self.key}: no speedup for workload {workload!r}; give one per workload or a single number")
@@ -84,16 +98,19 @@ def load_script(path: str | Path) -> dict[str, ScriptedProbe]:
     return {str(key): _entry(source, str(key), value) for key, value in doc.items()}
 
 
-def _entry(source: Path, key: str, value: Any) -> ScriptedProbe:
+def _entry(source: Path, key: str, value: Any, *, nested: bool = False) -> ScriptedProbe:
     where = f"--probe-script {source}: {key}"
-    if not isinstance(value, Mapping) or "speedup" not in value:
+    arms = value.get("arms") if isinstance(value, Mapping) and not nested else None
+    if not isinstance(value, Mapping) or ("speedup" not in value and not arms):
         raise InputError(f"{where}: give at least speedup (a number, or one per workload)")
-    speedup = value["speedup"]
+    if arms is not None and (not isinstance(arms, Mapping) or not arms):
+        raise InputError(f"{where}: arms: a mapping of an arm's name to its script ({{speedup, noise, acceptLength, secondsPerRound}})")
+    speedup = value.get("speedup")
     if isinstance(speedup, Mapping):
         if not speedup or not all(_positive(v) for v in speedup.values()):
             raise InputError(f"{where}: speedup: every workload's speedup must be a number > 0")
         speedup = {str(k): float(v) for k, v in speedup.items()}
-    elif not _positive(speedup):
+    elif speedup is not None and not _positive(speedup):
         raise InputError(f"{where}: speedup {speedup!r}: must be a number > 0")
     noise = value.get("noise", DEFAULT_NOISE)
     if not isinstance(noise, (int, float)) or isinstance(noise, bool) or not 0 < noise < 1:
@@ -104,10 +121,12 @@ def _entry(source: Path, key: str, value: Any) -> ScriptedProbe:
     seconds = value.get("secondsPerRound", DEFAULT_SECONDS_PER_ROUND)
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
         raise InputError(f"{where}: secondsPerRound {seconds!r}: must be a number >= 0")
-    unknown = sorted(set(value) - {"speedup", "noise", "acceptLength", "secondsPerRound"})
+    known = {"speedup", "noise", "acceptLength", "secondsPerRound"} | (set() if nested else {"arms"})
+    unknown = sorted(set(value) - known)
     if unknown:
-        raise InputError(f"{where}: unknown field(s) {', '.join(unknown)} (speedup, noise, acceptLength, secondsPerRound)")
-    return ScriptedProbe(key, speedup, float(noise), float(accept) if accept is not None else None, float(seconds))
+        raise InputError(f"{where}: unknown field(s) {', '.join(unknown)} ({', '.join(sorted(known))})")
+    scripted = {str(arm): _entry(source, f"{key}/{arm}", entry, nested=True) for arm, entry in (arms or {}).items()}
+    return ScriptedProbe(key, speedup, float(noise), float(accept) if accept is not None else None, float(seconds), scripted)
 
 
 def _positive(x: Any) -> bool:

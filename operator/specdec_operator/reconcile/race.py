@@ -18,18 +18,24 @@ probe/sequential.py, the error budget shared by the arms:
   estimate wins (every passing arm is faster than the threshold at the race's confidence: each arm spends
   ``1 / arms`` of the budget, so picking the best of N promotes a slower-than-threshold arm no more often than
   ``1 - confidence``).
+
+The run's facts that are not rounds (``evidence.facts``, probe/evidence.py RunFacts) come first and are turned into
+the decision by reconcile/probe_outcome.py: a failure is ProbeFailed whatever was measured; a spent time budget is
+Inconclusive with the intervals so far; an output comparison below its threshold turns the speed decision into
+OutputMismatch. So every Reason a probe can end with is set in reconcile/.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..api import Decision, Reason
 from ..probe.decide import MAX_WIDTH, Verdict, combine_all, drafter_not_accepting, futile, futility_horizon, judge_paired, width
 from ..probe.evidence import ArmOutcome, ArmState, Continue, Decided, Evidence, RaceRules
 from ..probe.sequential import look_levels
 from ..probe.stats import RatioInterval, sequential_interval, weighted_paired_round
+from .probe_outcome import probe_failed, time_budget_spent, with_notes, with_output_check
 
 __all__ = ["ArmOutcome", "ArmState", "Continue", "Decided", "RaceRules", "arm_state", "decide"]
 
@@ -83,9 +89,23 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
 
 
 def decide(evidence: Evidence, rules: RaceRules, arms: Sequence[str], workloads: Sequence[str]) -> Continue | Decided:
-    """The next step of a probe of ``arms`` on ``workloads``, from all the evidence so far."""
+    """The next step of a probe of ``arms`` on ``workloads``, from all the evidence so far and the run's facts."""
     if not arms or not workloads:
         raise ValueError("a probe needs at least one arm and one workload")
+    facts = evidence.facts
+    if facts.failure is not None:
+        return probe_failed(facts.failure)
+    step = _race(evidence, rules, arms, workloads)
+    if facts.time_budget is not None:
+        step = time_budget_spent(facts.time_budget, step.arms, _details(step.arms, rules))
+    if isinstance(step, Continue):
+        return step
+    step = with_notes(step, facts.accept_read, rules.max_rounds)
+    return with_output_check(step, facts.outputs) if facts.outputs is not None else step
+
+
+def _race(evidence: Evidence, rules: RaceRules, arms: Sequence[str], workloads: Sequence[str]) -> Continue | Decided:
+    """The race on the rounds alone: every arm's state, what to measure next, or the speed decision."""
     states = {arm: arm_state(evidence, arm, workloads, rules, len(arms)) for arm in arms}
     passed = [s for s in states.values() if s.outcome is ArmOutcome.PASSED and s.interval is not None]
     if passed:
@@ -102,7 +122,7 @@ def decide(evidence: Evidence, rules: RaceRules, arms: Sequence[str], workloads:
 def _decided(states: dict[str, ArmState], rules: RaceRules, evidence: Evidence) -> Decided:
     passed = [s for s in states.values() if s.outcome is ArmOutcome.PASSED and s.interval is not None]
     single = len(states) == 1
-    detail = "; ".join(_detail(s, rules, single) for s in states.values()) + f" vs min speedup {rules.min_speedup:g}"
+    detail = _details(states, rules)
     if passed:
         best = max(passed, key=lambda s: (s.interval.estimate if s.interval else 0.0, s.interval.low if s.interval else 0.0))
         prefix = "" if single else f"arm {best.arm} wins: "
@@ -130,6 +150,12 @@ def _decided(states: dict[str, ArmState], rules: RaceRules, evidence: Evidence) 
 def _interval(iv: RatioInterval) -> str:
     high = "inf" if not math.isfinite(iv.high) else f"{iv.high:.3f}"
     return f"{iv.estimate:.3f}x [{iv.low:.3f}, {high}]"
+
+
+def _details(states: Mapping[str, ArmState], rules: RaceRules) -> str:
+    """Every arm's intervals against the threshold, as the decision's messages give them."""
+    single = len(states) == 1
+    return "; ".join(_detail(s, rules, single) for s in states.values()) + f" vs min speedup {rules.min_speedup:g}"
 
 
 def _detail(s: ArmState, rules: RaceRules, single: bool) -> str:
