@@ -17,10 +17,10 @@ import re
 from typing import Any
 
 from .. import SGLANG_VERSION
-from ..choices import ALGORITHMS, ENGINES, QUANTIZATIONS
+from ..choices import ALGORITHMS, DRAFTER_FREE_ALGORITHMS, ENGINES, QUANTIZATIONS
 from ..enginefacts import DEFAULT, SPECULATORS, EngineFacts, facts_for
 from ..errors import InputError
-from . import speculators
+from . import families, speculators
 from .modelmeta import ModelMeta, TensorInfo
 from .provenance import FILENAME as PROVENANCE_FILENAME
 from .quantization import checkpoint_quantization, normalize_quantization
@@ -42,6 +42,8 @@ from .tables import (
 )
 
 MIN_TRAINING_SAMPLES = 100_000
+# The methods with a drafter directory to check (NGRAM and SUFFIX have none).
+VALIDATED_ALGORITHMS = tuple(a for a in ALGORITHMS if a not in DRAFTER_FREE_ALGORITHMS)
 
 CONVERT_EAGLE3_LLAMA = (
     'vLLM\'s name for the same layout: set architectures to ["LlamaForCausalLMEagle3"] in config.json '
@@ -110,15 +112,16 @@ def validate(
 
     quantization: the serving precision (bf16|fp8|int8|int4|fp4, "none" = bf16); None or "auto"
     derives it from the target's quantization_config. context_length: what the server will be
-    started with (None: the target's own). algorithm: EAGLE3 | EAGLE | NEXTN (MTP). engine: the engine that
+    started with (None: the target's own). algorithm: EAGLE3 | EAGLE | NEXTN (MTP) | STANDALONE | DFLASH. engine: the engine that
     will serve the pair (sglang | vllm); the two read eagle_aux_hidden_state_layer_ids one layer apart.
     Raises InputError when a field the checks need is missing or malformed.
     """
     algorithm = algorithm.upper()
     if algorithm == "MTP":
         algorithm = "NEXTN"
-    if algorithm not in ALGORITHMS:
-        raise InputError(f"--algorithm {algorithm}: must be one of {', '.join(ALGORITHMS)}")
+    if algorithm not in VALIDATED_ALGORITHMS:
+        # NGRAM and SUFFIX have no drafter directory: admission checks their parameters, nothing here reads them.
+        raise InputError(f"--algorithm {algorithm}: must be one of {', '.join(VALIDATED_ALGORITHMS)} (the methods with a drafter to check)")
     if engine not in ENGINES:
         raise InputError(f"--engine {engine}: must be one of {', '.join(ENGINES)}")
     c = _Checks(target, drafter, engine)
@@ -171,11 +174,16 @@ def validate(
         _check_eagle3(c, t_hidden, t_vocab, t_layers)
     elif algorithm == "EAGLE":
         _check_eagle(c, t_hidden, t_vocab)
+    elif algorithm == "STANDALONE":
+        families.check_standalone(c, t_vocab)
+    elif algorithm == "DFLASH":
+        families.check_dflash(c, t_hidden, t_vocab, t_layers)
     else:
         _check_nextn(c, t_hidden, t_vocab, t_layers)
 
     if algorithm != "NEXTN" or not _same_dir(target, drafter):
-        _check_provenance(c, serving_q)
+        if algorithm != "STANDALONE":  # a standalone draft model reads none of the target's hidden states
+            _check_provenance(c, serving_q)
         _check_tokenizers(c)
     _check_context(c, context_length)
 

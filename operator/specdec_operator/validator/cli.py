@@ -8,11 +8,11 @@ import json
 import os
 import sys
 
-from ..choices import ALGORITHMS, ENGINES, QUANTIZATIONS
+from ..choices import ENGINES, QUANTIZATIONS
 from ..cliparse import ArgumentParser
 from ..enginefacts import DEFAULT, SPECULATORS, facts_for
 from ..errors import InputError
-from .checks import validate
+from .checks import VALIDATED_ALGORITHMS, validate
 from .modelmeta import MetaReader, display_path, read_model_dir, read_weights
 from .report import ValidationReport, format_text, unusable_message
 from .speculators import is_speculators
@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--algorithm",
         default="EAGLE3",
         type=lambda s: "NEXTN" if s.upper() == "MTP" else s.upper(),
-        choices=ALGORITHMS,
-        help="speculative algorithm (default EAGLE3; MTP is an alias of NEXTN)",
+        choices=VALIDATED_ALGORITHMS,
+        help="speculative algorithm (default EAGLE3; MTP is an alias of NEXTN; STANDALONE is vLLM's draft_model)",
     )
     p.add_argument(
         "--engine",
