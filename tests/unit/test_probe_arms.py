@@ -11,9 +11,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 
@@ -40,7 +43,7 @@ from specdec_operator.probe.evidence import (
 from specdec_operator.probe.run import measurement_order
 from specdec_operator.probe.scripted import ScriptedProbe, load_script
 from specdec_operator.reconcile.race import decide
-from specdec_operator.simulator import SimulatorServer, load_profile, profile_from_dict
+from specdec_operator.simulator import SimulatorProcess, SimulatorServer, load_profile, profile_from_dict
 
 RULES = RaceRules(labels={"chat": "chat (c=1)"})
 
@@ -434,3 +437,25 @@ def test_cli_refuses_a_malformed_arm_in_one_line(value, capsys):
     assert specdec_main(["probe", "--base", "http://127.0.0.1:9", "--arm", value, "--workload", "w:1:8:8:1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--arm" in err
+
+
+def test_cli_races_arms_and_reports_each_one():
+    # The shape of a race's output from `specdec probe --arm` against simulator processes; which arm wins is the
+    # decision's (asserted above on scripted arms), so only that the winner, if any, is one of the arms.
+    flags = ("--time-scale", "20", "--load-seconds", "0", "--seed", "3")
+    with (
+        SimulatorProcess("llama31-8b-base", *flags) as base,
+        SimulatorProcess("llama31-8b-eagle3", *flags) as eagle3,
+        SimulatorProcess("llama31-8b-eagle3-wide", *flags) as wide,
+    ):
+        argv = ["probe", "--base", base, "--arm", f"eagle3={eagle3}", "--arm", f"wide={wide}", "--workload", "one:1:16:64:2", "--seed", "1"]
+        run = subprocess.run(
+            [sys.executable, "-m", "specdec_operator.cli", *argv, "--json", "--max-rounds", "3"], capture_output=True, text=True, timeout=120
+        )
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert set(doc["arms"]) == {"eagle3", "wide"} and doc["winner"] in (None, "eagle3", "wide")
+    outcomes = {"Passed", "Failed", "Futile", "NotAccepting", "CannotWin", "Inconclusive", "Undecided"}
+    for arm in doc["arms"].values():
+        assert arm["outcome"] in outcomes and arm["rounds"] >= 1 and arm["workloads"][0]["name"] == "one"
+    assert doc["winner"] is None or doc["arms"][doc["winner"]]["outcome"] == "Passed"
