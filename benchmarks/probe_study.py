@@ -201,10 +201,10 @@ def cmd_record(args: argparse.Namespace) -> None:
         print(f"wrote {trace['name']} to {out}", file=sys.stderr)
 
     if args.vllm:
-        for trace in record_vllm(args.rounds, args.seed, args.label, args.models_root):
+        for trace in record_vllm(args.rounds, args.seed, args.label, args.models_root, (args.pairs or ",".join(VLLM_PAIRS)).split(",")):
             save(trace)
         return
-    for i, (pair, workload) in enumerate((p, wl) for p in args.pairs.split(",") for wl in args.workloads.split(",")):
+    for i, (pair, workload) in enumerate((p, wl) for p in (args.pairs or ",".join(PAIRS)).split(",") for wl in args.workloads.split(",")):
         save(asyncio.run(record_trace(pair, workload, args.rounds, args.time_scale, args.seed + 10 * i, args.label)))
 
 
@@ -213,10 +213,16 @@ def cmd_record(args: argparse.Namespace) -> None:
 VLLM_WORKLOAD: dict[str, Any] = dict(name="single-stream", concurrency=1, input_tokens=64, output_tokens=48, requests=16)
 
 
-def record_vllm(rounds: int, seed: int, label: str, models_root: str | None = None) -> Iterator[dict[str, Any]]:
+VLLM_PAIRS = {"equal": "base-2", "matched": "matched"}  # pair -> the server measured as the speculative one
+
+
+def record_vllm(
+    rounds: int, seed: int, label: str, models_root: str | None = None, pairs: Sequence[str] = tuple(VLLM_PAIRS)
+) -> Iterator[dict[str, Any]]:
     """Two equal servers (target a, twice) and base against the matched drafter (target a + its drafter exported for
     vLLM), each server pinned to one core (tests/support/vllm_servers.py), the servers' own probe protocol (engine
-    vllm). Equal pair first, then the speedup pair; the servers run together (two per core)."""
+    vllm). Equal pair first, then the speedup pair (``pairs``: which of them); the servers run together (two per
+    core)."""
     import tempfile
     from pathlib import Path
 
@@ -245,7 +251,7 @@ def record_vllm(rounds: int, seed: int, label: str, models_root: str | None = No
     try:
         servers = {s.name: s for s in start_servers(wanted)}
         ready = {n: round(s.ready_s or 0.0, 1) for n, s in servers.items()}
-        for i, (pair, spec_name) in enumerate((("equal", "base-2"), ("matched", "matched"))):
+        for i, (pair, spec_name) in enumerate((p, VLLM_PAIRS[p]) for p in VLLM_PAIRS if p in pairs):
             w = Workload(**VLLM_WORKLOAD)
             traffic = build_traffic([w], None, seed + i, engine)[w.name]
             traffic.model = "default"  # --served-model-name default (tests/support/vllm_servers.py)
@@ -375,10 +381,17 @@ class Rule:
         else:
             seq = mods["sequential"]
             levels = [seq.look_levels(confidence, k) for k in range(1, max_rounds + 1)]
-            horizon = self.decide.futility_horizon(max_rounds)
-            last = seq.look_levels(confidence, horizon).low_level
             self.interval = lambda rounds, look: self.stats.sequential_interval(rounds, levels[look - 1])
-            self.futile = lambda iv: self.decide.futile(iv, MIN_SPEEDUP, horizon, last)
+            self.futile = lambda iv: self._futile_new(iv, seq, confidence)
+
+    def _futile_new(self, iv: Any, seq: Any, confidence: float) -> bool:
+        """As reconcile/race.py: futility projects to decide.futility_horizon of the interval's rounds (round 6, or 3 rounds
+        ahead after it, when decide.py has that second argument; before df88494 it had not and switched off after 6)."""
+        try:
+            horizon = self.decide.futility_horizon(self.max_rounds, iv.n)
+        except TypeError:
+            horizon = self.decide.futility_horizon(self.max_rounds)
+        return bool(self.decide.futile(iv, MIN_SPEEDUP, horizon, seq.look_levels(confidence, horizon).low_level))
 
 
 # Looks memoized by the rounds drawn so far, up to this many rounds (a trace of 30 rounds per order has 900 two-round
@@ -891,7 +904,7 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--label", required=True)
     rec.add_argument("--note", default="")
     rec.add_argument("--rounds", type=int, default=50)
-    rec.add_argument("--pairs", default="equal,eagle3")
+    rec.add_argument("--pairs", help="comma-separated; default equal,eagle3 (simulators) or equal,matched (--vllm)")
     rec.add_argument("--workloads", default="chat,batch-32")
     rec.add_argument("--time-scale", type=float, default=TIME_SCALE)
     rec.add_argument("--seed", type=int, default=1)

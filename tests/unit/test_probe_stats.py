@@ -316,6 +316,33 @@ def test_paired_interval_adds_the_between_round_spread():
     assert math.log(iv.high) - mean == pytest.approx(_t975(iv.df) * math.sqrt(var), rel=1e-6)
 
 
+def test_the_between_round_term_is_at_least_the_servers_own_spread_on_the_promotion_side():
+    # Two rounds whose log ratios agree (1.20x twice) while each server's own log tok/s moved by 0.3 between them, far
+    # beyond its blocks (sd 0.01): the ratio's spread is 0, the servers' is 2 x 0.3^2 / 2 = 0.09 (stats.round_variance).
+    def rnd(spec: float, base: float) -> PairedRound:
+        return paired_round(LogRate(spec, 0.0001, 30.0), LogRate(base, 0.0001, 30.0))
+
+    moved = [rnd(7.0 + math.log(1.2), 7.0), rnd(7.3 + math.log(1.2), 7.3)]
+    var = 4 * 0.0001 / 4 + 0.09 / 2
+    iv = paired_interval(moved, 0.95)
+    assert math.log(iv.high) - math.log(1.2) == pytest.approx(_t975(iv.df) * math.sqrt(var), rel=1e-6)
+    # Without the floor (or without the servers' levels) only the blocks' variance is left: far narrower.
+    bare = paired_interval(moved, 0.95, server_floor=False)
+    assert bare.se == pytest.approx(math.sqrt(4 * 0.0001 / 4)) and bare.low > iv.low
+    assert paired_interval([PairedRound(p.log_ratio, p.var, p.df, p.parts) for p in moved], 0.95) == bare
+    # A floor: servers that did not move leave the ratio's own spread (here the larger) as it was.
+    still = [rnd(7.0 + math.log(1.1), 7.0), rnd(7.0 + math.log(1.3), 7.0)]
+    assert paired_interval(still, 0.95) == paired_interval(still, 0.95, server_floor=False)
+    # In a look, the floor widens the low end (promotion) only; the high end (rollback) is the ratio's alone.
+    levels = look_levels(0.998, 2)
+    seq = sequential_interval(moved, levels)
+    assert seq.low == paired_interval(moved, levels.low_level).low
+    assert seq.high == paired_interval(moved, levels.high_level, server_floor=False).high
+    # The weighted mix carries the levels too (traffic-weighted), so its floor is the same servers' spread.
+    mix = [weighted_paired_round({"a": p, "b": p}, {"a": 1.0, "b": 3.0}) for p in moved]
+    assert [m.levels for m in mix] == pytest.approx([p.levels for p in moved])
+
+
 def _t975(df: float) -> float:
     return t_quantile(0.975, df)
 
@@ -474,8 +501,12 @@ def test_a_short_workload_decides_from_round_two_with_pooled_block_variances():
 
     for label, pair in itertools.product(("favoured", "loaded"), ("equal", "eagle3")):
         gains = probes(label, pair, 1.5, 4)
-        # Round 2 is the earliest a promotion can happen; the round-level fallback could not decide before round 3.
-        assert min(r.rounds for r in gains) == 2, (label, pair, [(r.rounds, r.message) for r in gains])
+        # Round 2 is the earliest a promotion can happen; the round-level fallback could not decide before round 3. On
+        # the noisiest of these traces (loaded/eagle3: beside a busy host the speculative server's own log tok/s spreads
+        # 0.10 between rounds, more than the ratio's 0.093) the between-round floor (stats.round_variance: the two
+        # servers' own spreads) keeps these 8 probes to round 3 at the earliest; the other three decide at round 2.
+        earliest = 3 if (label, pair) == ("loaded", "eagle3") else 2
+        assert min(r.rounds for r in gains) == earliest, (label, pair, [(r.rounds, r.message) for r in gains])
         for r in gains:
             # Beside a busy machine a few stop by futility instead (Inconclusive); a 1.5x gain is never judged a loss.
             assert str(r.reason) == "SpeedupConfirmed" or (label == "loaded" and str(r.reason) == "Inconclusive"), r.message

@@ -330,6 +330,9 @@ class PairedRound:
     df: float
     # The variance's components (pool key or None, variance, df); empty: one independent component (var, df).
     parts: tuple[tuple[str | None, float, float], ...] = ()
+    # The two servers' own log tok/s this round (speculative, base): paired_interval's floor on the between-round
+    # variance (server_spread). None: not known (a round built from a log ratio alone); the floor is then not applied.
+    levels: tuple[float, float] | None = None
 
     def components(self) -> tuple[tuple[str | None, float, float], ...]:
         return self.parts or ((None, self.var, self.df),)
@@ -339,7 +342,7 @@ def paired_round(speculative: LogRate, base: LogRate) -> PairedRound:
     """The round's log speedup; variance of a difference of two independent measurements, Satterthwaite df."""
     var = speculative.var + base.var
     parts = ((speculative.pool, speculative.var, speculative.df), (base.pool, base.var, base.df))
-    return PairedRound(speculative.log_rate - base.log_rate, var, pooled_satterthwaite(parts), parts)
+    return PairedRound(speculative.log_rate - base.log_rate, var, pooled_satterthwaite(parts), parts, (speculative.log_rate, base.log_rate))
 
 
 def pooled_satterthwaite(parts: Sequence[tuple[str | None, float, float]]) -> float:
@@ -367,14 +370,18 @@ def satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
 
 def weighted_paired_round(rounds: Mapping[str, PairedRound], weights: Mapping[str, float]) -> PairedRound:
     """The round's weight-averaged speedup ``sum(w r) / sum(w)`` (arithmetic, as a traffic mix adds up) as a log,
-    with its delta-method variance."""
+    with its delta-method variance. Its server levels (for paired_interval's floor) are the workloads' log tok/s
+    averaged with the traffic weights, when every workload has them: fixed weights, so that only the servers' moves
+    make them spread between rounds (the delta method's ``w_i r_i / sum(w r)`` change with the ratios, and a change of
+    0.01 in a weight would move a level of ~7 (log tok/s) by 0.07)."""
     total = sum(weights[name] for name in rounds)
     ratios = {name: math.exp(p.log_ratio) for name, p in rounds.items()}
     mix = sum(weights[name] * ratios[name] for name in rounds) / total
-    parts = tuple(
-        (key, (weights[name] * ratios[name] / (total * mix)) ** 2 * var, df) for name, p in rounds.items() for key, var, df in p.components()
-    )
-    return PairedRound(math.log(mix), sum(v for _, v, _ in parts), pooled_satterthwaite(parts), parts)
+    share = {name: weights[name] * ratios[name] / (total * mix) for name in rounds}
+    parts = tuple((key, share[name] ** 2 * var, df) for name, p in rounds.items() for key, var, df in p.components())
+    known = [(weights[name] / total, p.levels) for name, p in rounds.items() if p.levels is not None]
+    levels = (sum(c * lv[0] for c, lv in known), sum(c * lv[1] for c, lv in known)) if len(known) == len(rounds) else None
+    return PairedRound(math.log(mix), sum(v for _, v, _ in parts), pooled_satterthwaite(parts), parts, levels)
 
 
 def regularized_gamma_q(a: float, x: float) -> float:
@@ -431,13 +438,47 @@ class PairedInterval(RatioInterval):
     within: bool = True  # False: some measurement had too few stream events for blocks; the round-level t-interval
 
 
-def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterval:
-    """Two-sided interval for the speedup from ``n`` rounds of within-round evidence.
+def _spread(values: Sequence[float]) -> float:
+    """Sample variance (n - 1 denominator) of at least two values."""
+    mean = sum(values) / len(values)
+    return sum((x - mean) ** 2 for x in values) / (len(values) - 1)
+
+
+def server_spread(rounds: Sequence[PairedRound]) -> float | None:
+    """``var(speculative log tok/s) + var(base log tok/s)`` over the rounds: what a round's log ratio would spread by
+    if each server's own moves between its measurements were its own (None: fewer than two rounds, or a round without
+    finite server levels)."""
+    if len(rounds) < 2 or any(r.levels is None or not all(map(math.isfinite, r.levels)) for r in rounds):
+        return None
+    return _spread([r.levels[0] for r in rounds if r.levels]) + _spread([r.levels[1] for r in rounds if r.levels])
+
+
+def round_variance(rounds: Sequence[PairedRound], server_floor: bool = True) -> float:
+    """The variance of one round's log ratio as the rounds show it (n >= 2): the larger of the log ratios' own spread
+    and :func:`server_spread`.
+
+    Noise that the time blocks miss (a server's level moving between its measurements: on vLLM's CPU build each
+    server's log tok/s spreads 0.11-0.15 between rounds where its blocks imply 0.04) reaches the ratio through each
+    server. The ratio's spread sees it as one contrast per round, at round 2 a single difference that is small by
+    chance often enough to let equal servers promote (docs/benchmarks/probe-study.md: 2.7 % of probes). Each server's
+    own spread is two more looks at the same noise: ``var(d) = var(s) + var(b) - 2 cov(s, b)``, so their sum is at
+    least the ratio's variance whenever the servers' moves are not opposed (a host's load moves both the same way,
+    ``cov >= 0``: then it cancels in the ratio and this floor only overstates). As a floor it can only widen the
+    interval; its df stay n - 1 (the between-round term's, in :func:`paired_interval`)."""
+    ratio = _spread([r.log_ratio for r in rounds])
+    servers = server_spread(rounds) if server_floor else None
+    return ratio if servers is None else max(ratio, servers)
+
+
+def paired_interval(rounds: Sequence[PairedRound], level: float, server_floor: bool = True) -> PairedInterval:
+    """Two-sided interval for the speedup from ``n`` rounds of within-round evidence (``server_floor``: the between-round
+    term with :func:`round_variance`'s floor from the servers' own spreads; False: the log ratios' spread alone).
 
     Estimate: ``exp(mean(log ratio))``. Variance of that mean: the within-round one (``sum(var) / n^2``,
     what the time blocks of each measurement say) plus, from two rounds on, the between-round one
-    (``sd(log ratio)^2 / n``: a host hiccup, drift and round effects that the robust block scale does not
-    see; when there are none it roughly doubles the variance, the price of not trusting the blocks alone). Quantile:
+    (``round_variance / n``: the log ratios' spread, or each server's own spread summed when that is larger: a host
+    hiccup, drift and round effects that the robust block scale does not see; when there are none it roughly doubles
+    the variance, the price of not trusting the blocks alone). Quantile:
     Student t with the Satterthwaite df of all those components (the between-round one with n - 1), unless Cochran's Q says the rounds disagree beyond
     their within-round variances (p < HETEROGENEITY_P): then the round-level t with n - 1 df. When a
     measurement had no blocks (too few stream events), the round-level :func:`log_ratio_interval`.
@@ -459,7 +500,7 @@ def paired_interval(rounds: Sequence[PairedRound], level: float) -> PairedInterv
     df = pooled_satterthwaite(within)
     heterogeneous = False
     if n >= 2:
-        between = sum((r.log_ratio - mean) ** 2 for r in rounds) / (n - 1) / n
+        between = round_variance(rounds, server_floor) / n
         var += between
         # The between-round term is an estimate too, with n - 1 degrees of freedom: it counts in the Satterthwaite df.
         # Without it a noise the time blocks do not see (vLLM's CPU build: a round's log ratio spread 0.144 where its
@@ -485,11 +526,17 @@ def sequential_interval(rounds: Sequence[PairedRound], levels: LookLevels) -> Pa
     side's level, the high end at the rollback side's, so each bound spends exactly this look's share of its side.
     ``level`` on the result is the promotion side's (futility projects with it).
 
+    The servers' floor on the between-round variance (:func:`round_variance`) widens the promotion side only: it
+    guards the error that ``confidence`` bounds for production (a promotion of a server that is not faster), where the
+    ratio's spread at round 2 is a single difference. The rollback side keeps the ratio's own spread: on a loaded host
+    the servers move together and the floor overstates (the loaded simulator traces' clear losses then stopped by
+    futility instead of rolling back for speed), and a wrong rollback costs a missed speedup while the base serves on.
+
     At a look where the promotion side spends nothing (the first: no promotion before both server orders were
     measured) the interval is the rollback side's on both ends: its low end then costs no promotion error (nothing can
     promote at that look), and an unbounded low end would make the interval too wide (decide.MAX_WIDTH) for the clear
     loss that the first look exists to roll back."""
-    high = paired_interval(rounds, levels.high_level)
+    high = paired_interval(rounds, levels.high_level, server_floor=False)
     if levels.high_level == levels.low_level or levels.low_level >= NOTHING_SPENT:
         return high
     low = paired_interval(rounds, levels.low_level)
