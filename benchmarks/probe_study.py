@@ -24,7 +24,10 @@ Two parts:
   - ``old`` (the rule before 4e29854): ``paired_interval(rounds, per_look_level(confidence, max_rounds))``,
     ``futile(iv, min_speedup, max_rounds)``;
   - ``new`` (4e29854): ``sequential_interval(rounds, look_levels(confidence, look))``,
-    ``futile(iv, min_speedup, futility_horizon(max_rounds), look_levels(confidence, horizon).low_level)``.
+    ``futile(iv, min_speedup, futility_horizon(max_rounds), look_levels(confidence, horizon).low_level)``;
+  - ``current``: the same calls with this checkout's functions, under another name so that a study of today's
+    interval (a840076: the between-round floor; df88494: the first look, futility past round 6, the between-round df)
+    sits beside the 4e29854 results; futility's horizon is ``futility_horizon(max_rounds, rounds)`` as race.py's.
 
   The operator's own functions are imported and called; only ``t_quantile`` (a bisection of ~0.8 ms) is replaced by
   an interpolation between its exact values on a fine grid (``fast_t_quantile``: relative error below 1e-5). ``verify`` runs the old method once from the old checkout (``--old-operator
@@ -553,19 +556,30 @@ def cmd_study(args: argparse.Namespace) -> dict[str, Any]:
     jobs.sort(key=lambda j: -(j[4] * (j[2] if j[3] in NULL_HEAVY else 2)))
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
+    saved = [started]
+
+    def done(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(_progress(row, started), file=sys.stderr, flush=True)
+        if args.json and time.perf_counter() - saved[0] > 30:  # a run cut short keeps the cells it finished
+            _study_doc(args, traces, rows, started, partial=True)
+            saved[0] = time.perf_counter()
+
     if args.workers > 1:
         import multiprocessing
 
         with multiprocessing.get_context("fork").Pool(args.workers, _init_worker, (args.traces, args.operator_path, args.exact_t)) as pool:
             for row in pool.imap_unordered(_work, jobs):
-                rows.append(row)
-                print(_progress(row, started), file=sys.stderr, flush=True)
+                done(row)
     else:
         for job in jobs:
-            row = _work(job)
-            rows.append(row)
-            print(_progress(row, started), file=sys.stderr, flush=True)
-    rows.sort(key=lambda r: (r["trace"], r["max_rounds"], r["truth"], r["method"]))
+            done(_work(job))
+    return _study_doc(args, traces, rows, started, partial=False)
+
+
+def _study_doc(args: argparse.Namespace, traces: Sequence[Trace], rows: list[dict[str, Any]], started: float, partial: bool) -> dict[str, Any]:
+    """The study's JSON (written to --json, and the cells' table to --md); ``partial``: the cells finished so far."""
+    rows = sorted(rows, key=lambda r: (r["trace"], r["max_rounds"], r["truth"], r["method"]))
     doc = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["benchmarks/probe_study.py", *sys.argv[1:]]),
@@ -586,6 +600,8 @@ def cmd_study(args: argparse.Namespace) -> dict[str, Any]:
         },
         "rows": rows,
     }
+    if partial:
+        doc["partial"] = True
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
@@ -692,6 +708,9 @@ def summarize(rows: list[dict[str, Any]], confidence: float) -> list[dict[str, A
                 "false_promotion_worst_truth": worst["truth"],
                 "false_promotion_worst_count": f"{worst['promote']}/{worst['probes']}",
                 "false_promotion_worst_wilson_low": wilson_low(worst["promote"], worst["probes"]),
+                # The claim "at most 1 - confidence" holds as far as the probes show it when this is within the bound.
+                "false_promotion_worst_wilson_high": wilson_high(worst["promote"], worst["probes"]),
+                "false_promotion_wilson_high_within": all(wilson_high(c["promote"], c["probes"]) <= alpha for c in nulls),
                 # Met when no truth at or below the threshold shows a rate above 1 - confidence beyond its sampling error.
                 "goal_false_promotions": all(wilson_low(c["promote"], c["probes"]) <= alpha for c in nulls),
                 "false_promotion_point_within": all(c["false_promotion_rate"] <= alpha for c in nulls),
@@ -725,13 +744,16 @@ def render(docs: list[dict[str, Any]]) -> str:
     summary = summarize(rows, confidence)
     out = ["### Goals\n"]
     out.append(
-        "| trace | maxRounds | method | worst false promotion (truth; count) | goal 1: <= 1 - confidence | clear truths decided right within "
+        "| trace | maxRounds | method | worst false promotion (truth; count; Wilson high) | goal 1: <= 1 - confidence | clear truths decided right within "
         "the bound (worst; bound) | goal 2 (90 % within) | median within | worst within 2 rounds |"
     )
     out.append("|---|---|---|---|---|---|---|---|---|")
     for s in summary:
         worst_t, worst_share = min(s["correct_within_bound"].items(), key=lambda kv: kv[1])
-        fp = f"{_pct(s['false_promotion_worst'])} (x{s['false_promotion_worst_truth']:g}; {s['false_promotion_worst_count']})"
+        fp = (
+            f"{_pct(s['false_promotion_worst'])} (x{s['false_promotion_worst_truth']:g}; {s['false_promotion_worst_count']}; "
+            f"Wilson 95 % high {_pct(s['false_promotion_worst_wilson_high'])})"
+        )
         out.append(
             f"| {s['trace']} | {s['max_rounds']} | {s['method']} | {fp} | {_yes(s['goal_false_promotions'])} "
             f"| {100 * worst_share:.1f} % at x{float(worst_t):g}; {s['round_bound']} | {_yes(s['goal_rounds_p90'])} | {_yes(s['goal_rounds_median'])} "
