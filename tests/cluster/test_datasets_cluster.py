@@ -182,33 +182,37 @@ def code_lines(n: int) -> str:
     return "".join(json.dumps({"prompt": f"Write a Python function number {i}: def sort_{i}(items)"}) + "\n" for i in range(n))
 
 
-@pytest.mark.timing
-def test_random_ids_and_the_users_code_dataset_reverse_the_decision_both_ways(
+def test_random_ids_and_the_users_code_dataset_reach_the_servers_and_reverse_the_drafters_acceptance_both_ways(
     operator: Operator, sims: Any, namespace: str, custom_objects: Any, core_v1: Any
 ) -> None:
+    # What the operator's probe sends (random ids, or a ConfigMap's code prompts through the generate and the chat
+    # endpoints) and what it measures of the drafter on them: the acceptance, counted from the streamed tokens, which
+    # no busy machine changes. One round each, whatever it decides (one round never promotes): the decision a reversed
+    # acceptance leads to is tests/unit/test_datasets.py's, on recorded rounds, and what the operator does with a
+    # decision is the scripted tests'.
     random_lover = small_profile("random-lover", 2.0, {"random": 3.5, "code": 1.2})
     code_lover = small_profile("code-lover", 2.0, {"random": 1.2, "code": 3.5})
     dataset = {"source": "ConfigMap", "configMap": {"name": "team-code", "key": "code.jsonl"}, "format": "Prompt", "outputLength": "Fixed"}
     cases = {
-        # name: (drafter, prompts, expected phase)
-        "rl-random": (random_lover, {"source": "Random"}, "Promoted"),
-        "rl-code": (random_lover, {**dataset, "endpoint": "Generate"}, "RolledBack"),
-        "cl-random": (code_lover, {"source": "Random"}, "RolledBack"),
-        "cl-code": (code_lover, {**dataset, "endpoint": "Chat"}, "Promoted"),
+        # name: (drafter, prompts)
+        "rl-random": (random_lover, {"source": "Random"}),
+        "rl-code": (random_lover, {**dataset, "endpoint": "Generate"}),
+        "cl-random": (code_lover, {"source": "Random"}),
+        "cl-code": (code_lover, {**dataset, "endpoint": "Chat"}),
     }
-    servers = {name: start_pair(operator, sims, name, drafter) for name, (drafter, _, _) in cases.items()}
+    servers = {name: start_pair(operator, sims, name, drafter) for name, (drafter, _) in cases.items()}
     operator.start()
     core_v1.create_namespaced_config_map(namespace, {"metadata": {"name": "team-code"}, "data": {"code.jsonl": code_lines(16)}})
-    for name, (_, prompts, _) in cases.items():
+    for name, (_, prompts) in cases.items():
         cr = server(name, namespace, small_workload(prompts), {"enabled": False})
+        cr["spec"]["rollout"]["maxRounds"] = 1
         custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cr)
 
-    for name, (_, prompts, expected) in cases.items():
+    for name, (_, prompts) in cases.items():
         st = wait_phase(custom_objects, namespace, name, DECIDED, timeout=240)
         probe = st["probe"]
-        assert st["phase"] == expected, (name, st.get("message"))
-        assert probe["reason"] == ("SpeedupConfirmed" if expected == "Promoted" else "SpeedupBelowThreshold"), (name, probe["message"])
-        assert st["activeVariant"] == ("speculative" if expected == "Promoted" else "base"), name
+        assert st["phase"] == "RolledBack" and probe["rounds"] == 1, (name, st.get("message"))
+        assert probe["reason"] in ("SpeedupBelowThreshold", "Inconclusive"), (name, probe["message"])
         # The acceptance the probe measured is the drafter's on that kind of prompt.
         kind = "random" if prompts["source"] == "Random" else "code"
         drafter = cases[name][0].speculative
