@@ -253,10 +253,10 @@ class Recorder:
         return most, fewest
 
 
-def fleet_cr(namespace: str, replicas: int, **changes: Any) -> dict:
+def fleet_cr(namespace: str, replicas: int, annotations: dict[str, str] | None = None, **changes: Any) -> dict:
     from tests.support.operator_process import compatible_annotations, example
 
-    annotations = {**compatible_annotations(ready_after=READY_AFTER)}
+    annotations = annotations or {**compatible_annotations(ready_after=READY_AFTER)}
     return example(
         "llama31-8b-eagle3.yaml",
         FLEET,
@@ -271,7 +271,14 @@ def fleet_cr(namespace: str, replicas: int, **changes: Any) -> dict:
 
 
 def start_fleet(
-    operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str, replicas: int, **changes: Any
+    operator: Any,
+    sims: Any,
+    custom_objects: Any,
+    core_v1: Any,
+    namespace: str,
+    replicas: int,
+    annotations: dict[str, str] | None = None,
+    **changes: Any,
 ) -> tuple[Any, Any, Recorder]:
     from tests.support.operator_process import LLAMA_EAGLE3_SCRIPT
 
@@ -285,7 +292,8 @@ def start_fleet(
     operator.script(FLEET, **LLAMA_EAGLE3_SCRIPT)
     operator.start()
     recorder = Recorder(core_v1, custom_objects, namespace)
-    custom_objects.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, fleet_cr(namespace, replicas, **changes))
+    cr = fleet_cr(namespace, replicas, annotations, **changes)
+    custom_objects.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, cr)
     return base, spec_sim, recorder
 
 
@@ -366,17 +374,22 @@ def test_an_operator_killed_at_several_steps_of_the_walk_resumes_with_no_duplica
     assert reasons.count("WalkStarted") == 1 and reasons.count("WalkFinished") == 1
 
 
-# A race against the walk: the drift must be seen (two scrapes 5 s apart) before the walk reaches 6. From the first
-# speculative server on, five steps remain; beside 3 workers and a Go build the walk once went from 3 to 6 first. The
-# probe's decision is scripted (start_fleet); the race with the monitor's real-time scrapes keeps it in `timing`.
-@pytest.mark.timing
+# The drift must be seen (two scrapes 5 s apart) before the walk reaches 6. With every pod Ready 2 s after it starts,
+# beside 3 workers and a Go build the walk once went from 3 to 6 first: a race the machine's speed decided. Here the
+# speculative pods are Ready only 20 s after they start (kwok, when-label: the base pods at once), so the five steps
+# from the first speculative server to six take 100 s at least, against the monitor's 10 to 15 s; the probe's decision
+# is scripted (start_fleet), and the walk back to the base is not slowed.
+SLOW_SPECULATIVE_PODS = "20s"
+
+
 def test_a_drift_mid_walk_walks_the_fleet_back_to_the_base_at_once(
     operator: Any, sims: Any, custom_objects: Any, core_v1: Any, namespace: str
 ) -> None:
-    from tests.support.operator_process import event_reasons
+    from tests.support.operator_process import compatible_annotations, event_reasons
     from tests.support.simulators import generate_traffic
 
-    _, spec_sim, recorder = start_fleet(operator, sims, custom_objects, core_v1, namespace, 6, monitor__interval=5, monitor__window=2)
+    slow = {**compatible_annotations(ready_after=SLOW_SPECULATIVE_PODS), "specdec.test/when-label": f"{m.LABEL_VARIANT}=speculative"}
+    _, spec_sim, recorder = start_fleet(operator, sims, custom_objects, core_v1, namespace, 6, slow, monitor__interval=5, monitor__window=2)
     try:
         wait_speculative(custom_objects, namespace, 1, timeout=180)
         spec_sim.sim.engine.set_accept_length_mean(1.0)  # the drafter stops being accepted while traffic flows
@@ -384,7 +397,7 @@ def test_a_drift_mid_walk_walks_the_fleet_back_to_the_base_at_once(
             st = wait_until(
                 lambda: (s := fleet_status(custom_objects, namespace)).get("phase") == "RolledBack" and s, timeout=60, message="drift rollback"
             )
-        assert st["reason"] == "AcceptanceDrift" and 1 <= st["speculativeReplicas"] < 6
+        assert st["reason"] == "AcceptanceDrift" and 1 <= st["speculativeReplicas"] < 6, st
         st = wait_until(lambda: rolled_out(custom_objects, namespace), timeout=180, message="the fleet back on the base")
     finally:
         recorder.stop()
