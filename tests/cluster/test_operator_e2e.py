@@ -356,6 +356,8 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
 
     # Killed once the probe has kept a round: the restarted operator resumes from it instead of measuring it again.
     kept = wait_until(lambda: kept_rounds(), timeout=60, message="the probe keeping its first round")
+    evidence_cm = core_v1.read_namespaced_config_map(f"{name}-probe-evidence", namespace)
+    assert [o.name for o in evidence_cm.metadata.owner_references] == [name]  # goes with the resource
     operator.kill()
     st = status(custom_objects, namespace, name)
     assert st["phase"] == "Probing" and "decision" not in (st.get("probe") or {})
@@ -373,9 +375,12 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     assert reasons.count("SpeedupConfirmed") == 1 and reasons.count("ProbeStarted") == 2  # run again, decided once
     assert sorted(d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items) == [f"{name}-base", f"{name}-spec"]
     assert sorted(s.metadata.name for s in core_v1.list_namespaced_service(namespace).items) == [name, f"{name}-base", f"{name}-spec"]
-    assert [
-        c.metadata.owner_references[0].name for c in core_v1.list_namespaced_config_map(namespace, label_selector="specdec.io/probe-evidence").items
-    ] == [name]
+    # The evidence is spent once the decision is in status: deleted (a retry of this revision measures anew).
+    wait_until(
+        lambda: not core_v1.list_namespaced_config_map(namespace, label_selector="specdec.io/probe-evidence").items,
+        timeout=30,
+        message="the spent probe evidence ConfigMap deleted",
+    )
     assert len(apps_v1.list_namespaced_replica_set(namespace).items) == 2
     assert len(core_v1.list_namespaced_pod(namespace).items) == 2
 

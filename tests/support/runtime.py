@@ -91,6 +91,10 @@ class FakeWriter:
         self.calls.append(("event", event.reason))
         self.events.append(event)
 
+    async def delete(self, obj: dict[str, Any]) -> None:
+        self.calls.append(("delete", obj["kind"], obj["metadata"]["name"]))
+        self.children.pop((obj["kind"], obj["metadata"]["name"]), None)
+
 
 class FakeProbes:
     """The probe scheduler's interface, with results the test hands in."""

@@ -56,6 +56,10 @@ def test_a_promotion_posts_its_events_counts_the_probe_and_a_restart_repeats_not
     cluster.writer.calls.clear()
     cluster.step()
     assert cluster.writer.status["phase"] == "Promoted" and cluster.probes.settled == 1
+    # The probe's evidence is spent once its result is in status: deleted after the status write (a retry measures anew).
+    deleted = ("delete", "ConfigMap", m.probe_evidence_config_map_name("llama"))
+    assert cluster.writer.calls.count(deleted) == 1
+    assert cluster.writer.calls.index(deleted) > max(i for i, c in enumerate(cluster.writer.calls) if c[0] == "status")
     assert [c for c in cluster.writer.calls if c[0] == "event"] == [("event", "SpeedupConfirmed"), ("event", "TrafficSwitched")]
     # The status is written before the Events are posted: an Event never announces what status does not say.
     assert cluster.writer.calls.index(("Service", "llama")) < cluster.writer.calls.index(("event", "SpeedupConfirmed"))
@@ -76,7 +80,7 @@ def test_a_switch_that_scales_the_loser_applies_services_first_and_the_status_wi
     cluster.probes.result = decision(plan.revision, "promote", "SpeedupConfirmed")
     cluster.writer.calls.clear()
     cluster.step()
-    writes = [c for c in cluster.writer.calls if c[0] != "event"]
+    writes = [c for c in cluster.writer.calls if c[0] not in ("event", "delete")]  # the spent evidence's deletion comes after
     # Two waves: the stable Service leaves the base first; the base's scale-down and the status patch go together.
     assert writes[0] == ("Service", "llama")
     assert sorted(w[0] for w in writes[1:]) == ["Deployment", "status"] and ("Deployment", "llama-base") in writes[1:]

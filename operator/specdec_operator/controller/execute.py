@@ -120,6 +120,10 @@ class Executor:
         result = observed.probe_result
         if result is not None:  # recorded by this step's status
             self.probes.settle(key)
+            # The evidence the probe kept for a restart (ConfigMap <name>-probe-evidence) is spent once its result is in
+            # status: left there, a retry of the same revision (same probe id and generation) would resume the old
+            # rounds and decide again on them instead of measuring, and 1,000 resources would keep 1,000 of them.
+            await self.writer.delete(m.probe_evidence_config_map(name, namespace, ""))
             if result.revision == plan.revision:
                 self.metrics.probes.labels(namespace, name, result.decision or "none", result.reason or "none").inc()
                 if result.gpu_seconds is not None:  # this probe's own (a load-aware decision's plain probe was counted when it ended)
