@@ -834,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cores used while settling: {result['cores_settling']}")
         if args.memory_report:
             operator.send_signal(signal.SIGUSR1)
-        metrics_settled = _get(f"http://127.0.0.1:{metrics_port}/metrics")
+        metrics_settled = _get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=120)
 
         say(f"watching the settled system for {args.idle_seconds:.0f}s")
         idle_start, idle_start_wall = time.monotonic(), time.time()
@@ -844,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_report:
             operator.send_signal(signal.SIGUSR1)
             time.sleep(5)
-        metrics_end = _get(f"http://127.0.0.1:{metrics_port}/metrics")
+        metrics_end = _get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=120)
         sampler.stop.set()
 
         result["settling"] = {k: round(v, 2) for k, v in sampler.window(started, settled_at or idle_start).items()}
@@ -919,10 +919,11 @@ def main(argv: list[str] | None = None) -> int:
                 workdir / "audit.log", {"settling": (started_wall, idle_start_wall), "idle": (idle_start_wall, idle_end_wall)}
             )
         print(json.dumps(result, indent=2))
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         return 0 if settled_at else 1
     finally:
+        # Written whatever happened after the objects were created (a partial result says what was measured).
+        if args.json and result:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         for child in reversed(children):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -959,10 +960,10 @@ def _until(action: Any, timeout: float) -> None:
             time.sleep(0.5)
 
 
-def _get(url: str) -> str:
+def _get(url: str, timeout: float = 10) -> str:
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.read().decode()
 
 
