@@ -54,7 +54,7 @@ class Generation:
 
     def __init__(self, engine: Engine, tape: OutputTape, ask: GenerationInput) -> None:
         self.ask = ask
-        self.req = engine.submit(ask.prompt_tokens, ask.max_new_tokens, ask.stream_interval, kind=ask.kind)
+        self.req = engine.submit(ask.prompt_tokens, ask.max_new_tokens, ask.stream_interval, kind=ask.kind, repetition=ask.repetition)
         tape.ensure(self.req.max_new_tokens)  # what the engine generates: at least one token, whatever was asked
 
     async def emissions(self) -> AsyncIterator[Emission]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import SGLANG_VERSION
+from ..choices import DRAFT_MODEL_ALGORITHMS
 
 if TYPE_CHECKING:
     from .server import Simulator
@@ -26,7 +27,8 @@ def server_args(sim: Simulator) -> dict[str, Any]:
         "incremental_streaming_output": False,
         "enable_metrics": True,
         "speculative_algorithm": spec.algorithm if spec else None,
-        "speculative_draft_model_path": f"{p.model_path}-draft" if spec else None,
+        # A separate draft model only (NEXTN drafts with the target's layers, NGRAM and SUFFIX from the context).
+        "speculative_draft_model_path": f"{p.model_path}-draft" if spec and spec.algorithm in DRAFT_MODEL_ALGORITHMS else None,
         "speculative_num_steps": spec.num_steps if spec else None,
         "speculative_eagle_topk": spec.eagle_topk if spec else None,
         "speculative_num_draft_tokens": p.resolved_num_draft_tokens,

@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .promptkind import classify
+from .promptkind import classify, repetition_share, text_repetition_share
 
 
 class RequestError(Exception):
@@ -30,6 +30,8 @@ class GenerationInput:
     stream_interval: int | None = None  # None: the server's --stream-interval
     kind: str = "random"  # promptkind.classify of the prompt text (a profile's accept_length_by_kind)
     prompt_key: int = 0  # a stable hash of the prompt: which output tokens a corrupt_token_share fault changes
+    # promptkind.repetition_share of the prompt: how much of the answer repeats the context (n-gram, suffix speculation)
+    repetition: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +72,7 @@ def parse_generate(body: dict[str, Any]) -> GenerateInput:
         stream_interval=interval,
         kind=classify(text),
         prompt_key=_key(text if text is not None else body.get("input_ids")),
+        repetition=text_repetition_share(text) if text is not None else repetition_share(body.get("input_ids") or []),
     )
 
 
@@ -83,7 +86,10 @@ def parse_completions(body: dict[str, Any], served_model_name: str) -> OpenAIInp
         raise RequestError("prompt must be a string or a list of token ids")
     max_new = _int_param(body, "max_tokens", 16)
     kind = classify(prompt if isinstance(prompt, str) else None)
-    return _openai_input(body, served_model_name, chat=False, prompt_tokens=prompt_tokens, max_new_tokens=max_new, kind=kind, key=_key(prompt))
+    repetition = text_repetition_share(prompt) if isinstance(prompt, str) else repetition_share(prompt)
+    return _openai_input(
+        body, served_model_name, chat=False, prompt_tokens=prompt_tokens, max_new_tokens=max_new, kind=kind, key=_key(prompt), repetition=repetition
+    )
 
 
 def parse_chat_completions(body: dict[str, Any], served_model_name: str) -> OpenAIInput:
@@ -96,7 +102,14 @@ def parse_chat_completions(body: dict[str, Any], served_model_name: str) -> Open
     # The kind is the user's words (a system prompt is the same on every request).
     user = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "user")
     return _openai_input(
-        body, served_model_name, chat=True, prompt_tokens=prompt_tokens, max_new_tokens=max_new, kind=classify(user or text), key=_key(messages)
+        body,
+        served_model_name,
+        chat=True,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new,
+        kind=classify(user or text),
+        key=_key(messages),
+        repetition=text_repetition_share(text),  # the whole context: a system prompt's document is quoted too
     )
 
 
@@ -105,7 +118,7 @@ def text_tokens(text: str) -> int:
 
 
 def _openai_input(
-    body: dict[str, Any], served_model_name: str, *, chat: bool, prompt_tokens: int, max_new_tokens: int, kind: str, key: int
+    body: dict[str, Any], served_model_name: str, *, chat: bool, prompt_tokens: int, max_new_tokens: int, kind: str, key: int, repetition: float
 ) -> OpenAIInput:
     opts = body.get("stream_options") or {}
     return OpenAIInput(
@@ -119,6 +132,7 @@ def _openai_input(
         return_token_ids=bool(body.get("return_token_ids")),
         kind=kind,
         prompt_key=key,
+        repetition=repetition,
     )
 
 

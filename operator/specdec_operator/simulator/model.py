@@ -13,6 +13,14 @@ mechanics that produce it on a GPU, not out of a sleep per request.
   probability ``p``, ``p`` solved so that the mean of ``k`` is ``accept_length_mean``. That is the shape
   EAGLE acceptance has (a rejected draft ends the chain) and it makes ``accept_length_mean = 1`` mean
   "nothing is ever accepted", as in SGLang's own log line.
+* Methods that draft from the context (NGRAM, SUFFIX) propose a draft only where the context has a match: in a
+  decode step a request's draft is found with probability equal to its prompt's repetition share
+  (promptkind.repetition_share, how much of the answer repeats the context), and is then accepted as a chain like any
+  other with ``accept_length_mean`` (the mean tokens of a step that drafted). Without a match the step yields one
+  token. SGLang counts every such step as a verify (its sglang:spec_accept_length is tokens per verify, the lower
+  number); vLLM counts only the steps that drafted (vllm:spec_decode_num_drafts), so acceptance from its counters is
+  the per-draft one. STANDALONE and DFLASH draft like the EAGLE family (DFLASH's chain is its block of
+  ``num_draft_tokens``, with SGLang's steps and topk 1); their profiles differ in the step time a draft costs.
 * With SGLang's adaptive speculation (``--speculative-adaptive``, a profile's ``adaptive``; adaptive.py) each decode
   batch runs at the steps its batch-size bucket's slot has chosen: the chain then has steps + 1 tokens with the same
   ``p``, steps 0 is a one-token step at ``target_step_ms``, and the step time is linear in the steps in between
@@ -38,6 +46,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
+from ..choices import ALGORITHMS, DRAFTER_FREE_ALGORITHMS
 from ..errors import InputError
 from .adaptive import (
     AdaptiveConfig,
@@ -66,6 +75,11 @@ class SpeculativeConfig:
 
     def accept_length_for(self, kind: str) -> float:
         return dict(self.accept_length_by_kind).get(kind, self.accept_length_mean)
+
+    @property
+    def drafts_from_context(self) -> bool:
+        """NGRAM and SUFFIX: a draft exists only where the context has a match (the module's docstring)."""
+        return self.algorithm in DRAFTER_FREE_ALGORITHMS
 
     @property
     def chain_accept_probability(self) -> float:
@@ -157,18 +171,29 @@ class Profile:
 
     @property
     def mean_tokens_per_step(self) -> float:
+        """Tokens a request gains per decode step (NGRAM and SUFFIX: per step that drafts)."""
         return self.speculative.accept_length_mean if self.speculative else 1.0
 
-    def analytic_throughput(self, concurrency: int, input_tokens: int, output_tokens: int) -> float:
+    def tokens_per_step(self, repetition: float = 1.0) -> float:
+        """Tokens a request gains per decode step; for NGRAM and SUFFIX at a prompt repetition share of ``repetition``
+        (a step drafts with that probability), for the other methods whatever it is."""
+        spec = self.speculative
+        if spec is None:
+            return 1.0
+        if spec.drafts_from_context:
+            return 1.0 + repetition * (spec.accept_length_mean - 1.0)
+        return spec.accept_length_mean
+
+    def analytic_throughput(self, concurrency: int, input_tokens: int, output_tokens: int, repetition: float = 1.0) -> float:
         """Steady-state output tok/s of closed-loop clients (no jitter, no host overhead).
 
         Requests of equal length run in waves of ``b = min(concurrency, max_running_requests)``: one prefill
         of ``b * input_tokens`` produces the first token of each, then decode steps at batch ``b`` produce
-        the other ``output_tokens - 1`` at ``accept_length_mean`` tokens a step.
+        the other ``output_tokens - 1`` at ``tokens_per_step(repetition)`` tokens a step.
         """
         batch = min(concurrency, self.max_running_requests)
         prefill_s = batch * input_tokens / self.prefill_tokens_per_s
-        decode_steps = max(output_tokens - 1, 0) / self.mean_tokens_per_step
+        decode_steps = max(output_tokens - 1, 0) / self.tokens_per_step(repetition)
         wave_s = prefill_s + decode_steps * self.step_seconds(batch)
         return batch * output_tokens / wave_s
 
@@ -310,6 +335,8 @@ def _speculative_config(data: dict, source: str) -> SpeculativeConfig | None:
         num_draft_tokens=_field(raw, "num_draft_tokens", where, int, minimum=2),
         accept_length_mean=float(_field(raw, "accept_length_mean", where, (int, float), minimum=1.0)),
     )
+    if spec.algorithm not in ALGORITHMS:
+        raise InputError(f"{where}: algorithm {spec.algorithm!r} is not one of {', '.join(ALGORITHMS)}")
     if spec.accept_length_mean > spec.num_draft_tokens:
         raise InputError(f"{where}: accept_length_mean cannot exceed num_draft_tokens")
     by_kind = raw.get("accept_length_by_kind")
@@ -408,6 +435,7 @@ class SimRequest:
     verify_ct: int = 0
     correct_drafts: int = 0
     accept_p: float | None = None  # this request's per-draft-token acceptance (its prompt kind); None: the engine's
+    repetition: float = 0.0  # its prompt's repetition share: how often NGRAM/SUFFIX find a draft for it
     cancelled: bool = False
     # When set, emissions are handed to this callback synchronously instead of the queue: the HTTP layer
     # writes them straight to the socket, one task switch fewer per streamed event.
@@ -526,13 +554,16 @@ class Engine:
             except asyncio.CancelledError:
                 pass
 
-    def submit(self, prompt_tokens: int, max_new_tokens: int, stream_interval: int | None = None, kind: str | None = None) -> SimRequest:
+    def submit(
+        self, prompt_tokens: int, max_new_tokens: int, stream_interval: int | None = None, kind: str | None = None, repetition: float = 0.0
+    ) -> SimRequest:
         req = SimRequest(
             prompt_tokens=prompt_tokens,
             max_new_tokens=max(1, max_new_tokens),
             stream_interval=stream_interval or self.profile.stream_interval,
             arrival=self.now(),
             accept_p=self._p_by_kind.get(kind) if kind is not None else None,
+            repetition=repetition,
         )
         self.waiting.append(req)
         self.requests_total += 1
@@ -561,6 +592,16 @@ class Engine:
         while k < depth and self.rng.random() < accept:
             k += 1
         return k
+
+    def _decode_tokens(self, req: SimRequest) -> tuple[int, int]:
+        """(tokens a request gains in a decode step, draft tokens proposed for it): NGRAM and SUFFIX propose nothing in
+        a step whose context has no match (probability 1 - its repetition share), and vLLM counts no draft then."""
+        spec = self.profile.speculative
+        if spec is None:
+            return 1, 0
+        if spec.drafts_from_context and self.rng.random() >= req.repetition:
+            return 1, 0
+        return self._draw_tokens(p=req.accept_p), spec.num_draft_tokens - 1
 
     async def _run(self) -> None:
         while True:
@@ -594,9 +635,8 @@ class Engine:
                 for req in batch:
                     if req.cancelled:
                         continue
-                    k = self._draw_tokens(p=req.accept_p)
-                    if self.profile.speculative is not None:
-                        self.spec_decode.count(self.profile.speculative.num_draft_tokens - 1, k - 1)
+                    k, proposed = self._decode_tokens(req)
+                    self.spec_decode.count(proposed, k - 1)
                     step_tokens += self._advance(req, k, verify=self.profile.speculative is not None)
                     step_verify += 1
                 self._account(step_tokens, step_verify)

@@ -20,6 +20,7 @@ and documented (docs/probe.md), so a test knows which kind each of its prompts i
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 KINDS = ("random", "multilingual", "code", "math", "summary", "chat")
 
@@ -92,3 +93,36 @@ def classify(text: str | None) -> str:
     if _SUMMARY.search(text):
         return "summary"
     return "chat"
+
+
+# How long a span must be to count as repeated (n-gram speculation matches a few tokens of context and drafts what
+# followed them; SGLang's and vLLM's defaults match 1-5 and up to 18 tokens).
+REPEAT_SPAN = 4
+
+
+def repetition_share(tokens: Sequence[object]) -> float:
+    """The share of a prompt's tokens that lie in a span of REPEAT_SPAN tokens occurring at least twice in it.
+
+    What n-gram and suffix speculation feed on: context whose spans come back (code under edit, a document quoted in a
+    RAG prompt, an agent's transcript with repeated tool output). The simulator has no model of what a real target
+    would answer, so it takes the prompt's own repetition as the share of the answer that repeats the context
+    (docs/probe.md). Random token ids and free chat prompts come out near 0; text is split into words, token ids are
+    taken as they are.
+    """
+    n = len(tokens)
+    if n < 2 * REPEAT_SPAN:
+        return 0.0
+    seen: dict[tuple[object, ...], int] = {}
+    for i in range(n - REPEAT_SPAN + 1):
+        span = tuple(tokens[i : i + REPEAT_SPAN])
+        seen[span] = seen.get(span, 0) + 1
+    covered = [False] * n
+    for i in range(n - REPEAT_SPAN + 1):
+        if seen[tuple(tokens[i : i + REPEAT_SPAN])] > 1:
+            covered[i : i + REPEAT_SPAN] = [True] * REPEAT_SPAN
+    return round(sum(covered) / n, 4)
+
+
+def text_repetition_share(text: str | None) -> float:
+    """repetition_share of a text prompt, by words."""
+    return repetition_share(text.split()) if text else 0.0
