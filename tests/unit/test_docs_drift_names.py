@@ -76,6 +76,7 @@ UPSTREAM = {
     "vllm/v1/spec_decode/dynamic/utils.py": "vLLM",
     "vllm/v1/spec_decode/metrics.py": "vLLM",
     "vllm/v1/worker/gpu_model_runner.py": "vLLM",
+    "qwen3_dflash.py": "vLLM",  # docs/candidates.md: the DFlash draft class
     # SGLang (python/sglang/...)
     "sglang/benchmark/serving.py": "SGLang",
     "sglang/srt/models/llama.py": "SGLang",
@@ -85,6 +86,8 @@ UPSTREAM = {
     "speculative/eagle_worker_v2.py": "SGLang",
     "scheduler_components/batch_result_processor.py": "SGLang",
     "arg_groups/speculative_hook.py": "SGLang",
+    "sglang/srt/speculative/spec_info.py": "SGLang",  # docs/candidates.md: SpeculativeAlgorithm per release
+    "models/dflash.py": "SGLang",
     "utils/hf_transformers/common.py": "SGLang",
     "deepseek_v2.py": "SGLang",
     "gemma3_causal.py": "SGLang",
@@ -285,6 +288,7 @@ OTHER_FLAGS = {
     "--dataset-name": "SGLang's bench_serving",
     "--disable-ignore-eos": "SGLang's bench_serving",
     "--cuda-graph-max-bs": "SGLang",
+    "--speculative-ngram-branch-length": "SGLang 0.5.9",  # docs/candidates.md
     "--cuda-graph-max-bs-decode": "SGLang",
     "--cuda-graph-max-bs-prefill": "SGLang",
     "--disable-radix-cache": "SGLang",

@@ -106,7 +106,7 @@ def repetition_share(tokens: Sequence[object]) -> float:
     What n-gram and suffix speculation feed on: context whose spans come back (code under edit, a document quoted in a
     RAG prompt, an agent's transcript with repeated tool output). The simulator has no model of what a real target
     would answer, so it takes the prompt's own repetition as the share of the answer that repeats the context
-    (docs/probe.md). Random token ids and free chat prompts come out near 0; text is split into words, token ids are
+    (docs/candidates.md). Random token ids and free chat prompts come out near 0; text is split into words, token ids are
     taken as they are.
     """
     n = len(tokens)
