@@ -359,8 +359,10 @@ def test_on_round_sees_each_round():
         return await probe_between(BASE, WIN, [SINGLE], scale=4, on_round=hook)
 
     result = asyncio.run(scenario())
-    # A promotion takes at least two rounds (PROMOTE_MIN_ROUNDS), and the hook sees every one of them.
-    assert str(result.reason) == "SpeedupConfirmed" and result.rounds >= 2 and seen == [(i, i) for i in range(1, result.rounds + 1)]
+    # The hook sees every round, in order, whatever the decision (which depends on the host's timing here: a busy
+    # machine once made this clear win Inconclusive; decisions are asserted on recorded rounds above). No decision
+    # before round 2 (PROMOTE_MIN_ROUNDS), so there are at least two.
+    assert result.rounds >= 2 and seen == [(i, i) for i in range(1, result.rounds + 1)], (result.message, seen)
 
 
 def test_scrape_metrics_reads_the_simulator():

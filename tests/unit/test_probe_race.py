@@ -163,3 +163,26 @@ def test_at_the_last_round_a_verdict_stands_with_a_wide_side_interval():
             assert isinstance(step, Continue), step
     assert isinstance(step, Decided) and step.decision is Decision.PROMOTE, step.message
     assert step.arms["a"].wide == ("batch",)
+
+
+def test_a_failed_workload_beside_a_wide_one_stops_at_the_budget():
+    # Policy all: x fails at once (0.5x, tight), y's rounds swing so widely that its interval never fits the width
+    # bound. Only y is measured again; the probe must still stop at maxRounds (it ran until its time budget before).
+    rules = RaceRules(max_rounds=4)
+    evidence = Evidence("rev-1", 1)
+
+    def measured(rate: float, var: float) -> Measured:
+        return Measured(rate, math.log(rate), var, 30.0)
+
+    step = decide(evidence, rules, ["arm"], ["x", "y"])
+    rounds = 0
+    while isinstance(step, Continue) and rounds < 40:
+        rounds += 1
+        for name in step.workloads["arm"]:
+            if name == "x":
+                evidence.add("arm", "x", PairedMeasurement(rounds, measured(500.0, 1e-4), measured(1000.0, 1e-4)))
+            else:
+                evidence.add("arm", "y", PairedMeasurement(rounds, measured(1000.0 * (3.0 if rounds % 2 else 0.4), 0.5), measured(1000.0, 0.5)))
+        step = decide(evidence, rules, ["arm"], ["x", "y"])
+    assert isinstance(step, Decided) and rounds == 4, (rounds, {w: len(r) for w, r in evidence.pairs["arm"].items()})
+    assert (step.decision, step.reason) == (Decision.ROLLBACK, Reason.SPEEDUP_BELOW_THRESHOLD), step.message

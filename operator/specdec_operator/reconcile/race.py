@@ -74,7 +74,9 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
         undecided = [per[w] for w in workloads if verdicts[w] is Verdict.UNDECIDED]
         # A workload already confirmed needs no more GPU time; the undecided (and too wide) ones go on.
         next_workloads = tuple(w for w in workloads if verdicts[w] is not Verdict.PASS or w in wide)
-        final = all(counts[w] >= rules.max_rounds for w in next_workloads)
+        # The budget is the arm's rounds: a workload that failed is not measured again while a wide one is (below), so
+        # counting each workload's own rounds kept a probe of one failed and one wide workload going past maxRounds.
+        final = rounds >= rules.max_rounds or all(counts[w] >= rules.max_rounds for w in next_workloads)
     if verdict is not Verdict.UNDECIDED and wide and not final:
         # A decision reports every workload's interval within the bound: the wide ones are measured again first
         # (under `all` only those; a weighted mix measures them all). At the last round the verdict stands as it is.
