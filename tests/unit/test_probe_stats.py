@@ -475,14 +475,33 @@ def test_equal_servers_stop_early_for_futility_and_never_report_a_wide_interval_
         return await asyncio.gather(*(one(s) for s in seeds))
 
     results = asyncio.run(all_of(range(100, 105)))
+    # Never promoted, and an early stop is futility's. How many stop early depends on the host's noise (five probes on
+    # one event loop beside a busy machine are noisier than the benchmark's), so the share is asserted on recorded
+    # rounds below, not here.
     assert [str(r.decision) for r in results] == ["rollback"] * 5, [r.message for r in results]
     early = [r for r in results if str(r.reason) == "Inconclusive" and r.rounds < 6]
-    assert len(early) >= 3, [(r.rounds, r.message) for r in results]
-    assert all("futility" in r.message for r in early)
+    assert all("futility" in r.message for r in early), [r.message for r in early]
     for r in results:
         w = r.workloads[0]
         if r.rounds < 6:  # a decision before max_rounds: every reported interval within [0.5x, 2x]
             assert w.speedup_low and w.speedup_high and max(w.speedup_high / w.speedup, w.speedup / w.speedup_low) <= MAX_WIDTH
+
+
+@pytest.mark.parametrize("label", ["quiet", "favoured", "loaded"])
+def test_equal_servers_replayed_on_recorded_noise_mostly_stop_early_for_futility(label):
+    # The equal pair's recorded rounds (an idle machine's, the favoured and the busy ones), 100 probes per workload:
+    # none promotes, and one-stream probes stop for futility before the budget (a futile probe costs a few rounds, not
+    # six); batch-32's wider rounds stop early less often (76-100 % here), never below half.
+    rules = RaceRules(max_rounds=6)
+    for trace in recorded_traces(label):
+        if "/equal/" not in trace.name:
+            continue
+        rng = random.Random(f"futility/{trace.name}")
+        runs = [replay(trace, 1.0, rules, rng) for _ in range(100)]
+        assert all(str(d.decision) == "rollback" for d, _ in runs), trace.name
+        early = [d for d, rounds in runs if rounds < rules.max_rounds]
+        assert all(str(d.reason) == "Inconclusive" and "futility" in d.message for d in early), trace.name
+        assert len(early) >= (100 if trace.name.endswith("/chat") else 50), (trace.name, len(early))
 
 
 def test_a_short_workload_decides_from_round_two_with_pooled_block_variances():
