@@ -114,20 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=CLI_NAMES,
         help=f"the servers' engine (default {DEFAULT.cli_name}): vllm speaks its OpenAI API and reads acceptance from its counters",
     )
+    # In a race every arm's server holds what --speculative-* declares; the JSON's candidate_* are all arms' together.
+    holder = {"base": "the base server", "speculative": "each speculative server (every arm of a race)"}
     for side in ("base", "speculative"):
         p.add_argument(
             f"--{side}-gpus",
             type=float,
             default=None,
             metavar="N",
-            help=f"GPUs the {side} server holds (0 for a CPU server), for the decision's GPU-seconds (default: unknown)",
+            help=f"GPUs {holder[side]} holds (0 for a CPU server), for the decision's GPU-seconds (default: unknown)",
         )
         p.add_argument(
             f"--{side}-cores",
             type=float,
             default=None,
             metavar="N",
-            help=f"CPU cores the {side} server holds (a CPU build: vLLM's), for the decision's core-seconds (default: unknown)",
+            help=f"CPU cores {holder[side]} holds (a CPU build: vLLM's), for the decision's core-seconds (default: unknown)",
         )
     p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -214,14 +216,16 @@ def main(argv: list[str], decide: Decide | None = None) -> int:
     except ValueError as exc:  # pydantic's ValidationError
         raise InputError(f"--max-output-tokens/--output-check-prompts/--min-match-rate: {str(exc).splitlines()[-2].strip()}") from None
     workloads = [w.model_copy(update={"prompts": prompts}) for w in workloads]
+    cli_cost(None, args.base_gpus, args.speculative_gpus, args.base_cores, args.speculative_cores)  # refused before any request
+    # A race holds every arm's server for the whole probe: the speculative side is each arm's GPUs (cores) times the arms.
+    servers = len(arms) + (args.speculative is not None)
     cost_of = partial(
         cli_cost,
         base_gpus=args.base_gpus,
-        speculative_gpus=args.speculative_gpus,
+        speculative_gpus=None if args.speculative_gpus is None else args.speculative_gpus * servers,
         base_cores=args.base_cores,
-        speculative_cores=args.speculative_cores,
+        speculative_cores=None if args.speculative_cores is None else args.speculative_cores * servers,
     )
-    cost_of(None)  # a bad pair of flags is refused before any request
     datasets = None
     if args.dataset:
         dataset = load_dataset_file(args.dataset, args.dataset_format)
