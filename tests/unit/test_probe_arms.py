@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import re
@@ -459,3 +460,34 @@ def test_cli_races_arms_and_reports_each_one():
     for arm in doc["arms"].values():
         assert arm["outcome"] in outcomes and arm["rounds"] >= 1 and arm["workloads"][0]["name"] == "one"
     assert doc["winner"] is None or doc["arms"][doc["winner"]]["outcome"] == "Passed"
+
+
+def test_a_script_with_check_outputs_compares_the_real_servers_outputs_after_its_scripted_rounds(tmp_path):
+    # checkOutputs: the speed is scripted, the greedy completions are the servers' own: a fast server that corrupts
+    # 5 % of its tokens is rolled back for OutputMismatch; without it no server is asked for outputs at all.
+    from specdec_operator.api import OutputCheck
+
+    path = tmp_path / "script.yaml"
+    path.write_text("fast: {speedup: 3.0, acceptLength: 2.5, checkOutputs: true}\nplain: {speedup: 3.0}\n")
+    scripts = load_script(path)
+    assert scripts["fast"].check_outputs and not scripts["plain"].check_outputs
+    base = load_profile("llama31-8b-base")
+    corrupt = dataclasses.replace(base, name="corrupt", errors=dataclasses.replace(base.errors, corrupt_token_share=0.05))
+    check = OutputCheck.model_validate({"enabled": True, "prompts": 4, "maxTokens": 32, "minMatchRate": 0.9})
+
+    async def scenario():
+        async with AsyncExitStack() as stack:
+            b = await stack.enter_async_context(SimulatorServer(base, time_scale=20, seed=1, load_seconds=0))
+            s = await stack.enter_async_context(SimulatorServer(corrupt, time_scale=20, seed=2, load_seconds=0))
+            wl = [parse_workload("chat:1:16:16:2")]
+            checked = await run_probe(b, s, wl, script=scripts["fast"], output_check=check)
+            unchecked = await run_probe(b, s, wl, script=scripts["plain"], output_check=check)
+            return checked, unchecked
+
+    checked, unchecked = asyncio.run(scenario())
+    assert checked.outputs_compared == 4 and checked.output_match_rate is not None
+    assert (str(checked.decision), str(checked.reason)) == ("rollback", "OutputMismatch"), checked.message
+    assert unchecked.outputs_compared is None and str(unchecked.reason) == "SpeedupConfirmed"
+    path.write_text("fast: {speedup: 3.0, checkOutputs: 1}\n")
+    with pytest.raises(InputError, match="checkOutputs 1: must be true or false"):
+        load_script(path)

@@ -186,7 +186,11 @@ async def run_probe(
     loop = _ProbeLoop(session, base_url.rstrip("/"), runs, wls, result, rules, decide, evidence, traffic, engine, scripts)
     try:
         await loop.run(timeout, request_timeout, read_timeout, seed, on_round, on_evidence)
-        if output_check is not None and output_check.enabled and scripts is None and evidence.facts.failure is None:
+        # Scripted rounds skip the output check unless the script asks for it (checkOutputs: its servers answer).
+        real_outputs = script is None or (
+            script.check_outputs if isinstance(script, ScriptedProbe) else all(s.check_outputs for s in script.values())
+        )
+        if output_check is not None and output_check.enabled and real_outputs and evidence.facts.failure is None:
             await loop.check_outputs(output_check, request_timeout, seed)
     except ProbeRequestError as exc:
         evidence.facts.failure = ProbeFailure(FailureKind.REQUEST, str(exc), exc.transient)

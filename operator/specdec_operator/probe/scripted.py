@@ -16,6 +16,8 @@ The script is YAML or JSON, read when each probe starts (so a test may add entri
       noise: 0.03              # standard deviation of each round's log speedup (default 0.03)
       acceptLength: 2.4        # the drafter's acceptance length (default: none measured)
       secondsPerRound: 0.5     # how long a round takes (default 0.2: the probe's progress is visible)
+      checkOutputs: true       # still compare the greedy completions on the real servers (rollout.outputCheck,
+                               # outputs.py) after the scripted rounds (default false: no server need answer)
       arms:                    # a race (run_probe's ``arms``): each arm's own script, the same fields but arms;
         eagle3-k4: {speedup: 2.2}  # an arm not named here takes the entry's own (with its noise seeded by the arm)
 
@@ -55,6 +57,7 @@ class ScriptedProbe:
     accept_length: float | None = None
     seconds_per_round: float = DEFAULT_SECONDS_PER_ROUND
     arms: Mapping[str, ScriptedProbe] = field(default_factory=dict)
+    check_outputs: bool = False  # the output check runs against the real servers (a scripted speed, real outputs)
 
     def for_arm(self, arm: str) -> ScriptedProbe:
         """The script of one arm of a probe: its own entry under ``arms``, else this one (the arm "speculative" as it
@@ -121,12 +124,15 @@ def _entry(source: Path, key: str, value: Any, *, nested: bool = False) -> Scrip
     seconds = value.get("secondsPerRound", DEFAULT_SECONDS_PER_ROUND)
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
         raise InputError(f"{where}: secondsPerRound {seconds!r}: must be a number >= 0")
-    known = {"speedup", "noise", "acceptLength", "secondsPerRound"} | (set() if nested else {"arms"})
+    check_outputs = value.get("checkOutputs", False)
+    if not isinstance(check_outputs, bool):
+        raise InputError(f"{where}: checkOutputs {check_outputs!r}: must be true or false")
+    known = {"speedup", "noise", "acceptLength", "secondsPerRound"} | (set() if nested else {"arms", "checkOutputs"})
     unknown = sorted(set(value) - known)
     if unknown:
         raise InputError(f"{where}: unknown field(s) {', '.join(unknown)} ({', '.join(sorted(known))})")
     scripted = {str(arm): _entry(source, f"{key}/{arm}", entry, nested=True) for arm, entry in (arms or {}).items()}
-    return ScriptedProbe(key, speedup, float(noise), float(accept) if accept is not None else None, float(seconds), scripted)
+    return ScriptedProbe(key, speedup, float(noise), float(accept) if accept is not None else None, float(seconds), scripted, check_outputs)
 
 
 def _positive(x: Any) -> bool:
