@@ -93,9 +93,10 @@ lint: venv
 # workers on 2 cores roughly halve the wall time (--dist loadgroup keeps a module's shared fixture, and the real node,
 # on one worker). Beside it, at nice 19, the real-engine tier's models are built (tests/support/real_engine.py: tiny
 # targets and drafters trained by specdec-train, cached per machine, about 150 s of CPU where the cache is empty).
-# Then, once they are there, the tests that measure speed in real time alone, in one process: `timing` (decisions on
-# simulated servers: a probe's decision, a speedup curve, a fleet's canary; 3 control planes beside them made such
-# decisions come out Inconclusive) and `realengine` (vLLM servers pinned to the two cores).
+# Then, once they are there, the tests that measure speed in real time alone, in one process: `timing` (what the
+# probe measures on simulated servers: speedups near the model, acceptance, a curve's shape; decisions are asserted on
+# scripted or recorded rounds instead, since 3 control planes beside real-time probes made them come out
+# Inconclusive) and `realengine` (vLLM servers pinned to the two cores).
 # (Until 2026-12-05 a fresh machine built the node tools at nice 19 during the first phase and ran the real-node tests
 # after it: with the control plane's tools in one module the node tools fit in the first build, and the real-node
 # tests, which mostly wait on containers, fill the first phase's gaps instead of a phase of their own.)
@@ -120,7 +121,7 @@ test:
 # saying so (tests/unit/conftest.py), rather than built here: helm comes from the control plane's Go module
 # (hack/go/kube), so a fresh machine would first fetch Go and that module and compile several hundred packages, minutes
 # of a first command that otherwise needs only the venv. Two phases as in `make test`: every test not marked `timing`
-# on every core, then the `timing` ones (decisions on servers measured in real time, Inconclusive beside busy cores)
+# on every core, then the `timing` ones (measurements of servers in real time, noisier beside busy cores)
 # in one process. Both phases always run; the target fails if either failed (a phase that a -k in PYTEST_ADDOPTS
 # leaves empty, pytest's exit 5, is not a failure).
 UNIT_PARALLEL := not timing and not realengine
