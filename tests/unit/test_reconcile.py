@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from specdec_operator import manifests as m
 from specdec_operator.monitor import Sample
 from specdec_operator.reconcile import Observed, merge_patch, parse_validator_report, reconcile
@@ -379,3 +381,18 @@ def test_pod_templates_are_rendered_once_per_generation_when_the_caller_keeps_th
     fresh = reconcile(world.spec, obs, {}, NOW)
     assert sorted(calls) == ["base", "speculative"]  # two steps, one rendering of each variant
     assert first.apply == fresh.apply == again.apply  # the same children as rendering every time
+
+
+@pytest.mark.parametrize(
+    ("drafter", "says"),
+    [
+        ({"algorithm": "NGRAM", "numSteps": 3}, "NGRAM drafts from the prompt and the output so far"),
+        ({"algorithm": "NEXTN", "numSteps": 1}, "NEXTN drafts with the target's own layers"),
+    ],
+)
+def test_a_method_without_a_drafter_model_is_compatible_and_says_what_drafts(drafter, says) -> None:
+    world = World(llama_spec(drafter=drafter))
+    plan = world.step()
+    (finding,) = plan.status["validation"]["findings"]
+    assert plan.status["validation"]["compatible"] is True and finding["code"] == "NoSeparateDrafter"
+    assert finding["message"].startswith(says), finding

@@ -14,6 +14,7 @@ from ..api import (
     SpeculativeServerSpec,
     ValidationStatus,
 )
+from ..choices import DRAFTER_FREE_ALGORITHMS
 from ..monitor import observe_fleet
 from ..probecost import decision_seconds
 from .facts import BASE, SPECULATIVE, Facts
@@ -33,7 +34,7 @@ def settle_validation(facts: Facts) -> ValidationStatus | None:
         return ValidationStatus(
             compatible=True,
             revision=facts.revision,
-            findings=[Finding(severity="info", code=Reason.NO_SEPARATE_DRAFTER, message=f"{drafter.algorithm} drafts with the target's own layers")],
+            findings=[Finding(severity="info", code=Reason.NO_SEPARATE_DRAFTER, message=_no_drafter_message(drafter.algorithm))],
         )
     return validation_from_pods(facts.observed.pods, facts.revision)
 
@@ -165,3 +166,10 @@ def apply_drift(facts: Facts, decision: ProbeStatus | None) -> tuple[ProbeStatus
 def never_started(decision: ProbeStatus | None) -> bool:
     """A ProbeFailed rollback before a single round: the speculative server cannot serve at all."""
     return is_rolled_back(decision) and decision is not None and decision.reason == Reason.PROBE_FAILED and not decision.rounds
+
+
+def _no_drafter_message(algorithm: str) -> str:
+    """What drafts when no drafter is read: the target's own MTP layers (NEXTN), or the text so far (NGRAM, SUFFIX)."""
+    if algorithm in DRAFTER_FREE_ALGORITHMS:
+        return f"{algorithm} drafts from the prompt and the output so far: no drafter model to validate"
+    return f"{algorithm} drafts with the target's own layers"
