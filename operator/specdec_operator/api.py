@@ -1871,7 +1871,9 @@ class ProbeMeasurement(_Model):
 class LoadAwareStatus(_Model):
     summary: str = Field("", description="For humans: 'drafts below batch 16' or 'unsupported: speculative_eagle_topk=4 ...'.")
     reason: str | None = Field(
-        None, description="LoadAwareTrial (the adaptive server is measured), LoadAwareSpeedup, NoLoadWithSpeedup or LoadAwareUnsupported."
+        None,
+        description="LoadAwareTrial (the adaptive server is measured), LoadAwareSpeedup, NoLoadWithSpeedup or LoadAwareUnsupported; "
+        "or the adaptive probe's own reason when it ended for another cause than speed (ProbeFailed, OutputMismatch, DatasetInvalid).",
     )
     message: str | None = Field(None, description="Human-readable explanation.")
     no_draft_from: int | None = Field(
