@@ -67,10 +67,13 @@ def test_a_promoted_server_counts_its_gpus_and_a_warm_base_as_idle_ones(
     name, gpus = WARM
     wait_until(lambda: ready_pods(name, "base") == 1 and ready_pods(name, "speculative") == 1, timeout=90, message=f"{name}: both servers Ready")
     expected = {"base": gpus, "speculative": gpus, "idle": gpus}
+    # Promoted by hand at creation: Deploying until a step has seen the speculative server Ready, then Promoted.
     st = wait_until(
-        lambda: (s := status(custom_objects, namespace, name)).get("gpus") == expected and s, timeout=30, message=f"{name}: gpus {expected}"
+        lambda: (s := status(custom_objects, namespace, name)).get("gpus") == expected and s.get("phase") == "Promoted" and s,
+        timeout=30,
+        message=f"{name}: Promoted with gpus {expected}",
     )
-    assert st["phase"] == "Promoted" and st["activeVariant"] == "speculative", st
+    assert st["activeVariant"] == "speculative", st
 
     # keepBaseWarm false: the base is scaled to 0; once its pod is gone nothing is held for nothing.
     name, gpus = COLD
@@ -80,10 +83,13 @@ def test_a_promoted_server_counts_its_gpus_and_a_warm_base_as_idle_ones(
         message=f"{name}: the speculative server Ready and no base pod",
     )
     expected = {"base": 0, "speculative": gpus, "idle": 0}
+    # Promoted by hand at creation: Deploying until a step has seen the speculative server Ready, then Promoted.
     st = wait_until(
-        lambda: (s := status(custom_objects, namespace, name)).get("gpus") == expected and s, timeout=30, message=f"{name}: gpus {expected}"
+        lambda: (s := status(custom_objects, namespace, name)).get("gpus") == expected and s.get("phase") == "Promoted" and s,
+        timeout=30,
+        message=f"{name}: Promoted with gpus {expected}",
     )
-    assert st["phase"] == "Promoted" and st["activeVariant"] == "speculative", st
+    assert st["activeVariant"] == "speculative", st
 
     # The operator's own metrics say the same (SpecdecIdleGpus fires on specdec_idle_gpus).
     url = f"http://127.0.0.1:{metrics_port}/metrics"

@@ -52,7 +52,7 @@ OPERATOR_NAMESPACED_USAGE: dict[tuple[str, str], set[str]] = {
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
-    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: a probe's spent evidence
     ("", "pods"): {"list", "watch", "create", "delete"},  # create, delete: a File dataset's reader pod
     ("", "events"): {"create", "list"},  # list: the Warning Events of a waiting pod (reconcile/stuck.py)
 }

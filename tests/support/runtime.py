@@ -51,6 +51,7 @@ class FakeWriter:
         self.pod_events: list[dict[str, Any]] = []  # Warning Events about pods the kubelet would have posted
         self.pod_event_reads: list[str] = []
         self.rejected: set[str] = set()  # names whose apply the API server refuses (422 Invalid)
+        self.refuse_delete: set[str] = set()  # kinds whose delete the API server refuses (403 Forbidden)
 
     async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         raise AssertionError("no prompt dataset in these specs")
@@ -93,6 +94,8 @@ class FakeWriter:
 
     async def delete(self, obj: dict[str, Any]) -> None:
         self.calls.append(("delete", obj["kind"], obj["metadata"]["name"]))
+        if obj["kind"] in self.refuse_delete:  # an RBAC without delete on that kind
+            raise ApiException(status=403, reason="Forbidden")
         self.children.pop((obj["kind"], obj["metadata"]["name"]), None)
 
 

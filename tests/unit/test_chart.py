@@ -501,8 +501,8 @@ def test_no_wildcards_no_secrets_no_escalation_and_configmaps_only_to_own(render
             assert "*" not in rule.get(field, []), f"[{name}] {owner}: wildcard in {field}"
         assert "nonResourceURLs" not in rule
         resources = {r.split("/")[0] for r in rule["resources"]}
-        if "configmaps" in resources:  # the adaptive table the operator owns: applied, read before taking the name, watched
-            assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "patch"}, f"[{name}] {owner}: {rule}"
+        if "configmaps" in resources:  # the ones the operator owns (adaptive table, probe evidence): applied, read, watched, deleted
+            assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "patch", "delete"}, f"[{name}] {owner}: {rule}"
         assert not resources & {
             "secrets",
             "serviceaccounts",

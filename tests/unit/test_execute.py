@@ -155,3 +155,17 @@ def test_a_child_the_api_server_refuses_keeps_the_phase_failed_until_it_is_accep
     cluster.ready_pods("base", "speculative")
     cluster.step()
     assert cluster.writer.status["phase"] == "Probing"
+
+
+def test_a_refused_deletion_of_spent_evidence_does_not_fail_the_step() -> None:
+    # A chart older than the operator grants no delete on ConfigMaps: the evidence stays, the decision stands.
+    cluster = Cluster(llama_spec())
+    cluster.writer.refuse_delete.add("ConfigMap")
+    cluster.step()
+    cluster.ready_pods("base", "speculative")
+    plan = cluster.step()
+    cluster.probes.result = decision(plan.revision, "promote", "SpeedupConfirmed")
+    cluster.step()
+    assert cluster.writer.status["phase"] == "Promoted" and cluster.probes.settled == 1
+    assert ("delete", "ConfigMap", m.probe_evidence_config_map_name("llama")) in cluster.writer.calls
+    assert [e.reason for e in cluster.writer.events if e.reason in ("SpeedupConfirmed", "TrafficSwitched")] == ["SpeedupConfirmed", "TrafficSwitched"]

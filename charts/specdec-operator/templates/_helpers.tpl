@@ -109,11 +109,13 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
   verbs: ["get", "list", "watch", "create", "patch"]
 # <name>-adaptive, owned by its SpeculativeServer: the --speculative-adaptive-config table of load-aware
 # speculation, server-side applied, read before taking the name, watched through Kopf's label-filtered index.
+# <name>-probe-evidence, owned by it too: what a running probe has measured (a restarted operator resumes it),
+# applied after each round, read when a probe starts, deleted once the decision is in status.
 # Also get of a workload's prompt dataset (rollout.workloads[].prompts.source ConfigMap) when its probe starts: the
 # watch is filtered to the operator's own label, so no other ConfigMap is cached.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Kopf's watch of the server pods: readiness, load time, the validator init container's termination message.
 # create and delete: the reader pod of a File prompt dataset (rollout.workloads[].prompts.source File), owned by
 # its SpeculativeServer, started when a probe starts and deleted once the dataset is read; it is found by a

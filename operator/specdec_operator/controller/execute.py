@@ -123,7 +123,13 @@ class Executor:
             # The evidence the probe kept for a restart (ConfigMap <name>-probe-evidence) is spent once its result is in
             # status: left there, a retry of the same revision (same probe id and generation) would resume the old
             # rounds and decide again on them instead of measuring, and 1,000 resources would keep 1,000 of them.
-            await self.writer.delete(m.probe_evidence_config_map(name, namespace, ""))
+            # Housekeeping, never a reason to fail the step: under an RBAC without delete on ConfigMaps (a chart older
+            # than the operator) the ConfigMap stays, keyed by its revision, and a retry of the revision resumes it.
+            try:
+                await self.writer.delete(m.probe_evidence_config_map(name, namespace, ""))
+            except ApiException as exc:
+                self.metrics.reconcile_errors.labels("api").inc()
+                logger.warning(f"deleting the spent probe evidence {namespace}/{name}-probe-evidence failed: API {exc.status} {exc.reason}")
             if result.revision == plan.revision:
                 self.metrics.probes.labels(namespace, name, result.decision or "none", result.reason or "none").inc()
                 if result.gpu_seconds is not None:  # this probe's own (a load-aware decision's plain probe was counted when it ended)
