@@ -75,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=3600.0, help="time budget of the whole probe in seconds")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
+    _add_traffic_options(p)
+    _add_cost_options(p)
+    p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    return p
+
+
+def _add_traffic_options(p: argparse.ArgumentParser) -> None:
+    """What the probe sends and in which protocol: the prompts, the endpoint, the output lengths, the output check."""
     p.add_argument(
         "--dataset",
         metavar="FILE",
@@ -114,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=CLI_NAMES,
         help=f"the servers' engine (default {DEFAULT.cli_name}): vllm speaks its OpenAI API and reads acceptance from its counters",
     )
+
+
+def _add_cost_options(p: argparse.ArgumentParser) -> None:
+    """What each server holds, for the decision's GPU-seconds or core-seconds."""
     # In a race every arm's server holds what --speculative-* declares; the JSON's candidate_* are all arms' together.
     holder = {"base": "the base server", "speculative": "each speculative server (every arm of a race)"}
     for side in ("base", "speculative"):
@@ -131,10 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="N",
             help=f"CPU cores {holder[side]} holds (a CPU build: vLLM's), for the decision's core-seconds (default: unknown)",
         )
-    p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
-    return p
 
 
 def render_text(result: ProbeResult, cost: dict[str, Any] | None = None) -> str:

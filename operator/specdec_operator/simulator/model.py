@@ -468,6 +468,15 @@ class SpecDecodeCounters:
             self.accepted_per_position[i] += 1
 
 
+def chain_tokens(rng: random.Random, depth: int, accept: float) -> int:
+    """Tokens one request gains in a decode step: 1 + the accepted prefix of a chain of ``depth - 1`` draft tokens,
+    each accepted with probability ``accept`` until the first rejection."""
+    k = 1
+    while k < depth and rng.random() < accept:
+        k += 1
+    return k
+
+
 class Engine:
     """The scheduler loop of one simulated server, running on the current asyncio event loop."""
 
@@ -573,33 +582,21 @@ class Engine:
 
     # --- the scheduler --------------------------------------------------------------------------
     def _jitter(self) -> float:
-        if self.profile.jitter <= 0:
-            return 1.0
-        return max(0.05, self.rng.gauss(1.0, self.profile.jitter))
+        return 1.0 if self.profile.jitter <= 0 else max(0.05, self.rng.gauss(1.0, self.profile.jitter))
 
     def _draw_tokens(self, num_draft_tokens: int | None = None, p: float | None = None) -> int:
-        """Tokens one request gains in a decode step: 1 + the accepted prefix of a chain of draft tokens.
-
-        ``num_draft_tokens`` (adaptive: the batch's steps + 1) defaults to the profile's; ``p`` stays the one the
-        profile's accept_length_mean implies at its own configuration.
-        """
+        """chain_tokens with the profile's chain (``num_draft_tokens``, adaptive: the batch's steps + 1) and
+        acceptance (``p``: the one the profile's accept_length_mean implies at its own configuration)."""
         spec = self.profile.speculative
         if spec is None:
             return 1
-        depth = spec.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-        accept = self._p if p is None else p
-        k = 1
-        while k < depth and self.rng.random() < accept:
-            k += 1
-        return k
+        return chain_tokens(self.rng, spec.num_draft_tokens if num_draft_tokens is None else num_draft_tokens, self._p if p is None else p)
 
     def _decode_tokens(self, req: SimRequest) -> tuple[int, int]:
         """(tokens a request gains in a decode step, draft tokens proposed for it): NGRAM and SUFFIX propose nothing in
         a step whose context has no match (probability 1 - its repetition share), and vLLM counts no draft then."""
         spec = self.profile.speculative
-        if spec is None:
-            return 1, 0
-        if spec.drafts_from_context and self.rng.random() >= req.repetition:
+        if spec is None or (spec.drafts_from_context and self.rng.random() >= req.repetition):
             return 1, 0
         return self._draw_tokens(p=req.accept_p), spec.num_draft_tokens - 1
 
