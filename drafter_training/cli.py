@@ -3,7 +3,7 @@
     specdec-train regenerate --prompts P.jsonl --base-url URL --tokenizer DIR --out samples.jsonl
     specdec-train capture    --samples samples.jsonl --target DIR --out caps/ [--source hf|sglang]
     specdec-train vocab      --capture caps/ [--draft-vocab-size 32000]
-    specdec-train train      --capture caps/ --target DIR --out run/ [--ttt-steps 7 --epochs 10]
+    specdec-train train      --capture caps/ --target DIR --out run/ [--ttt-steps 7 --epochs 10] [--init-from-drafter DIR]
     specdec-train export     --run run/ --target DIR --out drafter/ [--engine sglang|vllm] [--format plain|speculators]
     specdec-train evaluate   --target DIR --drafter run/final --prompts heldout.jsonl
 
@@ -91,6 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--intermediate-size", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default=None)
+    t.add_argument(
+        "--init-from-drafter",
+        default=None,
+        metavar="DIR",
+        help="warm start from an exported drafter (specdec-train export --out, either engine or format): its shape, weights and "
+        "vocabulary map are kept (no --vocab); the capture must be of the layers it was trained on",
+    )
+    t.add_argument(
+        "--init-from-engine",
+        type=str.lower,
+        choices=ENGINES,
+        default=None,
+        help="with --init-from-drafter: the engine whose layer-id convention its config.json uses, when its training_provenance.json does not say",
+    )
 
     e = sub.add_parser("export", help="write the EAGLE-3 checkpoint for the serving engine and training_provenance.json")
     e.add_argument("--run", required=True, help="training output directory (its final/ is exported)")
@@ -215,6 +229,8 @@ def _run(args: argparse.Namespace) -> Any:
             seed=args.seed,
             device=args.device,
             progress=progress,
+            init_from_drafter=args.init_from_drafter,
+            init_from_engine=args.init_from_engine,
         )
         s = train(cfg)
         return {k: s[k] for k in ("num_samples", "steps", "first_loss", "last_loss", "tokens_per_second")} | {

@@ -227,6 +227,8 @@ def export_drafter(
         draft_vocab_size=cfg.draft_vocab_size,
         simulated_acceptance_length=final_eval.get("simulated_acceptance_length"),
         trainer=TRAINER,
+        # A warm start (train --init-from-drafter) says which drafter it continued, keeping that drafter's vocabulary map.
+        extra={"warm_started_from": warm} if (warm := summary.get("config", {}).get("init_from_drafter")) else {},
     )
     if capture.get("tokenizer_sha256") and capture["tokenizer_sha256"] != provenance.tokenizer_sha256:
         raise InputError(f"{target_dir}: tokenizer differs from the one the hidden states were captured with; export against the captured target")

@@ -64,7 +64,11 @@ class TrainConfig:
     max_steps: int | None = None  # cap on total optimizer steps (the schedule is laid out over this many)
     stop_after: int | None = None  # leave this invocation after N steps (checkpointed; resume continues)
     progress: bool = True
-    init_from: str | None = None
+    init_from: str | None = None  # a training run's final/ (draft.safetensors): its weights
+    # An exported drafter (specdec-train export --out, either engine or format): its shape, weights and vocabulary map
+    # (warmstart.py); init_from_engine: the convention of its config's layer ids when nothing in it says.
+    init_from_drafter: str | None = None
+    init_from_engine: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -313,6 +317,37 @@ def _autocast(device: torch.device):
     return torch.autocast("cpu", enabled=False)
 
 
+def build_draft(
+    cfg: TrainConfig, index: dict[str, Any], target_cfg: dict[str, Any], embed: torch.Tensor
+) -> tuple[Eagle3Draft, DraftConfig, torch.Tensor, torch.Tensor]:
+    """The draft a run starts from, with its vocabulary map: a new one shaped after the target with the capture's map
+    (--vocab), or an exported drafter's shape, weights and map (--init-from-drafter; warmstart.py); then a training
+    run's weights over it (--init-from)."""
+    if cfg.init_from_drafter:
+        from .warmstart import check_capture_layers, load_exported_drafter
+
+        if cfg.vocab_dir:
+            raise InputError("--vocab with --init-from-drafter: the drafter's own vocabulary map is kept; drop --vocab")
+        if cfg.init_from:
+            raise InputError("--init-from with --init-from-drafter: start from one of them")
+        warm = load_exported_drafter(cfg.init_from_drafter, cfg.target_dir, cfg.init_from_engine)
+        check_capture_layers(warm, cfg.init_from_drafter, cfg.capture_dir, index["aux_layer_ids"])
+        if cfg.intermediate_size and cfg.intermediate_size != warm.config.intermediate_size:
+            raise InputError(f"--intermediate-size {cfg.intermediate_size}: the drafter's {warm.config.intermediate_size} is kept; drop it")
+        draft_cfg, d2t, t2d, weights = warm.config, warm.d2t, warm.t2d, warm.weights
+    else:
+        weights = {}
+        d2t, t2d = load_mapping(cfg.vocab_dir or cfg.capture_dir)
+        draft_cfg = draft_config_from_target(target_cfg, d2t.numel(), index["aux_layer_ids"], cfg.intermediate_size)
+    model = Eagle3Draft(draft_cfg)
+    model.embed_tokens.weight.data.copy_(embed.float())
+    model.load_state_dict(weights, strict=False)  # the exported drafter's (none for a new draft)
+    model.set_vocab_mapping(d2t, t2d)
+    if cfg.init_from:
+        model.load_state_dict(load_file(str(Path(cfg.init_from) / "draft.safetensors")), strict=False)
+    return model, draft_cfg, d2t, t2d
+
+
 def _save_checkpoint(path: Path, model: Eagle3Draft, opt, sched, state: dict[str, Any]) -> None:
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / "checkpoint.pt.tmp"
@@ -359,14 +394,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             f"{cfg.capture_dir}: captured from a model with hidden {index['hidden_size']}/vocab {index['vocab_size']}, "
             f"but --target has {target_cfg['hidden_size']}/{target_cfg['vocab_size']}; pass the captured target"
         )
-    d2t, t2d = load_mapping(cfg.vocab_dir or cfg.capture_dir)
-    draft_cfg = draft_config_from_target(target_cfg, d2t.numel(), index["aux_layer_ids"], cfg.intermediate_size)
-    model = Eagle3Draft(draft_cfg)
     embed, head = target_embeddings_and_head(cfg.target_dir)
-    model.embed_tokens.weight.data.copy_(embed.float())
-    model.set_vocab_mapping(d2t, t2d)
-    if cfg.init_from:
-        model.load_state_dict(load_file(str(Path(cfg.init_from) / "draft.safetensors")), strict=False)
+    model, draft_cfg, d2t, t2d = build_draft(cfg, index, target_cfg, embed)
     model.to(device)
     draft_to_target, target_to_draft = draft_ids_of_targets(d2t, draft_cfg.vocab_size)
     head_full = head.to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
