@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dataset-serve": ("specdec_operator.probe.reader", "read a prompt dataset file and serve it normalised (the File source's reader pod)"),
     "adaptive-config": ("specdec_operator.cli.adaptive_config", "derive SGLang's adaptive speculation table from a probe's speedup curve"),
     "simulate": ("specdec_operator.simulator.cli", "run an SGLang-compatible simulator for tests and demos"),
+    "capture": ("specdec_operator.capture.cli", "forward a server's traffic unchanged and keep a sampled share of it (spec.retraining.capture)"),
 }
 
 

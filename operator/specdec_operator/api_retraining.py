@@ -1,0 +1,140 @@
+"""spec.retraining and status.retraining: retraining drafters on the traffic the server really sees (issue 36).
+
+Today one part: ``capture``, the opt-in sampling of what users send into a claim in the resource's namespace
+(docs/capture.md). The training Job's settings (budget, triggers) are to be added beside it as their own
+sub-object.
+
+The models follow api.py's conventions (camelCase on the wire, unknown fields refused, no coercion, null is
+unset) through a base of their own: api.py imports this module, so this module cannot import api.py's bases.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The header a client sends to keep one request out of the capture (docs/capture.md); its values that mean "off".
+OPT_OUT_HEADER = "X-Specdec-Capture"
+OPT_OUT_VALUES = frozenset({"off", "no", "false", "0"})
+DEFAULT_SAMPLE_SHARE = 0.01
+DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_RETENTION_HOURS = 168
+MAX_PATTERNS = 32
+
+CaptureState = Literal["Off", "Starting", "On", "Bypassed"]
+
+
+class _RetrainingModel(BaseModel):
+    """api._SpecModel's rules: strict types, unknown fields refused, null is unset, camelCase aliases."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
+        return {k: v for k, v in data.items() if v is not None or k not in known}
+
+
+class Redaction(_RetrainingModel):
+    patterns: list[str] = Field(
+        default_factory=list,
+        description="Python regular expressions replaced by `replacement` in every captured text (messages' contents, the prompt, "
+        "the answer) before a record is written.",
+        max_length=MAX_PATTERNS,
+        json_schema_extra={"items": {"type": "string", "maxLength": 512}},
+    )
+    replacement: str = Field("[REDACTED]", description="What each match of a pattern is replaced with.", max_length=64)
+    url: str | None = Field(
+        None,
+        description="Your redaction service (http or https): each record, as JSON, is POSTed to it after the patterns and its JSON "
+        "answer is written instead. A failure or a 5 s timeout drops the record: nothing unredacted is written.",
+        pattern=r"^https?://[^\s]+$",
+        max_length=512,
+    )
+
+    @field_validator("patterns")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"[{i}] {pattern!r} is not a Python regular expression ({exc}); fix or remove it") from None
+        return value
+
+
+class CaptureSettings(_RetrainingModel):
+    enabled: bool = Field(
+        True, description="Capture while true. false (or removing the section) deletes the capture proxy, its claim and the captured data."
+    )
+    sample_share: float = Field(
+        DEFAULT_SAMPLE_SHARE,
+        alias="sampleShare",
+        description="The share of chat/completions requests captured, each request drawn independently.",
+        gt=0,
+        le=1,
+    )
+    include_responses: bool = Field(
+        False, alias="includeResponses", description="Also keep the answer's text (a streamed answer is assembled from its chunks)."
+    )
+    max_bytes: int = Field(
+        DEFAULT_MAX_BYTES,
+        alias="maxBytes",
+        description="Size cap of the stored records in bytes: the oldest files are deleted first. The claim is sized from it.",
+        ge=1 << 20,
+        le=1 << 40,
+    )
+    retention_hours: int = Field(
+        DEFAULT_RETENTION_HOURS,
+        alias="retentionHours",
+        description="A file of records older than this is deleted.",
+        ge=1,
+        le=24 * 366,
+    )
+    storage_class_name: str | None = Field(
+        None,
+        alias="storageClassName",
+        description="The claim's storage class (encryption at rest is the class's). Unset: the cluster's default class.",
+        max_length=253,
+    )
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
+        "ReadWriteOnce",
+        alias="accessMode",
+        description="The claim's access mode. ReadWriteOnce keeps every capture pod on one node; ReadWriteMany lets them spread.",
+    )
+    replicas: int = Field(1, description="Capture proxy pods in front of the servers.", ge=1, le=16)
+    redaction: Redaction | None = Field(None, description="Redaction applied to every record before it is written.")
+
+
+class Retraining(_RetrainingModel):
+    capture: CaptureSettings | None = Field(
+        None,
+        description="Opt-in capture of a sampled share of the requests the stable Service receives, into a claim in this namespace "
+        "(docs/capture.md). Unset: nothing is captured.",
+    )
+
+
+def capture_on(retraining: Retraining | None) -> CaptureSettings | None:
+    """The capture settings when capture is on, else None."""
+    capture = retraining.capture if retraining is not None else None
+    return capture if capture is not None and capture.enabled else None
+
+
+class CaptureStatus(_RetrainingModel):
+    model_config = ConfigDict(strict=False)
+    state: CaptureState = Field(
+        description="Off; Starting (the capture proxy is not Ready yet: the servers serve directly); On (the stable Service's traffic "
+        "passes the capture proxy); Bypassed (no capture pod is Ready: the servers serve directly)."
+    )
+    claim_name: str | None = Field(None, alias="claimName", description="The PersistentVolumeClaim holding the captured records.")
+    message: str | None = Field(None, description="For humans: what is captured and where, or why capture is bypassed.", max_length=1024)
+
+
+class RetrainingStatus(_RetrainingModel):
+    model_config = ConfigDict(strict=False)
+    capture: CaptureStatus | None = Field(None, description="The capture of the stable Service's traffic (spec.retraining.capture).")
