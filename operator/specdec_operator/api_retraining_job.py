@@ -1,0 +1,119 @@
+"""The retraining Job's settings (issue 36, item 2): what `spec.retraining.training` will hold beside the capture.
+
+Types only, like api.py: the budget a training Job runs within, the triggers that start one, and the limits on how
+often. The rule that reads them is reconcile/retrain.py; the Job they shape is trainjob.py. Nothing reads this
+sub-object from a resource yet: it joins api_retraining.Retraining (the traffic capture, itself not in the spec yet) as
+its `training` field, and the CRD grows by it then (`make crd`).
+
+api.py's conventions (camelCase on the wire, unknown fields refused, no coercion, null is unset) through a base of its
+own: api.py is to import api_retraining, which is to import this module, so neither may import their bases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# The documented default of minAcceptanceGain: a retrained drafter must beat the serving one's offline acceptance length
+# on the held-out slice of recent traffic by 5 % before it is raced live (item 3 uses it; retrain.offline_gain_passes).
+DEFAULT_MIN_ACCEPTANCE_GAIN = 0.05
+
+
+class _SpecModel(BaseModel):
+    """api._SpecModel's rules: strict types, unknown fields refused, null is unset, camelCase aliases."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
+        return {k: v for k, v in data.items() if v is not None or k not in known}
+
+
+class TrainingBudget(_SpecModel):
+    gpus: int = Field(
+        1,
+        description="GPUs of the training Job's pod (nvidia.com/gpu on its capture and train stages). 0 trains on CPU, in the CPU "
+        "variant of the drafter-training image when the operator names one (tiny models, tests).",
+        ge=0,
+        le=8,
+    )
+    max_steps: int = Field(
+        2000, alias="maxSteps", description="Optimizer steps of the warm-started training (specdec-train train --max-steps).", ge=1, le=1_000_000
+    )
+    max_minutes: int = Field(
+        180,
+        alias="maxMinutes",
+        description="Wall time of the whole Job, every stage and retry included (its activeDeadlineSeconds): past it the Job fails "
+        "and nothing it wrote is used.",
+        ge=5,
+        le=7 * 24 * 60,
+    )
+    backoff_limit: int = Field(
+        1,
+        alias="backoffLimit",
+        description="Failed pods the Job retries before it fails (its backoffLimit; each stage resumes where the failed pod left it). "
+        "Bad input (exit 2) fails the Job at once, and a pod preempted by serving is not counted.",
+        ge=0,
+        le=5,
+    )
+    regenerate_concurrency: int = Field(
+        4,
+        alias="regenerateConcurrency",
+        description="The load budget on the serving target: concurrent requests with which the Job regenerates the captured prompts' "
+        "responses on the base server (same engine, quantization and chat template as serving).",
+        ge=1,
+        le=64,
+    )
+
+
+class RetrainTriggers(_SpecModel):
+    on_drift: bool = Field(
+        True, alias="onDrift", description="Retrain when the drift monitor rolls the drafter back (acceptance under the floor over its window)."
+    )
+    on_rollback: bool = Field(
+        True,
+        alias="onRollback",
+        description="Retrain when a probe rolls back, for low acceptance or speedup, a drafter that validated and once accepted (never "
+        "for a drafter that never accepted: wrong layer ids or another target is not fixed by retraining it).",
+    )
+    schedule_hours: int | None = Field(
+        None,
+        alias="scheduleHours",
+        description="Also retrain every this many hours (counted from the last Job's start, or from when the drafter began serving). "
+        "Unset: no schedule.",
+        ge=1,
+        le=90 * 24,
+    )
+
+
+class RetrainingTraining(_SpecModel):
+    budget: TrainingBudget = Field(default_factory=TrainingBudget, description="What one training Job may use.")
+    triggers: RetrainTriggers = Field(default_factory=RetrainTriggers, description="What starts a training Job.")
+    cooldown_minutes: int = Field(
+        360,
+        alias="cooldownMinutes",
+        description="Minutes after a training Job ends (whatever its outcome) before another starts.",
+        ge=0,
+        le=30 * 24 * 60,
+    )
+    max_per_day: int = Field(2, alias="maxPerDay", description="Training Jobs started in any 24 hours, at most.", ge=1, le=24)
+    min_samples: int = Field(
+        200,
+        alias="minSamples",
+        description="Captured conversations a Job needs, and new ones needed after a retrained drafter lost before another Job starts.",
+        ge=1,
+        le=10_000_000,
+    )
+    min_acceptance_gain: float = Field(
+        DEFAULT_MIN_ACCEPTANCE_GAIN,
+        alias="minAcceptanceGain",
+        description="The margin a retrained drafter must beat the serving one by, offline, before it is raced: its acceptance length on "
+        "the held-out slice of recent traffic at least (1 + this) times the serving drafter's. Default 0.05 (5 %).",
+        ge=0,
+        le=10,
+    )
