@@ -92,6 +92,23 @@ def test_no_module_outside_the_seam_branches_on_an_engine_name():
     assert found == [], "ask enginefacts (facts_for(name).x, DEFAULT) instead:\n" + "\n".join(found)
 
 
+def test_no_engine_module_imports_another_engines():
+    """An engine's module takes what engines share from engines/paths.py or enginefacts, not from another engine's
+    module (vLLM's renderer imported its paths from the SGLang module before issue 33)."""
+    modules = sorted(p for p in (PACKAGE / "engines").glob("*.py") if p.stem in NAMES)
+    assert [p.stem for p in modules] == sorted(NAMES)
+    for path in modules:
+        others = NAMES - {path.stem}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                parts = (node.module or "").split(".") + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                parts = [part for a in node.names for part in a.name.split(".")]
+            else:
+                continue
+            assert not others & set(parts), f"engines/{path.name}:{node.lineno} imports {ast.unparse(node)}"
+
+
 @pytest.mark.parametrize(
     "code",
     [
