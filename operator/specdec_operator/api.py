@@ -89,6 +89,13 @@ class Reason(StrEnum):
     LOAD_AWARE_UNSUPPORTED = "LoadAwareUnsupported"
     OUTPUT_MISMATCH = "OutputMismatch"
     DATASET_INVALID = "DatasetInvalid"
+    # A race of candidates (reconcile/candidate_race.py): a candidate that cannot beat the best one so far, one the GPU
+    # budget left unmeasured, a race waiting for a race slot; the Events of a candidate's result and of the winner
+    CANNOT_WIN = "CannotWin"
+    GPU_BUDGET_SPENT = "GpuBudgetSpent"
+    RACE_QUEUED = "RaceQueued"
+    CANDIDATE_MEASURED = "CandidateMeasured"
+    RACE_WON = "RaceWon"
     # A warning on a decision: the probe measured random token ids, not the traffic users send
     SYNTHETIC_TRAFFIC = "SyntheticTraffic"
     # Phases before a decision, and failures
@@ -1564,6 +1571,17 @@ def _legacy_rules() -> list[tuple[str, str, str | None]]:
     return rules
 
 
+class Race(_SpecModel):
+    gpu_seconds_budget: float | None = Field(
+        None,
+        alias="gpuSecondsBudget",
+        description="The most GPU-seconds the race's probes may spend (status.race.gpuSeconds; each probe's as "
+        "status.probe.gpuSeconds counts it). A candidate whose turn comes after the budget is spent is not measured "
+        "(state Skipped, reason GpuBudgetSpent); the race is decided on those measured. Unset: no budget.",
+        gt=0,
+    )
+
+
 class SpeculativeServerSpec(_SpecModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
@@ -1696,15 +1714,15 @@ class SpeculativeServerSpec(_SpecModel):
     # Required: Drafter()'s defaults (EAGLE3 without a path) are not a valid drafter, and an object default
     # that breaks its own CEL rules makes the API server refuse the whole CRD.
     drafter: Drafter = Field(
-        description="The draft model and the speculation shape: the first candidate, the one the operator serves and probes "
-        "(named after its algorithm in lower case among spec.candidates)."
+        description="The draft model and the speculation shape: the first candidate of a race, and the only one without "
+        "spec.candidates (named after its algorithm in lower case among spec.candidates)."
     )
     candidates: list[Candidate] | None = Field(
         None,
         description="More speculative configurations for the same target (a method, its drafter where it has one, its steps, "
-        "tree or n-gram sizes), to be raced against the base after spec.drafter. Today the operator serves and probes only "
-        "the first candidate, spec.drafter: these are listed in status.candidates as waiting for the race (issue 35), and "
-        "each is admitted, rendered and validated as spec.drafter would be.",
+        "tree or n-gram sizes), raced with spec.drafter against the base: each in turn in the speculative server's slot, "
+        "measured against the same warm base, and the fastest confirmed one served (status.candidates, status.race). "
+        "Each is admitted, rendered and validated as spec.drafter would be.",
         max_length=MAX_CANDIDATES,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
@@ -1715,6 +1733,7 @@ class SpeculativeServerSpec(_SpecModel):
         "unless a candidate already uses them. vLLM's SUFFIX is added only when named (it needs the arctic-inference package "
         "in the image). Unset: false.",
     )
+    race: Race | None = Field(None, description="Limits of the race of the candidates (when the spec names more than spec.drafter).")
 
     @field_validator("candidates")
     @classmethod
@@ -1945,12 +1964,49 @@ class SteeringStatus(_Model):
     paused: bool | None = Field(None, description="True while specdec.io/paused holds a fleet's walk.")
 
 
+CandidateState = Literal["Waiting", "Measuring", "Passed", "Serving", "Lost", "Eliminated", "Skipped", "Invalid", "Drifted"]
+
+
 class CandidateStatus(_Model):
+    """One row of the race's table (status.candidates): a candidate and what its probe found."""
+
     name: str = Field(description="The candidate's name (spec.drafter's: its algorithm in lower case).")
     algorithm: str = Field(description="Its speculative method (EAGLE3, NGRAM, ...).")
-    state: Literal["Served", "WaitsForRace"] = Field(
-        description="Served: spec.drafter, the candidate the operator serves and probes today. WaitsForRace: measured once the "
-        "race of the candidates exists (issue 35); nothing runs for it yet."
+    state: CandidateState = Field(
+        description="Waiting: not measured yet. Measuring: in the speculative server's slot now. Passed: confirmed faster, "
+        "not (or not yet) the winner. Serving: the winner, served. Lost: slower than rollout.minSpeedup, not accepting, "
+        "inconclusive or failed. Eliminated: it could no longer beat the best candidate (CannotWin). Skipped: the race's "
+        "GPU budget was spent before its turn. Invalid: its drafter was refused by the validator. Drifted: it won, then "
+        "its acceptance drifted below the monitor's floor."
+    )
+    revision: str | None = Field(None, description="Its speculative revision (the server it runs as, when in the slot).")
+    reason: str | None = Field(None, description="Why it ended where it is: its probe's reason (SpeedupConfirmed, CannotWin, ...).")
+    message: str | None = Field(None, description="Its probe's summary, shortened.")
+    rounds: int | None = Field(None, description="Paired rounds its probe ran.")
+    accept_length: float | None = Field(None, alias="acceptLength", description="Its acceptance length during its probe.")
+    speedup: float | None = Field(None, description="Its overall speedup (the policy's: the smallest workload's, or the weighted one).")
+    workloads: list[WorkloadResult] | None = Field(None, description="Its speedup per workload, with the interval.")
+    gpu_seconds: float | None = Field(None, alias="gpuSeconds", description="What its probe cost (as status.probe.gpuSeconds).", ge=0)
+    finished_at: str | None = Field(None, alias="finishedAt", description="When its probe ended (RFC 3339).")
+
+
+class RaceStatus(_Model):
+    """Where the race of the candidates stands (status.race); the table is status.candidates."""
+
+    revision: str = Field(description="The race's revision: a hash of every candidate's revision, in order. A new one is a new race.")
+    state: Literal["Queued", "Running", "Decided"] = Field(
+        description="Queued: waiting for a race slot (the operator's --max-concurrent-races), the base serves. Running: "
+        "candidates are measured one after another in the speculative server's slot. Decided: a winner serves, or none "
+        "was faster and the base serves."
+    )
+    current: str | None = Field(None, description="The candidate in the speculative server's slot.")
+    winner: str | None = Field(None, description="The candidate that won (the fastest confirmed under rollout.policy), if any.")
+    gpu_seconds: float | None = Field(None, alias="gpuSeconds", description="GPU-seconds the race's probes spent so far.", ge=0)
+    confidence: float | None = Field(
+        None,
+        description="The confidence each candidate's probe decides at: 1 - (1 - 0.998) / candidates (0.998 is a probe's "
+        "confidence), so that picking the best of them promotes a candidate slower than rollout.minSpeedup no more often "
+        "than a single probe promotes one (0.2 %).",
     )
 
 
@@ -1991,10 +2047,12 @@ class SpeculativeServerStatus(_Model):
     steering: SteeringStatus | None = Field(None, description="What was asked by hand (the specdec.io/* annotations) and acted on.")
     candidates: list[CandidateStatus] | None = Field(
         None,
-        description="The resolved candidates (spec.drafter, spec.candidates, the drafter-free methods spec.includeDrafterFree "
-        "adds), when the spec names more than spec.drafter: the first is served and probed, the others wait for the race.",
+        description="The race's table: the resolved candidates (spec.drafter, spec.candidates, the drafter-free methods "
+        "spec.includeDrafterFree adds), when the spec names more than spec.drafter, each with its state and its probe's "
+        "figures.",
         max_length=MAX_CANDIDATES + 4,
     )
+    race: RaceStatus | None = Field(None, description="The race of the candidates, when the spec names more than spec.drafter.")
     waiting_for: str | None = Field(
         None,
         alias="waitingFor",
@@ -2009,10 +2067,8 @@ class SpeculativeServerStatus(_Model):
 
 # --------------------------------------------------------------------------------------------------
 # Candidates: spec.drafter first, then spec.candidates, then the drafter-free methods spec.includeDrafterFree adds.
-# Today the operator serves and probes the first only (spec.drafter, which every other part of the operator reads); the
-# others are admitted, rendered and validated the same way and listed in status.candidates as waiting for the race
-# (issue 35). spec_for_candidate gives the spec in which a candidate takes spec.drafter's place: what the race will
-# render and validate for it.
+# The race (reconcile/candidate_race.py) puts each in turn in spec.drafter's place (spec_for_candidate): what renders,
+# validates and probes it is the one-drafter lifecycle every other part of the operator reads.
 
 
 @dataclass(frozen=True)
@@ -2048,17 +2104,6 @@ def names_more_than_the_drafter(spec: SpeculativeServerSpec) -> bool:
     """Whether the spec asks for candidates beyond spec.drafter (status.candidates is written only then, so the status
     of a single-drafter spec stays as it was)."""
     return bool(spec.candidates) or bool(spec.include_drafter_free)
-
-
-def candidate_status(spec: SpeculativeServerSpec) -> list[CandidateStatus] | None:
-    """status.candidates: every resolved candidate with its state (the first Served, the rest WaitsForRace), or None for
-    a spec of spec.drafter alone."""
-    if not names_more_than_the_drafter(spec):
-        return None
-    return [
-        CandidateStatus(name=c.name, algorithm=c.drafter.algorithm, state="Served" if i == 0 else "WaitsForRace")
-        for i, c in enumerate(resolve_candidates(spec))
-    ]
 
 
 def spec_for_candidate(spec: SpeculativeServerSpec, name: str) -> SpeculativeServerSpec:

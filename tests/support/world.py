@@ -12,7 +12,7 @@ import yaml
 
 from specdec_operator import manifests as m
 from specdec_operator.controller.kopf_tuning import slim_pod
-from specdec_operator.reconcile import Observed, Plan, reconcile
+from specdec_operator.reconcile import Observed, Plan, Settings, reconcile
 from specdec_operator.resource import parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -49,7 +49,7 @@ class World:
     def spec(self):
         return parse_spec(self.spec_dict)
 
-    def step(self, now: datetime = NOW, **observed) -> Plan:
+    def step(self, now: datetime = NOW, settings: Settings | None = None, **observed) -> Plan:
         obs = Observed(
             name=self.name,
             namespace="ns",
@@ -62,7 +62,7 @@ class World:
             probe_running=observed.pop("probe_running", self.probe_running),
             **observed,
         )
-        plan = reconcile(self.spec, obs, copy.deepcopy(self.status), now)
+        plan = reconcile(self.spec, obs, copy.deepcopy(self.status), now, settings or Settings())
         for obj in plan.apply:
             obj = copy.deepcopy(obj)
             if m.is_replicas_only(obj):  # a merge patch of spec.replicas (kubewriter): the template stays

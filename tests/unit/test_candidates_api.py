@@ -13,13 +13,11 @@ import pytest
 import yaml
 
 from specdec_operator import api
-from specdec_operator.api import candidate_status, resolve_candidates, spec_for_candidate
+from specdec_operator.api import resolve_candidates, spec_for_candidate
 from specdec_operator.crd import custom_resource_definition
-from specdec_operator.engines import engine_for
 from specdec_operator.errors import InputError
-from specdec_operator.reconcile.status import STATUS_BYTES_BUDGET
 from specdec_operator.resource import dump, parse_spec, speculative_revision
-from tests.support.world import COMPATIBLE, World, llama_spec
+from tests.support.world import World, llama_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG = {
@@ -51,7 +49,7 @@ def test_a_single_drafter_spec_is_one_candidate_and_its_status_and_revision_do_n
         if "candidates" in doc["spec"] or "includeDrafterFree" in doc["spec"]:
             continue
         assert [c.name for c in resolve_candidates(spec)] == [spec.drafter.algorithm.lower()]
-        assert candidate_status(spec) is None  # status as before
+        assert not api.names_more_than_the_drafter(spec)  # no race: status as before
         assert "candidates" not in dump(spec) and "includeDrafterFree" not in dump(spec)
         assert set(dump(spec)["drafter"]) <= {"algorithm", "path", "numSteps", "eagleTopk", "numDraftTokens"}
     # The revision is a hash of the dump: a spec of before issue 35 keeps its revision (no new probe on upgrade).
@@ -78,8 +76,6 @@ def test_candidates_resolve_in_order_with_the_drafter_first_and_drafter_free_met
         ("ngram", "DFLASH", "spec.candidates[1]"),
         ("ngram-auto", "NGRAM", "spec.includeDrafterFree"),  # its own name is taken
     ]
-    statuses = [s.model_dump() for s in candidate_status(spec) or []]
-    assert [s["state"] for s in statuses] == ["Served", "WaitsForRace", "WaitsForRace", "WaitsForRace"]
     # A method a candidate already uses is not added again.
     again = admit(VLLM, candidates=[{"name": "lookup", "algorithm": "NGRAM", "ngram": {"minMatch": 2, "maxMatch": 4}}], includeDrafterFree=True)
     assert [c.name for c in resolve_candidates(again)] == ["eagle3", "lookup"]
@@ -211,35 +207,8 @@ def test_the_crd_carries_the_rules_the_api_server_evaluates() -> None:
         assert words in crd
 
 
-def test_the_status_lists_the_candidates_within_its_byte_budget() -> None:
-    candidates = [{"name": f"candidate-{i:02d}-long", "algorithm": "NGRAM", "numDraftTokens": 12} for i in range(api.MAX_CANDIDATES)]
-    spec = admit(SGLANG, candidates=candidates, includeDrafterFree=True)
-    listed = candidate_status(spec) or []
-    assert len(listed) == api.MAX_CANDIDATES + 1  # NGRAM is used already: nothing is added
-    size = len(json.dumps([s.model_dump(by_alias=True) for s in listed]))
-    assert size < STATUS_BYTES_BUDGET / 10, size  # a small share of the whole status's budget
-
-
-def test_reconcile_serves_and_probes_the_first_candidate_and_lists_the_rest_as_waiting() -> None:
-    raw = llama_spec()
-    raw["candidates"] = [
-        {"name": "ngram", "algorithm": "NGRAM", "numDraftTokens": 10},
-        {"name": "small", "algorithm": "STANDALONE", "path": "llama-3.2-1b"},
-    ]
-    world = World(raw)
-    plan = world.step()
-    assert [(c["name"], c["state"]) for c in plan.status["candidates"]] == [
-        ("eagle3", "Served"),
-        ("ngram", "WaitsForRace"),
-        ("small", "WaitsForRace"),
-    ]
-    assert sorted(world.deployments) == ["llama-base", "llama-spec"]  # no server for the waiting candidates
-    spec = parse_spec(raw)
-    command = world.deployments["llama-spec"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command == engine_for(spec).render_argv(spec_for_candidate(spec, "eagle3"), "speculative")
-    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
-    plan = world.step()
-    assert plan.starts_probe and plan.status["candidates"][0]["state"] == "Served"
-    # The single-drafter resource of before writes no status.candidates (its merge patch leaves it unset).
+def test_a_single_drafter_resource_writes_no_race() -> None:
+    # The single-drafter resource of before writes no status.candidates or status.race (its merge patch leaves them unset).
     plain = World(llama_spec())
-    assert plain.step().status["candidates"] is None
+    status = plain.step().status
+    assert status["candidates"] is None and status["race"] is None

@@ -130,7 +130,7 @@ class Executor:
             except ApiException as exc:
                 self.metrics.reconcile_errors.labels("api").inc()
                 logger.warning(f"deleting the spent probe evidence {namespace}/{name}-probe-evidence failed: API {exc.status} {exc.reason}")
-            if result.revision == plan.revision:
+            if result.revision == plan.revision or result.revision in plan.measured:  # a race's candidates count too
                 self.metrics.probes.labels(namespace, name, result.decision or "none", result.reason or "none").inc()
                 if result.gpu_seconds is not None:  # this probe's own (a load-aware decision's plain probe was counted when it ended)
                     self.metrics.probe_gpu_seconds.labels(namespace, name).inc(result.gpu_seconds)
@@ -144,6 +144,7 @@ class Executor:
                 on_done=lambda: self.wake(namespace, name),
                 probe_id=plan.probe.probe_id,
                 load_aware_probe=plan.probe.load_aware_probe,
+                race=(plan.probe.family, plan.probe.bar),
                 owner_uid=state.uid,
                 generation=int((body.get("metadata") or {}).get("generation") or 1),
                 write_evidence=self._evidence_writer(body, state.uid),

@@ -10,8 +10,9 @@ names a host.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -24,7 +25,7 @@ from ..errors import InputError
 from ..monitor import Sample, sample_from_metrics
 from ..probe import ProbeRequestError, scrape_metrics
 from ..probe.datasets import Prompt, parse_dataset
-from ..probe.evidence import Evidence, from_compact
+from ..probe.evidence import Continue, Decide, Decided, Evidence, RaceRules, from_compact
 from ..probe.run import run_probe
 from ..probe.scripted import load_script, scripted_for
 from ..probecost import probed_gpus, unit_seconds
@@ -53,6 +54,8 @@ class _Probe:
     owner_uid: str | None = None  # the resource's uid: the owner reference of a File source's reader pod
     generation: int | None = None  # the resource's metadata.generation when the probe started (the evidence's key)
     write_evidence: WriteEvidence | None = None  # keeps the evidence after every round (None: not kept)
+    # A race's candidate (StartProbe.family, .bar): the arms the race's error budget is shared with, and the low end to beat.
+    race: tuple[int, float | None] = (1, None)
     task: asyncio.Task[ProbeStatus] | None = None
     progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
 
@@ -69,6 +72,17 @@ def config_map_dataset(namespace: str, config_map: dict | None, name: str, key: 
         keys = ", ".join(sorted(data)) or "none"
         raise InputError(f"{source}: ConfigMap {namespace}/{name} has no key {key!r} (keys: {keys}); name an existing key")
     return parse_dataset(data[key], source=source, fmt=fmt)
+
+
+def race_decide(family: int, bar: float | None) -> Decide:
+    """reconcile/race.decide with a race's share of the error budget and its bar (one candidate of several)."""
+    if family <= 1 and bar is None:
+        return decide
+
+    def decide_in_race(evidence: Evidence, rules: RaceRules, arms: Sequence[str], workloads: Sequence[str]) -> Continue | Decided:
+        return decide(evidence, dataclasses.replace(rules, family=max(family, rules.family), bar=bar), arms, workloads)
+
+    return decide_in_race
 
 
 def fresh_evidence(probe: _Probe) -> Evidence:
@@ -156,6 +170,7 @@ class ProbeScheduler:
         *,
         probe_id: str | None = None,
         load_aware_probe: LoadAwareStatus | None = None,
+        race: tuple[int, float | None] = (1, None),
         owner_uid: str | None = None,
         generation: int | None = None,
         write_evidence: WriteEvidence | None = None,
@@ -166,7 +181,7 @@ class ProbeScheduler:
 
         ``load_aware_probe``: the speculative server runs the load-aware probe's adaptive table. An adaptive server does not
         draft from its no-draft batch size up, so the acceptance-length floor does not apply to it."""
-        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware_probe, owner_uid, generation, write_evidence)
+        probe = self._probes[key] = _Probe(key, revision, probe_id or revision, load_aware_probe, owner_uid, generation, write_evidence, race=race)
         probe.task = asyncio.create_task(self._run(probe, spec, on_done), name=f"probe {key[0]}/{key[1]}")
         probe.task.add_done_callback(lambda _t: on_done())
 
@@ -241,7 +256,7 @@ class ProbeScheduler:
                         datasets=datasets,
                         output_check=rollout.output_check,
                         engine=engine_for(spec),
-                        decide=decide,
+                        decide=race_decide(*probe.race),
                         evidence=evidence,
                         on_evidence=keep,
                         script=script,

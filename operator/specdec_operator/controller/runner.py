@@ -167,6 +167,13 @@ def _add_intervals_and_limits(p: argparse.ArgumentParser) -> None:
         help="probes run at once by this replica; more wait for a slot (each streams from two servers through this process, and a CPU-starved client would bias its measurements; default 8)",
     )
     p.add_argument(
+        "--max-concurrent-races",
+        type=_positive(int),
+        default=2,
+        metavar="N",
+        help="races of candidates (spec.candidates) running at once; a new race waits Queued, the base serving and no speculative server held, until one ends (default 2)",
+    )
+    p.add_argument(
         "--max-concurrent-scrapes",
         type=_positive(int),
         default=32,
@@ -218,6 +225,7 @@ def main(argv: list[str]) -> int:
                 validator_image=args.validator_image, startup_allowance_s=args.startup_allowance, validator_memory_limit=args.validator_memory_limit
             ),
             crash_restart_limit=args.crash_restart_limit,
+            max_concurrent_races=args.max_concurrent_races,
         ),
         endpoints=endpoints,
         reconcile_interval=args.reconcile_interval,

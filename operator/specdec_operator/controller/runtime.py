@@ -236,6 +236,7 @@ class Runtime:
             spec_error=spec_error,
             leader_worker_sets_served=served,
             pod_events=await self.pod_events(key[0], pods),
+            races_elsewhere=self.races_running(key),
         )
         plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         if plan.refused:  # nothing is created or changed: the children that exist stay as they are
@@ -245,6 +246,14 @@ class Runtime:
         assert spec is not None
         await self.executor.execute(key, state, body, spec, plan, observed, logger)
         return plan
+
+    def races_running(self, key: Key) -> int:
+        """Races of candidates running in the other resources this replica reconciles (their last written status)."""
+        return sum(
+            1
+            for other, state in self.resources.items()
+            if other != key and state.status is not None and state.status.race is not None and state.status.race.state == "Running"
+        )
 
     async def pod_events(self, namespace: str, pods: list) -> list[dict[str, Any]]:
         """The Warning Events about pods in the namespace, read only while one of this resource's pods waits (the
@@ -293,6 +302,7 @@ def observe(
     spec_error: str | None = None,
     leader_worker_sets_served: bool = True,
     pod_events: list[dict[str, Any]] | None = None,
+    races_elsewhere: int = 0,
 ) -> Observed:
     # A variant's server is a Deployment or (multi-node) a LeaderWorkerSet of the same name; those of the kind
     # the spec does not use are retiring (a resources.nodes change: reconcile/retire.py).
@@ -323,6 +333,7 @@ def observe(
         leader_worker_sets_served=leader_worker_sets_served,
         pod_events=pod_events or [],
         annotations=dict((body.get("metadata") or {}).get("annotations") or {}),
+        races_elsewhere=races_elsewhere,
     )
 
 

@@ -219,6 +219,11 @@ class RaceRules:
     weights: Mapping[str, float] = field(default_factory=dict)  # workload -> weight (weighted policy; default 1)
     accept_length_floor: float | None = 1.1
     labels: Mapping[str, str] = field(default_factory=dict)  # workload -> how messages name it ("chat (c=1)")
+    # A race of candidates measured one after another (reconcile/candidate_race.py): the arms the error budget is shared
+    # with over the whole race (this probe's arms and the others'), and the best low end a candidate measured before
+    # has passed with (an arm whose high end is below it cannot win: CannotWin).
+    family: int = 1
+    bar: float | None = None
 
 
 @dataclass(frozen=True)

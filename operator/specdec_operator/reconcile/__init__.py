@@ -22,6 +22,10 @@ The step is a pipeline of named pure functions, one module per concern::
       -> desired_children                                                                  (children.py)
     events = transition_events(stored status, new status)      (events.py: the only place Events are made)
 
+A spec that names more than spec.drafter is a race (candidate_race.py): the same pipeline runs for one candidate at a
+time in spec.drafter's place, and the race records each candidate's decision in status.candidates, chooses the next
+candidate or the winner, and adds its Events (CandidateMeasured, RaceWon, RaceQueued) to the pipeline's.
+
 Restart safety comes from the status: the validation result and every decision are stored with the speculative
 revision they are for (``resource.speculative_revision``). A decided revision is never probed again, so a
 restarted operator reads its decisions back instead of making them again; a probe that was running when the
@@ -47,11 +51,20 @@ from pydantic import ValidationError
 
 from .. import manifests as m
 from .. import steering
-from ..api import Phase, ProbeStatus, Reason, SpeculativeServerSpec, SpeculativeServerStatus, ValidationStatus, Variant
+from ..api import (
+    Phase,
+    ProbeStatus,
+    Reason,
+    SpeculativeServerSpec,
+    SpeculativeServerStatus,
+    ValidationStatus,
+    Variant,
+    names_more_than_the_drafter,
+)
 from ..errors import InputError
 from ..resource import speculative_revision
 from ..textutil import clip, parse_time
-from . import deadline, overrides, refused, retire
+from . import candidate_race, deadline, overrides, refused, retire
 from .children import desired_children, observed_child
 from .decision import apply_drift, is_invalid, is_promoted, settle_decision, settle_validation
 from .diff import merge_patch, needs_apply, owned_by
@@ -140,6 +153,15 @@ def reconcile(
     if spec is None:
         raise ValueError("reconcile: no spec, and observed says no reason (spec_error)")
     try:
+        if names_more_than_the_drafter(spec):  # a race of candidates, each run by the same lifecycle in turn
+
+            def lifecycle(candidate: SpeculativeServerSpec, seen: Observed, told: SpeculativeServerStatus, cached: Mapping[str, Any]) -> Plan:
+                return _serve(candidate, seen, told, now, settings, render_argv, cached, gpu_pods=observed.pods)
+
+            limit = settings.max_concurrent_races
+            return candidate_race.run(
+                spec, observed, prev, rendered or {}, lifecycle, queue_full=limit is not None and observed.races_elsewhere >= limit
+            )
         return _serve(spec, observed, prev, now, settings, render_argv, rendered or {})
     except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
         return refused.refused_plan(prev, observed, now, Reason.INVALID_SPEC, str(exc))
@@ -153,13 +175,16 @@ def _serve(
     settings: Settings,
     render_argv: Callable[..., list[str]],
     rendered: Mapping[str, Any],
+    gpu_pods: list[dict[str, Any]] | None = None,
 ) -> Plan:
+    """The one-drafter lifecycle (the module docstring's pipeline). ``gpu_pods``: the pods whose GPUs status.gpus counts,
+    when the lifecycle sees fewer (a race's candidate sees only its own revision's speculative pods)."""
     revision = speculative_revision(spec)
     stored = prev
     asked = steering.read(observed.annotations, prev.steering.retried if prev.steering is not None else None)
     prev = overrides.before_settling(prev, asked, revision)
     retirement = retire.retiring(spec, observed)
-    pods = observed.pods  # status.gpus counts every pod that holds GPUs, the retiring kind's too
+    pods = observed.pods if gpu_pods is None else gpu_pods  # status.gpus counts every pod that holds GPUs, the retiring kind's too
     if retirement is not None:  # resources.nodes changed kind: the lifecycle sees the new kind's pods only
         observed = retire.without_old_pods(observed, retirement)
     load_aware_probe = settle_load_aware_probe(

@@ -216,7 +216,8 @@ def plan_replicas(facts: Facts, validation: ValidationStatus | None, decision: P
     """
     n = facts.spec.replicas
     state = fleet_state(facts)
-    broken = is_invalid(validation) or never_started(decision)
+    # A race waiting for a slot (candidate_race.queued) holds no speculative server either, as a broken one does not.
+    broken = is_invalid(validation) or never_started(decision) or (decision is not None and decision.reason == Reason.RACE_QUEUED)
     toward = None if decision is None and not broken else (SPECULATIVE if is_promoted(decision) and not broken else BASE)
     old = old_speculative_servers(facts)
     if n == 1 and old and not _walked_back_one_server(facts):

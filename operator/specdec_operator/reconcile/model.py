@@ -21,6 +21,9 @@ class Settings:
     # A speculative server whose main container restarted this often (CrashLoopBackOff) is given up on:
     # the decision for its revision is ProbeFailed and it is scaled to 0 instead of holding its GPUs.
     crash_restart_limit: int = 3
+    # Races of candidates measured at once over the whole operator (specdec run --max-concurrent-races; None: no
+    # limit): a race holds a speculative server's GPUs for as long as it runs, and a Kimi server is 8 GPUs.
+    max_concurrent_races: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Observed:
     spec_error: str | None = None
     leader_worker_sets_served: bool = True
     api_refusal: ApiRefusal | None = None
+    # Races of candidates running in other resources now (status.race.state Running): against Settings.max_concurrent_races.
+    races_elsewhere: int = 0
 
     def __post_init__(self) -> None:
         # A result written by hand (tests, tools) may come as status.probe's camelCase mapping.
@@ -93,6 +98,10 @@ class StartProbe:
     revision: str
     # The load-aware probe: the adaptive table the speculative server runs (its result carries it). None: a plain probe.
     load_aware_probe: LoadAwareStatus | None = None
+    # A candidate of a race (reconcile/candidate_race.py): the arms the error budget is shared with over the race, and
+    # the best low end a candidate measured before passed with (below it this one cannot win). RaceRules.family/bar.
+    family: int = 1
+    bar: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,9 @@ class Plan:
     # The spec is not served (InvalidSpec, LeaderWorkerSetMissing, an API refusal: refused.py): only the status
     # and its Events are written; no child, no probe.
     refused: bool = False
+    # The revisions of a race's candidates whose probe results this step recorded (their metrics are counted as the
+    # plan's own revision's are).
+    measured: tuple[str, ...] = ()
 
     @property
     def starts_probe(self) -> bool:

@@ -13,11 +13,13 @@ probe/sequential.py, the error budget shared by the arms:
   is below (from the first round); it is **futile** when the estimate is too close to the threshold for the rounds left
   to decide (decide.futile, projected to decide.futility_horizon: round 6, or 3 rounds ahead after it); it **does not accept** when its acceptance length
   is at or below the floor.
-* An arm still undecided whose interval's high end is below the best passing arm's low end **cannot win** and stops.
+* An arm still undecided whose interval's high end is below the best passing arm's low end **cannot win** and stops
+  (so does one below ``rules.bar``: the best low end of a candidate of the same race measured before, reason CannotWin).
 * The race goes on while any arm is undecided and the budget has rounds left; then the passing arm with the highest
   estimate wins (every passing arm is faster than the threshold at the race's confidence: each arm spends
   ``1 / arms`` of the budget, so picking the best of N promotes a slower-than-threshold arm no more often than
-  ``1 - confidence``).
+  ``1 - confidence``). A race of candidates measured one probe after another shares the budget the same way:
+  ``rules.family`` is the number of arms over the whole race.
 
 The run's facts that are not rounds (``evidence.facts``, probe/evidence.py RunFacts) come first and are turned into
 the decision by reconcile/probe_outcome.py: a failure is ProbeFailed whatever was measured; a spent time budget is
@@ -108,10 +110,11 @@ def decide(evidence: Evidence, rules: RaceRules, arms: Sequence[str], workloads:
 
 def _race(evidence: Evidence, rules: RaceRules, arms: Sequence[str], workloads: Sequence[str]) -> Continue | Decided:
     """The race on the rounds alone: every arm's state, what to measure next, or the speed decision."""
-    states = {arm: arm_state(evidence, arm, workloads, rules, len(arms)) for arm in arms}
+    states = {arm: arm_state(evidence, arm, workloads, rules, max(len(arms), rules.family)) for arm in arms}
     passed = [s for s in states.values() if s.outcome is ArmOutcome.PASSED and s.interval is not None]
-    if passed:
-        best_low = max(s.interval.low for s in passed if s.interval is not None)
+    bars = [s.interval.low for s in passed if s.interval is not None] + ([rules.bar] if rules.bar is not None else [])
+    if bars:
+        best_low = max(bars)
         for arm, s in states.items():
             if s.outcome is ArmOutcome.UNDECIDED and s.interval is not None and s.interval.high < best_low:
                 states[arm] = ArmState(arm, ArmOutcome.CANNOT_WIN, s.rounds, s.interval, s.workloads, s.wide)
@@ -138,6 +141,9 @@ def _decided(states: dict[str, ArmState], rules: RaceRules, evidence: Evidence) 
             f"(1.00 = no draft token accepted); the base keeps serving"
         )
         return Decided(Decision.ROLLBACK, Reason.DRAFTER_NOT_ACCEPTING, message, None, states)
+    if outcomes == {ArmOutcome.CANNOT_WIN} and rules.bar is not None:
+        message = f"cannot win the race: its interval's high end is below {rules.bar:.3f}, the best low end of a candidate measured before: {detail}"
+        return Decided(Decision.ROLLBACK, Reason.CANNOT_WIN, message, None, states)
     if outcomes <= {ArmOutcome.FAILED, ArmOutcome.NOT_ACCEPTING, ArmOutcome.CANNOT_WIN}:
         return Decided(Decision.ROLLBACK, Reason.SPEEDUP_BELOW_THRESHOLD, f"speedup below threshold: {detail}", None, states)
     if ArmOutcome.INCONCLUSIVE in outcomes:

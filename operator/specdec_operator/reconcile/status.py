@@ -16,7 +16,6 @@ from ..api import (
     SpeculativeServerStatus,
     ValidationStatus,
     Variant,
-    candidate_status,
 )
 from ..textutil import clip
 from .conditions import Conditions
@@ -281,7 +280,6 @@ def build_status(
         probe=probe_status(facts, decision, outcome),
         monitor=monitor,
         service_address=_service_address(facts),
-        candidates=candidate_status(facts.spec),  # only when the spec names more than spec.drafter (issue 35)
         **(_fleet_status(facts, fleet) if fleet is not None else {}),
     )
 
