@@ -6,6 +6,7 @@
     specdec-train train      --capture caps/ --target DIR --out run/ [--ttt-steps 7 --epochs 10] [--init-from-drafter DIR]
     specdec-train export     --run run/ --target DIR --out drafter/ [--engine sglang|vllm] [--format plain|speculators]
     specdec-train evaluate   --target DIR --drafter run/final --prompts heldout.jsonl
+    specdec-train publish    --staging STAGING/ --out revisions/R   (a retraining Job's last stage)
 
 Every stage resumes where an interrupted run stopped. Unusable input exits 2 with one line naming the
 file or flag and the fix.
@@ -60,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization", default="checkpoint", help="hf: checkpoint | none | int4-rtn-g128; sglang: the server's --quantization (recorded)"
     )
     c.add_argument("--capture-layers", type=_layers, default=None, help="output-index layer ids low,mid,high (default [1, N/2-1, N-4])")
+    c.add_argument(
+        "--capture-layers-of",
+        default=None,
+        metavar="DIR",
+        help="the layers an exported drafter was trained on (for train --init-from-drafter DIR); instead of --capture-layers",
+    )
     c.add_argument("--storage", choices=["bf16", "fp8"], default="bf16")
     c.add_argument("--device", default=None)
     c.add_argument("--top-k", type=int, default=20, help="sglang: top-k log-probabilities kept per position")
@@ -129,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--speculative-tokens", type=int, default=3, help="with --format speculators: the proposal method's speculative_tokens (default 3)"
     )
 
+    pb = sub.add_parser("publish", help="check an export and make it a revision directory in one rename, with its COMPLETE marker")
+    pb.add_argument("--staging", required=True, help="the Job's staging directory (its export/ is published, the rest removed)")
+    pb.add_argument("--out", required=True, help="the new revision directory (on the staging directory's volume)")
+    pb.add_argument("--job", default=None, help="the Job's name, recorded in the marker")
+
     ev = sub.add_parser("evaluate", help="real acceptance length by chain speculative decoding")
     ev.add_argument("--target", required=True)
     ev.add_argument("--drafter", required=True, help="a training run's final/ directory")
@@ -168,6 +180,12 @@ def _run(args: argparse.Namespace) -> Any:
     if args.stage == "capture":
         from .capture import capture_hf, capture_sglang
 
+        if args.capture_layers_of:
+            from .warmstart import trained_layers
+
+            if args.capture_layers is not None:
+                raise InputError("--capture-layers with --capture-layers-of: pass one of them")
+            args.capture_layers = trained_layers(args.capture_layers_of, args.target)
         if args.source == "sglang":
             if not args.url:
                 raise InputError("--url: required with --source sglang (the capture server's root URL)")
@@ -250,6 +268,10 @@ def _run(args: argparse.Namespace) -> Any:
             fmt=args.export_format,
             speculative_tokens=args.speculative_tokens,
         ).to_json()
+    if args.stage == "publish":
+        from .publish import publish
+
+        return publish(args.staging, args.out, args.job)
     if args.stage == "evaluate":
         return _evaluate(args, progress)
     raise AssertionError(args.stage)

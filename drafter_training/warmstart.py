@@ -64,14 +64,29 @@ def load_exported_drafter(drafter_dir: str | Path, target_dir: str | Path, engin
     flat, speculators = _flat_config(drafter_dir)
     provenance = _provenance(drafter_dir)
     target_cfg = read_config(target_dir)
-    engine = engine or (provenance.exported_for() if provenance else None) or ("vllm" if speculators else None)
-    if engine is not None and engine not in ENGINES:
-        raise InputError(f"--init-from-engine {engine}: must be one of {', '.join(ENGINES)}")
+    engine = _engine(engine, provenance, speculators)
     layers = _trained_layers(drafter_dir, flat, provenance, engine, target_cfg)
     cfg = _draft_config(flat, layers)
     _check_target(drafter_dir, cfg, provenance, target_cfg, target_dir)
     weights, d2t, t2d = _weights(drafter_dir, cfg)
     return ExportedDrafter(config=cfg, weights=weights, d2t=d2t, t2d=t2d, engine=engine)
+
+
+def trained_layers(drafter_dir: str | Path, target_dir: str | Path, engine: str | None = None) -> list[int]:
+    """The target layers (output indices) an exported drafter was trained on: what a capture for its warm start must
+    record (`specdec-train capture --capture-layers-of DIR`)."""
+    drafter_dir = Path(drafter_dir)
+    flat, speculators = _flat_config(drafter_dir)
+    provenance = _provenance(drafter_dir)
+    return _trained_layers(drafter_dir, flat, provenance, _engine(engine, provenance, speculators), read_config(target_dir))
+
+
+def _engine(named: str | None, provenance: DrafterProvenance | None, speculators: bool) -> str | None:
+    """The convention of config.json's layer ids: as named, as the provenance says, vLLM's for a speculators config."""
+    engine = named or (provenance.exported_for() if provenance else None) or ("vllm" if speculators else None)
+    if engine is not None and engine not in ENGINES:
+        raise InputError(f"--init-from-engine {engine}: must be one of {', '.join(ENGINES)}")
+    return engine
 
 
 def check_capture_layers(drafter: ExportedDrafter, drafter_dir: str | Path, capture_dir: str | Path, captured: list[int]) -> None:
