@@ -51,7 +51,8 @@ OPERATOR_NAMESPACED_USAGE: dict[tuple[str, str], set[str]] = {
     ("specdec.io", "speculativeservers/status"): {"patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: <name>-serving, capture turned off
+    ("", "persistentvolumeclaims"): {"get", "create", "patch", "delete"},  # spec.retraining.capture's claim (docs/capture.md)
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: a probe's spent evidence
     ("", "pods"): {"list", "watch", "create", "delete"},  # create, delete: a File dataset's reader pod
     ("", "events"): {"create", "list"},  # list: the Warning Events of a waiting pod (reconcile/stuck.py)

@@ -103,10 +103,18 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# <name>-base, <name>-spec and the stable <name>, whose selector is the promotion and the rollback.
+# <name>-base, <name>-spec and the stable <name>, whose selector is the promotion and the rollback; with
+# spec.retraining.capture, <name>-serving (where the capture proxies send the traffic), deleted when capture is
+# turned off (owned, uid precondition).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# spec.retraining.capture: the claim <name>-capture holding the captured records, owned by its SpeculativeServer,
+# server-side applied with the capture proxy (read before taking the name) and deleted when capture is turned off,
+# which deletes the records. Not listed or watched; the operator mounts no claim and reads no record.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create", "patch", "delete"]
 # <name>-adaptive, owned by its SpeculativeServer: the --speculative-adaptive-config table of load-aware
 # speculation, server-side applied, read before taking the name, watched through Kopf's label-filtered index.
 # <name>-probe-evidence, owned by it too: what a running probe has measured (a restarted operator resumes it),
