@@ -1,5 +1,6 @@
 """`specdec-train`: the drafter-training command line, one subcommand per stage.
 
+    specdec-train gather     --capture CAPTURED/ --out prompts/   (the captured traffic: prompts.jsonl, heldout.jsonl)
     specdec-train regenerate --prompts P.jsonl --base-url URL --tokenizer DIR --out samples.jsonl
     specdec-train capture    --samples samples.jsonl --target DIR --out caps/ [--source hf|sglang]
     specdec-train vocab      --capture caps/ [--draft-vocab-size 32000]
@@ -36,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdec-train", description=__doc__.split("\n\n")[0])
     p.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
     sub = p.add_subparsers(dest="stage", required=True)
+
+    g = sub.add_parser("gather", help="the captured traffic's chat conversations as prompts.jsonl and a held-out heldout.jsonl")
+    g.add_argument("--capture", required=True, help="the captured traffic's directory (capture-*.jsonl)")
+    g.add_argument("--out", required=True, help="directory for prompts.jsonl, heldout.jsonl and gather.json")
+    g.add_argument("--heldout-share", type=float, default=0.1, help="share of conversations held out for evaluation (default 0.1)")
+    g.add_argument("--max-samples", type=int, default=None, help="keep the newest N conversations")
 
     r = sub.add_parser("regenerate", help="regenerate assistant turns with the serving model")
     r.add_argument("--prompts", required=True, help="JSONL conversations (messages or ShareGPT conversations)")
@@ -159,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> Any:
     progress = not args.quiet
+    if args.stage == "gather":
+        from .gather import gather
+
+        return gather(args.capture, args.out, args.heldout_share, args.max_samples)
     if args.stage == "regenerate":
         from .regenerate import regenerate
 
