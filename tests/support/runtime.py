@@ -129,7 +129,20 @@ class FakeProbes:
         self.settled += 1
         self.result = self.revision = None
 
-    def start(self, key, spec, revision, on_done, *, probe_id=None, load_aware_probe=None, race=(1, None), owner_uid=None, generation=None, write_evidence=None):
+    def start(
+        self,
+        key,
+        spec,
+        revision,
+        on_done,
+        *,
+        probe_id=None,
+        load_aware_probe=None,
+        race=(1, None, None),
+        owner_uid=None,
+        generation=None,
+        write_evidence=None,
+    ):
         self.started.append(revision)
         self.revision = probe_id or revision
 

@@ -261,3 +261,37 @@ def test_the_race_table_of_the_most_candidates_fits_the_status_budget() -> None:
     size = len(json.dumps(world.status))
     assert size < STATUS_BYTES_BUDGET * 0.6, size
     assert m.child_name("llama", "speculative") in world.deployments
+
+
+def test_kubectl_specdec_and_the_metric_show_the_race() -> None:
+    from prometheus_client import generate_latest
+
+    from specdec_operator.cli.kubectl_specdec import describe
+    from specdec_operator.controller.metrics import OperatorMetrics
+    from specdec_operator.reconcile import read_status
+
+    world = race_world()
+    revs = revisions(world.spec)
+    world.step()
+    serve_candidate(world)
+    world.step(probe_result=passed(revs["eagle3"], 1.9, 1.5, 2.4))
+    serve_candidate(world)
+    world.step(probe_result=lost(revs["ngram"], reason="CannotWin", speedup=1.1))
+    text = describe("llama", read_status(world.status), {})
+    assert "race of 3 candidates: Running, in the slot small, 240 GPU-seconds" in text
+    lines = text.splitlines()
+    eagle3 = next(i for i, line in enumerate(lines) if line.strip().startswith("eagle3"))
+    assert lines[eagle3].split()[:6] == ["eagle3", "EAGLE3", "Passed", "2.50", "chat", "1.90x"] and "SpeedupConfirmed" in lines[eagle3]
+    assert lines[eagle3 + 1].split()[:2] == ["batch", "2.00x"] and "[1.60, 2.50]" in lines[eagle3 + 1]
+    assert any(line.split()[:3] == ["ngram", "NGRAM", "Eliminated"] and line.rstrip().endswith("CannotWin") for line in lines)
+    assert any(line.split()[:3] == ["small", "STANDALONE", "Measuring"] for line in lines)
+    metrics = OperatorMetrics()
+    metrics.observe_status("ns", "llama", world.status)
+    exposition = generate_latest(metrics.registry).decode()
+    for state, count in (("Passed", 1), ("Eliminated", 1), ("Measuring", 1), ("Waiting", 0)):
+        assert f'specdec_race_candidates{{name="llama",namespace="ns",state="{state}"}} {count:.1f}' in exposition
+    # A resource without a race has no series.
+    single = World(llama_spec())
+    single.step()
+    metrics.observe_status("ns", "plain", single.status)
+    assert 'name="plain",namespace="ns",state=' not in generate_latest(metrics.registry).decode()

@@ -133,6 +133,29 @@ def probe_cost(probe: ProbeStatus) -> str | None:
     return line
 
 
+def race_table(status: SpeculativeServerStatus) -> list[str]:
+    """A race of candidates (status.race, status.candidates): one line per candidate and workload, with the interval."""
+    race, table = status.race, status.candidates or []
+    if race is None or not table:
+        return []
+    cost = f", {race.gpu_seconds:,.0f} GPU-seconds" if race.gpu_seconds is not None else ""
+    head = f"  race of {len(table)} candidates: {race.state}" + (f", winner {race.winner}" if race.winner else "")
+    head += (f", in the slot {race.current}" if race.state == "Running" and race.current else "") + cost
+    lines = ["", head, "  candidate            method      state       accept  workload             speedup  interval        reason"]
+    for row in table:
+        accept = f"{row.accept_length:.2f}" if row.accept_length is not None else "-"
+        first = f"  {row.name[:20]:<20} {row.algorithm[:11]:<11} {row.state:<11} {accept:>6}  "
+        workloads = row.workloads or []
+        if not workloads:
+            lines.append(f"{first}{'-':<20} {'-':>7}  {'-':<15} {row.reason or '-'}")
+        for i, w in enumerate(workloads):
+            interval = f"[{w.speedup_low:.2f}, {w.speedup_high:.2f}]" if w.speedup_low is not None and w.speedup_high is not None else "-"
+            speedup = f"{w.speedup:.2f}x" if w.speedup is not None else "-"
+            lead = first if i == 0 else " " * len(first)
+            lines.append(f"{lead}{w.name[:20]:<20} {speedup:>7}  {interval:<15} {(row.reason or '-') if i == 0 else ''}".rstrip())
+    return lines
+
+
 def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, str]) -> str:
     """`kubectl specdec status`: what the operator says, what was asked by hand, and the curve."""
     lines = [f"{name}: {status.phase or 'Unknown'} ({status.reason or '-'}), serving {status.active_variant or '-'}"]
@@ -152,6 +175,7 @@ def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, 
         cost = probe_cost(probe)
         if cost is not None:
             lines.append(f"  cost: {cost}")
+    lines += race_table(status)
     measurement = curve_measurement(status)
     if measurement is None or not measurement.workloads:
         lines.append("  no speedup measured yet")

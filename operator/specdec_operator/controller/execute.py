@@ -144,7 +144,7 @@ class Executor:
                 on_done=lambda: self.wake(namespace, name),
                 probe_id=plan.probe.probe_id,
                 load_aware_probe=plan.probe.load_aware_probe,
-                race=(plan.probe.family, plan.probe.bar),
+                race=(plan.probe.family, plan.probe.bar, plan.probe.candidate),
                 owner_uid=state.uid,
                 generation=int((body.get("metadata") or {}).get("generation") or 1),
                 write_evidence=self._evidence_writer(body, state.uid),

@@ -11,12 +11,12 @@ one process and read their metrics apart.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..api import Phase, Reason, Variant
+from ..api import CandidateState, Phase, Reason, Variant
 
 
 class ServerRecord(NamedTuple):
@@ -29,6 +29,18 @@ class ServerRecord(NamedTuple):
     # The sides that waited past spec.progressDeadlineSeconds (deadline_sides): a speculative side given up for
     # its revision while the base serves is not the base failing to serve, and the alerts tell them apart.
     deadline: frozenset[str] = frozenset()
+    race: dict[str, int] | None = None  # a race of candidates: how many candidates are in each state (status.candidates)
+
+
+def race_states(status: dict) -> dict[str, int] | None:
+    """How many of a race's candidates are in each state; None without a race. The candidates' names are no label: the
+    series stay as many as the states (bounded), whatever the candidates are called."""
+    if not status.get("race"):
+        return None
+    counts: dict[str, int] = {}
+    for row in status.get("candidates") or []:
+        counts[row.get("state") or "Waiting"] = counts.get(row.get("state") or "Waiting", 0) + 1
+    return counts
 
 
 def deadline_sides(status: dict) -> frozenset[str]:
@@ -61,6 +73,7 @@ class ServerStatusCollector:
             status.get("reason"),
             {k: int(v) for k, v in (status.get("gpus") or {}).items() if isinstance(v, int)} if status.get("gpus") else None,
             deadline_sides(status),
+            race_states(status),
         )
 
     def forget(self, namespace: str, name: str) -> None:
@@ -93,6 +106,12 @@ class ServerStatusCollector:
             "GPUs held by servers that serve no traffic and are not being probed (a warm base, a kept loser, pods going away).",
             labels=["namespace", "name"],
         )
+        race = GaugeMetricFamily(
+            "specdec_race_candidates",
+            "Candidates of a race (spec.candidates) in each state: Waiting, Measuring, Passed, Serving, Lost, Eliminated, "
+            "Skipped, Invalid, Drifted (status.candidates).",
+            labels=["namespace", "name", "state"],
+        )
         # Scrapes run on the HTTP server's thread: iterate over a copy (taken under the GIL) of the records.
         for (namespace, name), record in sorted(self.records.copy().items()):
             if record.speedup is not None:
@@ -109,7 +128,10 @@ class ServerStatusCollector:
                 for variant in Variant:
                     gpus.add_metric([namespace, name, variant.value], float(record.gpus.get(variant.value, 0)))
                 idle.add_metric([namespace, name], float(record.gpus.get("idle", 0)))
-        yield from (speedup, accept, active, phase, deadline, gpus, idle)
+            if record.race is not None:
+                for state in get_args(CandidateState):
+                    race.add_metric([namespace, name, state], float(record.race.get(state, 0)))
+        yield from (speedup, accept, active, phase, deadline, gpus, idle, race)
 
 
 class OperatorMetrics:

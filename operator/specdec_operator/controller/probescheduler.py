@@ -54,8 +54,9 @@ class _Probe:
     owner_uid: str | None = None  # the resource's uid: the owner reference of a File source's reader pod
     generation: int | None = None  # the resource's metadata.generation when the probe started (the evidence's key)
     write_evidence: WriteEvidence | None = None  # keeps the evidence after every round (None: not kept)
-    # A race's candidate (StartProbe.family, .bar): the arms the race's error budget is shared with, and the low end to beat.
-    race: tuple[int, float | None] = (1, None)
+    # A race's candidate (StartProbe.family, .bar, .candidate): the arms the race's error budget is shared with, the low
+    # end to beat, and the candidate's name (a probe script's entry under `arms` named after it scripts its rounds).
+    race: tuple[int, float | None, str | None] = (1, None, None)
     task: asyncio.Task[ProbeStatus] | None = None
     progress: str | None = None  # what it has done so far: "round 2 of up to 6: chat 1.90x"
 
@@ -170,7 +171,7 @@ class ProbeScheduler:
         *,
         probe_id: str | None = None,
         load_aware_probe: LoadAwareStatus | None = None,
-        race: tuple[int, float | None] = (1, None),
+        race: tuple[int, float | None, str | None] = (1, None, None),
         owner_uid: str | None = None,
         generation: int | None = None,
         write_evidence: WriteEvidence | None = None,
@@ -216,6 +217,9 @@ class ProbeScheduler:
                 return dataset_unreadable(revision, exc)
             try:
                 script = scripted_for(load_script(self.config.probe_script), *key) if self.config.probe_script else None
+                candidate = probe.race[2]
+                if script is not None and candidate is not None:  # a race's candidate: its own entry under `arms`
+                    script = dataclasses.replace(script.for_arm(candidate), arms={})
             except InputError as exc:
                 return probe_failed_status(revision, str(exc))
             failures: list[str] = []
@@ -256,7 +260,7 @@ class ProbeScheduler:
                         datasets=datasets,
                         output_check=rollout.output_check,
                         engine=engine_for(spec),
-                        decide=race_decide(*probe.race),
+                        decide=race_decide(*probe.race[:2]),
                         evidence=evidence,
                         on_evidence=keep,
                         script=script,

@@ -19,7 +19,9 @@ The script is YAML or JSON, read when each probe starts (so a test may add entri
       checkOutputs: true       # still compare the greedy completions on the real servers (rollout.outputCheck,
                                # outputs.py) after the scripted rounds (default false: no server need answer)
       arms:                    # a race (run_probe's ``arms``): each arm's own script, the same fields but arms;
-        eagle3-k4: {speedup: 2.2}  # an arm not named here takes the entry's own (with its noise seeded by the arm)
+        eagle3-k4: {speedup: 2.2}  # an arm not named here takes the entry's own (with its noise seeded by the arm).
+                               # A race of spec.candidates: each candidate's probe takes the entry named after
+                               # the candidate (eagle3, ngram, ...), as an arm of that name would
 
 A round's two measurements are deterministic for a given resource, workload and round (the noise is seeded by them),
 so the same script gives the same decision on every machine.

@@ -277,7 +277,7 @@ def _measure(
         prev = prev.model_copy(update={"probe": None})
     plan = lifecycle(spec_for_candidate(spec, row.name), lifecycle_view(observed, revision, True), prev, rendered.get(revision) or {})
     if isinstance(plan.probe, StartProbe):
-        plan.probe = replace(plan.probe, family=candidates, bar=bar_now)
+        plan.probe = replace(plan.probe, family=candidates, bar=bar_now, candidate=row.name)
     return plan
 
 

@@ -102,6 +102,7 @@ class StartProbe:
     # the best low end a candidate measured before passed with (below it this one cannot win). RaceRules.family/bar.
     family: int = 1
     bar: float | None = None
+    candidate: str | None = None  # the race's candidate this probe measures (its name), None outside a race
 
 
 @dataclass(frozen=True)
