@@ -61,6 +61,13 @@ class TrainingBudget(_SpecModel):
         ge=0,
         le=5,
     )
+    max_samples: int = Field(
+        5000,
+        alias="maxSamples",
+        description="The newest captured conversations a Job trains on, at most: each is regenerated once on the serving base server.",
+        ge=1,
+        le=10_000_000,
+    )
     regenerate_concurrency: int = Field(
         4,
         alias="regenerateConcurrency",

@@ -229,7 +229,14 @@ def test_settings_defaults_and_bounds():
     assert (s.triggers.on_drift, s.triggers.on_rollback, s.triggers.schedule_hours) == (True, True, None)
     assert (s.cooldown_minutes, s.max_per_day, s.min_acceptance_gain) == (360, 2, DEFAULT_MIN_ACCEPTANCE_GAIN) and DEFAULT_MIN_ACCEPTANCE_GAIN == 0.05
     wire = RetrainingTraining.model_validate({"budget": {"gpus": 0, "maxSteps": 10, "maxMinutes": 5}, "triggers": {"scheduleHours": None}})
-    assert wire.model_dump(by_alias=True)["budget"] == {"gpus": 0, "maxSteps": 10, "maxMinutes": 5, "backoffLimit": 1, "regenerateConcurrency": 4}
+    assert wire.model_dump(by_alias=True)["budget"] == {
+        "gpus": 0,
+        "maxSteps": 10,
+        "maxMinutes": 5,
+        "backoffLimit": 1,
+        "maxSamples": 5000,
+        "regenerateConcurrency": 4,
+    }
     for bad in (
         {"budget": {"gpus": "1"}},
         {"budget": {"maxMinutes": 1}},
