@@ -377,6 +377,12 @@ class Rule:
     def __init__(self, method: str, confidence: float, max_rounds: int, mods: dict[str, Any]) -> None:
         self.stats, self.decide = mods["stats"], mods["decide"]
         self.method, self.max_rounds = method, max_rounds
+        # "priorK": today's method with a prior on the between-round variance (stats.RoundPrior) from a previous probe
+        # of K rounds of the same trace (drawn for every probe: simulate), pooled with the probe's own spread.
+        # "priorK@label": the previous probe ran on the trace of the same pair and workload recorded under ``label``
+        # (a prior from a quieter or busier time than the probe's own: the noise moved between the two probes).
+        self.prior_rounds = int(method[len("prior") :].split("@")[0]) if method.startswith("prior") else 0
+        self.prior_label = method.split("@")[1] if "@" in method else None
         if method == "old":
             level = self.stats.per_look_level(confidence, max_rounds)
             self.interval: Callable[[Sequence[Any], int], Any] = lambda rounds, look: self.stats.paired_interval(rounds, level)
@@ -384,7 +390,9 @@ class Rule:
         else:
             seq = mods["sequential"]
             levels = [seq.look_levels(confidence, k) for k in range(1, max_rounds + 1)]
-            self.interval = lambda rounds, look: self.stats.sequential_interval(rounds, levels[look - 1])
+            self.interval = lambda rounds, look, prior=None: (
+                self.stats.sequential_interval(rounds, levels[look - 1], prior) if prior else self.stats.sequential_interval(rounds, levels[look - 1])
+            )
             self.futile = lambda iv: self._futile_new(iv, seq, confidence)
 
     def _futile_new(self, iv: Any, seq: Any, confidence: float) -> bool:
@@ -402,7 +410,19 @@ class Rule:
 MEMO_ROUNDS = 3
 
 
-def look(trace: Trace, shift: float, rule: Rule, drawn: Sequence[int]) -> str | None:
+def previous_probe(trace: Trace, rule: Rule, rng: random.Random) -> Any:
+    """The prior a previous probe of ``rule.prior_rounds`` rounds of the same servers leaves (stats.RoundPrior: its
+    between-round variance, with the servers' floor, and rounds - 1 df), its rounds drawn from ``trace`` as a probe's."""
+    stats = rule.stats
+    paired = []
+    for k in range(1, rule.prior_rounds + 1):
+        rows = trace.odd if k % 2 == 1 else trace.even
+        s, b, _, _ = rows[rng.randrange(len(rows))]
+        paired.append(stats.paired_round(s, b))
+    return stats.RoundPrior(stats.round_variance(paired), float(rule.prior_rounds - 1))
+
+
+def look(trace: Trace, shift: float, rule: Rule, drawn: Sequence[int], prior: Any = None) -> str | None:
     """The decision after the rounds ``drawn`` (indices into the trace's rounds of each look's order): "promote",
     "rollback", "inconclusive", or None (another round), as run.py decides after that round for one workload under
     policy all."""
@@ -418,7 +438,7 @@ def look(trace: Trace, shift: float, rule: Rule, drawn: Sequence[int]) -> str | 
     rs = stats.with_pooled_variance(spec, sprof, "w/speculative")
     rb = stats.with_pooled_variance(base, bprof, "w/base")
     paired = [stats.paired_round(rs[i], rb[i]) for i in range(rnd)]
-    iv = rule.interval(paired, rnd)
+    iv = rule.interval(paired, rnd, prior) if prior is not None else rule.interval(paired, rnd)
     verdict = decide.judge_paired(iv, MIN_SPEEDUP)
     final = rnd == rule.max_rounds
     futility = verdict is decide.Verdict.UNDECIDED and not final and rule.futile(iv)
@@ -438,6 +458,11 @@ def simulate(trace: Trace, truth: float, rule: Rule, rng: random.Random, memo: d
     the trace's rounds of run.py's order for round k (speculative first when k is odd), with replacement. ``memo``:
     the looks of one (trace, truth, rule) already computed, by their drawn rounds."""
     shift = math.log(truth) - trace.mean_log_ratio
+    source = trace
+    if rule.prior_label:
+        source = _worker_state["traces"][rule.prior_label + trace.name[trace.name.index("/") :]]
+    prior = previous_probe(source, rule, rng) if rule.prior_rounds else None
+    memo = memo if prior is None else None  # the looks depend on the prior too
     drawn: list[int] = []
     for rnd in range(1, rule.max_rounds + 1):
         drawn.append(rng.randrange(len(trace.odd if rnd % 2 == 1 else trace.even)))
@@ -445,7 +470,7 @@ def simulate(trace: Trace, truth: float, rule: Rule, rng: random.Random, memo: d
         if memo is not None and key in memo:
             decision = memo[key]
         else:
-            decision = look(trace, shift, rule, drawn)
+            decision = look(trace, shift, rule, drawn, prior)
             if memo is not None and rnd <= MEMO_ROUNDS:
                 memo[key] = decision
         if decision is not None:

@@ -31,6 +31,7 @@ from specdec_operator.probe.stats import (
     HETEROGENEITY_P,
     LogRate,
     PairedRound,
+    RoundPrior,
     block_rates,
     blocks_for,
     chi2_sf,
@@ -333,11 +334,11 @@ def test_the_between_round_term_is_at_least_the_servers_own_spread_on_the_promot
     # A floor: servers that did not move leave the ratio's own spread (here the larger) as it was.
     still = [rnd(7.0 + math.log(1.1), 7.0), rnd(7.0 + math.log(1.3), 7.0)]
     assert paired_interval(still, 0.95) == paired_interval(still, 0.95, server_floor=False)
-    # In a look, the floor widens the low end (promotion) only; the high end (rollback) is the ratio's alone.
+    # In a look, the floor widens both ends: the promotion side's low end and the rollback side's high end.
     levels = look_levels(0.998, 2)
     seq = sequential_interval(moved, levels)
     assert seq.low == paired_interval(moved, levels.low_level).low
-    assert seq.high == paired_interval(moved, levels.high_level, server_floor=False).high
+    assert seq.high == paired_interval(moved, levels.high_level).high > paired_interval(moved, levels.high_level, server_floor=False).high
     # The weighted mix carries the levels too (traffic-weighted), so its floor is the same servers' spread.
     mix = [weighted_paired_round({"a": p, "b": p}, {"a": 1.0, "b": 3.0}) for p in moved]
     assert [m.levels for m in mix] == pytest.approx([p.levels for p in moved])
@@ -606,16 +607,22 @@ def test_a_loss_or_a_tie_replayed_on_recorded_simulator_noise_is_never_promoted(
 
 
 def test_a_clear_loss_or_win_replayed_on_recorded_noise_is_decided_with_its_own_reason():
-    # The same replay at 0.7x and 2x: the rollback is SpeedupBelowThreshold and the promotion SpeedupConfirmed, never
-    # a futility stop, on the simulator's chat workload even beside a busy machine.
+    # The same replay at 0.7x and 2x: the rollback is SpeedupBelowThreshold and the promotion SpeedupConfirmed on the
+    # simulator's chat workload even beside a busy machine. Since the rollback side takes the servers' floor too
+    # (stats.sequential_interval), beside a busy host where both simulators move together a few 0.7x probes of the
+    # eagle3 pair stop by futility instead (4 of these 50): still a rollback, never a promotion.
     rules = RaceRules(max_rounds=6)
     for trace in recorded_traces("loaded"):
         if not trace.name.endswith("/chat"):
             continue
         rng = random.Random(trace.name)
         for truth, expected in ((0.7, "SpeedupBelowThreshold"), (2.0, "SpeedupConfirmed")):
-            reasons = Counter(str(replay(trace, truth, rules, rng)[0].reason) for _ in range(50))
-            assert reasons == Counter({expected: 50}), (trace.name, truth, reasons)
+            runs = [replay(trace, truth, rules, rng)[0] for _ in range(50)]
+            reasons = Counter(str(d.reason) for d in runs)
+            if truth > 1.0 or "/equal/" in trace.name:
+                assert reasons == Counter({expected: 50}), (trace.name, truth, reasons)
+            else:
+                assert all(str(d.decision) == "rollback" for d in runs) and reasons[expected] >= 45, (trace.name, truth, reasons)
 
 
 # --- The anytime-valid look levels (probe/sequential.py) ----------------------------------------------------------
@@ -664,12 +671,15 @@ def test_a_sequential_interval_takes_each_bound_at_its_sides_level():
     iv = sequential_interval(rounds, levels)
     assert iv.high == pytest.approx(paired_interval(rounds, levels.high_level).high)
     assert iv.low == pytest.approx(paired_interval(rounds, levels.low_level).low)
-    # At the first look the promotion side spends nothing: both ends are the rollback side's (no promotion is possible).
+    # At the first look the promotion side spends nothing: with a prior on the between-round variance both ends are the
+    # rollback side's (no promotion is possible); without one, one round bounds nothing (stats.sequential_interval).
     first = look_levels(0.998, 1)
-    one = sequential_interval(rounds[:1], first)
+    prior = RoundPrior(0.05**2, 4.0)
+    one = sequential_interval(rounds[:1], first, prior)
     assert (one.low, one.high) == pytest.approx(
-        (paired_interval(rounds[:1], first.high_level).low, paired_interval(rounds[:1], first.high_level).high)
+        (paired_interval(rounds[:1], first.high_level, prior=prior).low, paired_interval(rounds[:1], first.high_level, prior=prior).high)
     )
+    assert (sequential_interval(rounds[:1], first).low, sequential_interval(rounds[:1], first).high) == (0.0, math.inf)
     close = [PairedRound(math.log(r), 0.05**2, 30.0) for r in (1.35, 1.37)]
     assert judge_paired(sequential_interval(close, look_levels(0.998, 2)), 1.0) is Verdict.PASS
     # Two rounds that disagree by more than their blocks' noise: the between-round term, with its 1 df, counts in the
@@ -679,11 +689,14 @@ def test_a_sequential_interval_takes_each_bound_at_its_sides_level():
 
 
 def test_the_first_look_rolls_back_a_clear_loss_even_with_few_degrees_of_freedom():
-    # One round at 0.36x from short measurements (8 df): the promotion side spends nothing at look 1, so its bound
-    # must not make the interval too wide to roll back (the simulation study found no round-1 rollbacks otherwise).
+    # One round at 0.36x from short measurements (8 df), with a prior on the between-round variance (earlier probes of
+    # the same servers; without one the first look bounds nothing: tests/unit/test_stats_rollback.py): the promotion
+    # side spends nothing at look 1, so its bound must not make the interval too wide to roll back (the simulation
+    # study found no round-1 rollbacks otherwise).
     one = [PairedRound(math.log(0.36), 0.05**2, 8.0)]
-    iv = sequential_interval(one, look_levels(0.998, 1))
+    iv = sequential_interval(one, look_levels(0.998, 1), RoundPrior(0.03**2, 20.0))
     assert iv.high < 1.0 and width(iv) <= MAX_WIDTH, iv
     assert judge_paired(iv, 1.0) is Verdict.FAIL
     # ...and still never a promotion at the first look, however clear the win.
-    assert judge_paired(sequential_interval([PairedRound(math.log(3.0), 0.05**2, 8.0)], look_levels(0.998, 1)), 1.0) is Verdict.UNDECIDED
+    win = [PairedRound(math.log(3.0), 0.05**2, 8.0)]
+    assert judge_paired(sequential_interval(win, look_levels(0.998, 1), RoundPrior(0.03**2, 20.0)), 1.0) is Verdict.UNDECIDED

@@ -29,8 +29,9 @@ POLICY_ALIASES = {
 MIN_ROUNDS = 3
 
 
-# The within-round method (probe/stats.py paired_interval): a clear loss may roll back after one round (a
-# wrong rollback costs a missed speedup, and the base keeps serving); a promotion needs both orders of the
+# The within-round method (probe/stats.py paired_interval): a clear loss may roll back after one round when the
+# interval has a between-round variance to stand on there (a prior from earlier probes of the same servers:
+# stats.sequential_interval bounds nothing after one round without one); a promotion needs both orders of the
 # servers (rounds alternate which goes first) and a between-round spread to check the blocks' variance against.
 PROMOTE_MIN_ROUNDS = 2
 REJECT_MIN_ROUNDS = 1
@@ -59,7 +60,8 @@ def _min_rounds(interval: RatioInterval) -> int:
 
 
 def judge_paired(interval: RatioInterval | None, min_speedup: float) -> Verdict:
-    """:func:`judge` with the within-round method's minimum rounds (PASS from round 2, FAIL from round 1; MIN_ROUNDS
+    """:func:`judge` with the within-round method's minimum rounds (PASS from round 2, FAIL from round 1 where the
+    interval is bounded there: stats.sequential_interval; MIN_ROUNDS
     for both when the interval is the round-level one: a measurement had too few events for blocks) and the width
     bound: an interval wider than MAX_WIDTH decides nothing."""
     if interval is None or width(interval) > MAX_WIDTH:

@@ -470,9 +470,38 @@ def round_variance(rounds: Sequence[PairedRound], server_floor: bool = True) -> 
     return ratio if servers is None else max(ratio, servers)
 
 
-def paired_interval(rounds: Sequence[PairedRound], level: float, server_floor: bool = True) -> PairedInterval:
+@dataclass(frozen=True)
+class RoundPrior:
+    """What earlier probes of the same servers said about the variance of one round's log ratio between rounds: an
+    estimate (``var``, as :func:`round_variance` gives it) and its degrees of freedom (``df``: the earlier probe's
+    rounds - 1). :func:`paired_interval` pools it with this probe's own between-round spread (a scaled inverse
+    chi-square prior: ``(df var + (n - 1) s^2) / (df + n - 1)`` with ``df + n - 1`` degrees of freedom)."""
+
+    var: float
+    df: float
+
+    def usable(self) -> bool:
+        return math.isfinite(self.var) and self.var >= 0 and math.isfinite(self.df) and self.df > 0
+
+
+def between_round(rounds: Sequence[PairedRound], server_floor: bool = True, prior: RoundPrior | None = None) -> tuple[float, float] | None:
+    """The variance of one round's log ratio between rounds and its df: this probe's (:func:`round_variance`, n - 1 df)
+    pooled with ``prior``'s; the prior alone at n = 1; None when there is neither (one round, no prior)."""
+    n = len(rounds)
+    own = (round_variance(rounds, server_floor), float(n - 1)) if n >= 2 else None
+    if prior is None or not prior.usable():
+        return own
+    if own is None:
+        return prior.var, prior.df
+    df = prior.df + own[1]
+    return (prior.df * prior.var + own[1] * own[0]) / df, df
+
+
+def paired_interval(rounds: Sequence[PairedRound], level: float, server_floor: bool = True, prior: RoundPrior | None = None) -> PairedInterval:
     """Two-sided interval for the speedup from ``n`` rounds of within-round evidence (``server_floor``: the between-round
-    term with :func:`round_variance`'s floor from the servers' own spreads; False: the log ratios' spread alone).
+    term with :func:`round_variance`'s floor from the servers' own spreads; False: the log ratios' spread alone;
+    ``prior``: earlier probes' between-round variance, pooled with this probe's by :func:`between_round`, which also
+    gives a one-round interval a between-round term).
 
     Estimate: ``exp(mean(log ratio))``. Variance of that mean: the within-round one (``sum(var) / n^2``,
     what the time blocks of each measurement say) plus, from two rounds on, the between-round one
@@ -499,21 +528,23 @@ def paired_interval(rounds: Sequence[PairedRound], level: float, server_floor: b
     within = [(key, v / (n * n), d) for r in rounds for key, v, d in r.components()]
     df = pooled_satterthwaite(within)
     heterogeneous = False
-    if n >= 2:
-        between = round_variance(rounds, server_floor) / n
+    spread = between_round(rounds, server_floor, prior)
+    if spread is not None:
+        between, between_df = spread[0] / n, spread[1]
         var += between
-        # The between-round term is an estimate too, with n - 1 degrees of freedom: it counts in the Satterthwaite df.
-        # Without it a noise the time blocks do not see (vLLM's CPU build: a round's log ratio spread 0.144 where its
-        # blocks implied 0.06) made a two-round interval a t with the blocks' many df, and equal servers were promoted
-        # 2.6-4 % of the time (docs/benchmarks/probe-study.md); with it, such an interval is as wide as n - 1 df allow.
-        df = pooled_satterthwaite(within + [(None, between, float(n - 1))])
-        if all(r.var > 0 for r in rounds):
+        # The between-round term is an estimate too, with n - 1 degrees of freedom (plus the prior's): it counts in the
+        # Satterthwaite df. Without it a noise the time blocks do not see (vLLM's CPU build: a round's log ratio spread
+        # 0.144 where its blocks implied 0.06) made a two-round interval a t with the blocks' many df, and equal servers
+        # were promoted 2.6-4 % of the time (docs/benchmarks/probe-study.md); with it, such an interval is as wide as
+        # n - 1 df allow.
+        df = pooled_satterthwaite(within + [(None, between, between_df)])
+        if n >= 2 and all(r.var > 0 for r in rounds):
             weights = [1.0 / r.var for r in rounds]
             pooled = sum(w * r.log_ratio for w, r in zip(weights, rounds)) / sum(weights)
             q = sum(w * (r.log_ratio - pooled) ** 2 for w, r in zip(weights, rounds))
             heterogeneous = chi2_sf(q, n - 1) < HETEROGENEITY_P
         if heterogeneous:
-            df = float(n - 1)
+            df = between_df
     if var <= 0:
         return PairedInterval(_exp(mean), _exp(mean), _exp(mean), n, level, df=df, se=0.0, heterogeneous=heterogeneous)
     se = math.sqrt(var)
@@ -521,23 +552,24 @@ def paired_interval(rounds: Sequence[PairedRound], level: float, server_floor: b
     return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, se=se, heterogeneous=heterogeneous)
 
 
-def sequential_interval(rounds: Sequence[PairedRound], levels: LookLevels) -> PairedInterval:
+def sequential_interval(rounds: Sequence[PairedRound], levels: LookLevels, prior: RoundPrior | None = None) -> PairedInterval:
     """:func:`paired_interval` for one look of the sequential probe (probe/sequential.py): the low end at the promotion
     side's level, the high end at the rollback side's, so each bound spends exactly this look's share of its side.
-    ``level`` on the result is the promotion side's (futility projects with it).
+    ``level`` on the result is the promotion side's (futility projects with it). ``prior``: the between-round variance
+    that earlier probes of the same servers measured (:class:`RoundPrior`), pooled with this probe's.
 
-    The servers' floor on the between-round variance (:func:`round_variance`) widens the promotion side only: it
-    guards the error that ``confidence`` bounds for production (a promotion of a server that is not faster), where the
-    ratio's spread at round 2 is a single difference. The rollback side keeps the ratio's own spread: on a loaded host
-    the servers move together and the floor overstates (the loaded simulator traces' clear losses then stopped by
-    futility instead of rolling back for speed), and a wrong rollback costs a missed speedup while the base serves on.
-
-    At a look where the promotion side spends nothing (the first: no promotion before both server orders were
-    measured) the interval is the rollback side's on both ends: its low end then costs no promotion error (nothing can
-    promote at that look), and an unbounded low end would make the interval too wide (decide.MAX_WIDTH) for the clear
-    loss that the first look exists to roll back."""
-    high = paired_interval(rounds, levels.high_level, server_floor=False)
+    Both sides take the servers' floor on the between-round variance (:func:`round_variance`): at round 2 the ratio's
+    spread is a single difference, small by chance often enough to make either bound too tight when the rounds move
+    beyond what the time blocks see (vLLM's CPU build). For the same reason no bound comes from one round alone: with
+    one round and no prior nothing measures the between-round noise (on the study's longer vLLM trace a round's log
+    ratio spreads 0.33 where its blocks imply 0.06, and a 1.05x truth was rolled back after round 1 in 16 % of probes),
+    so the first look's interval is ``[0, inf)`` then. With a prior the first look may roll back a clear loss; it never
+    promotes (the promotion side spends nothing there: the interval is the rollback side's on both ends, so that its
+    low end costs no promotion error and an unbounded one does not make it too wide, decide.MAX_WIDTH)."""
+    high = paired_interval(rounds, levels.high_level, prior=prior)
+    if len(rounds) < 2 and between_round(rounds, prior=prior) is None:
+        return replace(high, low=0.0, high=math.inf)
     if levels.high_level == levels.low_level or levels.low_level >= NOTHING_SPENT:
         return high
-    low = paired_interval(rounds, levels.low_level)
+    low = paired_interval(rounds, levels.low_level, prior=prior)
     return replace(low, high=high.high)
