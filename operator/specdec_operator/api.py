@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, cast, get_args
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from . import SGLANG_VERSION
+from .api_retraining import Retraining, RetrainingStatus
 from .choices import DRAFT_MODEL_ALGORITHMS, DRAFTER_FREE_ALGORITHMS, SGLANG_VERSIONS, TREE_ALGORITHMS, Algorithm, Quantization, SGLangVersion
 from .enginefacts import DEFAULT, VLLM, EngineName, facts_for
 
@@ -1786,6 +1787,10 @@ class SpeculativeServerSpec(_SpecModel):
     vllm: VLLMSettings | None = Field(None, description="vLLM server settings shared by both servers (engine vLLM only; unset: the defaults).")
     rollout: Rollout = Field(default_factory=Rollout, description="How the speculative server is measured against the base before it serves.")
     monitor: Monitor = Field(default_factory=Monitor, description="How a promoted speculative server is watched after promotion.")
+    retraining: Retraining | None = Field(
+        None,
+        description="Retraining the drafter on the traffic the server really sees (docs/capture.md). Unset: off; nothing is captured.",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -2045,6 +2050,7 @@ class SpeculativeServerStatus(_Model):
     monitor: MonitorStatus | None = Field(None, description="Drift monitor state after promotion.")
     gpus: GpuStatus | None = Field(None, description="The GPUs each variant's pods hold, and how many of them serve no traffic.")
     steering: SteeringStatus | None = Field(None, description="What was asked by hand (the specdec.io/* annotations) and acted on.")
+    retraining: RetrainingStatus | None = Field(None, description="spec.retraining's state: the capture of the stable Service's traffic.")
     candidates: list[CandidateStatus] | None = Field(
         None,
         description="The race's table: the resolved candidates (spec.drafter, spec.candidates, the drafter-free methods "

@@ -84,6 +84,8 @@ async def serve(proxy: CaptureProxy, host: str, port: int, admin_port: int) -> N
     await admin.setup()
     await web.TCPSite(traffic, host, port).start()
     await web.TCPSite(admin, host, admin_port).start()
+    # One line once serving (the port chosen for --port 0 included): the benchmark and tests read it.
+    print(f"specdec capture serving at http://{host}:{traffic.addresses[0][1]} (admin port {admin.addresses[0][1]})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -53,6 +53,8 @@ _CHILD_PATHS = {
     "Service": "/api/v1/namespaces/{namespace}/services/{name}",
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
     "LeaderWorkerSet": "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}",
+    # spec.retraining.capture's claim (reconcile/capture.py): applied with the capture proxy, deleted when capture is off.
+    "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}",
 }
 
 
@@ -154,8 +156,8 @@ class KubernetesWriter:
                 raise
 
     async def delete(self, obj: dict[str, Any]) -> None:
-        """Delete one server object of the kind the spec no longer uses (retire.py); its pods go with it (garbage
-        collection in the background)."""
+        """Delete one server object of the kind the spec no longer uses (retire.py), or an object of capture turned off
+        (reconcile/capture.py); its pods go with it (garbage collection in the background)."""
         await asyncio.to_thread(self._delete, obj)
 
     def _read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ The step is a pipeline of named pure functions, one module per concern::
          with gpu_status and overrides.steering_status                               (status.py, gpus.py)
       -> desired_children                                                                  (children.py)
     events = transition_events(stored status, new status)      (events.py: the only place Events are made)
+    capture.finish                           spec.retraining.capture's status, Events and deletions (capture.py)
 
 A spec that names more than spec.drafter is a race (candidate_race.py): the same pipeline runs for one candidate at a
 time in spec.drafter's place, and the race records each candidate's decision in status.candidates, chooses the next
@@ -64,7 +65,7 @@ from ..api import (
 from ..errors import InputError
 from ..resource import speculative_revision
 from ..textutil import clip, parse_time
-from . import candidate_race, deadline, overrides, refused, retire
+from . import candidate_race, capture, deadline, overrides, refused, retire
 from .children import desired_children, observed_child
 from .decision import apply_drift, is_invalid, is_promoted, settle_decision, settle_validation
 from .diff import merge_patch, needs_apply, owned_by
@@ -159,10 +160,13 @@ def reconcile(
                 return _serve(candidate, seen, told, now, settings, render_argv, cached, gpu_pods=observed.pods)
 
             limit = settings.max_concurrent_races
-            return candidate_race.run(
+            plan = candidate_race.run(
                 spec, observed, prev, rendered or {}, lifecycle, queue_full=limit is not None and observed.races_elsewhere >= limit
             )
-        return _serve(spec, observed, prev, now, settings, render_argv, rendered or {})
+        else:
+            plan = _serve(spec, observed, prev, now, settings, render_argv, rendered or {})
+        # spec.retraining.capture: status.retraining.capture, its Events, what turning it off deletes (capture.py).
+        return capture.finish(plan, spec, observed, prev)
     except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
         return refused.refused_plan(prev, observed, now, Reason.INVALID_SPEC, str(exc))
 

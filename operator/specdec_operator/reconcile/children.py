@@ -9,6 +9,7 @@ from .. import manifests as m
 from ..api import (
     Variant,
 )
+from .capture import observed_capture_child, with_capture
 from .facts import BASE, SPECULATIVE, Facts
 from .fleet import Fleet
 from .model import Observed
@@ -20,7 +21,11 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
 
     While a fleet walks back before its speculative template changes (Fleet.holding), the speculative server is
     replicas-only (manifests.replicas_only): its count changes, its old template stays; so is a fleet's base
-    Deployment while its new template waits (Fleet.base_held)."""
+    Deployment while its new template waits (Fleet.base_held).
+
+    With spec.retraining.capture on, the capture objects join them (reconcile/capture.py: the claim and
+    ``<name>-serving`` before the Services, the proxies' Deployment after the servers; the stable Service selects the
+    proxies while one is Ready). No server object changes for capture."""
     name, namespace, ms = facts.name, facts.observed.namespace, facts.settings.manifests
     holding = isinstance(fleet, Fleet) and fleet.holding
     base_held = isinstance(fleet, Fleet) and fleet.base_held  # Deployments only (fleet.base_template_change)
@@ -35,7 +40,8 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
             m.service(name, namespace, None, active=active, settings=ms, both=both, leaders_only=True),
         ]
         tables = _tables(facts, name, namespace)
-        return tables + leaders + groups + held
+        before, proxies = _with_capture(facts, leaders)
+        return tables + before + groups + proxies + held
     deployments = [
         m.deployment(
             name,
@@ -56,7 +62,14 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
         m.service(name, namespace, None, active=active, settings=ms, both=both),
     ]
     config_maps = _tables(facts, name, namespace)
-    return config_maps + services + deployments + held
+    before, proxies = _with_capture(facts, services)
+    return config_maps + before + deployments + proxies + held
+
+
+def _with_capture(facts: Facts, services: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Services with the capture objects that go before the servers, and the proxies' Deployment (after them)."""
+    captured = with_capture(facts.spec, facts.observed, facts.settings.manifests, services)
+    return [o for o in captured if o["kind"] != "Deployment"], [o for o in captured if o["kind"] == "Deployment"]
 
 
 def _tables(facts: Facts, name: str, namespace: str) -> list[dict[str, Any]]:
@@ -68,6 +81,9 @@ def _tables(facts: Facts, name: str, namespace: str) -> list[dict[str, Any]]:
 
 
 def observed_child(observed: Observed, obj: dict[str, Any]) -> dict[str, Any] | None:
+    is_capture, found = observed_capture_child(observed, obj)
+    if is_capture:  # the claim is never observed (reconcile/capture.py applies it only with its Deployment)
+        return found
     # A variant's LeaderWorkerSet is observed with the Deployments (one server object per variant name).
     children = {"Deployment": observed.deployments, m.LWS_KIND: observed.deployments, "ConfigMap": observed.config_maps}.get(
         obj["kind"], observed.services

@@ -15,6 +15,7 @@ from ..api import (
     ValidationStatus,
     Variant,
 )
+from .capture_objects import routing_service
 from .decision import is_invalid, is_promoted, is_rolled_back, never_started
 from .diff import annotations_of, labels_of, owned_by, template_differs
 from .facts import BASE, SPECULATIVE, Facts
@@ -164,7 +165,7 @@ def _with_base_change(fleet: Fleet, change: BaseChange, max_unavailable: int, re
 def _walked_back_one_server(facts: Facts) -> bool:
     """A one-server resource may change its speculative template once the base serves and the stable Service
     selects it (observed): the old speculative server answered until then."""
-    stable = facts.observed.services.get(facts.name)
+    stable = routing_service(facts.observed.services, facts.name)
     return facts.servers[BASE].ready and stable is not None and not m.selects_both(stable) and m.service_variant(stable) == BASE
 
 
@@ -277,7 +278,7 @@ def choose_active(facts: Facts, decision: ProbeStatus | None, holding: bool = Fa
     desired = SPECULATIVE if is_promoted(decision) and not (holding and facts.servers[BASE].ready) else BASE
     if facts.servers[desired].any_ready:
         return desired
-    stable = facts.observed.services.get(facts.name)
+    stable = routing_service(facts.observed.services, facts.name)
     current = m.service_variant(stable) if stable else None
     if stable is not None and m.selects_both(stable):
         current = SPECULATIVE  # a fleet walking back: its speculative servers answer until the base serves
@@ -310,7 +311,7 @@ def route_both(facts: Facts, fleet: Fleet, decision: ProbeStatus | None, validat
         return False
     served = is_promoted(decision) or decision.reason == Reason.ACCEPTANCE_DRIFT
     if not served:
-        stable = facts.observed.services.get(facts.name)
+        stable = routing_service(facts.observed.services, facts.name)
         served = stable is not None and (m.selects_both(stable) or m.service_variant(stable) == SPECULATIVE)
         # ... unless the speculative servers were only ever the canary: a decision against them takes them out at once.
         served = served and fleet.state.speculative.desired > 1

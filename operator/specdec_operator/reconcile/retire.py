@@ -53,7 +53,11 @@ def retiring(spec: SpeculativeServerSpec, observed: Observed) -> Retirement | No
     objects = [
         o
         for o in observed.retiring.values()
-        if owned_by(o, observed.uid) and labels_of(o).get(m.LABEL_INSTANCE) == observed.name and o.get("kind") in ("Deployment", m.LWS_KIND)
+        if owned_by(o, observed.uid)
+        and labels_of(o).get(m.LABEL_INSTANCE) == observed.name
+        and o.get("kind") in ("Deployment", m.LWS_KIND)
+        # The capture proxy's Deployment is no server (a multi-node resource's watch files it with the old kind's).
+        and labels_of(o).get(m.LABEL_NAME) == m.APP_NAME
     ]
     if not objects:
         return None

@@ -1,0 +1,167 @@
+"""spec.retraining.capture in a step (docs/capture.md): the capture objects a step wants, whether the stable Service
+selects the capture proxies, status.retraining.capture, its Events, and what turning capture off deletes.
+
+The stable Service selects the proxies only while one of them is Ready (and ``<name>-serving``, where they send the
+traffic, exists); otherwise it selects the servers as without capture: capture fails open, serving never waits for it.
+No server pod template depends on capture, so turning it on or off restarts no server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .. import manifests as m
+from ..api import SpeculativeServerSpec, SpeculativeServerStatus
+from ..api_retraining import CaptureSettings, CaptureStatus, RetrainingStatus, capture_on
+from ..textutil import clip
+from .capture_objects import capture_name, claim, fronted, proxy_deployment, serving_name, serving_service
+from .diff import needs_apply, owned_by
+from .model import Event, Observed, Plan
+
+ACTIVE_STATES = ("Starting", "On", "Bypassed")
+
+
+def settings_of(spec: SpeculativeServerSpec) -> CaptureSettings | None:
+    return capture_on(getattr(spec, "retraining", None))
+
+
+def proxy_deployment_observed(observed: Observed) -> dict[str, Any] | None:
+    """The capture proxy's Deployment as observed (a multi-node resource's watch files Deployments as retiring)."""
+    name = capture_name(observed.name)
+    found = observed.deployments.get(name) or observed.retiring.get(name)
+    return found if found is not None and found.get("kind", "Deployment") == "Deployment" else None
+
+
+def proxy_ready(observed: Observed) -> bool:
+    deployment = proxy_deployment_observed(observed)
+    return deployment is not None and int(((deployment.get("status") or {}).get("readyReplicas")) or 0) >= 1
+
+
+def routed(spec: SpeculativeServerSpec, observed: Observed) -> bool:
+    """Whether the stable Service is to select the capture proxies now."""
+    return settings_of(spec) is not None and proxy_ready(observed) and serving_name(observed.name) in observed.services
+
+
+def with_capture(
+    facts_spec: SpeculativeServerSpec, observed: Observed, settings: m.ManifestSettings, services: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``services`` (the stable one last) with the capture objects: the claim and ``<name>-serving`` before them, the
+    stable Service fronted by the proxies while they route, the proxies' Deployment after. The claim goes with the
+    Deployment only when that is created or changed: the operator does not watch claims, and re-applying one each
+    step would never let a resource settle."""
+    capture = settings_of(facts_spec)
+    if capture is None:
+        return services
+    name, namespace = observed.name, observed.namespace
+    stable_name = m.child_name(name, None)
+    stable = next(s for s in services if s["metadata"]["name"] == stable_name)
+    deployment = proxy_deployment(name, namespace, facts_spec, capture, settings)
+    front = routed(facts_spec, observed)
+    out = [claim(name, namespace, capture)] if needs_apply(deployment, proxy_deployment_observed(observed)) else []
+    out.append(serving_service(stable, name))
+    out += [fronted(s, name) if front and s is stable else s for s in services]
+    return [*out, deployment]
+
+
+def observed_capture_child(observed: Observed, obj: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+    """(whether ``obj`` is a capture object, its observed copy): the claim is never observed (not watched)."""
+    if obj["kind"] == "PersistentVolumeClaim":
+        return True, None
+    if obj["kind"] == "Deployment" and obj["metadata"]["name"] == capture_name(observed.name):
+        return True, proxy_deployment_observed(observed)
+    return False, None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# status.retraining.capture, Events, deletion
+
+
+def capture_status(spec: SpeculativeServerSpec, observed: Observed, stored: CaptureStatus | None) -> CaptureStatus | None:
+    name = observed.name
+    capture = settings_of(spec)
+    claim_name = capture_name(name)
+    if capture is None:
+        if not _leftovers(observed):
+            return None
+        return CaptureStatus(
+            state="Off",
+            claimName=claim_name,
+            message=f"capture turned off: deleting the capture proxy, Service {serving_name(name)} and claim {claim_name}",
+        )
+    if routed(spec, observed):
+        what = "prompts and answers" if capture.include_responses else "prompts"
+        message = (
+            f"the stable Service's traffic passes the capture proxy {claim_name}; {capture.sample_share:.4g} of chat/completions requests "
+            f"({what}) go to claim {claim_name} (cap {capture.max_bytes} bytes, {capture.retention_hours} h); the servers were not restarted"
+        )
+        return CaptureStatus(state="On", claimName=claim_name, message=message)
+    if stored is not None and stored.state in ("On", "Bypassed") and proxy_deployment_observed(observed) is not None:
+        message = f"no capture pod of {claim_name} is Ready: the stable Service selects the servers directly and nothing is captured until one is"
+        return CaptureStatus(state="Bypassed", claimName=claim_name, message=message)
+    message = f"starting the capture proxy {claim_name} (claim {claim_name}): the servers serve directly until it is Ready; they are not restarted"
+    return CaptureStatus(state="Starting", claimName=claim_name, message=message)
+
+
+def capture_events(stored: CaptureStatus | None, new: CaptureStatus | None, name: str) -> list[Event]:
+    """Events of a change of status.retraining.capture.state (derived from the stored status: a restart repeats none)."""
+    before = stored.state if stored is not None else "Off"
+    after = new.state if new is not None else "Off"
+    if before == after:
+        return []
+    if after == "Starting":
+        message = (
+            f"capture turned on: creating the capture proxy {capture_name(name)} in front of the servers (a Deployment of its own: "
+            "the serving pods are not restarted); the stable Service selects it once it is Ready"
+        )
+        return [Event("Normal", "CaptureStarting", message)]
+    if after == "On":
+        return [Event("Normal", "CaptureStarted", clip(new.message or "") if new is not None else "")]
+    if after == "Bypassed":
+        return [Event("Warning", "CaptureBypassed", clip(new.message or "") if new is not None else "")]
+    message = (
+        f"capture turned off: the stable Service selects the servers; the capture proxy, Service {serving_name(name)} and claim "
+        f"{capture_name(name)} with the captured records are deleted"
+    )
+    return [Event("Normal", "CaptureStopped", message)] if before in ACTIVE_STATES else []
+
+
+def _leftovers(observed: Observed) -> list[tuple[str, str, dict[str, Any]]]:
+    """The capture objects of this resource still there (owned by it), as (apiVersion, kind, object)."""
+    found = [("apps/v1", "Deployment", proxy_deployment_observed(observed)), ("v1", "Service", observed.services.get(serving_name(observed.name)))]
+    return [(api, kind, o) for api, kind, o in found if o is not None and owned_by(o, observed.uid)]
+
+
+def deletions(spec: SpeculativeServerSpec, observed: Observed) -> list[dict[str, Any]]:
+    """What turning capture off deletes, the claim first (its records go with it; Kubernetes keeps it until no pod
+    mounts it), then ``<name>-serving`` and the proxies (after this step's applies re-point the stable Service)."""
+    leftovers = _leftovers(observed) if settings_of(spec) is None else []
+    if not leftovers:
+        return []
+    namespace = observed.namespace
+    out: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": capture_name(observed.name), "namespace": namespace}}
+    ]
+    for api_version, kind, obj in reversed(leftovers):  # the Service, then the Deployment
+        meta = obj.get("metadata") or {}
+        out.append({"apiVersion": api_version, "kind": kind, "metadata": {"name": meta["name"], "namespace": namespace, "uid": meta.get("uid")}})
+    return out
+
+
+def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, stored: SpeculativeServerStatus) -> Plan:
+    """A step's plan with status.retraining.capture, its Events and the deletions of capture turned off."""
+    if plan.refused:
+        return plan
+    stored_capture = stored.retraining.capture if stored.retraining is not None else None
+    new = capture_status(spec, observed, stored_capture)
+    retraining = plan.new_status.retraining or RetrainingStatus()
+    retraining = retraining.model_copy(update={"capture": new})
+    retraining_or_none = None if retraining == RetrainingStatus() else retraining
+    delete = deletions(spec, observed)
+    return dataclasses.replace(
+        plan,
+        new_status=plan.new_status.model_copy(update={"retraining": retraining_or_none}),
+        events=[*plan.events, *capture_events(stored_capture, new, observed.name)],
+        delete=[*delete, *plan.delete],
+        settled=plan.settled and not delete,
+    )
