@@ -193,7 +193,7 @@ def test_a_race_waits_queued_for_a_slot_with_the_base_serving_and_no_speculative
     plan = world.step(settings=limit, races_elsewhere=2)
     assert world.status["race"]["state"] == "Queued" and world.status["phase"] == "Pending" and world.status["reason"] == "RaceQueued"
     assert world.deployments["llama-spec"]["spec"]["replicas"] == 0 and world.deployments["llama-base"]["spec"]["replicas"] == 1
-    assert reasons(plan) == ["RaceQueued"] and not plan.starts_probe
+    assert reasons(plan) == ["RaceQueued"] and plan.events[0].type == "Normal" and not plan.starts_probe  # not a rollback
     assert world.step(settings=limit, races_elsewhere=2).events == []  # said once
     world.step(settings=limit, races_elsewhere=1)  # a slot frees
     assert world.status["race"]["state"] == "Running" and world.deployments["llama-spec"]["spec"]["replicas"] == 1
@@ -295,3 +295,49 @@ def test_kubectl_specdec_and_the_metric_show_the_race() -> None:
     single.step()
     metrics.observe_status("ns", "plain", single.status)
     assert 'name="plain",namespace="ns",state=' not in generate_latest(metrics.registry).decode()
+
+
+def test_a_fleet_races_on_its_canary_and_walks_the_winner_through_the_fleet() -> None:
+    world = race_world(replicas=3)
+    revs = revisions(world.spec)
+    world.step()
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 1  # the canary: one speculative server per candidate
+    for name, res in (("eagle3", lost(revs["eagle3"])), ("ngram", passed(revs["ngram"], 2.1, 1.7, 2.6)), ("small", lost(revs["small"]))):
+        world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+        world.add_pod("base", ready=True)
+        world.add_pod("base", ready=True)
+        world.probe_running = None
+        plan = world.step()
+        assert isinstance(plan.probe, StartProbe) and plan.probe.revision == revs[name], (name, world.status["message"])
+        assert world.deployments["llama-spec"]["spec"]["replicas"] == 1 and spec_command(world) == rendered_for(world, name)
+        world.step(probe_result=res)
+    assert table(world) == [("eagle3", "Lost"), ("ngram", "Serving"), ("small", "Lost")]
+    # The winner walks through the fleet as any promotion does, its servers Ready as the Deployments ask for them.
+    for _ in range(8):
+        world.pods = []
+        for variant in ("base", "speculative"):
+            for _ in range(world.deployments[f"llama-{'spec' if variant == 'speculative' else 'base'}"]["spec"]["replicas"]):
+                world.add_pod(variant, ready=True, init=(0, COMPATIBLE) if variant == "speculative" else None)
+        world.step()
+    assert spec_command(world) == rendered_for(world, "ngram")
+    assert world.deployments["llama-spec"]["spec"]["replicas"] == 3 and world.deployments["llama-base"]["spec"]["replicas"] == 0
+    assert world.status["rolloutProgress"] == "3/3 speculative" and world.status["phase"] == "Promoted"
+
+
+def test_an_engine_image_change_starts_a_new_race_and_losers_hold_no_gpus() -> None:
+    world = race_world()
+    revs = revisions(world.spec)
+    world.step()
+    for name, res in (("eagle3", passed(revs["eagle3"], 1.9, 1.5, 2.4)), ("ngram", lost(revs["ngram"])), ("small", lost(revs["small"]))):
+        serve_candidate(world)
+        world.step(probe_result=res)
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    world.step()
+    assert world.status["phase"] == "Promoted"
+    # After the race only the winner's server holds speculative GPUs (the slot), whatever the losers were.
+    assert world.status["gpus"]["speculative"] == world.spec.resources.gpus
+    first = world.status["race"]["revision"]
+    world.spec_dict["image"] = "lmsysorg/sglang:v0.5.22-cu129"
+    world.step()
+    assert world.status["race"]["revision"] != first and world.status["race"]["state"] == "Running"
+    assert table(world) == [("eagle3", "Measuring"), ("ngram", "Waiting"), ("small", "Waiting")]

@@ -122,6 +122,12 @@ def _enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
     return ""
 
 
+# Decisions the lifecycle is given but that never become an Event of their own: a race waiting for a slot runs the
+# lifecycle with a stand-in rollback (reason RaceQueued) so that no speculative server is held, and
+# reconcile/candidate_race.queued replaces that plan's Events with its one RaceQueued Event (Normal).
+NEVER_ANNOUNCED_DECISIONS = {"RaceQueued"}
+
+
 def read_events() -> tuple[dict[str, set[str]], list[str]]:
     """Event reason -> the Event types the code can post it with, read from the package's source; and the Event
     calls whose reason this reader cannot tell (each must be taught to it)."""
@@ -152,7 +158,8 @@ def read_events() -> tuple[dict[str, set[str]], list[str]]:
                 parts = [*node.args, *(k.value for k in node.keywords)] if isinstance(node, ast.Call) else list(node.elts)
                 decisions = {d for p in parts if (d := _attr(p, "Decision"))}
                 if len(decisions) == 1:
-                    add({Reason[r].value for p in parts if (r := _attr(p, "Reason"))}, {"Normal"} if decisions == {"PROMOTE"} else {"Warning"})
+                    reasons = {Reason[r].value for p in parts if (r := _attr(p, "Reason"))} - NEVER_ANNOUNCED_DECISIONS
+                    add(reasons, {"Normal"} if decisions == {"PROMOTE"} else {"Warning"})
             # Phase Failed posts a Warning with its reason: PhaseOutcome(Phase.FAILED, Reason.X) and fail(..., reason).
             if isinstance(node, ast.Call) and node.args and _attr(node.args[0], "Phase") == "FAILED":
                 add({r for a in node.args[1:2] for r in _reasons(a)}, {"Warning"})

@@ -56,6 +56,7 @@ from ..probe.result import DEFAULT_CONFIDENCE
 from ..resource import speculative_revision
 from ..textutil import clip
 from .diff import annotations_of, labels_of
+from .events import candidate_measured_event, race_decided_event, race_queued_event
 from .model import Event, Observed, Plan, StartProbe
 
 # Each candidate's probe message in the table, shortened: the table stays a small share of the status's byte budget.
@@ -251,7 +252,7 @@ def run(
         if row is None:
             return finish(plan, table, _race(revs, "Running", measuring.name, table, spec), events, measured)
         table = [row if r.name == row.name else r for r in table]
-        events.append(_measured_event(row, len(table)))
+        events.append(candidate_measured_event(row, len(table)))
         measured.append(measuring.revision or "")
         if plan.new_status.probe is not None:
             decisions[row.name] = plan.new_status.probe
@@ -324,7 +325,7 @@ def _serve_decided(
     inner_prev = prev.model_copy(update={"probe": told})
     plan = lifecycle(spec_for_candidate(spec, chosen.name), lifecycle_view(observed, revision, False), inner_prev, rendered.get(revision) or {})
     if stored_race is None or stored_race.state != "Decided" or stored_race.winner != (chosen.name if promote else None):
-        events.append(_decided_event(chosen, len(table), promote))
+        events.append(race_decided_event(chosen, len(table), promote))
     return finish(plan, table, _race(revs, "Decided", chosen.name, table, spec, chosen.name if promote else None), events, measured)
 
 
@@ -353,7 +354,7 @@ def queued(
         update={"phase": Phase.PENDING, "reason": Reason.RACE_QUEUED, "message": message, "probe": prev.probe, "candidates": table, "race": race}
     )
     stored_queued = prev.race is not None and prev.race.state == "Queued" and prev.race.revision == revision
-    plan.events = [] if stored_queued else [Event("Normal", Reason.RACE_QUEUED, message)]
+    plan.events = [] if stored_queued else [race_queued_event(message)]
     plan.probe = None
     plan.settled = False
     return plan
@@ -381,24 +382,3 @@ def finish(plan: Plan, table: list[CandidateStatus], race: RaceStatus, events: l
     plan.measured = tuple(measured)
     plan.rendered = {plan.revision: plan.rendered}
     return plan
-
-
-def _measured_event(row: CandidateStatus, candidates: int) -> Event:
-    speed = f" at {row.speedup:.2f}x" if row.speedup is not None else ""
-    return Event(
-        "Normal" if row.state in PASSED else "Warning",
-        Reason.CANDIDATE_MEASURED,
-        clip(f"candidate {row.name} ({row.algorithm}) of {candidates}: {row.state}{speed} ({row.reason}): {row.message or ''}"),
-    )
-
-
-def _decided_event(row: CandidateStatus, candidates: int, promote: bool) -> Event:
-    if promote:
-        return Event(
-            "Normal",
-            Reason.RACE_WON,
-            clip(f"candidate {row.name} ({row.algorithm}) won the race of {candidates} at {row.speedup or 0:.2f}x: serving it"),
-        )
-    return Event(
-        "Warning", Reason.RACE_WON, clip(f"no candidate of {candidates} was confirmed faster (best: {row.name}, {row.reason}): the base serves")
-    )

@@ -4,6 +4,9 @@ An Event announces a transition: something in the new status that the stored sta
 the stored status is what a restarted operator reads back, a restart repeats no Event (a decision already
 stored is not announced again), and a step that changes nothing announces nothing.
 
+A race of candidates (candidate_race.py) asks here for its own Events when it records a candidate's decision or
+decides (CandidateMeasured, RaceWon, RaceQueued): its stored table says what was announced already.
+
 One Event announces an action instead: ProbeStarted, when this step starts a probe. A probe started again (by a
 restarted operator, or by the replica that took over from a leader) is new GPU time and is announced, even when
 it starts within the second the stored probe started, which the status cannot tell apart (times are seconds).
@@ -11,7 +14,8 @@ it starts within the second the stored probe started, which the status cannot te
 
 from __future__ import annotations
 
-from ..api import Condition, ConditionType, Decision, Phase, ProbeStatus, Reason, SpeculativeServerStatus, ValidationStatus
+from ..api import CandidateStatus, Condition, ConditionType, Decision, Phase, ProbeStatus, Reason, SpeculativeServerStatus, ValidationStatus
+from ..textutil import clip
 from .model import Event
 from .pods import finding_summary
 
@@ -184,3 +188,29 @@ def _stuck_events(prev: SpeculativeServerStatus, new: SpeculativeServerStatus) -
 
 def _revision(status: SpeculativeServerStatus) -> str:
     return (status.probe.revision if status.probe is not None else None) or (status.validation.revision if status.validation else None) or "?"
+
+
+# --- a race of candidates (candidate_race.py)
+def candidate_measured_event(row: CandidateStatus, candidates: int) -> Event:
+    speed = f" at {row.speedup:.2f}x" if row.speedup is not None else ""
+    return Event(
+        "Normal" if row.state in ("Passed", "Serving") else "Warning",
+        Reason.CANDIDATE_MEASURED,
+        clip(f"candidate {row.name} ({row.algorithm}) of {candidates}: {row.state}{speed} ({row.reason}): {row.message or ''}"),
+    )
+
+
+def race_decided_event(row: CandidateStatus, candidates: int, promote: bool) -> Event:
+    if promote:
+        return Event(
+            "Normal",
+            Reason.RACE_WON,
+            clip(f"candidate {row.name} ({row.algorithm}) won the race of {candidates} at {row.speedup or 0:.2f}x: serving it"),
+        )
+    return Event(
+        "Warning", Reason.RACE_WON, clip(f"no candidate of {candidates} was confirmed faster (best: {row.name}, {row.reason}): the base serves")
+    )
+
+
+def race_queued_event(message: str) -> Event:
+    return Event("Normal", Reason.RACE_QUEUED, message)
