@@ -328,7 +328,7 @@ def test_an_engine_image_change_starts_a_new_race_and_losers_hold_no_gpus() -> N
     world = race_world()
     revs = revisions(world.spec)
     world.step()
-    for name, res in (("eagle3", passed(revs["eagle3"], 1.9, 1.5, 2.4)), ("ngram", lost(revs["ngram"])), ("small", lost(revs["small"]))):
+    for res in (passed(revs["eagle3"], 1.9, 1.5, 2.4), lost(revs["ngram"]), lost(revs["small"])):
         serve_candidate(world)
         world.step(probe_result=res)
     world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
