@@ -32,7 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..api import Decision, Reason
-from .stats import LogRate, PairedRound, RatioInterval, paired_round, with_pooled_variance
+from .stats import LogRate, PairedRound, RatioInterval, RoundPrior, paired_round, with_pooled_variance
 
 SCHEMA = 1
 BASE, SPECULATIVE = "base", "speculative"
@@ -224,6 +224,9 @@ class RaceRules:
     # has passed with (an arm whose high end is below it cannot win: CannotWin).
     family: int = 1
     bar: float | None = None
+    # workload -> the between-round variance earlier probes of the same servers measured (stats.RoundPrior, pooled with
+    # this probe's own spread; policy all). None of them: each probe stands on its own rounds (one round bounds nothing).
+    round_priors: Mapping[str, RoundPrior] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -484,6 +484,27 @@ class RoundPrior:
         return math.isfinite(self.var) and self.var >= 0 and math.isfinite(self.df) and self.df > 0
 
 
+# The most degrees of freedom a prior carries into a probe: earlier probes' spread counts, but never so much that it
+# outweighs what the probe's own rounds say when the servers' noise has changed since (the study's prior: 5 df, a
+# previous probe of 6 rounds; docs/benchmarks/probe-study.md).
+PRIOR_MAX_DF = 5.0
+
+
+def round_prior(rounds: Sequence[PairedRound], earlier: RoundPrior | None = None, max_df: float = PRIOR_MAX_DF) -> RoundPrior | None:
+    """The prior a decided probe leaves for the next probe of the same servers and workload: its rounds' between-round
+    variance (:func:`round_variance`, with the servers' floor; n - 1 df) pooled with ``earlier``'s (the prior it had
+    itself), the df capped at ``max_df`` (an older estimate's weight shrinks as newer ones come). None: fewer than two
+    rounds and no earlier prior."""
+    own = (round_variance(rounds), float(len(rounds) - 1)) if len(rounds) >= 2 else None
+    if own is not None and not (math.isfinite(own[0]) and own[0] >= 0):
+        own = None
+    parts = [p for p in ((earlier.var, earlier.df) if earlier is not None and earlier.usable() else None, own) if p is not None]
+    if not parts:
+        return None
+    df = sum(d for _, d in parts)
+    return RoundPrior(sum(v * d for v, d in parts) / df, min(df, max_df))
+
+
 def between_round(rounds: Sequence[PairedRound], server_floor: bool = True, prior: RoundPrior | None = None) -> tuple[float, float] | None:
     """The variance of one round's log ratio between rounds and its df: this probe's (:func:`round_variance`, n - 1 df)
     pooled with ``prior``'s; the prior alone at n = 1; None when there is neither (one round, no prior)."""

@@ -53,7 +53,7 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
         return ArmState(arm, ArmOutcome.NOT_ACCEPTING, rounds, None)
     if min(counts.values(), default=0) == 0:
         return ArmState(arm, ArmOutcome.UNDECIDED, rounds, None, next_workloads=tuple(workloads))
-    per = {w: sequential_interval(paired[w], look_levels(rules.confidence, counts[w], arms)) for w in workloads}
+    per = {w: sequential_interval(paired[w], look_levels(rules.confidence, counts[w], arms), rules.round_priors.get(w)) for w in workloads}
     wide = tuple(w for w in workloads if width(per[w]) > MAX_WIDTH)
 
     def cannot_decide(iv: RatioInterval) -> bool:
