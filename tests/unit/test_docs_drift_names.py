@@ -412,7 +412,8 @@ def exported_metrics() -> dict[str, set[str]]:
 
     metrics = OperatorMetrics()
     status = {"phase": "Promoted", "activeVariant": "speculative", "speedup": 1.5, "acceptLength": 2.5, "reason": "SpeedupConfirmed"}
-    metrics.observe_status("ns", "name", {**status, "gpus": {"base": 8, "speculative": 8, "idle": 8}})
+    race = {"race": {"revision": "r", "state": "Decided"}, "candidates": [{"name": "eagle3", "state": "Serving"}]}
+    metrics.observe_status("ns", "name", {**status, "gpus": {"base": 8, "speculative": 8, "idle": 8}, **race})
     collector: Any
     for collector in list(metrics.registry._collector_to_names):
         labelnames = getattr(collector, "_labelnames", None)
