@@ -1991,6 +1991,9 @@ class CandidateStatus(_Model):
     accept_length: float | None = Field(None, alias="acceptLength", description="Its acceptance length during its probe.")
     speedup: float | None = Field(None, description="Its overall speedup (the policy's: the smallest workload's, or the weighted one).")
     workloads: list[WorkloadResult] | None = Field(None, description="Its speedup per workload, with the interval.")
+    break_even: BreakEvenStatus | None = Field(
+        None, alias="breakEven", description="Where its speculation stops paying (as status.probe.breakEven): a served candidate's load-aware table starts there."
+    )
     gpu_seconds: float | None = Field(None, alias="gpuSeconds", description="What its probe cost (as status.probe.gpuSeconds).", ge=0)
     finished_at: str | None = Field(None, alias="finishedAt", description="When its probe ended (RFC 3339).")
 

@@ -341,3 +341,29 @@ def test_an_engine_image_change_starts_a_new_race_and_losers_hold_no_gpus() -> N
     world.step()
     assert world.status["race"]["revision"] != first and world.status["race"]["state"] == "Running"
     assert table(world) == [("eagle3", "Measuring"), ("ngram", "Waiting"), ("small", "Waiting")]
+
+
+def test_candidates_are_measured_plainly_and_load_aware_speculation_is_the_served_ones() -> None:
+    world = race_world()  # rollout.loadAware Auto
+    revs = revisions(world.spec)
+    world.step()
+    # eagle3 wins at one stream and loses at 32: alone, this curve would open a load-aware trial; in a race its plain
+    # decision is its row, and the next candidate takes the slot.
+    curve = {
+        **lost(revs["eagle3"], speedup=0.5),
+        "workloads": [
+            {"name": "chat", "concurrency": 1, "speedup": 1.8, "speedupLow": 1.3, "speedupHigh": 2.4},
+            {"name": "batch", "concurrency": 32, "speedup": 0.5, "speedupLow": 0.4, "speedupHigh": 0.6},
+        ],
+        "breakEven": {"concurrency": 8.0, "low": 6.0, "high": 11.0, "summary": "8 [6, 11]"},
+    }
+    serve_candidate(world)
+    plan = world.step(probe_result=curve)
+    assert table(world)[:2] == [("eagle3", "Lost"), ("ngram", "Measuring")] and "LoadAwareTrial" not in reasons(plan)
+    for name in ("ngram", "small"):
+        serve_candidate(world)
+        world.step(probe_result=lost(revs[name], speedup=0.3))
+    # None passed: eagle3 was the best measured, and its plain curve asks for a trial, as it would for it alone.
+    assert world.status["race"]["state"] == "Decided" and world.status["race"].get("winner") is None
+    assert world.status["probe"]["loadAware"]["reason"] == "LoadAwareTrial" and spec_command(world)[:1]
+    assert "--speculative-adaptive" in spec_command(world) and world.status["probe"]["revision"] == revs["eagle3"]

@@ -19,6 +19,8 @@ own speculative revision. This module only says which candidate the lifecycle ru
 * **budget**: spec.race.gpuSecondsBudget bounds the GPU-seconds of the race's probes; candidates whose turn comes after
   it is spent are Skipped (GpuBudgetSpent). Settings.max_concurrent_races bounds the races running at once over the
   operator: a new race waits Queued (the base serves, no speculative server) until one ends.
+* **plain probes**: a candidate is measured with rollout.loadAware Off (its plain decision is its row); load-aware
+  speculation is the served candidate's business, as for a single drafter.
 * **decided**: the passing candidate with the highest speedup under rollout.policy (the smallest workload's, or the
   weighted one) wins and is served: the lifecycle runs it with its recorded decision, so it is re-deployed in the slot
   if another candidate was measured after it, promoted once Ready, walked through a fleet, and given its own load-aware
@@ -42,6 +44,7 @@ from .. import manifests as m
 from ..api import (
     CandidateStatus,
     Decision,
+    LoadAware,
     Phase,
     ProbeStatus,
     RaceStatus,
@@ -124,6 +127,7 @@ def recorded(row: CandidateStatus, decision: ProbeStatus) -> CandidateStatus:
             "accept_length": decision.accept_length,
             "speedup": decision.speedup,
             "workloads": decision.workloads,
+            "break_even": decision.break_even,
             "gpu_seconds": decision.gpu_seconds,
             "finished_at": decision.finished_at,
         }
@@ -177,6 +181,7 @@ def told_decision(row: CandidateStatus, candidates: int, promote: bool, whole: P
         accept_length=row.accept_length,
         speedup=row.speedup,
         workloads=row.workloads,
+        break_even=row.break_even,
         gpu_seconds=row.gpu_seconds,
         revision=row.revision,
         finished_at=row.finished_at,
@@ -276,10 +281,20 @@ def _measure(
     revision = row.revision or ""
     if row.state == "Waiting" and prev.probe is not None and prev.probe.revision == revision:
         prev = prev.model_copy(update={"probe": None})
-    plan = lifecycle(spec_for_candidate(spec, row.name), lifecycle_view(observed, revision, True), prev, rendered.get(revision) or {})
+    plan = lifecycle(measured_spec(spec, row.name), lifecycle_view(observed, revision, True), prev, rendered.get(revision) or {})
     if isinstance(plan.probe, StartProbe):
         plan.probe = replace(plan.probe, family=candidates, bar=bar_now, candidate=row.name)
     return plan
+
+
+def measured_spec(spec: SpeculativeServerSpec, name: str) -> SpeculativeServerSpec:
+    """The spec a candidate is measured with: its own in spec.drafter's place, decided on the plain probe
+    (rollout.loadAware Off). Load-aware speculation is the served candidate's, as for a single drafter: the winner's, or
+    with none passing, the best measured one's, whose plain curve may still ask for a trial."""
+    candidate = spec_for_candidate(spec, name)
+    if candidate.rollout.load_aware == LoadAware.OFF:
+        return candidate
+    return candidate.model_copy(update={"rollout": candidate.rollout.model_copy(update={"load_aware": LoadAware.OFF.value})})
 
 
 def _decided_row(plan: Plan, row: CandidateStatus) -> CandidateStatus | None:
