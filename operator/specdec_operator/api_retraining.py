@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .api_retraining_job import RetrainingTraining
+
 # The header a client sends to keep one request out of the capture (docs/capture.md); its values that mean "off".
 OPT_OUT_HEADER = "X-Specdec-Capture"
 OPT_OUT_VALUES = frozenset({"off", "no", "false", "0"})
@@ -116,6 +118,11 @@ class Retraining(_RetrainingModel):
         None,
         description="Opt-in capture of a sampled share of the requests the stable Service receives, into a claim in this namespace "
         "(docs/capture.md). Unset: nothing is captured.",
+    )
+    training: RetrainingTraining | None = Field(
+        None,
+        description="Training Jobs that retrain the drafter on the captured traffic: their budget, triggers and limits "
+        "(docs/retraining.md). Not acted on yet: the operator starts no Job today. Unset: no retraining.",
     )
 
 
