@@ -367,3 +367,30 @@ def test_candidates_are_measured_plainly_and_load_aware_speculation_is_the_serve
     assert world.status["race"]["state"] == "Decided" and world.status["race"].get("winner") is None
     assert world.status["probe"]["loadAware"]["reason"] == "LoadAwareTrial" and spec_command(world)[:1]
     assert "--speculative-adaptive" in spec_command(world) and world.status["probe"]["revision"] == revs["eagle3"]
+
+
+def test_an_abort_or_a_promotion_by_hand_ends_the_race_at_the_candidate_in_the_slot() -> None:
+    from specdec_operator import steering
+
+    aborted = race_world()
+    revs = revisions(aborted.spec)
+    aborted.step()
+    serve_candidate(aborted)
+    aborted.step(probe_result=passed(revs["eagle3"], 1.9, 1.5, 2.4))
+    serve_candidate(aborted)
+    aborted.step(annotations={steering.ABORT: "too slow for us"})
+    assert table(aborted) == [("eagle3", "Passed"), ("ngram", "Lost"), ("small", "Skipped")]
+    assert aborted.status["candidates"][1]["reason"] == "Aborted" and aborted.status["candidates"][2]["reason"] == "Aborted"
+    # The abort holds whatever candidate is served: the base serves.
+    aborted.step(annotations={steering.ABORT: "too slow for us"})
+    assert aborted.status["phase"] == "RolledBack" and aborted.status["reason"] == "Aborted"
+    assert aborted.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "base"
+
+    promoted = race_world()
+    promoted.step()
+    serve_candidate(promoted)
+    promoted.step(probe_result=passed(revs["eagle3"], 2.5, 2.0, 3.0))
+    serve_candidate(promoted)
+    promoted.step(annotations={steering.PROMOTE: "we know ngram"})
+    assert table(promoted) == [("eagle3", "Passed"), ("ngram", "Serving"), ("small", "Skipped")]
+    assert promoted.status["race"]["winner"] == "ngram" and spec_command(promoted) == rendered_for(promoted, "ngram")

@@ -118,6 +118,10 @@ def recorded(row: CandidateStatus, decision: ProbeStatus) -> CandidateStatus:
         state = "Passed"
     else:
         state = "Lost"
+    # A runner-up measured again after a drift: the race paid for both of its probes.
+    cost = decision.gpu_seconds
+    if row.finished_at is not None and row.gpu_seconds is not None:
+        cost = row.gpu_seconds + (cost or 0.0)
     return row.model_copy(
         update={
             "state": state,
@@ -128,7 +132,7 @@ def recorded(row: CandidateStatus, decision: ProbeStatus) -> CandidateStatus:
             "speedup": decision.speedup,
             "workloads": decision.workloads,
             "break_even": decision.break_even,
-            "gpu_seconds": decision.gpu_seconds,
+            "gpu_seconds": cost,
             "finished_at": decision.finished_at,
         }
     )
@@ -156,9 +160,18 @@ def bar(table: Sequence[CandidateStatus]) -> float | None:
 
 def winner(table: Sequence[CandidateStatus]) -> CandidateStatus | None:
     """The passing candidate with the highest speedup under rollout.policy (status.probe.speedup's rule); the earlier one
-    on a tie."""
+    on a tie. A candidate promoted by hand (specdec.io/promote while it was in the slot) wins whatever was measured."""
     passing = [r for r in table if r.state in PASSED]
-    return max(passing, key=lambda r: r.speedup or 0.0) if passing else None
+    return max(passing, key=lambda r: (r.reason == Reason.PROMOTED_BY_HAND, r.speedup or 0.0)) if passing else None
+
+
+def ended_by_hand(table: list[CandidateStatus], row: CandidateStatus) -> list[CandidateStatus]:
+    """specdec.io/abort or specdec.io/promote decided the candidate in the slot: the race ends there, the candidates not
+    measured yet are not measured (the abort's rollback, or the promoted candidate, is served)."""
+    if row.reason not in (Reason.ABORTED, Reason.PROMOTED_BY_HAND):
+        return table
+    message = f"not measured: the race ended by hand ({row.reason} of {row.name})"
+    return [r.model_copy(update={"state": "Skipped", "reason": row.reason, "message": message}) if r.state in OPEN else r for r in table]
 
 
 def best_measured(table: Sequence[CandidateStatus]) -> CandidateStatus:
@@ -256,7 +269,7 @@ def run(
         row = _decided_row(plan, measuring)
         if row is None:
             return finish(plan, table, _race(revs, "Running", measuring.name, table, spec), events, measured)
-        table = [row if r.name == row.name else r for r in table]
+        table = ended_by_hand([row if r.name == row.name else r for r in table], row)
         events.append(candidate_measured_event(row, len(table)))
         measured.append(measuring.revision or "")
         if plan.new_status.probe is not None:
@@ -327,9 +340,12 @@ def _serve_decided(
 ) -> Plan:
     """Every candidate decided: serve the winner (its recorded decision, promoted once its server is Ready again), or
     let the best measured candidate's rollback stand."""
-    best = winner(table)
+    aborted = next((r for r in table if r.reason == Reason.ABORTED and r.state == "Lost"), None)
+    best = winner(table) if aborted is None else None
     drifted = next((r for r in table if r.state == "Drifted"), None)
-    if best is None and drifted is not None:
+    if aborted is not None:
+        chosen, promote = aborted, False  # specdec.io/abort: no candidate is served, whatever passed before it
+    elif best is None and drifted is not None:
         chosen, promote = drifted, False  # the winner drifted and nothing can take its place: its rollback stands
     else:
         chosen, promote = (best, True) if best is not None else (best_measured(table), False)
