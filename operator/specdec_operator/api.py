@@ -97,6 +97,11 @@ class Reason(StrEnum):
     RACE_QUEUED = "RaceQueued"
     CANDIDATE_MEASURED = "CandidateMeasured"
     RACE_WON = "RaceWon"
+    # spec.retraining.capture's Events (reconcile/capture.py; status.retraining.capture.state says the same)
+    CAPTURE_STARTING = "CaptureStarting"
+    CAPTURE_STARTED = "CaptureStarted"
+    CAPTURE_BYPASSED = "CaptureBypassed"
+    CAPTURE_STOPPED = "CaptureStopped"
     # A warning on a decision: the probe measured random token ids, not the traffic users send
     SYNTHETIC_TRAFFIC = "SyntheticTraffic"
     # Phases before a decision, and failures

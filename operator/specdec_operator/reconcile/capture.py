@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from .. import manifests as m
-from ..api import SpeculativeServerSpec, SpeculativeServerStatus
+from ..api import Reason, SpeculativeServerSpec, SpeculativeServerStatus
 from ..api_retraining import CaptureSettings, CaptureStatus, RetrainingStatus, capture_on
 from ..textutil import clip
 from .capture_objects import capture_name, claim, fronted, proxy_deployment, serving_name, serving_service
@@ -114,16 +114,16 @@ def capture_events(stored: CaptureStatus | None, new: CaptureStatus | None, name
             f"capture turned on: creating the capture proxy {capture_name(name)} in front of the servers (a Deployment of its own: "
             "the serving pods are not restarted); the stable Service selects it once it is Ready"
         )
-        return [Event("Normal", "CaptureStarting", message)]
+        return [Event("Normal", Reason.CAPTURE_STARTING, message)]
     if after == "On":
-        return [Event("Normal", "CaptureStarted", clip(new.message or "") if new is not None else "")]
+        return [Event("Normal", Reason.CAPTURE_STARTED, clip(new.message or "") if new is not None else "")]
     if after == "Bypassed":
-        return [Event("Warning", "CaptureBypassed", clip(new.message or "") if new is not None else "")]
+        return [Event("Warning", Reason.CAPTURE_BYPASSED, clip(new.message or "") if new is not None else "")]
     message = (
         f"capture turned off: the stable Service selects the servers; the capture proxy, Service {serving_name(name)} and claim "
         f"{capture_name(name)} with the captured records are deleted"
     )
-    return [Event("Normal", "CaptureStopped", message)] if before in ACTIVE_STATES else []
+    return [Event("Normal", Reason.CAPTURE_STOPPED, message)] if before in ACTIVE_STATES else []
 
 
 def _leftovers(observed: Observed) -> list[tuple[str, str, dict[str, Any]]]:
