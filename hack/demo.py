@@ -6,8 +6,11 @@
 2. Start SGLang simulators (specdec simulate) for every server: the Kimi-K2.5 base and the two drafters from the
    seed's table, and a Llama-3.1-8B-like pair whose drafter pays off.
 3. Run the operator (specdec run) with an endpoints file that maps each Service to its simulator.
-4. Apply examples/ (plus one drafter built for the wrong target) and show the lifecycle live.
-5. Print the seed-style table (variant, tok/s per workload, acceptance, decision).
+4. Apply examples/ (plus one drafter built for the wrong target) and show the lifecycle live; with them two races of
+   the same three candidates (EAGLE-3, n-gram, a draft model), one on repetitive traffic and one on chat
+   (hack/demo_race.py: each candidate's simulator behind the speculative slot while it is in it).
+5. Print the seed-style table (variant, tok/s per workload, acceptance, decision) and each race's table; n-gram
+   must win the repetitive traffic and EAGLE-3 the chat (exit status 1 otherwise).
 6. A fleet: 4 Llama servers on Blackwell nodes, rollout.maxSurge 0, walked onto the drafter one server at a time
    and back again when its drafter drifts (the simulator restarted with a drafter that accepts nothing), printing
    the walk; then print the GPUs each resource holds and the idle ones, and check them against what its spec
@@ -39,6 +42,7 @@ REPO = HACK.parent
 sys.path.insert(0, str(HACK))
 sys.path.insert(0, str(REPO))  # tests.support.model_dirs: metadata-only model directories for the validator
 
+import demo_race
 import devcluster
 
 NAMESPACE = "specdec-demo"
@@ -446,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     say("specdec-operator demo: validate drafters from metadata, measure them against their base, promote only when faster.\n")
     workdir = Path(tempfile.mkdtemp(prefix="specdec-demo-"))
     procs: list[subprocess.Popen] = []
+    race = demo_race.RaceDemo(NAMESPACE, workdir / "endpoints.yaml")
     we_started_cluster = False
     try:
         # 1. cluster
@@ -484,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             endpoints[f"{NAMESPACE}/{FLEET}-{suffix}"] = f"http://127.0.0.1:{fleet_ports[suffix]}"
             say(f"      {FLEET}-{suffix:<4} -> {profile:<24} on :{fleet_ports[suffix]} (the fleet case, step 6)")
         (workdir / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
+        race.start(endpoints, str(cluster.kubeconfig), say)
 
         # 3. operator
         say("\n[3/6] The operator: specdec run --namespace specdec-demo --endpoints endpoints.yaml")
@@ -516,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         for case in CASES:
             say(f"      {case.name:<26} {case.story}")
             kubectl("apply", "-f", "-", input=yaml.safe_dump(custom_resource(case)))
+        race.apply(kubectl, say)
         say("      (rollout.keepBaseWarm as shipped, true: a promoted server keeps its base warm, GPUs held for an instant")
         say("       rollback that serve no traffic; the demo ends by counting them)")
         say("\n      Live (each line is a change of phase or message):")
@@ -525,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         adaptive_started: set[str] = set()
         while True:
             items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+            race.new_switches(started, say)
             for case in CASES:
                 if case.name not in adaptive_started and (proc := follow_adaptive_table(kubectl, workdir, case, ports.get(case.name), procs)):
                     adaptive_started.add(case.name)
@@ -537,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
                 if _shape(line) != _shape(shown.get(name, "")):
                     shown[name] = line
                     say(f"      {time.monotonic() - started:5.1f}s  {name:<26} {line[:190]}")
-            if len(items) == len(CASES) and all((i.get("status") or {}).get("phase") in done for i in items):
+            settled = [race.settled(i, done) if race.owns(i) else (i.get("status") or {}).get("phase") in done for i in items]
+            if len(items) == len(CASES) + len(demo_race.RACES) and all(settled):
                 break
             if time.monotonic() - started > args.timeout:
                 say("      timed out waiting for the decisions; see the operator log")
@@ -547,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
         # 5. result
         say("\n[5/6] kubectl get sps -o wide:")
         say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE, "-o", "wide").stdout.rstrip().splitlines()))
-        show_table(items)
+        show_table([i for i in items if not race.owns(i)])
+        say("The races (status.candidates and status.race; speedups in simulated GPU time, intervals at each probe's confidence):")
+        races_ok = demo_race.show_and_check(items, say)
         events = kubectl(
             "get",
             "events",
@@ -602,7 +613,8 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout
         say("      Events of the fleet:")
         say("\n".join("        " + line[:170] for line in walk_events.rstrip().splitlines()))
-        return 0 if check_gpus(kubectl, f"http://127.0.0.1:{metrics_port}/metrics") else 1
+        gpus_ok = check_gpus(kubectl, f"http://127.0.0.1:{metrics_port}/metrics")
+        return 0 if gpus_ok and races_ok else 1
     except devcluster.ClusterError as exc:
         say(f"demo: {exc}")
         return 1
@@ -617,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.kubectl("delete", "sps", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=60s", check=False, timeout=90)
             except Exception:
                 pass
+            race.stop()
             for proc in reversed(procs):
                 proc.terminate()
             for proc in procs:
