@@ -50,7 +50,11 @@ def make_test_unit(tmp_path: Path, codes: str) -> tuple[subprocess.CompletedProc
 def selects(argv: list[str], marks: set[str]) -> bool:
     """Whether the call's -m expression selects a test with these marks (pytest's own expression language)."""
     expression = Expression.compile(argv[argv.index("-m") + 1])
-    return expression.evaluate(lambda name, **_: name in marks)
+
+    def marked(name: str, /, **_: str | int | bool | None) -> bool:
+        return name in marks
+
+    return expression.evaluate(marked)
 
 
 def test_the_timing_tests_run_after_the_rest_in_one_process(tmp_path: Path) -> None:
