@@ -481,8 +481,17 @@ class RoundPrior:
     df: float
 
     def usable(self) -> bool:
-        return math.isfinite(self.var) and self.var >= 0 and math.isfinite(self.df) and self.df > 0
+        """A prior counts from PRIOR_MIN_DF degrees of freedom: a one-df estimate (one earlier probe of two rounds) is
+        small by chance too often (chi-square with 1 df has most of its mass near 0), and Satterthwaite's df grows as
+        the estimate shrinks, so it would let the first look stand on the time blocks alone again."""
+        return math.isfinite(self.var) and self.var >= 0 and math.isfinite(self.df) and self.df >= PRIOR_MIN_DF
 
+
+# The fewest degrees of freedom a prior counts with (RoundPrior.usable).
+PRIOR_MIN_DF = 2.0
+
+# The key of the weighted mix's prior in RaceRules.round_priors (policy weighted: the mix's rounds decide).
+WEIGHTED_MIX = "*weighted*"
 
 # The most degrees of freedom a prior carries into a probe: earlier probes' spread counts, but never so much that it
 # outweighs what the probe's own rounds say when the servers' noise has changed since (the study's prior: 5 df, a
@@ -498,7 +507,8 @@ def round_prior(rounds: Sequence[PairedRound], earlier: RoundPrior | None = None
     own = (round_variance(rounds), float(len(rounds) - 1)) if len(rounds) >= 2 else None
     if own is not None and not (math.isfinite(own[0]) and own[0] >= 0):
         own = None
-    parts = [p for p in ((earlier.var, earlier.df) if earlier is not None and earlier.usable() else None, own) if p is not None]
+    kept = earlier is not None and math.isfinite(earlier.var) and earlier.var >= 0 and math.isfinite(earlier.df) and earlier.df > 0
+    parts = [p for p in ((earlier.var, earlier.df) if earlier is not None and kept else None, own) if p is not None]
     if not parts:
         return None
     df = sum(d for _, d in parts)

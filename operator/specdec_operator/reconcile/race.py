@@ -36,7 +36,7 @@ from ..api import Decision, Reason
 from ..probe.decide import MAX_WIDTH, Verdict, combine_all, drafter_not_accepting, futile, futility_horizon, judge_paired, width
 from ..probe.evidence import ArmOutcome, ArmState, Continue, Decided, Evidence, RaceRules
 from ..probe.sequential import look_levels
-from ..probe.stats import RatioInterval, sequential_interval, weighted_paired_round
+from ..probe.stats import WEIGHTED_MIX, RatioInterval, sequential_interval, weighted_paired_round
 from .probe_outcome import probe_failed, time_budget_spent, with_notes, with_output_check
 
 __all__ = ["ArmOutcome", "ArmState", "Continue", "Decided", "RaceRules", "arm_state", "decide"]
@@ -64,7 +64,7 @@ def arm_state(evidence: Evidence, arm: str, workloads: Sequence[str], rules: Rac
         n = min(counts.values())
         weights = {w: rules.weights.get(w, 1.0) for w in workloads}
         series = [weighted_paired_round({w: paired[w][i] for w in workloads}, weights) for i in range(n)]
-        interval: RatioInterval = sequential_interval(series, look_levels(rules.confidence, n, arms))
+        interval: RatioInterval = sequential_interval(series, look_levels(rules.confidence, n, arms), rules.round_priors.get(WEIGHTED_MIX))
         verdict = judge_paired(interval, rules.min_speedup)
         undecided = [interval] if verdict is Verdict.UNDECIDED else []
         next_workloads = tuple(workloads)
