@@ -80,7 +80,8 @@ def gather(capture_dir: str | Path, out_dir: str | Path, heldout_share: float = 
     conversations = _records(files, counts)
     if max_samples is not None:
         conversations = conversations[-max_samples:]  # the newest: file names start with their UTC start
-    train, heldout = [], []
+    train: list[dict[str, Any]] = []
+    heldout: list[dict[str, Any]] = []
     for messages in conversations:
         key = _key(messages)
         row = {"id": key[:16], "messages": messages}

@@ -189,7 +189,7 @@ def _volumes(spec: SpeculativeServerSpec, data: TrainingData) -> tuple[list[dict
         {"name": TMP_VOLUME, "emptyDir": {}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True},
         {"name": CAPTURE_VOLUME, "mountPath": CAPTURE_MOUNT, "readOnly": True},
         {"name": REVISIONS_VOLUME, "mountPath": REVISIONS_MOUNT},
