@@ -18,11 +18,18 @@ from tests.support.world import World, llama_spec, reasons, to_promoted
 CAPTURE = {"sampleShare": 0.05, "maxBytes": 2 << 30, "retentionHours": 24, "redaction": {"patterns": ["[0-9]{4}"]}}
 
 
-def step(world: World, **observed) -> Plan:
+class CaptureWorld(World):
+    """The World, with the claims the plans applied."""
+
+    def __init__(self, spec: dict) -> None:
+        super().__init__(spec)
+        self.claims: dict = {}
+
+
+def step(world: CaptureWorld, **observed) -> Plan:
     """world.step(), keeping claims apart from Services (the World files unknown kinds as Services) and carrying out
     the plan's deletions."""
     plan = world.step(**observed)
-    world.claims = getattr(world, "claims", {})
     for name, obj in list(world.services.items()):
         if obj["kind"] == "PersistentVolumeClaim":
             world.claims[name] = world.services.pop(name)
@@ -32,13 +39,13 @@ def step(world: World, **observed) -> Plan:
     return plan
 
 
-def server_templates(world: World) -> dict[str, str]:
+def server_templates(world: CaptureWorld) -> dict[str, str]:
     return {
         n: d["spec"]["template"]["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] for n, d in world.deployments.items() if n != "llama-capture"
     }
 
 
-def proxy_ready(world: World, ready: int) -> None:
+def proxy_ready(world: CaptureWorld, ready: int) -> None:
     world.deployments["llama-capture"]["status"] = {"readyReplicas": ready}
 
 
@@ -47,7 +54,7 @@ def capture_state(plan: Plan) -> str | None:
 
 
 def test_off_by_default_nothing_more_is_rendered() -> None:
-    world = World(llama_spec())
+    world = CaptureWorld(llama_spec())
     plan = step(world)
     assert parse_spec(llama_spec()).retraining is None
     assert {o["metadata"]["name"] for o in plan.apply} == {"llama", "llama-base", "llama-spec"}
@@ -55,7 +62,7 @@ def test_off_by_default_nothing_more_is_rendered() -> None:
 
 
 def test_turning_capture_on_then_off_restarts_no_server_and_deletes_the_data() -> None:
-    world = World(llama_spec())
+    world = CaptureWorld(llama_spec())
     to_promoted(world)
     step(world)
     before = server_templates(world)
@@ -113,7 +120,7 @@ def test_turning_capture_on_then_off_restarts_no_server_and_deletes_the_data() -
 
 
 def test_a_promotion_while_capturing_re_points_the_serving_service() -> None:
-    world = World(llama_spec(**{"retraining.capture": CAPTURE}))
+    world = CaptureWorld(llama_spec(**{"retraining.capture": CAPTURE}))
     step(world)
     proxy_ready(world, 1)
     step(world)
@@ -128,6 +135,7 @@ def test_a_promotion_while_capturing_re_points_the_serving_service() -> None:
 
 def test_the_proxy_deployment_renders_the_settings() -> None:
     spec = parse_spec(llama_spec(**{"retraining.capture": {**CAPTURE, "includeResponses": True, "redaction": {"url": "http://r.ns.svc/x"}}}))
+    assert spec.retraining is not None and spec.retraining.capture is not None
     capture = spec.retraining.capture
     deployment = proxy_deployment("llama", "ns", spec, capture, m.ManifestSettings())
     pod = deployment["spec"]["template"]["spec"]

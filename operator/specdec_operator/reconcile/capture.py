@@ -86,7 +86,7 @@ def capture_status(spec: SpeculativeServerSpec, observed: Observed, stored: Capt
             return None
         return CaptureStatus(
             state="Off",
-            claimName=claim_name,
+            claim_name=claim_name,
             message=f"capture turned off: deleting the capture proxy, Service {serving_name(name)} and claim {claim_name}",
         )
     if routed(spec, observed):
@@ -95,12 +95,12 @@ def capture_status(spec: SpeculativeServerSpec, observed: Observed, stored: Capt
             f"the stable Service's traffic passes the capture proxy {claim_name}; {capture.sample_share:.4g} of chat/completions requests "
             f"({what}) go to claim {claim_name} (cap {capture.max_bytes} bytes, {capture.retention_hours} h); the servers were not restarted"
         )
-        return CaptureStatus(state="On", claimName=claim_name, message=message)
+        return CaptureStatus(state="On", claim_name=claim_name, message=message)
     if stored is not None and stored.state in ("On", "Bypassed") and proxy_deployment_observed(observed) is not None:
         message = f"no capture pod of {claim_name} is Ready: the stable Service selects the servers directly and nothing is captured until one is"
-        return CaptureStatus(state="Bypassed", claimName=claim_name, message=message)
+        return CaptureStatus(state="Bypassed", claim_name=claim_name, message=message)
     message = f"starting the capture proxy {claim_name} (claim {claim_name}): the servers serve directly until it is Ready; they are not restarted"
-    return CaptureStatus(state="Starting", claimName=claim_name, message=message)
+    return CaptureStatus(state="Starting", claim_name=claim_name, message=message)
 
 
 def capture_events(stored: CaptureStatus | None, new: CaptureStatus | None, name: str) -> list[Event]:
