@@ -288,3 +288,31 @@ def test_capture_command_line_refuses_bad_input(tmp_path: Path) -> None:
         parse([*base, "--sample-share", "1.5"])
     with pytest.raises(InputError, match="--redact"):
         parse([*base, "--sample-share", "0.5", "--redact", "("])
+
+
+def test_streams_the_sglang_simulators_answers_and_keeps_what_the_client_read(tmp_path: Path) -> None:
+    """The SGLang simulator as the upstream: a streamed chat answer reaches the client as the server's events, and the
+    record keeps exactly the text the client assembled from them."""
+    from specdec_operator.simulator import SimulatorServer
+    from specdec_operator.simulator.model import load_profile, shipped_profiles
+
+    profile = load_profile(shipped_profiles()[0])
+
+    async def scenario() -> tuple[str, str, int]:
+        async with SimulatorServer(profile, time_scale=50, seed=3, load_seconds=0) as up_url:
+            proxy = make_proxy(up_url, tmp_path, include_responses=True)
+            async with running(proxy) as url, aiohttp.ClientSession() as s:
+                ask = {"model": "m", "messages": [{"role": "user", "content": "count to ten"}], "max_tokens": 24, "stream": True}
+                async with s.post(f"{url}/v1/chat/completions", json=ask) as r:
+                    assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+                    raw = await r.read()
+        text = ""
+        for line in raw.decode().splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:]).get("choices") or []:
+                    text += (choice.get("delta") or {}).get("content") or ""
+        return text, records(tmp_path)[0]["response"][0], raw.count(b"data: ")
+
+    assembled, kept, events = asyncio.run(scenario())
+    assert assembled and kept == assembled
+    assert events > 2  # the answer came as events, not one document

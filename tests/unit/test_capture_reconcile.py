@@ -160,3 +160,22 @@ def test_bad_capture_settings_are_refused_naming_the_field() -> None:
     with pytest.raises(ValidationError, match="unknown"):
         CaptureSettings.model_validate({"unknown": 1})
     assert CaptureSettings().model_dump(by_alias=True)["sampleShare"] == 0.01
+
+
+def test_the_capture_objects_validate_against_the_kubernetes_schemas() -> None:
+    """What the API server is sent (server-side apply): the claim, the proxies' Deployment, <name>-serving and the
+    fronted stable Service, against the control plane's own schemas (strict: no unknown field)."""
+    import kubernetes_validate
+
+    from tests.unit.test_chart import kubernetes_version
+
+    world = CaptureWorld(llama_spec(**{"retraining.capture": {**CAPTURE, "storageClassName": "encrypted", "accessMode": "ReadWriteMany"}}))
+    step(world)
+    proxy_ready(world, 1)
+    step(world)
+    objects = [world.claims["llama-capture"], world.deployments["llama-capture"], world.services["llama-serving"], world.services["llama"]]
+    for obj in objects:
+        body = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "ownerReferences"}}
+        kubernetes_validate.validate(body, kubernetes_version(), strict=True)
+    assert world.claims["llama-capture"]["spec"]["storageClassName"] == "encrypted"
+    assert "affinity" not in world.deployments["llama-capture"]["spec"]["template"]["spec"]  # ReadWriteMany: pods may spread
