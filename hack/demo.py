@@ -445,12 +445,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hack/demo.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the cluster, simulators and operator running at the end")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for every decision (default 300)")
+    parser.add_argument(
+        "--measure-races",
+        action="store_true",
+        help="measure the two races against their simulators in real time (default: scripted rounds of the profiles' speedups)",
+    )
     args = parser.parse_args(argv)
 
     say("specdec-operator demo: validate drafters from metadata, measure them against their base, promote only when faster.\n")
     workdir = Path(tempfile.mkdtemp(prefix="specdec-demo-"))
     procs: list[subprocess.Popen] = []
-    race = demo_race.RaceDemo(NAMESPACE, workdir / "endpoints.yaml")
+    race = demo_race.RaceDemo(NAMESPACE, workdir / "endpoints.yaml", scripted=not args.measure_races)
     we_started_cluster = False
     try:
         # 1. cluster
@@ -508,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(metrics_port),
                     "--reconcile-interval",
                     "2",
+                    *(["--probe-script", str(race.script_file)] if race.script_file else []),
                 ),
                 stdout=oplog,
                 stderr=subprocess.STDOUT,

@@ -13,6 +13,10 @@ Llama-3.2-1B-like draft model (``standalone``), each served by the simulator pro
 The draft model (~1.6x on both) is slower than the best candidate on both, so the race eliminates it (CannotWin) once
 its interval's high end falls below the best low end measured before it. ``EXPECTED_WINNER`` is what the profiles say
 must win each; the demo's closing check and a cluster test compare status.race.winner with it.
+
+``probe_script`` writes the profiles' own truth as a probe script (probe/scripted.py, an ``arms`` entry per candidate:
+``profile_truth``'s analytic speedup and acceptance at the traffic's mean repetition share), for a race whose decisions
+must not depend on how busy the host is.
 """
 
 from __future__ import annotations
@@ -98,6 +102,48 @@ def repetitive_prompts() -> list[dict[str, Any]]:
             f"Step {step} of the incident. Tool output:\n{_TOOL_OUTPUT}\n\nThe same tool output one minute later:\n{_TOOL_OUTPUT}\n\nWhat changed?"
         )
     return [{"messages": [{"role": "user", "content": text}], "max_tokens": 256} for text in prompts]
+
+
+def mean_repetition_share(kind: str) -> float:
+    """The mean promptkind.repetition_share of a kind's prompts (chat: the probe's shipped set)."""
+    from specdec_operator.probe.datasets import parse_dataset
+    from specdec_operator.simulator.promptkind import text_repetition_share
+
+    if kind == "repetitive":
+        prompts = parse_dataset("\n".join(json.dumps(p) for p in repetitive_prompts()), source="repetitive_prompts", fmt="Chat")
+    else:
+        shipped = REPO / "operator" / "specdec_operator" / "probe" / "data" / "default-prompts.jsonl"
+        prompts = parse_dataset(shipped.read_text(), source=str(shipped), fmt="Auto")
+    return sum(text_repetition_share(p.text) for p in prompts) / len(prompts)
+
+
+def profile_truth(kind: str, concurrency: int = 1, input_tokens: int = 128, output_tokens: int = 64) -> dict[str, tuple[float, float]]:
+    """Each candidate's (speedup over the base, acceptance length per verify) on ``kind`` traffic, from its profile's
+    analytic_throughput and tokens_per_step at the kind's mean repetition share: what its simulator runs at on a quiet
+    host."""
+    from specdec_operator.simulator.model import load_profile
+
+    share = mean_repetition_share(kind)
+    base = load_profile(BASE_PROFILE).analytic_throughput(concurrency, input_tokens, output_tokens)
+    out = {}
+    for cand, name in CANDIDATE_PROFILES.items():
+        profile = load_profile(name)
+        speedup = profile.analytic_throughput(concurrency, input_tokens, output_tokens, share) / base
+        out[cand] = (round(speedup, 3), round(profile.tokens_per_step(share), 3))
+    return out
+
+
+def probe_script(races: dict[str, str], noise: float = 0.05, seconds_per_round: float = 1.0) -> dict[str, Any]:
+    """A --probe-script (probe/scripted.py) for races ``{"<namespace>/<name>": kind}``: each candidate's rounds at its
+    profile_truth with ``noise`` (a race's candidate takes its entry under ``arms``)."""
+    doc: dict[str, Any] = {}
+    for key, kind in races.items():
+        arms = {
+            cand: {"speedup": speedup, "acceptLength": accept, "noise": noise, "secondsPerRound": seconds_per_round}
+            for cand, (speedup, accept) in profile_truth(kind).items()
+        }
+        doc[key] = {"arms": arms}
+    return doc
 
 
 def prompts_config_map(name: str, namespace: str) -> dict[str, Any]:

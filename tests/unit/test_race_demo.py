@@ -106,3 +106,17 @@ def test_the_closing_check_fails_when_the_wrong_candidate_wins_or_is_not_served(
     assert not demo_race.show_and_check([_item(chat, "eagle3")], said.append)  # a race missing
     table = "\n".join(said)
     assert "2.10x [1.90, 2.30]" in table and "winner eagle3" in table and f"{7.25 * demo_race.TIME_SCALE:.0f} in simulated GPU time" in table
+
+
+def test_the_scripted_races_carry_each_profiles_truth_and_parse_as_a_probe_script(tmp_path: Path) -> None:
+    from specdec_operator.probe.scripted import load_script
+
+    path = tmp_path / "script.yaml"
+    path.write_text(yaml.safe_dump(rw.probe_script({f"{NS}/rep": "repetitive", f"{NS}/chat": "chat"})))
+    scripts = load_script(path)
+    for key, kind in ((f"{NS}/rep", "repetitive"), (f"{NS}/chat", "chat")):
+        truth = rw.profile_truth(kind)
+        arms = {cand: scripts[key].for_arm(cand) for cand in rw.CANDIDATE_PROFILES}
+        assert {c: (a.speedup, a.accept_length) for c, a in arms.items()} == truth
+        assert max(truth, key=lambda c: truth[c][0]) == rw.EXPECTED_WINNER[kind]
+    assert rw.profile_truth("chat")["ngram"][1] < 1.1  # n-gram drafts nothing on chat: DrafterNotAccepting, as measured
