@@ -139,6 +139,13 @@ class CaptureStatus(_RetrainingModel):
         "passes the capture proxy); Bypassed (no capture pod is Ready: the servers serve directly)."
     )
     claim_name: str | None = Field(None, alias="claimName", description="The PersistentVolumeClaim holding the captured records.")
+    claim_size: str | None = Field(
+        None, alias="claimSize", description="The claim's storage request as created (a later maxBytes does not resize it)."
+    )
+    claim_storage_class_name: str | None = Field(
+        None, alias="claimStorageClassName", description="The claim's storage class as created (unset: the cluster's default)."
+    )
+    claim_access_mode: str | None = Field(None, alias="claimAccessMode", description="The claim's access mode as created.")
     message: str | None = Field(None, description="For humans: what is captured and where, or why capture is bypassed.", max_length=1024)
 
 

@@ -316,3 +316,17 @@ def test_streams_the_sglang_simulators_answers_and_keeps_what_the_client_read(tm
     assembled, kept, events = asyncio.run(scenario())
     assert assembled and kept == assembled
     assert events > 2  # the answer came as events, not one document
+
+
+def test_a_volume_short_of_space_drops_the_oldest_files_within_the_cap(tmp_path: Path) -> None:
+    free = [1 << 30]
+    store = CaptureStore(tmp_path, "pod-a", 1 << 20, 3600.0, segment_bytes=1024, disk_free=lambda _: free[0])
+    for i in range(40):
+        store.write({"prompt": f"{i:03d} " + "y" * 100})
+    assert store.stored_bytes() > 4000 and store.enforce().cap_bytes == 0  # far within the cap, space to spare
+    before = len(store.files())
+    free[0] = 1500  # the volume (smaller than the cap) is nearly full: 2 files' worth (2,048 bytes) must stay free
+    deleted = store.enforce()
+    assert deleted.cap_bytes > 0 and len(store.files()) < before
+    names = [p.name for p, _, _ in store.files()]
+    assert names == sorted(names) and store.files()[-1][0].read_text().count("039 ") == 1  # the newest records stay

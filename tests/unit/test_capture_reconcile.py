@@ -179,3 +179,29 @@ def test_the_capture_objects_validate_against_the_kubernetes_schemas() -> None:
         kubernetes_validate.validate(body, kubernetes_version(), strict=True)
     assert world.claims["llama-capture"]["spec"]["storageClassName"] == "encrypted"
     assert "affinity" not in world.deployments["llama-capture"]["spec"]["template"]["spec"]  # ReadWriteMany: pods may spread
+
+
+def test_the_claim_keeps_the_shape_it_was_created_with_and_is_made_again_while_no_proxy_is_ready() -> None:
+    """A claim's class and access mode cannot change and a larger request needs an expanding class: a spec that
+    changes them must not make the API server refuse the claim (phase Failed), so the claim keeps its first shape,
+    and status says how to change it."""
+    world = CaptureWorld(llama_spec(**{"retraining.capture": CAPTURE}))
+    plan = step(world)
+    assert plan.status["retraining"]["capture"]["claimSize"] == "3Gi"
+    proxy_ready(world, 1)
+    step(world)
+    world.spec_dict = llama_spec(
+        **{"retraining.capture": {**CAPTURE, "maxBytes": 8 << 30, "storageClassName": "other", "accessMode": "ReadWriteMany"}}
+    )
+    world.generation += 1
+    plan = step(world)
+    claims = [o for o in plan.apply if o["kind"] == "PersistentVolumeClaim"]
+    assert len(claims) == 1 and claims[0]["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "3Gi"}}}
+    command = world.deployments["llama-capture"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--max-bytes") + 1] == str(8 << 30)  # the proxy takes the new cap (and the volume's free space)
+    assert "podAffinity" in world.deployments["llama-capture"]["spec"]["template"]["spec"]["affinity"]  # still ReadWriteOnce
+    capture = plan.status["retraining"]["capture"]
+    assert capture["state"] == "On" and "keeps the size, class and access mode" in capture["message"]
+    # A claim deleted behind the operator's back is made again while no proxy is Ready (claims are not watched).
+    proxy_ready(world, 0)
+    assert any(o["kind"] == "PersistentVolumeClaim" for o in step(world).apply)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ class CaptureStore:
     segment_bytes: int = 0  # 0: segment_bytes_for(max_bytes)
     segment_seconds: float = SEGMENT_SECONDS
     clock: Callable[[], float] = time.time
+    # Bytes free on the volume (a claim smaller than max_bytes, or shared): below min_free, the oldest files go too.
+    disk_free: Callable[[Path], int] = field(default=lambda path: shutil.disk_usage(path).free)
+    min_free: int = 0  # 0: two files' worth
     _file: IO[bytes] | None = field(default=None, init=False, repr=False)
     _path: Path | None = field(default=None, init=False, repr=False)
     _opened_at: float = field(default=0.0, init=False, repr=False)
@@ -54,6 +58,8 @@ class CaptureStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.segment_bytes:
             self.segment_bytes = segment_bytes_for(self.max_bytes)
+        if not self.min_free:
+            self.min_free = 2 * self.segment_bytes
 
     def write(self, record: dict[str, Any]) -> tuple[int, Deleted]:
         """Append one record; the bytes written and what closing a full file made the cap delete."""
@@ -100,9 +106,10 @@ class CaptureStore:
         return sum(size for _, size, _ in self.files())
 
     def enforce(self) -> Deleted:
-        """Delete files past the retention period, then the oldest files until the total is within max_bytes.
+        """Delete files past the retention period, then the oldest files until the total is within max_bytes and
+        the volume has min_free bytes free.
 
-        The file being written is deleted last of all and only when it alone is over the cap (then it is closed)."""
+        The file being written is deleted last of all (then it is closed)."""
         deleted = Deleted()
         now = self.clock()
         kept = []
@@ -115,9 +122,13 @@ class CaptureStore:
             else:
                 kept.append((path, size))
         total = sum(size for _, size in kept)
+        # Within the cap, and leaving min_free on the volume: a claim smaller than the cap (kept as it was created
+        # while maxBytes grew) fills before the cap would be reached.
+        short = max(0, self.min_free - self.disk_free(self.directory))
         for path, size in sorted(kept, key=lambda item: item[0] == self._path):  # the open file last
-            if total <= self.max_bytes:
+            if total <= self.max_bytes and short <= 0:
                 break
+            short -= size
             if path == self._path:
                 self._close()
             if _unlink(path):

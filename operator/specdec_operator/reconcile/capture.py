@@ -15,7 +15,7 @@ from .. import manifests as m
 from ..api import Reason, SpeculativeServerSpec, SpeculativeServerStatus
 from ..api_retraining import CaptureSettings, CaptureStatus, RetrainingStatus, capture_on
 from ..textutil import clip
-from .capture_objects import capture_name, claim, fronted, proxy_deployment, serving_name, serving_service
+from .capture_objects import ClaimShape, capture_name, claim, fronted, proxy_deployment, serving_name, serving_service
 from .diff import needs_apply, owned_by
 from .model import Event, Observed, Plan
 
@@ -43,22 +43,41 @@ def routed(spec: SpeculativeServerSpec, observed: Observed) -> bool:
     return settings_of(spec) is not None and proxy_ready(observed) and serving_name(observed.name) in observed.services
 
 
+def claim_shape(capture: CaptureSettings, stored: CaptureStatus | None) -> ClaimShape:
+    """The claim as it was created (recorded in status.retraining.capture), or as the spec asks for a new one."""
+    if stored is not None and stored.state in ACTIVE_STATES and stored.claim_size and stored.claim_access_mode:
+        return ClaimShape(stored.claim_size, stored.claim_storage_class_name, stored.claim_access_mode)
+    return ClaimShape.of(capture)
+
+
+def stored_capture(status: SpeculativeServerStatus) -> CaptureStatus | None:
+    return status.retraining.capture if status.retraining is not None else None
+
+
 def with_capture(
-    facts_spec: SpeculativeServerSpec, observed: Observed, settings: m.ManifestSettings, services: list[dict[str, Any]]
+    facts_spec: SpeculativeServerSpec,
+    observed: Observed,
+    settings: m.ManifestSettings,
+    services: list[dict[str, Any]],
+    stored: CaptureStatus | None = None,
 ) -> list[dict[str, Any]]:
     """``services`` (the stable one last) with the capture objects: the claim and ``<name>-serving`` before them, the
-    stable Service fronted by the proxies while they route, the proxies' Deployment after. The claim goes with the
-    Deployment only when that is created or changed: the operator does not watch claims, and re-applying one each
-    step would never let a resource settle."""
+    stable Service fronted by the proxies while they route, the proxies' Deployment after.
+
+    The claim is applied with the Deployment when that is created or changed, and while no proxy is Ready (a claim
+    deleted meanwhile is made again); not at every step: the operator does not watch claims, and a resource that
+    applies something at each step never settles. It keeps the shape it was created with (claim_shape)."""
     capture = settings_of(facts_spec)
     if capture is None:
         return services
     name, namespace = observed.name, observed.namespace
     stable_name = m.child_name(name, None)
     stable = next(s for s in services if s["metadata"]["name"] == stable_name)
-    deployment = proxy_deployment(name, namespace, facts_spec, capture, settings)
+    shape = claim_shape(capture, stored)
+    deployment = proxy_deployment(name, namespace, facts_spec, capture, settings, shape.access_mode)
     front = routed(facts_spec, observed)
-    out = [claim(name, namespace, capture)] if needs_apply(deployment, proxy_deployment_observed(observed)) else []
+    applying_claim = needs_apply(deployment, proxy_deployment_observed(observed)) or not proxy_ready(observed)
+    out = [claim(name, namespace, shape)] if applying_claim else []
     out.append(serving_service(stable, name))
     out += [fronted(s, name) if front and s is stable else s for s in services]
     return [*out, deployment]
@@ -89,18 +108,40 @@ def capture_status(spec: SpeculativeServerSpec, observed: Observed, stored: Capt
             claim_name=claim_name,
             message=f"capture turned off: deleting the capture proxy, Service {serving_name(name)} and claim {claim_name}",
         )
+    shape = claim_shape(capture, stored)
+    kept = (
+        ""
+        if shape == ClaimShape.of(capture)
+        else (
+            f"; the claim keeps the size, class and access mode it was created with ({shape.size}): turn capture off and on to change "
+            "them (that deletes the records)"
+        )
+    )
     if routed(spec, observed):
         what = "prompts and answers" if capture.include_responses else "prompts"
-        message = (
-            f"the stable Service's traffic passes the capture proxy {claim_name}; {capture.sample_share:.4g} of chat/completions requests "
-            f"({what}) go to claim {claim_name} (cap {capture.max_bytes} bytes, {capture.retention_hours} h); the servers were not restarted"
+        state, message = (
+            "On",
+            (
+                f"the stable Service's traffic passes the capture proxy {claim_name}; {capture.sample_share:.4g} of chat/completions requests "
+                f"({what}) go to claim {claim_name} (cap {capture.max_bytes} bytes, {capture.retention_hours} h); the servers were not restarted"
+            ),
         )
-        return CaptureStatus(state="On", claim_name=claim_name, message=message)
-    if stored is not None and stored.state in ("On", "Bypassed") and proxy_deployment_observed(observed) is not None:
+    elif stored is not None and stored.state in ("On", "Bypassed") and proxy_deployment_observed(observed) is not None:
+        state = "Bypassed"
         message = f"no capture pod of {claim_name} is Ready: the stable Service selects the servers directly and nothing is captured until one is"
-        return CaptureStatus(state="Bypassed", claim_name=claim_name, message=message)
-    message = f"starting the capture proxy {claim_name} (claim {claim_name}): the servers serve directly until it is Ready; they are not restarted"
-    return CaptureStatus(state="Starting", claim_name=claim_name, message=message)
+    else:
+        state = "Starting"
+        message = (
+            f"starting the capture proxy {claim_name} (claim {claim_name}): the servers serve directly until it is Ready; they are not restarted"
+        )
+    return CaptureStatus(
+        state=state,
+        claim_name=claim_name,
+        claim_size=shape.size,
+        claim_storage_class_name=shape.storage_class_name,
+        claim_access_mode=shape.access_mode,
+        message=clip(message + kept, 1024),
+    )
 
 
 def capture_events(stored: CaptureStatus | None, new: CaptureStatus | None, name: str) -> list[Event]:
@@ -152,8 +193,8 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, stored: 
     """A step's plan with status.retraining.capture, its Events and the deletions of capture turned off."""
     if plan.refused:
         return plan
-    stored_capture = stored.retraining.capture if stored.retraining is not None else None
-    new = capture_status(spec, observed, stored_capture)
+    before = stored_capture(stored)
+    new = capture_status(spec, observed, before)
     retraining = plan.new_status.retraining or RetrainingStatus()
     retraining = retraining.model_copy(update={"capture": new})
     retraining_or_none = None if retraining == RetrainingStatus() else retraining
@@ -161,7 +202,7 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, stored: 
     return dataclasses.replace(
         plan,
         new_status=plan.new_status.model_copy(update={"retraining": retraining_or_none}),
-        events=[*plan.events, *capture_events(stored_capture, new, observed.name)],
+        events=[*plan.events, *capture_events(before, new, observed.name)],
         delete=[*delete, *plan.delete],
         settled=plan.settled and not delete,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from .. import manifests as m
@@ -49,10 +50,25 @@ def _labels(name: str) -> dict[str, str]:
     return {m.LABEL_NAME: CAPTURE_APP, m.LABEL_INSTANCE: name, m.LABEL_MANAGED_BY: m.MANAGED_BY, m.LABEL_COMPONENT: COMPONENT}
 
 
-def claim(name: str, namespace: str, capture: CaptureSettings) -> dict[str, Any]:
-    spec: dict[str, Any] = {"accessModes": [capture.access_mode], "resources": {"requests": {"storage": claim_size(capture.max_bytes)}}}
-    if capture.storage_class_name:
-        spec["storageClassName"] = capture.storage_class_name
+@dataclass(frozen=True)
+class ClaimShape:
+    """What a claim is made with. Its class and access mode cannot change once it exists, and a larger request needs
+    a class that expands: a claim keeps the shape it was created with (status.retraining.capture records it), so a
+    changed spec never makes the API server refuse the claim."""
+
+    size: str
+    storage_class_name: str | None
+    access_mode: str
+
+    @classmethod
+    def of(cls, capture: CaptureSettings) -> ClaimShape:
+        return cls(claim_size(capture.max_bytes), capture.storage_class_name, capture.access_mode)
+
+
+def claim(name: str, namespace: str, shape: ClaimShape) -> dict[str, Any]:
+    spec: dict[str, Any] = {"accessModes": [shape.access_mode], "resources": {"requests": {"storage": shape.size}}}
+    if shape.storage_class_name:
+        spec["storageClassName"] = shape.storage_class_name
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -92,7 +108,9 @@ def proxy_command(name: str, namespace: str, capture: CaptureSettings, settings:
     return command
 
 
-def _pod_spec(name: str, namespace: str, spec: SpeculativeServerSpec, capture: CaptureSettings, settings: m.ManifestSettings) -> dict[str, Any]:
+def _pod_spec(
+    name: str, namespace: str, spec: SpeculativeServerSpec, capture: CaptureSettings, settings: m.ManifestSettings, access_mode: str
+) -> dict[str, Any]:
     container = {
         "name": "capture",
         "image": settings.validator_image,  # the operator's image
@@ -127,7 +145,7 @@ def _pod_spec(name: str, namespace: str, spec: SpeculativeServerSpec, capture: C
     }
     if spec.pod_template.image_pull_secrets:  # a private mirror of the operator's image needs the servers' secrets
         pod["imagePullSecrets"] = [{"name": ref.name} for ref in spec.pod_template.image_pull_secrets]
-    if capture.access_mode == "ReadWriteOnce":
+    if access_mode == "ReadWriteOnce":
         # A ReadWriteOnce volume attaches to one node: every capture pod there (the first one chooses it).
         pod["affinity"] = {
             "podAffinity": {
@@ -140,13 +158,14 @@ def _pod_spec(name: str, namespace: str, spec: SpeculativeServerSpec, capture: C
 
 
 def proxy_deployment(
-    name: str, namespace: str, spec: SpeculativeServerSpec, capture: CaptureSettings, settings: m.ManifestSettings
+    name: str, namespace: str, spec: SpeculativeServerSpec, capture: CaptureSettings, settings: m.ManifestSettings, access_mode: str | None = None
 ) -> dict[str, Any]:
     """Deployment ``<name>-capture``: capture.replicas proxies, replaced one at a time with a surge (never none Ready:
-    a settings change rolls the proxies, never the servers)."""
+    a settings change rolls the proxies, never the servers). ``access_mode``: the claim's (ClaimShape), which may be
+    the one it was created with rather than the spec's."""
     template = {
         "metadata": {"labels": {**proxy_selector(name), m.LABEL_COMPONENT: COMPONENT}, "annotations": {}},
-        "spec": _pod_spec(name, namespace, spec, capture, settings),
+        "spec": _pod_spec(name, namespace, spec, capture, settings, access_mode or capture.access_mode),
     }
     template["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] = m.template_hash(template)
     return {

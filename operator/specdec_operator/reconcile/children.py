@@ -9,7 +9,7 @@ from .. import manifests as m
 from ..api import (
     Variant,
 )
-from .capture import observed_capture_child, with_capture
+from .capture import observed_capture_child, stored_capture, with_capture
 from .facts import BASE, SPECULATIVE, Facts
 from .fleet import Fleet
 from .model import Observed
@@ -68,7 +68,7 @@ def desired_children(facts: Facts, fleet: Fleet | dict[Variant, int], active: Va
 
 def _with_capture(facts: Facts, services: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The Services with the capture objects that go before the servers, and the proxies' Deployment (after them)."""
-    captured = with_capture(facts.spec, facts.observed, facts.settings.manifests, services)
+    captured = with_capture(facts.spec, facts.observed, facts.settings.manifests, services, stored_capture(facts.prev))
     return [o for o in captured if o["kind"] != "Deployment"], [o for o in captured if o["kind"] == "Deployment"]
 
 
