@@ -4,12 +4,12 @@ speculative slot, and the closing check (hack/demo_race.py, tests/support/race_w
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from hack import demo_race
 from specdec_operator.controller.config import Endpoints
 from specdec_operator.probe.datasets import parse_dataset
 from specdec_operator.simulator.model import load_profile
@@ -18,8 +18,6 @@ from tests.support import race_workloads as rw
 from tests.support.slot_router import SlotRouter, candidate_revisions, template_revisions
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "hack"))
-import demo_race  # noqa: E402
 
 NS = "specdec-demo"
 
