@@ -4,6 +4,7 @@ on false promotions. Scripted rounds and the recorded traces of docs/benchmarks/
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 
@@ -52,6 +53,8 @@ def test_with_a_prior_a_clear_loss_rolls_back_after_one_round():
     assert isinstance(decide(_evidence([3.0]), rules, [SPECULATIVE], ["chat"]), Continue)
     noisy = RaceRules(round_priors={"chat": RoundPrior(0.3**2, 5.0)})
     assert isinstance(decide(evidence, noisy, [SPECULATIVE], ["chat"]), Continue)
+    # A prior of one df (one earlier probe of two rounds) does not count: too often small by chance (stats.PRIOR_MIN_DF).
+    assert isinstance(decide(evidence, RaceRules(round_priors={"chat": RoundPrior(0.03**2, 1.0)}), [SPECULATIVE], ["chat"]), Continue)
 
 
 def _previous_probe(trace: RecordedTrace, rng: random.Random, rounds: int = 6) -> RoundPrior:
@@ -98,3 +101,39 @@ def test_with_a_prior_equal_servers_are_not_promoted(name):
     rng = random.Random(f"prior-null/{name}")
     runs = [replay(trace, 1.0, RaceRules(round_priors={trace.name: _previous_probe(trace, rng)}), rng) for _ in range(150)]
     assert not any(d.decision is Decision.PROMOTE for d, _ in runs), [d.message for d, _ in runs if d.decision is Decision.PROMOTE]
+
+
+def test_the_probe_scheduler_hands_a_resources_next_probe_the_prior_its_last_probe_left(tmp_path):
+    # Probes of one resource (revisions r1..r4) on scripted rounds at 0.5x (probe/scripted.py: seeded noise 0.03; the
+    # spec's policy is weighted: the mix's prior decides): the first has no prior and rolls back at round 2; each leaves
+    # its rounds' between-round variance pooled with the prior it had (ProbeScheduler.round_priors: 1 df per two-round
+    # probe); a prior counts from 2 df (stats.PRIOR_MIN_DF), so the third and fourth roll back after one round. Another
+    # resource starts without.
+    from specdec_operator.controller.config import Endpoints, OperatorConfig
+    from specdec_operator.controller.probescheduler import ProbeScheduler
+    from specdec_operator.resource import parse_spec
+    from tests.support.world import llama_spec
+
+    script = tmp_path / "script.yaml"
+    script.write_text("ns/llama: {speedup: 0.5, secondsPerRound: 0}\nns/other: {speedup: 0.5, secondsPerRound: 0}\n")
+    spec = parse_spec(llama_spec(**{"rollout.maxRounds": 6, "rollout.loadAware": "Off"}))
+
+    async def go() -> list[int]:
+        scheduler = ProbeScheduler(OperatorConfig(endpoints=Endpoints({}), probe_script=str(script)))
+        rounds = []
+        try:
+            for key, revision in [(("ns", "llama"), f"r{i}") for i in range(1, 5)] + [(("ns", "other"), "r1")]:
+                done = asyncio.Event()
+                scheduler.start(key, spec, revision, done.set, owner_uid="uid-" + key[1])
+                while scheduler.finished(key) is None:
+                    await asyncio.wait_for(done.wait(), 60)
+                    done.clear()
+                status = scheduler.finished(key)
+                assert status is not None and status.reason == "SpeedupBelowThreshold", status
+                rounds.append(status.rounds)
+                scheduler.settle(key)
+        finally:
+            await scheduler.close()
+        return rounds
+
+    assert asyncio.run(go()) == [2, 2, 1, 1, 2]

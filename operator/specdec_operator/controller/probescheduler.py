@@ -25,9 +25,12 @@ from ..errors import InputError
 from ..monitor import Sample, sample_from_metrics
 from ..probe import ProbeRequestError, scrape_metrics
 from ..probe.datasets import Prompt, parse_dataset
+from ..probe.decide import normalize_policy
 from ..probe.evidence import Continue, Decide, Decided, Evidence, RaceRules, from_compact
+from ..probe.priors import priors_after, with_round_priors
 from ..probe.run import run_probe
 from ..probe.scripted import load_script, scripted_for
+from ..probe.stats import RoundPrior
 from ..probecost import probed_gpus, unit_seconds
 from ..reconcile.attempts import dataset_invalid, dataset_unreadable, next_attempt_in, probe_failed_status, with_run_notes
 from ..reconcile.race import decide
@@ -122,6 +125,10 @@ class ProbeScheduler:
         self.read_file_dataset: ReadFileDataset | None = None  # set by the runtime: a reader pod per File source
         self._scrape_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first scrape
         self.read_evidence: ReadEvidence | None = None  # set by the runtime: the evidence ConfigMap of an earlier run
+        # (namespace, name, uid, load-aware) -> workload -> the between-round variance the resource's earlier probes
+        # measured (probe/priors.py): the next probe's decision pools it with its own rounds. In memory only: a restarted
+        # operator starts without (each probe on its own rounds, as before); a race's candidates take none.
+        self.round_priors: dict[tuple[str, str, str | None, bool], dict[str, RoundPrior]] = {}
 
     def url(self, key: Key, variant: Variant) -> str:
         namespace, name = key
@@ -242,6 +249,8 @@ class ProbeScheduler:
                 except Exception as exc:
                     LOG.warning(f"{key[0]}/{key[1]}: keeping the probe's evidence failed ({type(exc).__name__}: {clip(str(exc), 200)})")
 
+            prior_key = (key[0], key[1], probe.owner_uid, probe.load_aware_probe is not None) if probe.race == (1, None, None) else None
+            priors = self.round_priors.get(prior_key, {}) if prior_key is not None else {}
             for attempt in range(self.config.probe_attempts):
                 if attempt:  # a half-measured attempt is not mixed with the next: its evidence is dropped
                     evidence, resumed = fresh_evidence(probe), 0
@@ -260,7 +269,7 @@ class ProbeScheduler:
                         datasets=datasets,
                         output_check=rollout.output_check,
                         engine=engine_for(spec),
-                        decide=race_decide(*probe.race[:2]),
+                        decide=with_round_priors(race_decide(*probe.race[:2]), priors),
                         evidence=evidence,
                         on_evidence=keep,
                         script=script,
@@ -278,6 +287,9 @@ class ProbeScheduler:
                 probe.progress = f"attempt {attempt + 1} of {self.config.probe_attempts} failed ({clip(result.message, 160)}); again in {delay:g}s"
                 wake()
                 await asyncio.sleep(delay)
+            if prior_key is not None and evidence.facts.failure is None:
+                weights = {w.name: w.weight for w in rollout.workloads} if normalize_policy(rollout.policy) == "weighted" else None
+                self.round_priors[prior_key] = priors_after(evidence, priors, weights)
             return with_run_notes(result.to_status(revision, gpu_seconds=unit_seconds(probed_gpus(spec), spent)), resumed, failures)
 
     async def _datasets(self, key: Key, spec: SpeculativeServerSpec, owner_uid: str | None) -> dict[str, list[Prompt]]:
