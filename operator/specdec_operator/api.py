@@ -102,6 +102,10 @@ class Reason(StrEnum):
     CAPTURE_STARTED = "CaptureStarted"
     CAPTURE_BYPASSED = "CaptureBypassed"
     CAPTURE_STOPPED = "CaptureStopped"
+    # spec.retraining.training's Events (reconcile/training.py; status.retraining.training says the same)
+    RETRAIN_STARTED = "RetrainStarted"
+    RETRAIN_SUCCEEDED = "RetrainSucceeded"
+    RETRAIN_FAILED = "RetrainFailed"
     # A warning on a decision: the probe measured random token ids, not the traffic users send
     SYNTHETIC_TRAFFIC = "SyntheticTraffic"
     # Phases before a decision, and failures
@@ -1997,7 +2001,9 @@ class CandidateStatus(_Model):
     speedup: float | None = Field(None, description="Its overall speedup (the policy's: the smallest workload's, or the weighted one).")
     workloads: list[WorkloadResult] | None = Field(None, description="Its speedup per workload, with the interval.")
     break_even: BreakEvenStatus | None = Field(
-        None, alias="breakEven", description="Where its speculation stops paying (as status.probe.breakEven): a served candidate's load-aware table starts there."
+        None,
+        alias="breakEven",
+        description="Where its speculation stops paying (as status.probe.breakEven): a served candidate's load-aware table starts there.",
     )
     gpu_seconds: float | None = Field(None, alias="gpuSeconds", description="What its probe cost (as status.probe.gpuSeconds).", ge=0)
     finished_at: str | None = Field(None, alias="finishedAt", description="When its probe ended (RFC 3339).")
@@ -2058,7 +2064,9 @@ class SpeculativeServerStatus(_Model):
     monitor: MonitorStatus | None = Field(None, description="Drift monitor state after promotion.")
     gpus: GpuStatus | None = Field(None, description="The GPUs each variant's pods hold, and how many of them serve no traffic.")
     steering: SteeringStatus | None = Field(None, description="What was asked by hand (the specdec.io/* annotations) and acted on.")
-    retraining: RetrainingStatus | None = Field(None, description="spec.retraining's state: the capture of the stable Service's traffic.")
+    retraining: RetrainingStatus | None = Field(
+        None, description="spec.retraining's state: the capture of the stable Service's traffic and the training Jobs."
+    )
     candidates: list[CandidateStatus] | None = Field(
         None,
         description="The race's table: the resolved candidates (spec.drafter, spec.candidates, the drafter-free methods "

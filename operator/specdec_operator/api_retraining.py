@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .api_retraining_job import RetrainingTraining
+from .api_retraining_job import RetrainingTraining, TrainingStatus
 
 # The header a client sends to keep one request out of the capture (docs/capture.md); its values that mean "off".
 OPT_OUT_HEADER = "X-Specdec-Capture"
@@ -122,7 +122,7 @@ class Retraining(_RetrainingModel):
     training: RetrainingTraining | None = Field(
         None,
         description="Training Jobs that retrain the drafter on the captured traffic: their budget, triggers and limits "
-        "(docs/retraining.md). Not acted on yet: the operator starts no Job today. Unset: no retraining.",
+        "(docs/retraining.md): the operator starts one on a trigger, within the limits. Unset: no retraining.",
     )
 
 
@@ -152,3 +152,4 @@ class CaptureStatus(_RetrainingModel):
 class RetrainingStatus(_RetrainingModel):
     model_config = ConfigDict(strict=False)
     capture: CaptureStatus | None = Field(None, description="The capture of the stable Service's traffic (spec.retraining.capture).")
+    training: TrainingStatus | None = Field(None, description="The training Jobs of spec.retraining.training (docs/retraining.md).")

@@ -1,9 +1,8 @@
 """The retraining Job's settings (issue 36, item 2): what `spec.retraining.training` will hold beside the capture.
 
 Types only, like api.py: the budget a training Job runs within, the triggers that start one, and the limits on how
-often. The rule that reads them is reconcile/retrain.py; the Job they shape is trainjob.py. Nothing reads this
-sub-object from a resource yet: it joins api_retraining.Retraining (the traffic capture, itself not in the spec yet) as
-its `training` field, and the CRD grows by it then (`make crd`).
+often, and status.retraining.training (TrainingStatus). The rule that reads them is reconcile/retrain.py, called in each
+step by reconcile/training.py; the Job they shape is trainjob.py.
 
 api.py's conventions (camelCase on the wire, unknown fields refused, no coercion, null is unset) through a base of its
 own: api.py is to import api_retraining, which is to import this module, so neither may import their bases.
@@ -123,4 +122,40 @@ class RetrainingTraining(_SpecModel):
         "the held-out slice of recent traffic at least (1 + this) times the serving drafter's. Default 0.05 (5 %).",
         ge=0,
         le=10,
+    )
+
+
+class TrainingStatus(_SpecModel):
+    """status.retraining.training: the current or last training Job and the history the rule needs (reconcile/training.py)."""
+
+    model_config = ConfigDict(strict=False)
+    jobs_started: int = Field(
+        0, alias="jobsStarted", description="Training Jobs started for this resource so far; the next is number jobsStarted + 1.", ge=0
+    )
+    job: str | None = Field(None, description="The current or last training Job (<name>-train-<n>).")
+    trigger: str | None = Field(None, description="What started it: Drift, Rollback or Schedule.")
+    state: str | None = Field(None, description="The Job's state: Pending, Running, Succeeded or Failed.")
+    reason: str | None = Field(
+        None,
+        description="Why, in one word: the Job's (TrainingStarting, TrainingUnschedulable, TrainingRunning, TrainingSucceeded, "
+        "TrainingTimedOut, TrainingBadInput, TrainingVolumeFull, TrainingFailed, TrainingJobGone).",
+    )
+    message: str | None = Field(
+        None, description="The Job's state for humans: the stage running or the one that failed, never a prompt.", max_length=1024
+    )
+    started_at: str | None = Field(None, alias="startedAt", description="When the operator started the Job.")
+    finished_at: str | None = Field(None, alias="finishedAt", description="When it succeeded or failed.")
+    outcome: str | None = Field(None, description="Failed (nothing was trained; serving was not touched); Promoted or Lost once item 3 decides.")
+    samples_at_start: int | None = Field(None, alias="samplesAtStart", description="Captured conversations counted when it started, if counted.")
+    recent_starts: list[str] = Field(
+        default_factory=list, alias="recentStarts", description="When Jobs started in the last 24 hours (maxPerDay counts them).", max_length=24
+    )
+    waiting: str | None = Field(
+        None,
+        description="While no Job starts: the rule's reason (NoTrigger, Cooldown, MaxPerDay, NotEnoughTraffic, ClusterCap, "
+        "RetrainedDrafterLost, TrainingRunning, or a never: RetrainingOff, NoDrafterToTrain, DrafterMisconfigured, DrafterNeverAccepted).",
+    )
+    waiting_message: str | None = Field(None, alias="waitingMessage", description="The rule's words for it.", max_length=1024)
+    next_start_after: str | None = Field(
+        None, alias="nextStartAfter", description="The earliest time the next Job may start (the cooldown's or maxPerDay's end), when known."
     )

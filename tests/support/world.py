@@ -44,6 +44,7 @@ class World:
         self.config_maps: dict = {}
         self.pods: list = []
         self.probe_running: str | None = None
+        self.jobs: dict = {}  # training Jobs applied by plans (spec.retraining.training), by name
 
     @property
     def spec(self):
@@ -60,6 +61,7 @@ class World:
             config_maps=copy.deepcopy(self.config_maps),
             pods=copy.deepcopy(self.pods),
             probe_running=observed.pop("probe_running", self.probe_running),
+            training_jobs=observed.pop("training_jobs", copy.deepcopy(self.jobs)),
             **observed,
         )
         plan = reconcile(self.spec, obs, copy.deepcopy(self.status), now, settings or Settings())
@@ -69,7 +71,8 @@ class World:
                 self.deployments[obj["metadata"]["name"]]["spec"]["replicas"] = obj["spec"]["replicas"]
                 continue
             obj["metadata"]["ownerReferences"] = [{"uid": UID, "kind": "SpeculativeServer", "name": self.name}]
-            {"Deployment": self.deployments, "ConfigMap": self.config_maps}.get(obj["kind"], self.services)[obj["metadata"]["name"]] = obj
+            kinds = {"Deployment": self.deployments, "ConfigMap": self.config_maps, "Job": self.jobs}
+            kinds.get(obj["kind"], self.services)[obj["metadata"]["name"]] = obj
         self.status = plan.status
         return plan
 

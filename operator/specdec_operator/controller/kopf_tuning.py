@@ -70,6 +70,23 @@ def slim_pod(body: Any) -> dict[str, Any]:
     return slim
 
 
+def slim_job(body: Any) -> dict[str, Any]:
+    """A training Job (reconcile/training.py): its metadata, activeDeadlineSeconds and the status retrain_progress reads."""
+    status = body.get("status") or {}
+    keep = ("conditions", "active", "ready", "succeeded", "failed", "startTime", "completionTime")
+    spec = body.get("spec") or {}
+    slim: dict[str, Any] = {"metadata": _meta(body), "status": {k: plain(status.get(k)) for k in keep if status.get(k) is not None}}
+    if spec.get("activeDeadlineSeconds") is not None:
+        slim["spec"] = {"activeDeadlineSeconds": spec.get("activeDeadlineSeconds")}
+    return slim
+
+
+def job_active(job: dict[str, Any]) -> bool:
+    """Whether a Job has not ended (no Complete or Failed condition): what the cluster-wide cap of training Jobs counts."""
+    ended = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+    return not any(c.get("type") in ended and c.get("status") == "True" for c in (job.get("status") or {}).get("conditions") or [])
+
+
 def slim_deployment(body: Any) -> dict[str, Any]:
     spec = body.get("spec") or {}
     template_meta = ((spec.get("template") or {}).get("metadata")) or {}

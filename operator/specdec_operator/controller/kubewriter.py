@@ -55,6 +55,8 @@ _CHILD_PATHS = {
     "LeaderWorkerSet": "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}",
     # spec.retraining.capture's claim (reconcile/capture.py): applied with the capture proxy, deleted when capture is off.
     "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}",
+    # spec.retraining.training's Jobs (reconcile/training.py): applied once, when one starts; never changed after.
+    "Job": "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
 }
 
 

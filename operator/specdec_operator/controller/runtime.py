@@ -63,6 +63,11 @@ class Children:
     servers: Callable[[Key], list]  # Deployments and LeaderWorkerSets
     services: Callable[[Key], list]
     config_maps: Callable[[Key], list]
+    # spec.retraining.training: this resource's training Jobs, a Job's pods by (namespace, Job name), and the operator's
+    # active training Jobs in the whole cluster.
+    training_jobs: Callable[[Key], list] = lambda _: []
+    training_pods: Callable[[Key], list] = lambda _: []
+    training_jobs_running: Callable[[], int] = lambda: 0
 
 
 def next_delay(failures: int, plan: Plan | None, reconcile_interval: float, resync_interval: float) -> float:
@@ -77,6 +82,8 @@ def next_delay(failures: int, plan: Plan | None, reconcile_interval: float, resy
         delay = reconcile_interval
     if plan is not None and plan.next_scrape_in is not None:
         delay = min(delay, max(MIN_SCRAPE_WAIT_S, plan.next_scrape_in))
+    if plan is not None and plan.next_step_in is not None:  # a training Job's cooldown or maxPerDay ends
+        delay = min(delay, max(MIN_SCRAPE_WAIT_S, plan.next_step_in))
     return delay
 
 
@@ -186,7 +193,14 @@ class Runtime:
                 self.metrics.reconcile_queue_seconds.observe(started - queued)
                 try:
                     plan = await self.step(
-                        body, children.pods(key), children.servers(key), children.services(key), logger, scrape, children.config_maps(key)
+                        body,
+                        children.pods(key),
+                        children.servers(key),
+                        children.services(key),
+                        logger,
+                        scrape,
+                        children.config_maps(key),
+                        training=training_of(children, key),
                     )
                 finally:
                     state.last_step = time.monotonic()
@@ -212,6 +226,7 @@ class Runtime:
         logger: Logger,
         scrape: dict[str, Sample] | None = None,
         config_maps: list | None = None,
+        training: Training | None = None,
     ) -> Plan | None:
         """One step; None when the spec is not served (reconcile refused it: only its status was written)."""
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -237,6 +252,7 @@ class Runtime:
             leader_worker_sets_served=served,
             pod_events=await self.pod_events(key[0], pods),
             races_elsewhere=self.races_running(key),
+            training=training,
         )
         plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         if plan.refused:  # nothing is created or changed: the children that exist stay as they are
@@ -303,6 +319,7 @@ def observe(
     leader_worker_sets_served: bool = True,
     pod_events: list[dict[str, Any]] | None = None,
     races_elsewhere: int = 0,
+    training: Training | None = None,
 ) -> Observed:
     # A variant's server is a Deployment or (multi-node) a LeaderWorkerSet of the same name; those of the kind
     # the spec does not use are retiring (a resources.nodes change: reconcile/retire.py).
@@ -334,7 +351,25 @@ def observe(
         pod_events=pod_events or [],
         annotations=dict((body.get("metadata") or {}).get("annotations") or {}),
         races_elsewhere=races_elsewhere,
+        training_jobs={j["metadata"]["name"]: j for j in (training.jobs if training is not None else [])},
+        training_pods=list(training.pods) if training is not None else [],
+        training_jobs_running=training.running if training is not None else 0,
     )
+
+
+@dataclass(frozen=True)
+class Training:
+    """What a step observes of spec.retraining.training: the resource's Jobs, their pods, the cluster's active count."""
+
+    jobs: list
+    pods: list
+    running: int
+
+
+def training_of(children: Children, key: Key) -> Training:
+    jobs = children.training_jobs(key)
+    pods = [pod for job in jobs for pod in children.training_pods((key[0], job["metadata"]["name"]))]
+    return Training(jobs, pods, children.training_jobs_running())
 
 
 def monitored_pods(pods: list) -> dict[str, str | None]:

@@ -22,6 +22,8 @@ The step is a pipeline of named pure functions, one module per concern::
       -> desired_children                                                                  (children.py)
     events = transition_events(stored status, new status)      (events.py: the only place Events are made)
     capture.finish                           spec.retraining.capture's status, Events and deletions (capture.py)
+    training.finish                          spec.retraining.training: the training Job to start, its status and Events
+                                             (training.py: retrain.decide_retrain, trainjob.training_job, retrain_progress)
 
 A spec that names more than spec.drafter is a race (candidate_race.py): the same pipeline runs for one candidate at a
 time in spec.drafter's place, and the race records each candidate's decision in status.candidates, chooses the next
@@ -65,7 +67,7 @@ from ..api import (
 from ..errors import InputError
 from ..resource import speculative_revision
 from ..textutil import clip, parse_time
-from . import candidate_race, capture, deadline, overrides, refused, retire
+from . import candidate_race, capture, deadline, overrides, refused, retire, training
 from .children import desired_children, observed_child
 from .decision import apply_drift, is_invalid, is_promoted, settle_decision, settle_validation
 from .diff import merge_patch, needs_apply, owned_by
@@ -166,7 +168,9 @@ def reconcile(
         else:
             plan = _serve(spec, observed, prev, now, settings, render_argv, rendered or {})
         # spec.retraining.capture: status.retraining.capture, its Events, what turning it off deletes (capture.py).
-        return capture.finish(plan, spec, observed, prev)
+        plan = capture.finish(plan, spec, observed, prev)
+        # spec.retraining.training: the training Job to start, status.retraining.training and its Events (training.py).
+        return training.finish(plan, spec, observed, prev, now, settings)
     except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
         return refused.refused_plan(prev, observed, now, Reason.INVALID_SPEC, str(exc))
 

@@ -15,6 +15,7 @@ it starts within the second the stored probe started, which the status cannot te
 from __future__ import annotations
 
 from ..api import CandidateStatus, Condition, ConditionType, Decision, Phase, ProbeStatus, Reason, SpeculativeServerStatus, ValidationStatus
+from ..api_retraining_job import TrainingStatus
 from ..textutil import clip
 from .model import Event
 from .pods import finding_summary
@@ -214,3 +215,22 @@ def race_decided_event(row: CandidateStatus, candidates: int, promote: bool) -> 
 
 def race_queued_event(message: str) -> Event:
     return Event("Normal", Reason.RACE_QUEUED, message)
+
+
+def training_events(before: TrainingStatus | None, after: TrainingStatus | None) -> list[Event]:
+    """RetrainStarted, RetrainSucceeded, RetrainFailed: a change of status.retraining.training's Job or its state
+    (derived from the stored status: a restart repeats none). Job names, stages and the tools' lines, never a prompt."""
+    if after is None or after.job is None:
+        return []
+    events = []
+    new_job = before is None or before.job != after.job
+    if new_job:
+        message = f"training Job {after.job} started (trigger {after.trigger}); serving is not touched while it runs"
+        events.append(Event("Normal", Reason.RETRAIN_STARTED, message))
+    ended = after.state in ("Succeeded", "Failed") and (new_job or (before is not None and before.state not in ("Succeeded", "Failed")))
+    if ended and after.state == "Succeeded":
+        events.append(Event("Normal", Reason.RETRAIN_SUCCEEDED, clip(f"training Job {after.job} succeeded: {after.message or ''}")))
+    elif ended:
+        message = f"training Job {after.job} failed ({after.reason}): {after.message or ''}; nothing was published and serving is not touched"
+        events.append(Event("Warning", Reason.RETRAIN_FAILED, clip(message)))
+    return events

@@ -11,6 +11,7 @@ from .. import manifests as m
 from ..api import LoadAwareStatus, ProbeStatus, SpeculativeServerStatus
 from ..monitor import Sample
 from ..resource import dump
+from ..trainjob import TrainingJobSettings
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class Settings:
     # Races of candidates measured at once over the whole operator (specdec run --max-concurrent-races; None: no
     # limit): a race holds a speculative server's GPUs for as long as it runs, and a Kimi server is 8 GPUs.
     max_concurrent_races: int | None = None
+    # Training Jobs (spec.retraining.training): image, priority class, the cluster-wide cap (trainjob.py).
+    training: TrainingJobSettings = TrainingJobSettings()
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,13 @@ class Observed:
     api_refusal: ApiRefusal | None = None
     # Races of candidates running in other resources now (status.race.state Running): against Settings.max_concurrent_races.
     races_elsewhere: int = 0
+    # spec.retraining.training (reconcile/training.py): this resource's training Jobs by name (the Job index), the pods of
+    # those Jobs, the operator's training Jobs still active in the whole cluster (the cap), and the captured
+    # conversations as counted (None: not counted; the operator does not read the capture's count yet).
+    training_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    training_pods: list[dict[str, Any]] = field(default_factory=list)
+    training_jobs_running: int = 0
+    captured_samples: int | None = None
 
     def __post_init__(self) -> None:
         # A result written by hand (tests, tools) may come as status.probe's camelCase mapping.
@@ -142,6 +152,8 @@ class Plan:
     # The revisions of a race's candidates whose probe results this step recorded (their metrics are counted as the
     # plan's own revision's are).
     measured: tuple[str, ...] = ()
+    # Seconds until a step is due for a time this plan waits on (a training Job's cooldown or maxPerDay ending).
+    next_step_in: float | None = None
 
     @property
     def starts_probe(self) -> bool:

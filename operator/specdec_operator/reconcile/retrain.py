@@ -132,9 +132,11 @@ class RetrainVerdict:
 
 
 def decide_retrain(
-    settings: RetrainingTraining | None, serving: Serving, history: RetrainHistory, samples: int, cluster: Cluster, now_s: float
+    settings: RetrainingTraining | None, serving: Serving, history: RetrainHistory, samples: int | None, cluster: Cluster, now_s: float
 ) -> RetrainVerdict:
-    """Start a training Job, wait, or never (the module docstring gives the rules in order)."""
+    """Start a training Job, wait, or never (the module docstring gives the rules in order). ``samples``: the captured
+    conversations, None when not counted (minSamples is then left to the Job's gather stage, which refuses a capture with
+    no chat request; after a lost retrain nothing starts, as no new conversation can be shown)."""
     refused = _never(settings, serving)
     if refused is not None:
         return refused
@@ -150,7 +152,8 @@ def decide_retrain(
     if cluster.jobs_running >= cluster.cap:
         return _wait(RetrainReason.CLUSTER_CAP, f"{cluster.jobs_running} training Job(s) run in the cluster, the operator's cap is {cluster.cap}")
     number = history.count + 1
-    return RetrainVerdict(Action.START, RetrainReason.TRIGGERED, f"{why}: training Job {number} on {samples} captured conversations", trigger, number)
+    counted = f"{samples} captured conversations" if samples is not None else "the captured conversations (not counted)"
+    return RetrainVerdict(Action.START, RetrainReason.TRIGGERED, f"{why}: training Job {number} on {counted}", trigger, number)
 
 
 def _never(settings: RetrainingTraining | None, serving: Serving) -> RetrainVerdict | None:
@@ -204,10 +207,10 @@ def _trigger(settings: RetrainingTraining, serving: Serving, history: RetrainHis
     return None, held or "no trigger: no drift, no rollback for low acceptance or speedup, no schedule due"
 
 
-def _held(settings: RetrainingTraining, history: RetrainHistory, samples: int, now_s: float) -> RetrainVerdict | None:
+def _held(settings: RetrainingTraining, history: RetrainHistory, samples: int | None, now_s: float) -> RetrainVerdict | None:
     """The limits on how often: a lost retrain, the cooldown, the daily maximum, enough traffic."""
     if history.last_outcome == Outcome.LOST:
-        fresh = samples - history.samples_at_last_start
+        fresh = samples - history.samples_at_last_start if samples is not None else 0
         if fresh < settings.min_samples:
             message = f"the last retrained drafter lost; {fresh} of minSamples {settings.min_samples} new conversations captured since"
             return _wait(RetrainReason.RETRAINED_DRAFTER_LOST, message)
@@ -220,7 +223,7 @@ def _held(settings: RetrainingTraining, history: RetrainHistory, samples: int, n
         # The window admits one more once enough of its oldest starts are a day old.
         free_at = recent[len(recent) - settings.max_per_day] + DAY_S
         return _wait(RetrainReason.MAX_PER_DAY, f"maxPerDay {settings.max_per_day}: {len(recent)} Job(s) started in the last 24 hours", free_at)
-    if samples < settings.min_samples:
+    if samples is not None and samples < settings.min_samples:
         return _wait(RetrainReason.NOT_ENOUGH_TRAFFIC, f"{samples} of minSamples {settings.min_samples} conversations captured")
     return None
 

@@ -1,0 +1,220 @@
+"""spec.retraining.training in a step (docs/retraining.md): whether a training Job starts now, the Job to apply, how
+the current one is doing, status.retraining.training and its Events. Pure, like capture.py beside it.
+
+Each step of a resource with spec.retraining.training (or a recorded training status) reads the stored
+status.retraining.training, adopts a Job of this resource that the status does not know yet (an operator that stopped
+between creating a Job and recording it: the Job's name is the whole identity, so it is never made twice), reads the
+current Job's state from the Job and its pods (retrain_progress.job_progress), then asks retrain.decide_retrain with
+this step's decision and validation, the history in the status, the captured conversations and the cluster's count of
+active training Jobs. On start it applies trainjob.training_job's Job and records it.
+
+A training Job never touches serving: nothing here changes a child, the phase or the decision; a failed Job only
+says so in status.retraining.training and a RetrainFailed Event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from ..api import Decision, SpeculativeServerSpec, SpeculativeServerStatus
+from ..api_retraining import RetrainingStatus, capture_on
+from ..api_retraining_job import RetrainingTraining, TrainingStatus
+from ..textutil import clip, parse_time, rfc3339
+from ..trainjob import ANNOTATION_TRIGGER, LABEL_RETRAIN, TrainingData, training_job
+from .capture_objects import capture_name
+from .events import training_events
+from .model import Observed, Plan, Settings
+from .retrain import DAY_S, Action, Cluster, Outcome, RetrainHistory, RetrainVerdict, Serving, decide_retrain
+from .retrain_progress import JobState, job_progress
+
+ACTIVE = (JobState.PENDING.value, JobState.RUNNING.value)
+ENDED = (JobState.SUCCEEDED.value, JobState.FAILED.value)
+# A recorded Job not in the index this long after it started was deleted (before that, the index may not have it yet).
+GONE_AFTER_S = 120.0
+JOB_GONE = "TrainingJobGone"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set on a Job's pods by the Job controller (and the older job-name)
+
+
+def settings_of(spec: SpeculativeServerSpec) -> RetrainingTraining | None:
+    retraining = getattr(spec, "retraining", None)
+    return retraining.training if retraining is not None else None
+
+
+def stored_training(status: SpeculativeServerStatus) -> TrainingStatus | None:
+    return status.retraining.training if status.retraining is not None else None
+
+
+def revisions_claim(name: str) -> str:
+    """The claim the Job publishes revisions to (not created by the operator yet: docs/retraining.md, what is left)."""
+    return f"{name}-revisions"
+
+
+def job_number(job: dict[str, Any]) -> int | None:
+    value = ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_RETRAIN, "")
+    return int(value) if value.isdigit() else None
+
+
+def job_pods(observed: Observed, job: str) -> list[dict[str, Any]]:
+    def named(pod: dict[str, Any]) -> str | None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return labels.get(JOB_NAME_LABEL) or labels.get("job-name")
+
+    return [p for p in observed.training_pods if named(p) == job]
+
+
+def adopt(stored: TrainingStatus, observed: Observed, now: datetime) -> TrainingStatus:
+    """The stored status, or the newest Job of this resource numbered above jobsStarted as its current Job: created
+    by an operator that stopped before recording it."""
+    numbered = {n: job for job in observed.training_jobs.values() if (n := job_number(job)) is not None}
+    top = max(numbered, default=0)
+    if top <= stored.jobs_started:
+        return stored
+    meta = numbered[top].get("metadata") or {}
+    started = meta.get("creationTimestamp") or rfc3339(now)
+    return stored.model_copy(
+        update={
+            "jobs_started": top,
+            "job": meta.get("name"),
+            "trigger": (meta.get("annotations") or {}).get(ANNOTATION_TRIGGER),
+            "state": JobState.PENDING.value,
+            "reason": "TrainingStarting",
+            "message": "created before the operator restarted; adopted",
+            "started_at": started,
+            "finished_at": None,
+            "outcome": None,
+            "samples_at_start": None,
+            "recent_starts": [*stored.recent_starts, started],
+        }
+    )
+
+
+def _ended_at(job: dict[str, Any], now: datetime) -> str:
+    status = job.get("status") or {}
+    ended = [
+        c.get("lastTransitionTime") for c in status.get("conditions") or [] if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    ]
+    return status.get("completionTime") or next((t for t in ended if t), None) or rfc3339(now)
+
+
+def progress(stored: TrainingStatus, observed: Observed, now: datetime) -> TrainingStatus:
+    """The current Job's state read from it and its pods; a Job deleted before it ended is Failed (TrainingJobGone)."""
+    if stored.job is None or stored.state not in ACTIVE:
+        return stored
+    job = observed.training_jobs.get(stored.job)
+    if job is None:
+        started = parse_time(stored.started_at)
+        if started is None or (now - started).total_seconds() < GONE_AFTER_S:
+            return stored
+        message = "the Job was deleted before it ended; nothing was published"
+        return stored.model_copy(
+            update={"state": "Failed", "reason": JOB_GONE, "message": message, "finished_at": rfc3339(now), "outcome": Outcome.FAILED.value}
+        )
+    found = job_progress(job, job_pods(observed, stored.job))
+    update: dict[str, Any] = {"state": found.state.value, "reason": found.reason.value, "message": clip(found.message, 1024)}
+    if found.state.value in ENDED:
+        update["finished_at"] = _ended_at(job, now)
+        update["outcome"] = Outcome.FAILED.value if found.state == JobState.FAILED else None  # a success is judged by item 3
+    return stored.model_copy(update=update)
+
+
+def history_of(stored: TrainingStatus) -> RetrainHistory:
+    starts = tuple(t.timestamp() for t in map(parse_time, stored.recent_starts) if t is not None)
+    finished = parse_time(stored.finished_at)
+    outcomes = {o.value for o in Outcome}
+    return RetrainHistory(
+        count=stored.jobs_started,
+        started_at_s=starts,
+        running=stored.state in ACTIVE,
+        last_finished_at_s=finished.timestamp() if finished is not None else None,
+        last_outcome=Outcome(stored.outcome) if stored.outcome in outcomes else None,
+        samples_at_last_start=stored.samples_at_start or 0,
+    )
+
+
+def serving_of(spec: SpeculativeServerSpec, status: SpeculativeServerStatus) -> Serving:
+    """This step's drafter, its validation and decision. It once accepted when it was promoted: the monitor (which runs
+    only after a promotion) has a record, or the decision promotes."""
+    probe = status.probe
+    promoted = probe is not None and probe.decision == Decision.PROMOTE
+    since = parse_time(probe.finished_at) if probe is not None and promoted else None
+    return Serving(
+        algorithm=spec.drafter.algorithm,
+        validation=status.validation,
+        decision=probe,
+        accept_length_floor=spec.rollout.accept_length_floor,
+        accepted_before=promoted or status.monitor is not None,
+        serving_since_s=since.timestamp() if since is not None else None,
+    )
+
+
+def samples_of(spec: SpeculativeServerSpec, observed: Observed) -> int | None:
+    """Captured conversations: none without capture (the Job would have nothing to read), else as counted."""
+    return observed.captured_samples if capture_on(getattr(spec, "retraining", None)) is not None else 0
+
+
+def started(current: TrainingStatus, job: dict[str, Any], verdict: RetrainVerdict, samples: int | None, now: datetime) -> TrainingStatus:
+    at = rfc3339(now)
+    return current.model_copy(
+        update={
+            "jobs_started": verdict.job_number,
+            "job": job["metadata"]["name"],
+            "trigger": verdict.trigger.value if verdict.trigger is not None else None,
+            "state": JobState.PENDING.value,
+            "reason": "TrainingStarting",
+            "message": clip(verdict.message, 1024),
+            "started_at": at,
+            "finished_at": None,
+            "outcome": None,
+            "samples_at_start": samples,
+            "recent_starts": [*current.recent_starts, at],
+        }
+    )
+
+
+def with_verdict(current: TrainingStatus, verdict: RetrainVerdict, now: datetime) -> TrainingStatus:
+    """The rule's answer while no Job starts, the starts of the last 24 hours, and when the next may start."""
+    recent = [t for t in current.recent_starts if (p := parse_time(t)) is not None and (now - p).total_seconds() < DAY_S]
+    waiting = verdict.reason.value if verdict.action != Action.START else None
+    next_at = datetime.fromtimestamp(verdict.retry_at_s, tz=now.tzinfo) if verdict.retry_at_s is not None else None
+    return current.model_copy(
+        update={
+            "recent_starts": recent,
+            "waiting": waiting,
+            "waiting_message": clip(verdict.message, 1024) if waiting else None,
+            "next_start_after": rfc3339(next_at) if next_at is not None else None,
+        }
+    )
+
+
+def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: SpeculativeServerStatus, now: datetime, settings: Settings) -> Plan:
+    """A step's plan with status.retraining.training, its Events, and the training Job to apply when one starts."""
+    training = settings_of(spec)
+    before = stored_training(prev)
+    if plan.refused or (training is None and before is None and not observed.training_jobs):
+        return plan
+    current = progress(adopt(before or TrainingStatus(), observed, now), observed, now)
+    samples = samples_of(spec, observed)
+    cluster = Cluster(observed.training_jobs_running, settings.training.cluster_cap)
+    verdict = decide_retrain(training, serving_of(spec, plan.new_status), history_of(current), samples, cluster, now.timestamp())
+    apply: list[dict[str, Any]] = []
+    if verdict.action == Action.START and training is not None and verdict.job_number is not None:
+        data = TrainingData(capture_claim=capture_name(observed.name), revisions_claim=revisions_claim(observed.name))
+        trigger = verdict.trigger.value if verdict.trigger is not None else ""
+        job = training_job(
+            observed.name, observed.namespace, observed.uid, spec, training, data, verdict.job_number, trigger, settings.training, settings.manifests
+        )
+        apply.append(job)
+        current = started(current, job, verdict, samples, now)
+    current = with_verdict(current, verdict, now)
+    retraining = (plan.new_status.retraining or RetrainingStatus()).model_copy(update={"training": current})
+    wake = verdict.retry_at_s - now.timestamp() if verdict.retry_at_s is not None else None
+    return dataclasses.replace(
+        plan,
+        apply=[*plan.apply, *apply],
+        new_status=plan.new_status.model_copy(update={"retraining": retraining}),
+        events=[*plan.events, *training_events(before, current)],
+        next_step_in=max(0.0, wake) if wake is not None else plan.next_step_in,
+        settled=plan.settled and not apply,
+    )
