@@ -53,6 +53,7 @@ OPERATOR_NAMESPACED_USAGE: dict[tuple[str, str], set[str]] = {
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: <name>-serving, capture turned off
     ("", "persistentvolumeclaims"): {"get", "create", "patch", "delete"},  # spec.retraining.capture's claim (docs/capture.md)
+    ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},  # spec.retraining.training's Jobs (docs/retraining.md)
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: a probe's spent evidence
     ("", "pods"): {"list", "watch", "create", "delete"},  # create, delete: a File dataset's reader pod
     ("", "events"): {"create", "list"},  # list: the Warning Events of a waiting pod (reconcile/stuck.py)

@@ -554,6 +554,18 @@ def test_owner_reference_enforcement_adds_only_finalizers_update(helm_bin):
     assert openshift == {**plain, ("specdec.io", "speculativeservers/finalizers"): {"update"}}
 
 
+def test_training_priority_class_is_below_serving_and_never_preempts(helm_bin):
+    """The PriorityClass the training Jobs' pods name (trainjob.py): value from values (default -100, below the 0 of
+    server pods that name none), preemptionPolicy Never, not the default; left out with create false."""
+    from specdec_operator.trainjob import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASS_VALUE
+
+    default = one(render(helm_bin), "PriorityClass")
+    assert default["metadata"]["name"] == DEFAULT_PRIORITY_CLASS
+    assert default["value"] == PRIORITY_CLASS_VALUE == -100 and default["preemptionPolicy"] == "Never" and default["globalDefault"] is False
+    assert one(render(helm_bin, None, "--set", "training.priorityClass.value=-5"), "PriorityClass")["value"] == -5
+    assert by_kind(render(helm_bin, None, "--set", "training.priorityClass.create=false"), "PriorityClass") == []
+
+
 def test_rbac_and_serviceaccount_can_be_brought_by_the_user(helm_bin, tmp_path):
     docs = render(helm_bin, _values_file(tmp_path, "bring-your-own-rbac"))
     for kind in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"):
@@ -757,7 +769,9 @@ def test_make_manifests_renders_an_installable_file(helm_bin, tmp_path):
     for doc in docs:
         if doc["apiVersion"] != "kopf.dev/v1":
             kubernetes_validate.validate(doc, kubernetes_version(), strict=True)
-        if doc["kind"] != "CustomResourceDefinition" and doc["kind"] != "Namespace":
+        if doc["kind"] == "PriorityClass":  # the training Jobs' class: its name is the operator's (trainjob.py)
+            assert doc["metadata"]["name"] == "specdec-training"
+        elif doc["kind"] != "CustomResourceDefinition" and doc["kind"] != "Namespace":
             assert doc["metadata"]["name"].startswith("specdec-operator")
             assert doc["metadata"].get("namespace", "specdec-system") == "specdec-system"
     generated = yaml.safe_load((ROOT / "crds" / "specdec.io_speculativeservers.yaml").read_text())

@@ -115,6 +115,12 @@ each rule and that nothing else (Secrets, wildcards, other resources) is granted
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "create", "patch", "delete"]
+# spec.retraining.training's Jobs <name>-train-<n>, owned by their SpeculativeServer: watched through a label-filtered
+# index (their state goes to status.retraining.training), read before taking the name, server-side applied once when
+# one starts. Never updated or deleted by the operator: the garbage collector removes them with their resource.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # <name>-adaptive, owned by its SpeculativeServer: the --speculative-adaptive-config table of load-aware
 # speculation, server-side applied, read before taking the name, watched through Kopf's label-filtered index.
 # <name>-probe-evidence, owned by it too: what a running probe has measured (a restarted operator resumes it),
