@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -330,3 +331,34 @@ def test_a_volume_short_of_space_drops_the_oldest_files_within_the_cap(tmp_path:
     assert deleted.cap_bytes > 0 and len(store.files()) < before
     names = [p.name for p, _, _ in store.files()]
     assert names == sorted(names) and store.files()[-1][0].read_text().count("039 ") == 1  # the newest records stay
+
+
+def test_headers_stay_as_sent_and_a_client_that_leaves_mid_stream_costs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    upstream = Upstream(chunk_pause=0.2)
+
+    async def scenario() -> tuple[int, int]:
+        async with serving(upstream.app) as up_url:
+            proxy = make_proxy(up_url, tmp_path, include_responses=True)
+            async with running(proxy) as url, aiohttp.ClientSession() as s:
+                # A body without a Content-Type reaches the server without one.
+                async with s.post(f"{url}/health", data=b"raw", skip_auto_headers=["Content-Type"]) as r:
+                    await r.read()
+                # A client that reads the first event and leaves.
+                r = await s.post(f"{url}/v1/chat/completions", json=chat("leaving early", stream=True))
+                await r.content.readany()
+                r.close()
+                await asyncio.sleep(0.5)
+                async with s.post(f"{url}/v1/chat/completions", json=chat("still served")) as r:
+                    after = r.status
+            return after, len(records(tmp_path))
+
+    with caplog.at_level(logging.INFO):
+        after, kept = asyncio.run(scenario())
+    assert "Content-Type" not in upstream.seen[0]["headers"] and upstream.seen[0]["body"] == b"raw"
+    assert after == 200
+    assert kept == 1  # the answer the client left is not kept (it never completed); the next one is
+    # The proxy logged no error (the test's upstream does: the proxy closed its connection when the client left,
+    # which is what stops a real server generating for nobody).
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    tracebacks = ["".join(traceback.format_exception(*r.exc_info)) if r.exc_info else r.getMessage() for r in errors]
+    assert tracebacks and all("test_capture_proxy.py" in t and "capture/proxy.py" not in t for t in tracebacks), tracebacks

@@ -147,9 +147,17 @@ class CaptureProxy:
                 capture = True
         assert self.session is not None
         kept: bytearray | None = bytearray() if capture and self.config.include_responses else None
+        headers = forwardable(request.headers)
+        response: web.StreamResponse | None = None
         try:
             async with self.session.request(
-                request.method, self.upstream + request.rel_url.raw_path_qs, headers=forwardable(request.headers), data=body, allow_redirects=False
+                request.method,
+                self.upstream + request.rel_url.raw_path_qs,
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+                # Unchanged: no Content-Type where the client sent none (aiohttp would add application/octet-stream).
+                skip_auto_headers=() if "Content-Type" in headers else ("Content-Type",),
             ) as upstream:
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=forwardable(upstream.headers))
                 await response.prepare(request)
@@ -161,11 +169,16 @@ class CaptureProxy:
                             kept = None
                 await response.write_eof()
                 status, streamed = upstream.status, upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
-            self.metrics.upstream_errors.inc()
-            log.warning("upstream unreachable: %s", type(exc).__name__)
+        except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
+            # Nothing of the request is logged: the error's class only. Before the answer started the client gets a 502;
+            # after it, the answer ends where it broke (the server or the client went away). Neither is captured.
             if capture:
                 self.metrics.skipped.labels("upstream_error").inc()
+            if response is not None:
+                log.info("answer cut short: %s", type(exc).__name__)
+                return response
+            self.metrics.upstream_errors.inc()
+            log.warning("upstream unreachable: %s", type(exc).__name__)
             return web.json_response({"error": {"message": "the capture proxy could not reach the servers", "type": "bad_gateway"}}, status=502)
         if capture and endpoint is not None:
             self._enqueue(endpoint, body, status, bytes(kept) if kept is not None else None, streamed)
