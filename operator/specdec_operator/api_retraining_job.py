@@ -153,7 +153,7 @@ class TrainingStatus(_SpecModel):
     waiting: str | None = Field(
         None,
         description="While no Job starts: the rule's reason (NoTrigger, Cooldown, MaxPerDay, NotEnoughTraffic, ClusterCap, "
-        "RetrainedDrafterLost, TrainingRunning, or a never: RetrainingOff, NoDrafterToTrain, DrafterMisconfigured, DrafterNeverAccepted).",
+        "RetrainedDrafterLost, TrainingRunning, RevisionUnjudged, or a never: RetrainingOff, NoDrafterToTrain, DrafterMisconfigured, DrafterNeverAccepted).",
     )
     waiting_message: str | None = Field(None, alias="waitingMessage", description="The rule's words for it.", max_length=1024)
     next_start_after: str | None = Field(

@@ -173,6 +173,14 @@ def test_the_schedule_counts_from_the_last_job_or_from_when_serving_began():
     [
         ("a Job runs", RetrainHistory(count=1, started_at_s=(NOW - HOUR,), running=True), 500, FREE, RetrainReason.TRAINING_RUNNING, None),
         (
+            "the last Job's revision is not judged yet",
+            RetrainHistory(count=1, started_at_s=(NOW - 30 * HOUR,), last_finished_at_s=NOW - 29 * HOUR, unjudged=True),
+            500,
+            FREE,
+            RetrainReason.REVISION_UNJUDGED,
+            None,
+        ),
+        (
             "cooling down",
             RetrainHistory(count=1, started_at_s=(NOW - 2 * HOUR,), last_finished_at_s=NOW - 1800),
             500,

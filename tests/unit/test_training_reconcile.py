@@ -121,6 +121,20 @@ def test_a_failed_job_shows_in_status_and_events_and_serving_is_untouched() -> N
     assert jobs(later) == ["llama-train-2"] and training(later)["jobsStarted"] == 2 and training(later).get("outcome") is None
 
 
+def test_a_succeeded_job_is_announced_and_holds_the_next_until_its_revision_is_judged() -> None:
+    world = World(training_spec(cooldownMinutes=0))
+    _, t = drifted(world)
+    done = (t + timedelta(minutes=90)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    world.jobs["llama-train-1"]["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1, "completionTime": done}
+    plan = world.step(now=t + timedelta(minutes=91), captured_samples=500)
+    record = training(plan)
+    assert record["state"] == "Succeeded" and record["reason"] == "TrainingSucceeded" and record["finishedAt"] == done
+    assert record.get("outcome") is None and [e.type for e in plan.events if e.reason == "RetrainSucceeded"] == ["Normal"]
+    # The drift still stands and no cooldown holds, but the published revision is item 3's to judge first.
+    later = world.step(now=t + timedelta(days=2), captured_samples=5000)
+    assert jobs(later) == [] and training(later)["waiting"] == "RevisionUnjudged" and "RetrainSucceeded" not in reasons(later)
+
+
 def test_max_per_day_holds_the_third_job_of_a_day() -> None:
     world = World(training_spec(cooldownMinutes=0, maxPerDay=2))
     _, t = drifted(world)

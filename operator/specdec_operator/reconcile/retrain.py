@@ -14,6 +14,8 @@ never (this drafter, as it is, will not be retrained; a new revision is judged a
 
 wait (reason, and when known the time to look again)
 * TrainingRunning: a Job of this resource runs;
+* RevisionUnjudged: the last Job published a revision that is not judged yet (item 3: evaluated, raced, then promoted
+  or lost); training again before that would spend GPUs on a question still open;
 * NoTrigger: no trigger fired. The triggers: drift (the monitor's AcceptanceDrift rollback: acceptance under the floor
   over its window), rollback (SpeedupBelowThreshold, NoLoadWithSpeedup or DrafterNotAccepting of a drafter that once
   accepted; not ProbeFailed, OutputMismatch, DatasetInvalid, Inconclusive or a rollback by hand, which say nothing of the
@@ -76,6 +78,7 @@ class RetrainReason(StrEnum):
     DRAFTER_MISCONFIGURED = "DrafterMisconfigured"
     DRAFTER_NEVER_ACCEPTED = "DrafterNeverAccepted"
     TRAINING_RUNNING = "TrainingRunning"
+    REVISION_UNJUDGED = "RevisionUnjudged"
     NO_TRIGGER = "NoTrigger"
     RETRAINED_DRAFTER_LOST = "RetrainedDrafterLost"
     COOLDOWN = "Cooldown"
@@ -98,6 +101,7 @@ class RetrainHistory:
     count: int = 0  # Jobs started so far; the next is number count + 1
     started_at_s: tuple[float, ...] = ()  # when Jobs started (those of the last 24 hours matter)
     running: bool = False
+    unjudged: bool = False  # the last Job succeeded and its revision has no outcome yet (item 3 gives it one)
     last_finished_at_s: float | None = None
     last_outcome: Outcome | None = None
     samples_at_last_start: int = 0  # captured conversations when the last Job started
@@ -143,6 +147,9 @@ def decide_retrain(
     assert settings is not None
     if history.running:
         return _wait(RetrainReason.TRAINING_RUNNING, f"training Job {history.count} runs")
+    if history.unjudged:
+        message = f"training Job {history.count} published a revision not judged yet (evaluated, raced, promoted or lost); none starts before"
+        return _wait(RetrainReason.REVISION_UNJUDGED, message)
     trigger, why = _trigger(settings, serving, history, now_s)
     if trigger is None:
         return _wait(RetrainReason.NO_TRIGGER, why)

@@ -127,6 +127,7 @@ def history_of(stored: TrainingStatus) -> RetrainHistory:
         count=stored.jobs_started,
         started_at_s=starts,
         running=stored.state in ACTIVE,
+        unjudged=stored.state == JobState.SUCCEEDED.value and stored.outcome is None,
         last_finished_at_s=finished.timestamp() if finished is not None else None,
         last_outcome=Outcome(stored.outcome) if stored.outcome in outcomes else None,
         samples_at_last_start=stored.samples_at_start or 0,
