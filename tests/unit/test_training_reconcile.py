@@ -169,3 +169,17 @@ def test_without_capture_or_training_no_job_starts() -> None:
     off = World(llama_spec(**{"monitor.window": 1}))
     plan, _ = drifted(off)
     assert jobs(plan) == [] and "retraining" not in {k for k, v in plan.status.items() if v}
+
+
+def test_in_a_race_the_candidate_in_the_slot_is_the_one_retrained() -> None:
+    from specdec_operator.api import RaceStatus, SpeculativeServerStatus
+    from specdec_operator.reconcile.training import served_spec
+    from specdec_operator.resource import parse_spec
+
+    raw = training_spec()
+    raw["candidates"] = [{"name": "ngram", "algorithm": "NGRAM", "numDraftTokens": 10}]
+    spec = parse_spec(raw)
+    won = SpeculativeServerStatus(race=RaceStatus(revision="r", state="Decided", winner="ngram", current="ngram"))
+    assert served_spec(spec, won).drafter.algorithm == "NGRAM"  # decide_retrain: never, NoDrafterToTrain
+    assert served_spec(spec, SpeculativeServerStatus(race=RaceStatus(revision="r", state="Running", current="eagle3"))).drafter.algorithm == "EAGLE3"
+    assert served_spec(spec, SpeculativeServerStatus()) is spec

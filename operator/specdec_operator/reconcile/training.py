@@ -18,7 +18,7 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from ..api import Decision, SpeculativeServerSpec, SpeculativeServerStatus
+from ..api import Decision, SpeculativeServerSpec, SpeculativeServerStatus, names_more_than_the_drafter, spec_for_candidate
 from ..api_retraining import RetrainingStatus, capture_on
 from ..api_retraining_job import RetrainingTraining, TrainingStatus
 from ..textutil import clip, parse_time, rfc3339
@@ -134,6 +134,19 @@ def history_of(stored: TrainingStatus) -> RetrainHistory:
     )
 
 
+def served_spec(spec: SpeculativeServerSpec, status: SpeculativeServerStatus) -> SpeculativeServerSpec:
+    """The spec whose drafter is retrained: in a race of candidates, the one in the speculative slot (the winner once
+    decided; status.probe is its decision), as spec_for_candidate renders it; otherwise the spec itself."""
+    race = status.race
+    slot = (race.winner or race.current) if race is not None else None
+    if not names_more_than_the_drafter(spec) or not slot:
+        return spec
+    try:
+        return spec_for_candidate(spec, slot)
+    except ValueError:  # a candidate the spec no longer names
+        return spec
+
+
 def serving_of(spec: SpeculativeServerSpec, status: SpeculativeServerStatus) -> Serving:
     """This step's drafter, its validation and decision. It once accepted when it was promoted: the monitor (which runs
     only after a promotion) has a record, or the decision promotes."""
@@ -195,6 +208,7 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
     before = stored_training(prev)
     if plan.refused or (training is None and before is None and not observed.training_jobs):
         return plan
+    spec = served_spec(spec, plan.new_status)
     current = progress(adopt(before or TrainingStatus(), observed, now), observed, now)
     samples = samples_of(spec, observed)
     cluster = Cluster(observed.training_jobs_running, settings.training.cluster_cap)
