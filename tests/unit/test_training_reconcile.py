@@ -135,6 +135,22 @@ def test_a_succeeded_job_is_announced_and_holds_the_next_until_its_revision_is_j
     assert jobs(later) == [] and training(later)["waiting"] == "RevisionUnjudged" and "RetrainSucceeded" not in reasons(later)
 
 
+def test_a_quota_refusing_the_pod_shows_in_status_from_the_jobs_events() -> None:
+    world = World(training_spec())
+    _, t = drifted(world)
+    refused = {
+        "type": "Warning",
+        "reason": "FailedCreate",
+        "involvedObject": {"kind": "Job", "name": "llama-train-1"},
+        "message": 'Error creating: pods "llama-train-1-x" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1',
+    }
+    other = {**refused, "involvedObject": {"kind": "Job", "name": "other-train-1"}, "message": "forbidden: exceeded quota: cpu"}
+    plan = world.step(now=t + timedelta(seconds=30), captured_samples=500, training_events=[other, refused])
+    record = training(plan)
+    assert record["state"] == "Pending" and record["reason"] == "TrainingQuotaRefused" and "requests.nvidia.com/gpu=1" in record["message"]
+    assert "cpu" not in record["message"] and jobs(plan) == [] and record["waiting"] == "TrainingRunning"
+
+
 def test_max_per_day_holds_the_third_job_of_a_day() -> None:
     world = World(training_spec(cooldownMinutes=0, maxPerDay=2))
     _, t = drifted(world)

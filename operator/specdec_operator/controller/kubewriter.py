@@ -170,12 +170,12 @@ class KubernetesWriter:
                 return None
             raise
 
-    def _pod_warnings(self, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _pod_warnings(self, namespace: str, pods: list[dict[str, Any]], kind: str = "Pod") -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         for pod in pods:
             meta = pod.get("metadata") or {}
             which = f"involvedObject.uid={meta['uid']}" if meta.get("uid") else f"involvedObject.name={meta.get('name')}"
-            selector = f"involvedObject.kind=Pod,type=Warning,{which}"
+            selector = f"involvedObject.kind={kind},type=Warning,{which}"
             token: str | None = None
             while True:
                 query = [("fieldSelector", selector), ("limit", str(POD_EVENTS_PAGE))] + ([("continue", token)] if token else [])
@@ -190,6 +190,11 @@ class KubernetesWriter:
         """The Warning Events about ``pods`` (selected by each pod's uid on the API server, every page read): read
         only while a server of a resource waits (reconcile/stuck.py names the cause from them)."""
         return await asyncio.to_thread(self._pod_warnings, namespace, pods)
+
+    async def job_warnings(self, namespace: str, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The Warning Events about training Jobs (the Job controller's FailedCreate when a quota refuses the pod): read
+        only while a Job of the resource has no pod (reconcile/training.py)."""
+        return await asyncio.to_thread(self._pod_warnings, namespace, jobs, "Job")
 
     async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One ConfigMap (a workload's prompt dataset), or None when it does not exist. The only read of a ConfigMap:

@@ -17,6 +17,7 @@ Who does what:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from ..resource import parse_spec
 from .config import OperatorConfig
 from .datasetreader import FileDatasetReader
 from .execute import Executor, stored_status
-from .kopf_tuning import plain
+from .kopf_tuning import job_active, plain
 from .kubewriter import MAX_DIAGNOSED_PODS, KubernetesWriter
 from .metrics import OperatorMetrics
 from .probescheduler import ProbeScheduler
@@ -252,7 +253,7 @@ class Runtime:
             leader_worker_sets_served=served,
             pod_events=await self.pod_events(key[0], pods),
             races_elsewhere=self.races_running(key),
-            training=training,
+            training=await self.training_warnings(key[0], training),
         )
         plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         if plan.refused:  # nothing is created or changed: the children that exist stay as they are
@@ -262,6 +263,19 @@ class Runtime:
         assert spec is not None
         await self.executor.execute(key, state, body, spec, plan, observed, logger)
         return plan
+
+    async def training_warnings(self, namespace: str, training: Training | None) -> Training | None:
+        """``training`` with the Warning Events of its active Jobs that have no pod yet (a quota refusing the pod is told
+        only there). Unreadable: none."""
+        if training is None:
+            return None
+        podless = [j for j in training.jobs if job_active(j) and not any(_job_of(p) == j["metadata"]["name"] for p in training.pods)]
+        if not podless:
+            return training
+        try:
+            return dataclasses.replace(training, events=await self.writer.job_warnings(namespace, podless))
+        except ApiException:
+            return training
 
     def races_running(self, key: Key) -> int:
         """Races of candidates running in the other resources this replica reconciles (their last written status)."""
@@ -354,6 +368,7 @@ def observe(
         training_jobs={j["metadata"]["name"]: j for j in (training.jobs if training is not None else [])},
         training_pods=list(training.pods) if training is not None else [],
         training_jobs_running=training.running if training is not None else 0,
+        training_events=list(training.events) if training is not None else [],
     )
 
 
@@ -364,6 +379,12 @@ class Training:
     jobs: list
     pods: list
     running: int
+    events: list = dataclasses.field(default_factory=list)  # Warning Events of Jobs without a pod (quota refusals)
+
+
+def _job_of(pod: dict[str, Any]) -> str | None:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
 
 
 def training_of(children: Children, key: Key) -> Training:

@@ -74,12 +74,14 @@ class Observed:
     # Races of candidates running in other resources now (status.race.state Running): against Settings.max_concurrent_races.
     races_elsewhere: int = 0
     # spec.retraining.training (reconcile/training.py): this resource's training Jobs by name (the Job index), the pods of
-    # those Jobs, the operator's training Jobs still active in the whole cluster (the cap), and the captured
-    # conversations as counted (None: not counted; the operator does not read the capture's count yet).
+    # those Jobs, the operator's training Jobs still active in the whole cluster (the cap), the captured conversations
+    # as counted (None: not counted; the operator does not read the capture's count yet), and the Warning Events of
+    # its Jobs that have no pod (read only then: the Job controller tells a quota's refusal there).
     training_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     training_pods: list[dict[str, Any]] = field(default_factory=list)
     training_jobs_running: int = 0
     captured_samples: int | None = None
+    training_events: list[dict[str, Any]] = field(default_factory=list)  # Warning Events of training Jobs without a pod
 
     def __post_init__(self) -> None:
         # A result written by hand (tests, tools) may come as status.probe's camelCase mapping.

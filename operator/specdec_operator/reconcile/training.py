@@ -111,7 +111,8 @@ def progress(stored: TrainingStatus, observed: Observed, now: datetime) -> Train
         return stored.model_copy(
             update={"state": "Failed", "reason": JOB_GONE, "message": message, "finished_at": rfc3339(now), "outcome": Outcome.FAILED.value}
         )
-    found = job_progress(job, job_pods(observed, stored.job))
+    events = [e for e in observed.training_events if ((e.get("involvedObject") or {}).get("name")) == stored.job]
+    found = job_progress(job, job_pods(observed, stored.job), events)
     update: dict[str, Any] = {"state": found.state.value, "reason": found.reason.value, "message": clip(found.message, 1024)}
     if found.state.value in ENDED:
         update["finished_at"] = _ended_at(job, now)
