@@ -566,6 +566,23 @@ def test_training_priority_class_is_below_serving_and_never_preempts(helm_bin):
     assert by_kind(render(helm_bin, None, "--set", "training.priorityClass.create=false"), "PriorityClass") == []
 
 
+def test_training_settings_reach_the_operator_as_its_flags(helm_bin):
+    """training.image, cpuImage and clusterCap as `specdec run` flags the operator parses into TrainingJobSettings."""
+    from specdec_operator.controller.runner import _training_settings, build_parser
+    from specdec_operator.trainjob import TrainingJobSettings
+
+    def settings(*sets: str) -> TrainingJobSettings:
+        args = one(render(helm_bin, None, *[a for s in sets for a in ("--set", s)]), "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+        return _training_settings(build_parser().parse_args(args[1:]))
+
+    assert settings() == TrainingJobSettings()  # the chart's defaults are the operator's
+    assert settings("training.image=reg/t:2", "training.cpuImage=reg/t:2-cpu", "training.clusterCap=3") == TrainingJobSettings(
+        image="reg/t:2", cpu_image="reg/t:2-cpu", cluster_cap=3
+    )
+
+
 def test_rbac_and_serviceaccount_can_be_brought_by_the_user(helm_bin, tmp_path):
     docs = render(helm_bin, _values_file(tmp_path, "bring-your-own-rbac"))
     for kind in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"):

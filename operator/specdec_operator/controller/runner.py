@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..cliparse import ArgumentParser
 from ..errors import InputError
+from ..trainjob import TrainingJobSettings
 
 
 def _positive(kind: type):
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         'lists are merged): {"imagePullSecrets": [{"name": ...}], "priorityClassName": ..., "tolerations": [...], "securityContext": {...}}',
     )
     _add_intervals_and_limits(p)
+    _add_training(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p
@@ -196,6 +198,41 @@ def _add_intervals_and_limits(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_training(p: argparse.ArgumentParser) -> None:
+    """spec.retraining.training's Jobs (trainjob.TrainingJobSettings; chart values training.*)."""
+    from ..trainjob import DEFAULT_PRIORITY_CLASS, DEFAULT_TRAINING_IMAGE
+
+    p.add_argument(
+        "--training-image", default=DEFAULT_TRAINING_IMAGE, metavar="IMAGE", help=f"image of the training Jobs (default {DEFAULT_TRAINING_IMAGE})"
+    )
+    p.add_argument(
+        "--training-cpu-image", default="", metavar="IMAGE", help="image of the training Jobs with budget.gpus 0 (default: --training-image)"
+    )
+    p.add_argument(
+        "--training-priority-class",
+        default=DEFAULT_PRIORITY_CLASS,
+        metavar="NAME",
+        help=f"PriorityClass of the training Jobs' pods, below serving (the chart creates it; '' for the cluster's default; default {DEFAULT_PRIORITY_CLASS})",
+    )
+    p.add_argument(
+        "--training-cluster-cap",
+        type=_positive(int),
+        default=1,
+        metavar="N",
+        help="training Jobs running at once over every resource the operator serves; a resource whose Job would exceed it waits (ClusterCap; default 1)",
+    )
+
+
+def _training_settings(args: argparse.Namespace) -> TrainingJobSettings:
+
+    return TrainingJobSettings(
+        image=args.training_image,
+        cpu_image=args.training_cpu_image,
+        priority_class_name=args.training_priority_class,
+        cluster_cap=args.training_cluster_cap,
+    )
+
+
 def default_priority() -> int:
     """Older replicas get higher priorities (milliseconds before 2^42, past 2100), with a random tie-breaker."""
     return ((1 << 42) - int(time.time() * 1000)) * 1000 + random.randrange(1000)
@@ -226,6 +263,7 @@ def main(argv: list[str]) -> int:
             ),
             crash_restart_limit=args.crash_restart_limit,
             max_concurrent_races=args.max_concurrent_races,
+            training=_training_settings(args),
         ),
         endpoints=endpoints,
         reconcile_interval=args.reconcile_interval,
