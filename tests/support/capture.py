@@ -33,10 +33,11 @@ def endpoint_ips(core_v1: Any, namespace: str, name: str) -> set[str]:
     return {a.ip for s in endpoints.subsets or [] for a in s.addresses or []}
 
 
-def make_volume(core_v1: Any, namespace: str) -> str:
+def make_volume(core_v1: Any, namespace: str, suffix: str = "") -> str:
     """A PersistentVolume the claim binds to, by a storage class named after the namespace (the control plane has no
-    provisioner); its name, which is also that class's. The caller deletes it (delete_volume)."""
-    storage_class = f"capture-{namespace}"
+    provisioner); its name, which is also that class's. One claim only: released, it keeps the claim's reference
+    (Retain), so a second claim needs a second volume. The caller deletes it (delete_volume)."""
+    storage_class = f"capture-{namespace}{suffix}"
     volume = {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
