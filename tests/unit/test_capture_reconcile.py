@@ -205,3 +205,16 @@ def test_the_claim_keeps_the_shape_it_was_created_with_and_is_made_again_while_n
     # A claim deleted behind the operator's back is made again while no proxy is Ready (claims are not watched).
     proxy_ready(world, 0)
     assert any(o["kind"] == "PersistentVolumeClaim" for o in step(world).apply)
+
+
+def test_kubectl_specdec_status_says_the_capture_state_and_claim() -> None:
+    from specdec_operator.cli.kubectl_specdec import describe
+    from specdec_operator.reconcile import read_status
+
+    world = CaptureWorld(llama_spec(**{"retraining.capture": CAPTURE}))
+    step(world)
+    proxy_ready(world, 1)
+    plan = step(world)
+    text = describe("llama", read_status(plan.status), {})
+    assert "  capture: On, claim llama-capture (3Gi)" in text.splitlines()
+    assert "capture" not in describe("llama", read_status(step(CaptureWorld(llama_spec())).status), {})

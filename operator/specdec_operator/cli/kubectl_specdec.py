@@ -176,6 +176,9 @@ def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, 
         if cost is not None:
             lines.append(f"  cost: {cost}")
     lines += race_table(status)
+    capture = status.retraining.capture if status.retraining is not None else None
+    if capture is not None:  # spec.retraining.capture (docs/capture.md): its state and claim, never what it holds
+        lines.append(f"  capture: {capture.state}, claim {capture.claim_name or '-'} ({capture.claim_size or '-'})")
     measurement = curve_measurement(status)
     if measurement is None or not measurement.workloads:
         lines.append("  no speedup measured yet")
