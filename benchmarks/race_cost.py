@@ -24,11 +24,18 @@ GPU-seconds = the probe's GPUs (base + speculative: 2 x 1) x its wall seconds (p
 also in simulated GPU time (x --time-scale). The modes alternate in order between repetitions (race first on odd ones).
 
   errors    how often each way promotes a candidate that is not faster, on scripted rounds (probe/scripted.py, the same
-            run_probe and decisions, no servers): all 4 candidates exactly at min speedup 1.0, --probes repetitions
+            run_probe and decisions, no servers): all 4 candidates exactly at min speedup 1.0, --probes repetitions, at
+            --confidence (the race's: each of its probes at 1 - (1 - confidence)/4, a separate probe at confidence)
+
+  table     the measure files' runs as a Markdown table (per repetition and mode: winner, rounds and reason per
+            candidate, GPU-seconds), and each mode's mean
 
 Usage:
-  .venv/bin/python benchmarks/race_cost.py measure --repeat 3 --out docs/benchmarks/race-cost.json
-  .venv/bin/python benchmarks/race_cost.py errors --probes 3000 --out docs/benchmarks/race-cost-errors.json
+  .venv/bin/python benchmarks/race_cost.py measure --repeat 5 --out docs/benchmarks/race-cost-drafter-first.json
+  .venv/bin/python benchmarks/race_cost.py measure --repeat 5 --order dflash,eagle3,standalone,ngram --out docs/benchmarks/race-cost-dflash-first.json
+  .venv/bin/python benchmarks/race_cost.py errors --probes 2000 --out docs/benchmarks/race-cost-errors.json
+  .venv/bin/python benchmarks/race_cost.py errors --probes 2000 --confidence 0.5 --out docs/benchmarks/race-cost-errors-0.5.json
+  .venv/bin/python benchmarks/race_cost.py table docs/benchmarks/race-cost-*-first.json
 """
 
 from __future__ import annotations
@@ -80,7 +87,9 @@ def row_of(name: str, result: ProbeResult) -> CandidateStatus:
     return candidate_race.recorded(CandidateStatus(name=name, algorithm=CANDIDATES[name][0], state="Measuring", revision=name), status)
 
 
-async def probe(base: str, url: str, family: int, bar: float | None, requests: int, seed: int, script: ScriptedProbe | None = None) -> ProbeResult:
+async def probe(
+    base: str, url: str, family: int, bar: float | None, requests: int, seed: int, script: ScriptedProbe | None = None, confidence: float = CONFIDENCE
+) -> ProbeResult:
     return await run_probe(
         base,
         url,
@@ -88,7 +97,7 @@ async def probe(base: str, url: str, family: int, bar: float | None, requests: i
         policy="AllWorkloads",
         min_speedup=1.0,
         max_rounds=MAX_ROUNDS,
-        confidence=CONFIDENCE,
+        confidence=confidence,
         datasets=datasets(),
         output_check=OutputCheck() if script is None else None,
         decide=race_decide(family, bar),
@@ -98,14 +107,20 @@ async def probe(base: str, url: str, family: int, bar: float | None, requests: i
 
 
 async def run_mode(
-    mode: str, urls: dict[str, str], requests: int, seed: int, scripts: dict[str, ScriptedProbe] | None = None, order: list[str] | None = None
+    mode: str,
+    urls: dict[str, str],
+    requests: int,
+    seed: int,
+    scripts: dict[str, ScriptedProbe] | None = None,
+    order: list[str] | None = None,
+    confidence: float = CONFIDENCE,
 ) -> list[CandidateStatus]:
     """The candidates' rows in ``order``: raced (family 4, the bar so far) or probed separately (family 1, no bar)."""
     order = order or list(CANDIDATES)
     table = [CandidateStatus(name=c, algorithm=CANDIDATES[c][0], state="Waiting", revision=c) for c in order]
     for i, name in enumerate(order):
         family, bar = (len(CANDIDATES), candidate_race.bar(table)) if mode == "race" else (1, None)
-        result = await probe(urls["base"], urls[name], family, bar, requests, seed, scripts[name] if scripts else None)
+        result = await probe(urls["base"], urls[name], family, bar, requests, seed, scripts[name] if scripts else None, confidence)
         table[i] = row_of(name, result)
     return table
 
@@ -184,7 +199,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-async def scripted_errors(probes: int, noise: float) -> dict[str, Any]:
+async def scripted_errors(probes: int, noise: float, confidence: float) -> dict[str, Any]:
     """All 4 candidates at exactly min speedup (1.0): any promotion is a false one. Each repetition's candidates have
     their own seeded rounds, the same for both ways (a paired comparison)."""
     counts = {"race": 0, "separate": 0}
@@ -193,10 +208,10 @@ async def scripted_errors(probes: int, noise: float) -> dict[str, Any]:
     for rep in range(probes):
         scripts = {c: ScriptedProbe(f"null/{rep}/{c}", 1.0, noise=noise, accept_length=2.5, seconds_per_round=0.0) for c in CANDIDATES}
         for mode in counts:
-            table = await run_mode(mode, urls, 4, rep, scripts)
+            table = await run_mode(mode, urls, 4, rep, scripts, confidence=confidence)
             counts[mode] += candidate_race.winner(table) is not None
             per_probe[mode] += sum(r.state in ("Passed", "Serving") for r in table)
-    return {"repetitions": probes, "noise": noise, "false_promotions": counts, "candidates_passing": per_probe}
+    return {"repetitions": probes, "noise": noise, "confidence": confidence, "false_promotions": counts, "candidates_passing": per_probe}
 
 
 def wilson_high(k: int, n: int, z: float = 1.96) -> float:
@@ -209,12 +224,35 @@ def wilson_high(k: int, n: int, z: float = 1.96) -> float:
 
 def errors(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
-    found = asyncio.run(scripted_errors(args.probes, args.noise))
+    found = asyncio.run(scripted_errors(args.probes, args.noise, args.confidence))
     n = found["repetitions"]
     found["upper_95"] = {m: wilson_high(k, n) for m, k in found["false_promotions"].items()}
-    found["bound"] = {"race": round(1 - CONFIDENCE, 4), "separate_best_of_4": round(1 - CONFIDENCE**4, 4)}
+    found["bound"] = {"race": round(1 - args.confidence, 4), "separate_best_of_4": round(1 - args.confidence**4, 4)}
     found["wall_seconds"] = round(time.monotonic() - started, 1)
     return found
+
+
+def table(paths: list[Path]) -> str:
+    """The runs of measure files as Markdown: one line per repetition and mode, then each mode's mean."""
+    lines = []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        lines += [
+            f"\n{path.name} (time scale {doc['time_scale']:g}):\n",
+            "| rep | mode | winner | candidates: state (rounds) | GPU-s | simulated GPU-s |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        totals: dict[str, list[float]] = {}
+        for run in doc["runs"]:
+            cands = ", ".join(f"{c['candidate']} {c['reason']} ({c['rounds']})" for c in run["candidates"])
+            lines.append(
+                f"| {run['repetition']} | {run['mode']} | {run['winner']} | {cands} | {run['gpu_seconds']:.1f} | {run['simulated_gpu_seconds']:.0f} |"
+            )
+            totals.setdefault(run["mode"], []).append(run["gpu_seconds"])
+        for mode, values in totals.items():
+            mean = sum(values) / len(values)
+            lines.append(f"| mean of {len(values)} | {mode} | | | {mean:.1f} | {mean * doc['time_scale']:.0f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,8 +267,19 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("errors", help="false promotions on scripted null rounds")
     e.add_argument("--probes", type=int, default=2000)
     e.add_argument("--noise", type=float, default=0.05)
+    e.add_argument(
+        "--confidence",
+        type=float,
+        default=CONFIDENCE,
+        help="the race's confidence (default 0.998, the operator's); lower shows the effect in fewer probes",
+    )
     e.add_argument("--out", type=Path)
+    t = sub.add_parser("table", help="measure files as a Markdown table")
+    t.add_argument("files", nargs="+", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "table":
+        print(table(args.files))
+        return 0
     if args.command == "measure" and sorted(args.order) != sorted(CANDIDATES):
         parser.error(f"--order {','.join(args.order)}: name each of {', '.join(CANDIDATES)} once")
     doc = measure(args) if args.command == "measure" else errors(args)

@@ -15,13 +15,15 @@ latency to one side of every paired round and bias the measured speedups down, m
 From a cluster test (the `operator` and `sims` fixtures, tests/support/operator_process.py)::
 
     routes = {"eagle3": sims.start("llama31-8b-eagle3").url, "ngram": sims.start("llama31-8b-ngram").url}
-    router = SlotRouter(tmp_path / "endpoints.yaml", namespace, read_revisions=deployment_revisions(apps_v1))
-    router.fixed.update(operator.endpoints)         # the base Services and anything else mapped by hand
-    router.add_race(name, cr["spec"], routes)        # before operator.start(): start() writes the file too
+    operator.map(f"{name}-base", sims.start("llama31-8b-base").url)
+    operator.start()                                 # writes tmp_path/endpoints.yaml from operator.endpoints
+    router = SlotRouter(tmp_path / "endpoints.yaml", namespace, deployment_revisions(apps_v1))
+    router.fixed = dict(operator.endpoints)          # the base Services and anything else mapped by hand
+    router.add_race(name, cr["spec"], routes)        # rewrites the file: the fixed entries and the slot
     router.start(); ...; router.stop()
 
-The operator must read the same file: ``Operator.start`` writes ``workdir/endpoints.yaml`` from ``operator.endpoints``,
-so give the router that path and put the base mappings in both (or start the router after the operator).
+The router owns the file once started: ``Operator.start`` (a restart too) rewrites it from ``operator.endpoints``
+alone, so call ``router.write()`` after any restart.
 """
 
 from __future__ import annotations
