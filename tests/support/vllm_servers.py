@@ -79,6 +79,8 @@ class VllmServer:
     num_speculative_tokens: int = 3
     port: int = field(default_factory=free_port)
     ready_s: float | None = None
+    # A whole --speculative-config (any method: ngram, draft_model, ...), used where `drafter` is None.
+    speculative: dict[str, Any] | None = None
 
     def command(self, python: str) -> list[str]:
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.target), "--served-model-name", "default"]
@@ -90,6 +92,8 @@ class VllmServer:
         if self.drafter is not None:
             spec = {"method": "eagle3", "model": str(self.drafter), "num_speculative_tokens": self.num_speculative_tokens}
             cmd += ["--speculative-config", json.dumps(spec)]
+        elif self.speculative is not None:
+            cmd += ["--speculative-config", json.dumps(self.speculative)]
         return cmd
 
     def start(self) -> VllmServer:
