@@ -2,10 +2,11 @@
 training Job `<name>-train-1` by itself after the drift monitor rolls a promoted drafter back, and a restarted
 operator starts no second Job, whether its status recorded the Job or not.
 
-The Job is asserted as the API server holds it (name, owner, labels, priority class, trigger); it does not run to
-completion: the control plane's nodes are kwok's, with no real containers, and neither the revisions claim nor the
-PriorityClass exist here, so its pod is never created or never scheduled. What the Job does is tested in
-tests/unit/test_trainjob_stages.py, how its state is read in tests/cluster/test_trainjob_cluster.py."""
+The Job is asserted as the API server holds it (name, owner, labels, priority class, trigger), and its pod as the
+operator reads it into status (the scheduler's words: the claims it mounts are not there). It does not run: the
+control plane's nodes are kwok's, with no real containers, and the revisions claim does not exist (nothing creates it
+yet). What the Job does is tested in tests/unit/test_trainjob_stages.py, the states read from its objects in
+tests/cluster/test_trainjob_cluster.py."""
 
 from __future__ import annotations
 
@@ -40,8 +41,29 @@ def _jobs(batch_v1: Any, namespace: str) -> list[str]:
     return sorted(j.metadata.name for j in batch_v1.list_namespaced_job(namespace).items)
 
 
+@pytest.fixture
+def training_priority_class(kube_client: Any) -> Any:
+    """The chart's PriorityClass specdec-training (value -100, never preempting), which the Job's pod names: without it
+    the pod is refused at creation. Deleted afterwards unless it was there before (a chart release's)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    scheduling = client.SchedulingV1Api(kube_client)
+    body = {"metadata": {"name": "specdec-training"}, "value": -100, "preemptionPolicy": "Never", "globalDefault": False}
+    try:
+        scheduling.create_priority_class(body)
+        made = True
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        made = False
+    yield
+    if made:
+        scheduling.delete_priority_class("specdec-training")
+
+
 def test_a_drift_rollback_starts_the_training_job_and_a_restarted_operator_starts_no_second(
-    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, batch_v1: Any
+    operator: Operator, sims: Simulators, namespace: str, custom_objects: Any, core_v1: Any, batch_v1: Any, training_priority_class: Any
 ) -> None:
     name = "llama"
     operator.map(f"{name}-base", sims.start("llama31-8b-base").url)
@@ -75,6 +97,18 @@ def test_a_drift_rollback_starts_the_training_job_and_a_restarted_operator_start
     assert record["job"] == f"{name}-train-1" and record["trigger"] == "Drift" and record["jobsStarted"] == 1
     assert record["state"] in ("Pending", "Running")
     wait_until(lambda: "RetrainStarted" in event_reasons(core_v1, namespace, name), timeout=20, message="RetrainStarted Event")
+    # Its pod, read by the operator's step (training pods are not watched), waits for the claims it mounts.
+    waiting = wait_until(
+        lambda: (t := step_after_now(custom_objects, namespace, name)["retraining"]["training"])["reason"] == "TrainingUnschedulable" and t,
+        timeout=90,
+        interval=1,
+        message="TrainingUnschedulable",
+    )
+    assert waiting["state"] == "Pending" and "persistentvolumeclaim" in waiting["message"].lower(), waiting["message"]
+    assert [
+        p.metadata.labels["batch.kubernetes.io/job-name"]
+        for p in core_v1.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=retraining").items
+    ] == [f"{name}-train-1"]
 
     # A restarted operator (SIGKILL) reads the Job back: no second Job, no second RetrainStarted.
     operator.kill()

@@ -19,9 +19,9 @@ from .runtime import Children, Runtime
 from .state import Key, Logger
 
 MANAGED = {m.LABEL_MANAGED_BY: m.MANAGED_BY}
-# Training Jobs and their pods (trainjob.training_labels): not the servers' labels, so an index of their own.
+# Training Jobs (trainjob.training_labels): not the servers' labels, so an index of their own. Their pods are not
+# watched (the pod watch selects managed-by, the servers'): a step reads them while a Job is active (runtime.py).
 TRAINING = {trainjob.LABEL_COMPONENT: trainjob.COMPONENT, trainjob.LABEL_PART_OF: trainjob.PART_OF}
-TRAINING_FOR = trainjob.LABEL_TRAINING_FOR
 
 
 def owner_name(body: Mapping[str, Any]) -> str | None:
@@ -53,25 +53,16 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     def specdec_config_maps(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_config_map(body)} if labels.get(instance) else None
 
-    # Training Jobs (reconcile/training.py), by the resource that owns them; their pods by the Job's name. Both go in the
-    # step of that resource; the cluster-wide cap counts the active Jobs of every resource.
+    # Training Jobs (reconcile/training.py), by the resource that owns them; the cluster-wide cap counts the active Jobs
+    # of every resource.
     @kopf.index("batch", "v1", "jobs", id="specdec_training_jobs", labels=TRAINING, registry=registry)
     def specdec_training_jobs(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict | None:
         owner = owner_name(body)
         return {(namespace, owner): slim_job(body)} if owner else None
 
-    @kopf.index("pods", id="specdec_training_pods", labels=TRAINING, registry=registry)
-    def specdec_training_pods(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
-        job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
-        return {(namespace, job): slim_pod(body)} if job else None
-
     @kopf.on.event("batch", "v1", "jobs", id="training_job_changed", labels=TRAINING, registry=registry)
     def training_job_changed(*, namespace: str | None, body: kopf.Body, **_: Any) -> None:
         runtime.wake(namespace, owner_name(body))
-
-    @kopf.on.event("pods", id="training_pod_changed", labels=TRAINING, registry=registry)
-    def training_pod_changed(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        runtime.wake(namespace, labels.get(TRAINING_FOR))  # a long resource name has none: its Job's change wakes it
 
     # Multi-node servers' LeaderWorkerSets. Without the CRD Kopf watches nothing here (the index stays empty) and
     # starts watching once the CRD is installed (its CRD discovery).
@@ -102,7 +93,6 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
             services=lister("specdec_services"),
             config_maps=lister("specdec_config_maps"),
             training_jobs=lister("specdec_training_jobs"),
-            training_pods=lister("specdec_training_pods"),  # by (namespace, the Job's name)
             training_jobs_running=lambda: sum(1 for jobs in indexes["specdec_training_jobs"].values() for job in jobs if job_active(job)),
         )
         await runtime.serve((namespace or "", name), body, children, stopped, logger)

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import kopf
 
-from .. import API_GROUP
+from .. import API_GROUP, trainjob
 from .. import manifests as m
 from .kubewriter import FIELD_MANAGER
 
@@ -194,6 +194,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     selector = f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"
     for resource in ("pods", "deployments", "services", "configmaps", m.LWS_PLURAL):
         settings.watching.label_selectors[resource] = selector
+    # spec.retraining.training's Jobs (trainjob.training_labels): only the operator's are watched.
+    settings.watching.label_selectors["jobs"] = f"{trainjob.LABEL_COMPONENT}={trainjob.COMPONENT},{trainjob.LABEL_PART_OF}={trainjob.PART_OF}"
     settings.posting.reporting_component = FIELD_MANAGER
     # Kopf's own log lines are not Events; the operator posts its Events explicitly.
     settings.posting.level = logging.WARNING

@@ -25,6 +25,7 @@ from .. import API_GROUP, API_VERSION, PLURAL
 from .. import manifests as m
 from ..reconcile import Event
 from ..reconcile.diff import owned_by
+from ..reconcile.training import JOB_NAME_LABEL
 from .metrics import OperatorMetrics
 
 FIELD_MANAGER = "specdec-operator"
@@ -190,6 +191,21 @@ class KubernetesWriter:
         """The Warning Events about ``pods`` (selected by each pod's uid on the API server, every page read): read
         only while a server of a resource waits (reconcile/stuck.py names the cause from them)."""
         return await asyncio.to_thread(self._pod_warnings, namespace, pods)
+
+    def _job_pods(self, namespace: str, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from .kopf_tuning import slim_pod  # kopf_tuning imports this module
+
+        pods: list[dict[str, Any]] = []
+        for job in jobs:
+            query = [("labelSelector", f"{JOB_NAME_LABEL}={job['metadata']['name']}")]
+            answer = self.request("GET", "/api/v1/namespaces/{namespace}/pods", {"namespace": namespace}, query=query) or {}
+            pods += [slim_pod(p) for p in answer.get("items") or []]
+        return pods
+
+    async def job_pods(self, namespace: str, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The pods of training Jobs (slim copies), by the Job controller's job-name label: read while a Job is active (the
+        pod watch selects the servers' managed-by label, which training pods do not carry)."""
+        return await asyncio.to_thread(self._job_pods, namespace, jobs)
 
     async def job_warnings(self, namespace: str, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The Warning Events about training Jobs (the Job controller's FailedCreate when a quota refuses the pod): read

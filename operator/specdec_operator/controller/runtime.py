@@ -37,6 +37,8 @@ from ..monitor import Sample
 from ..reconcile import Observed, Plan, read_status, reconcile, stuck
 from ..reconcile.diff import labels_of
 from ..reconcile.pods import is_ready, pods_of
+from ..reconcile.training import ACTIVE as TRAINING_ACTIVE
+from ..reconcile.training import JOB_NAME_LABEL, stored_training
 from ..resource import parse_spec
 from .config import OperatorConfig
 from .datasetreader import FileDatasetReader
@@ -64,10 +66,8 @@ class Children:
     servers: Callable[[Key], list]  # Deployments and LeaderWorkerSets
     services: Callable[[Key], list]
     config_maps: Callable[[Key], list]
-    # spec.retraining.training: this resource's training Jobs, a Job's pods by (namespace, Job name), and the operator's
-    # active training Jobs in the whole cluster.
+    # spec.retraining.training: this resource's training Jobs, and the operator's active training Jobs in the whole cluster.
     training_jobs: Callable[[Key], list] = lambda _: []
-    training_pods: Callable[[Key], list] = lambda _: []
     training_jobs_running: Callable[[], int] = lambda: 0
 
 
@@ -253,7 +253,7 @@ class Runtime:
             leader_worker_sets_served=served,
             pod_events=await self.pod_events(key[0], pods),
             races_elsewhere=self.races_running(key),
-            training=await self.training_warnings(key[0], training),
+            training=await self.training_details(key[0], state, training),
         )
         plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         if plan.refused:  # nothing is created or changed: the children that exist stay as they are
@@ -264,18 +264,24 @@ class Runtime:
         await self.executor.execute(key, state, body, spec, plan, observed, logger)
         return plan
 
-    async def training_warnings(self, namespace: str, training: Training | None) -> Training | None:
-        """``training`` with the Warning Events of its active Jobs that have no pod yet (a quota refusing the pod is told
-        only there). Unreadable: none."""
+    async def training_details(self, namespace: str, state: ResourceState, training: Training | None) -> Training | None:
+        """``training`` with the pods of the Jobs that are active or that the status still records as active (their
+        stage, or the stage that failed), and the Warning Events of those without a pod (a quota refusing it is told
+        only there). Read on demand, only then: training pods are not watched. Unreadable: neither."""
         if training is None:
             return None
-        podless = [j for j in training.jobs if job_active(j) and not any(_job_of(p) == j["metadata"]["name"] for p in training.pods)]
-        if not podless:
+        stored = stored_training(state.status) if state.status is not None else None
+        recorded = stored.job if stored is not None and stored.state in TRAINING_ACTIVE else None
+        current = [j for j in training.jobs if job_active(j) or j["metadata"]["name"] == recorded]
+        if not current:
             return training
         try:
-            return dataclasses.replace(training, events=await self.writer.job_warnings(namespace, podless))
+            pods = await self.writer.job_pods(namespace, current)
+            podless = [j for j in current if job_active(j) and not any(_job_of(p) == j["metadata"]["name"] for p in pods)]
+            events = await self.writer.job_warnings(namespace, podless) if podless else []
         except ApiException:
             return training
+        return dataclasses.replace(training, pods=pods, events=events)
 
     def races_running(self, key: Key) -> int:
         """Races of candidates running in the other resources this replica reconciles (their last written status)."""
@@ -377,20 +383,18 @@ class Training:
     """What a step observes of spec.retraining.training: the resource's Jobs, their pods, the cluster's active count."""
 
     jobs: list
-    pods: list
+    pods: list  # read by the step (training_details)
     running: int
     events: list = dataclasses.field(default_factory=list)  # Warning Events of Jobs without a pod (quota refusals)
 
 
 def _job_of(pod: dict[str, Any]) -> str | None:
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+    return labels.get(JOB_NAME_LABEL) or labels.get("job-name")
 
 
 def training_of(children: Children, key: Key) -> Training:
-    jobs = children.training_jobs(key)
-    pods = [pod for job in jobs for pod in children.training_pods((key[0], job["metadata"]["name"]))]
-    return Training(jobs, pods, children.training_jobs_running())
+    return Training(children.training_jobs(key), [], children.training_jobs_running())
 
 
 def monitored_pods(pods: list) -> dict[str, str | None]:

@@ -35,6 +35,8 @@ ENDED = (JobState.SUCCEEDED.value, JobState.FAILED.value)
 GONE_AFTER_S = 120.0
 JOB_GONE = "TrainingJobGone"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set on a Job's pods by the Job controller (and the older job-name)
+# A running Job's pods are read by the step (training pods are not watched): at least this often while one is active.
+POLL_ACTIVE_S = 60.0
 
 
 def settings_of(spec: SpeculativeServerSpec) -> RetrainingTraining | None:
@@ -226,6 +228,8 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
     current = with_verdict(current, verdict, now)
     retraining = (plan.new_status.retraining or RetrainingStatus()).model_copy(update={"training": current})
     wake = verdict.retry_at_s - now.timestamp() if verdict.retry_at_s is not None else None
+    if current.state in ACTIVE:  # its stage moves without an event the operator sees
+        wake = min(wake, POLL_ACTIVE_S) if wake is not None else POLL_ACTIVE_S
     return dataclasses.replace(
         plan,
         apply=[*plan.apply, *apply],
