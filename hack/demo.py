@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         say("\n[5/6] kubectl get sps -o wide:")
         say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE, "-o", "wide").stdout.rstrip().splitlines()))
         show_table([i for i in items if not race.owns(i)])
-        say("The races (status.candidates and status.race; speedups in simulated GPU time, intervals at each probe's confidence):")
+        say("The races (status.candidates and status.race; intervals at each probe's confidence, GPU-s its GPUs x its wall time):")
         races_ok = demo_race.show_and_check(items, say)
         events = kubectl(
             "get",

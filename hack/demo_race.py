@@ -9,9 +9,10 @@ repetitive traffic and EAGLE-3 the chat; :func:`show_and_check` fails the demo o
 
 By default the races' probes decide on scripted rounds (``specdec run --probe-script``, probe/scripted.py): each
 candidate's speedup and acceptance are its simulator profile's own (race_workloads.profile_truth at the traffic's
-repetition share), with noise. Measured in real time on the shared 2-core machine (load 11-14) the same races ended
-Inconclusive or promoted the draft model (intervals like [0.10, 31] after 6 rounds), at 10x and at 2x time; the
-other cases' probes are measured for real as before. ``hack/demo.py --measure-races`` measures the races against the
+repetition share), with noise. Measured in real time on the shared 2-core machine the same races picked the wrong
+winner or none in all three runs (load 8-14; 10x, then twice 2x time): the faster candidates ended Inconclusive with
+intervals like [0.10, 78] after 6 rounds while the draft model or EAGLE-3 passed. The other cases' probes are
+measured for real as before. ``hack/demo.py --measure-races`` measures the races against the
 simulators instead, for a quiet host.
 
 Each candidate has its own simulator (its method's profile, `specdec simulate` as the demo's other servers) at 2x
