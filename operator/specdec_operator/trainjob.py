@@ -37,8 +37,8 @@ from . import API_GROUP, API_VERSION, KIND
 from .api import SpeculativeServerSpec
 from .api_retraining_job import RetrainingTraining
 from .enginefacts import facts_for
+from .engines import engine_for
 from .engines.paths import draft_model_path, target_model_path
-from .engines.vllm import served_model_name
 from .manifests import GPU_RESOURCE, MODEL_VOLUME, ManifestSettings, _container_security, _gpu_affinity, child_name
 
 DEFAULT_TRAINING_IMAGE = "ghcr.io/specdec/drafter-training:0.1.0"  # images/images.env TRAINING_IMAGE:TRAINING_TAG
@@ -121,7 +121,7 @@ def stage_commands(
     budget, engine = training.budget, facts_for(spec.engine)
     target, staging = target_model_path(spec), staging_dir(name, number)
     work = f"{staging}/work"
-    model = served_model_name(spec) if engine.cli_name == "vllm" else "default"
+    model = engine_for(spec).request_model_name(spec)
     base_url = f"http://{child_name(name, 'base')}.{namespace}.svc:{settings.port}"
     device = {"--device": "cuda" if budget.gpus else "cpu"}
     run = ["specdec-train"] if budget.gpus <= 1 else ["torchrun", f"--nproc-per-node={budget.gpus}", "-m", "drafter_training.cli"]

@@ -1,5 +1,5 @@
 """The package's layers (docs/architecture.md): the controller and the CLI above the pure core (reconcile,
-manifests, rollout, monitor, loadaware) above the domain libraries; no module imports from a layer above its own."""
+manifests, trainjob, rollout, monitor, loadaware) above the domain libraries; no module imports from a layer above its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "specdec_operator"
 CONTROLLER = {"controller", "cli"}
-CORE = {"reconcile", "manifests", "rollout", "monitor", "loadaware"}
+CORE = {"reconcile", "manifests", "trainjob", "rollout", "monitor", "loadaware"}  # trainjob renders a child as manifests does
 
 
 def layer(top: str) -> int:

@@ -165,6 +165,10 @@ class Engine(Protocol):
         """A parsed scrape (sample name -> value, see metric_labels) in the monitor's vocabulary."""
         ...
 
+    def request_model_name(self, spec: SpeculativeServerSpec) -> str:
+        """The model name a client puts in its OpenAI requests to this engine's server of ``spec``."""
+        ...
+
     def server_info(self, data: Mapping[str, Any]) -> ServerInfo:
         """The preflight's answer (the JSON document at info_path)."""
         ...

@@ -89,6 +89,9 @@ class SGLangEngine:
             generated_tokens=_number(metrics, GENERATED_TOKENS_METRIC),
         )
 
+    def request_model_name(self, spec: SpeculativeServerSpec) -> str:
+        return "default"  # SGLang's OpenAI server answers to any model name
+
     def server_info(self, data: Mapping[str, Any]) -> ServerInfo:
         cap = data.get("max_running_requests")
         algorithm = data.get("speculative_algorithm")

@@ -194,6 +194,9 @@ class VLLMEngine:
             accepted_per_position=_positions(metrics),
         )
 
+    def request_model_name(self, spec: SpeculativeServerSpec) -> str:
+        return served_model_name(spec)  # vLLM answers only to its --served-model-name
+
     def server_info(self, data: Mapping[str, Any]) -> ServerInfo:
         models = data.get("data")
         model = models[0].get("id") if isinstance(models, list) and models and isinstance(models[0], dict) else None
