@@ -394,3 +394,28 @@ def test_an_abort_or_a_promotion_by_hand_ends_the_race_at_the_candidate_in_the_s
     promoted.step(annotations={steering.PROMOTE: "we know ngram"})
     assert table(promoted) == [("eagle3", "Passed"), ("ngram", "Serving"), ("small", "Skipped")]
     assert promoted.status["race"]["winner"] == "ngram" and spec_command(promoted) == rendered_for(promoted, "ngram")
+
+
+def test_a_candidates_probe_runs_under_its_own_spec_and_a_drafter_free_method_has_no_acceptance_floor(tmp_path) -> None:
+    from specdec_operator.controller.probescheduler import accept_length_floor
+    from specdec_operator.probe.scripted import load_script
+
+    world = race_world()
+    revs = revisions(world.spec)
+    world.step()
+    probe = serve_candidate(world)
+    assert probe.spec is not None and probe.spec.drafter.algorithm == "EAGLE3" and probe.spec.rollout.load_aware == "Off"
+    assert accept_length_floor(probe.spec, adaptive=False) == world.spec.rollout.accept_length_floor
+    world.step(probe_result=passed(revs["eagle3"], 1.9, 1.5, 2.4))
+    probe = serve_candidate(world)
+    assert probe.spec is not None and probe.spec.drafter.algorithm == "NGRAM" and probe.candidate == "ngram"
+    # n-gram drafts only where the context repeats: on free chat its acceptance is 1.00 by design, not a broken drafter.
+    assert accept_length_floor(probe.spec, adaptive=False) is None
+    assert accept_length_floor(world.spec, adaptive=True) is None
+    # A candidate's script entry may ask for the real output check, or take its probe's.
+    path = tmp_path / "script.yaml"
+    path.write_text(
+        "race:\n  speedup: 1.0\n  checkOutputs: true\n  arms:\n    eagle3: {speedup: 2.0}\n    ngram: {speedup: 1.5, checkOutputs: false}\n"
+    )
+    script = load_script(path)["race"]
+    assert script.for_arm("eagle3").check_outputs is True and script.for_arm("ngram").check_outputs is False

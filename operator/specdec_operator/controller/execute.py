@@ -139,7 +139,7 @@ class Executor:
         if isinstance(plan.probe, StartProbe):
             self.probes.start(
                 key,
-                spec,
+                plan.probe.spec or spec,  # a race's candidate is measured under its own spec
                 plan.probe.revision,
                 on_done=lambda: self.wake(namespace, name),
                 probe_id=plan.probe.probe_id,

@@ -20,6 +20,7 @@ import aiohttp
 
 from .. import manifests as m
 from ..api import LoadAwareStatus, ProbeStatus, SpeculativeServerSpec, Variant, Workload
+from ..choices import DRAFTER_FREE_ALGORITHMS
 from ..engines import Engine, engine_for
 from ..errors import InputError
 from ..monitor import Sample, sample_from_metrics
@@ -87,6 +88,16 @@ def race_decide(family: int, bar: float | None) -> Decide:
         return decide(evidence, dataclasses.replace(rules, family=max(family, rules.family), bar=bar), arms, workloads)
 
     return decide_in_race
+
+
+def accept_length_floor(spec: SpeculativeServerSpec, adaptive: bool) -> float | None:
+    """rollout.acceptLengthFloor, where it means what it is for (a drafter that accepts nothing: the seed's bf16-trained
+    drafter on an INT4 target). Not for an adaptive server (it does not draft from its no-draft batch size up), nor for a
+    method without a drafter (NGRAM, SUFFIX: they draft only where the context has a match, so on free chat their
+    acceptance is 1.00 by design, and the speed alone says whether they pay)."""
+    if adaptive or spec.drafter.algorithm in DRAFTER_FREE_ALGORITHMS:
+        return None
+    return spec.rollout.accept_length_floor
 
 
 def fresh_evidence(probe: _Probe) -> Evidence:
@@ -261,7 +272,7 @@ class ProbeScheduler:
                         rollout.workloads,
                         min_speedup=rollout.min_speedup,
                         max_rounds=rollout.max_rounds,
-                        accept_length_floor=None if probe.load_aware_probe is not None else rollout.accept_length_floor,
+                        accept_length_floor=accept_length_floor(spec, probe.load_aware_probe is not None),
                         policy=rollout.policy,
                         timeout=self.config.probe_timeout,
                         request_timeout=self.config.probe_request_timeout,

@@ -18,7 +18,8 @@ The script is YAML or JSON, read when each probe starts (so a test may add entri
       secondsPerRound: 0.5     # how long a round takes (default 0.2: the probe's progress is visible)
       checkOutputs: true       # still compare the greedy completions on the real servers (rollout.outputCheck,
                                # outputs.py) after the scripted rounds (default false: no server need answer)
-      arms:                    # a race (run_probe's ``arms``): each arm's own script, the same fields but arms;
+      arms:                    # a race (run_probe's ``arms``): each arm's own script, the same fields but arms
+                               # (checkOutputs, when an arm's entry does not say, is its probe's);
         eagle3-k4: {speedup: 2.2}  # an arm not named here takes the entry's own (with its noise seeded by the arm).
                                # A race of spec.candidates: each candidate's probe takes the entry named after
                                # the candidate (eagle3, ngram, ...), as an arm of that name would
@@ -103,13 +104,13 @@ def load_script(path: str | Path) -> dict[str, ScriptedProbe]:
     return {str(key): _entry(source, str(key), value) for key, value in doc.items()}
 
 
-def _entry(source: Path, key: str, value: Any, *, nested: bool = False) -> ScriptedProbe:
+def _entry(source: Path, key: str, value: Any, *, nested: bool = False, check_outputs_default: bool = False) -> ScriptedProbe:
     where = f"--probe-script {source}: {key}"
     arms = value.get("arms") if isinstance(value, Mapping) and not nested else None
     if not isinstance(value, Mapping) or ("speedup" not in value and not arms):
         raise InputError(f"{where}: give at least speedup (a number, or one per workload)")
     if arms is not None and (not isinstance(arms, Mapping) or not arms):
-        raise InputError(f"{where}: arms: a mapping of an arm's name to its script ({{speedup, noise, acceptLength, secondsPerRound}})")
+        raise InputError(f"{where}: arms: a mapping of an arm's name to its script ({{speedup, noise, acceptLength, secondsPerRound, checkOutputs}})")
     speedup = value.get("speedup")
     if isinstance(speedup, Mapping):
         if not speedup or not all(_positive(v) for v in speedup.values()):
@@ -126,14 +127,16 @@ def _entry(source: Path, key: str, value: Any, *, nested: bool = False) -> Scrip
     seconds = value.get("secondsPerRound", DEFAULT_SECONDS_PER_ROUND)
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
         raise InputError(f"{where}: secondsPerRound {seconds!r}: must be a number >= 0")
-    check_outputs = value.get("checkOutputs", False)
+    check_outputs = value.get("checkOutputs", check_outputs_default)  # an arm's entry takes its probe's unless it says
     if not isinstance(check_outputs, bool):
         raise InputError(f"{where}: checkOutputs {check_outputs!r}: must be true or false")
-    known = {"speedup", "noise", "acceptLength", "secondsPerRound"} | (set() if nested else {"arms", "checkOutputs"})
+    known = {"speedup", "noise", "acceptLength", "secondsPerRound", "checkOutputs"} | (set() if nested else {"arms"})
     unknown = sorted(set(value) - known)
     if unknown:
         raise InputError(f"{where}: unknown field(s) {', '.join(unknown)} ({', '.join(sorted(known))})")
-    scripted = {str(arm): _entry(source, f"{key}/{arm}", entry, nested=True) for arm, entry in (arms or {}).items()}
+    scripted = {
+        str(arm): _entry(source, f"{key}/{arm}", entry, nested=True, check_outputs_default=check_outputs) for arm, entry in (arms or {}).items()
+    }
     return ScriptedProbe(key, speedup, float(noise), float(accept) if accept is not None else None, float(seconds), scripted, check_outputs)
 
 

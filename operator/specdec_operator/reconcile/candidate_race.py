@@ -294,9 +294,10 @@ def _measure(
     revision = row.revision or ""
     if row.state == "Waiting" and prev.probe is not None and prev.probe.revision == revision:
         prev = prev.model_copy(update={"probe": None})
-    plan = lifecycle(measured_spec(spec, row.name), lifecycle_view(observed, revision, True), prev, rendered.get(revision) or {})
+    measured = measured_spec(spec, row.name)
+    plan = lifecycle(measured, lifecycle_view(observed, revision, True), prev, rendered.get(revision) or {})
     if isinstance(plan.probe, StartProbe):
-        plan.probe = replace(plan.probe, family=candidates, bar=bar_now, candidate=row.name)
+        plan.probe = replace(plan.probe, family=candidates, bar=bar_now, candidate=row.name, spec=measured)
     return plan
 
 

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from .. import manifests as m
-from ..api import LoadAwareStatus, ProbeStatus, SpeculativeServerStatus
+from ..api import LoadAwareStatus, ProbeStatus, SpeculativeServerSpec, SpeculativeServerStatus
 from ..monitor import Sample
 from ..resource import dump
 from ..trainjob import TrainingJobSettings
@@ -115,6 +115,9 @@ class StartProbe:
     family: int = 1
     bar: float | None = None
     candidate: str | None = None  # the race's candidate this probe measures (its name), None outside a race
+    # The spec the probe measures under: a race's candidate's (candidate_race.measured_spec: its method in spec.drafter's
+    # place, decided plainly), None for the resource's own.
+    spec: SpeculativeServerSpec | None = None
 
 
 @dataclass(frozen=True)
