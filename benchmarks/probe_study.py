@@ -27,7 +27,11 @@ Two parts:
     ``futile(iv, min_speedup, futility_horizon(max_rounds), look_levels(confidence, horizon).low_level)``;
   - ``current``: the same calls with this checkout's functions, under another name so that a study of today's
     interval (a840076: the between-round floor; df88494: the first look, futility past round 6, the between-round df)
-    sits beside the 4e29854 results; futility's horizon is ``futility_horizon(max_rounds, rounds)`` as race.py's.
+    sits beside the 4e29854 results; futility's horizon is ``futility_horizon(max_rounds, rounds)`` as race.py's;
+  - ``priorK`` (issue 32 item 2): ``current`` with a prior on the between-round variance (``stats.RoundPrior``, what
+    ``RaceRules.round_priors`` carries): for every simulated probe a previous probe of K rounds is drawn from the same
+    trace, and its ``round_variance`` with K - 1 df is the prior; ``priorK@label``: the previous probe drawn from the
+    trace of the same pair and workload recorded under ``label`` (a prior from a quieter or busier time).
 
   The operator's own functions are imported and called; only ``t_quantile`` (a bisection of ~0.8 ms) is replaced by
   an interpolation between its exact values on a fine grid (``fast_t_quantile``: relative error below 1e-5). ``verify`` runs the old method once from the old checkout (``--old-operator
