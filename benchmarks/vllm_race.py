@@ -1,29 +1,27 @@
 """A race of speculative candidates on vLLM's CPU build (issue 35, item 5 "On the real engine").
 
-The real-engine tier's target `a` as the base, and as arms its EAGLE-3 drafter (drafter-a-vllm) and n-gram (prompt
-lookup) speculation, raced by `specdec probe --speculative URL --arm NAME=URL` on two workloads:
+The copy-trained tiny target (tests/support/copy_models.py) is the base; its candidates (tests/support/race_candidates.py,
+each --speculative-config rendered by the operator: parse_spec, api.spec_for_candidate, the vLLM engine's render_argv)
+are its EAGLE-3 drafter (``eagle3``), n-gram prompt lookup (``ngram``) and a smaller draft model of its tokenizer
+(``draft-model``, vLLM's draft_model). The workloads (tests/support/copy_workloads.py):
 
-- ``repeat``: prompts that quote a span of words three times (a document quoted in a prompt), the kind of
-  traffic n-gram speculation is for;
-- ``free``: the probe's shipped prompt set (free-text chat questions).
+- ``copy``: "Repeat this text: <passage of 50-56 coined words>": the answer quotes the prompt;
+- ``free``: the probe's shipped prompt set (free-text questions): nothing in the answer is in the prompt.
 
-Each candidate's --speculative-config is the one the operator renders: a spec with that drafter goes through
-resource.parse_spec (admission's rules) and the vLLM engine's render_argv; only the draft model's path is moved from
-the container's /models mount to the local build. The servers are tests/support/vllm_servers.py's (float32, one core
-each, no compilation): the base on core 0, every arm on core 1. The probe measures one server at a time (each arm
-with a base measurement of its own, docs/probe.md "Several arms, measured"), so the two arms share core 1 without
-running at once.
+The base starts once (core 0) and stays warm; the candidates run one after another beside it (core 1: one
+speculative server at a time), each probed by `specdec probe --engine vllm --base BASE --speculative CAND --json` on
+both workloads, at confidence 1 - 0.002/3 each (the race's error budget split over three candidates). Before the
+probes the base's greedy answers to each workload's first 8 prompts give the workload's ``copy_share`` (answer words
+inside a 4-word run that occurs in the prompt; every coined word is one token) and ``context_share`` (or earlier in
+the answer: what n-gram lookup can find).
 
-Before the probes, every workload's prompts get the base's greedy completions, and the script reports how much of
-them repeats the prompt (``copy_share``: the share of output words inside a 4-word span that occurs in the prompt)
-and the context n-gram lookup sees (``context_share``: a span that occurs in the prompt or earlier in the output).
+Usage (about 20-30 minutes on a loaded 2-core machine; the models build once first, ~15-25 minutes):
 
-Usage (about 10-30 minutes on a loaded 2-core machine):
+    .venv/bin/python benchmarks/vllm_race.py --out docs/benchmarks/vllm-race-copy.json [--candidates eagle3,ngram,draft-model]
+    .venv/bin/python benchmarks/vllm_race.py --check-only draft-model   # serve one candidate a minute, print its command
+    .venv/bin/python benchmarks/vllm_race.py --summarize FILE            # the markdown tables of a written JSON
 
-    .venv/bin/python benchmarks/vllm_race.py --out docs/benchmarks/vllm-race.json [--models-root DIR] [--separate]
-    .venv/bin/python benchmarks/vllm_race.py --check-only      # start each candidate's server once, print the commands
-
-``--separate`` also probes each arm alone against the same base, for the cost of a race against separate probes.
+`--summarize` also reads the target-a runs of 31f45a8's script (vllm-race.json, -loaded, -separate-first).
 """
 
 from __future__ import annotations
@@ -31,103 +29,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import posixpath
-import random
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "operator")]
 
-from specdec_operator.engines import engine_for
-from specdec_operator.resource import parse_spec
-from tests.support.real_engine import WORDS, RealEngineModels, real_engine_models
-from tests.support.vllm_servers import VllmServer, start_servers
+from tests.support.copy_models import CopyModels, copy_models
+from tests.support.copy_workloads import WORKLOADS, context_share, copy_share, write_jsonl
+from tests.support.race_candidates import CANDIDATES, base_server, candidate_server
+from tests.support.vllm_servers import start_servers
 
-MOUNT = "/models"
-SPEC = {
-    "engine": "vLLM",
-    "image": "vllm/vllm-openai:v0.32.0",
-    "model": {"mountPath": MOUNT, "volume": {"persistentVolumeClaim": {"claimName": "weights"}}},
-    "target": {"path": "target-a"},
-}
-# The candidates as spec.drafter (docs/candidates.md); 3 draft tokens each, like the tier's EAGLE-3 server.
-CANDIDATES: dict[str, dict[str, Any]] = {
-    "eagle3": {"path": "drafter-a-vllm", "numSteps": 3},
-    "ngram": {"algorithm": "NGRAM", "numSteps": 3, "ngram": {"minMatch": 2, "maxMatch": 4}},
-    "suffix": {"algorithm": "SUFFIX", "numSteps": 3},
-}
 OUTPUT_TOKENS = 48
 REQUESTS = 8
-SPAN = 4
-
-
-def rendered_config(drafter: dict[str, Any], root: Path) -> dict[str, Any]:
-    """The --speculative-config the operator renders for `drafter`, its draft model moved from /models to `root`."""
-    spec = parse_spec({**SPEC, "drafter": drafter}, check_rules=True)
-    argv = engine_for(spec).render_argv(spec, "speculative")
-    config: dict[str, Any] = json.loads(argv[argv.index("--speculative-config") + 1])
-    if "model" in config:
-        config["model"] = str(root / posixpath.relpath(config["model"], MOUNT))
-    return config
-
-
-@dataclass
-class CandidateServer(VllmServer):
-    """A tier server whose --speculative-config is given whole (VllmServer's own speaks EAGLE-3 only)."""
-
-    speculative: dict[str, Any] | None = None
-
-    def command(self, python: str) -> list[str]:
-        cmd = super().command(python)
-        if self.speculative is not None:
-            cmd += ["--speculative-config", json.dumps(self.speculative)]
-        return cmd
-
-
-def repeat_prompts(n: int, seed: int) -> list[dict[str, Any]]:
-    """Chat prompts quoting a span of 12 words three times."""
-    rnd = random.Random(seed)
-    out = []
-    for _ in range(n):
-        span = " ".join(rnd.choice(WORDS) for _ in range(12))
-        out.append({"messages": [{"role": "user", "content": f"Repeat this text: {span} {span} {span}"}]})
-    return out
-
-
-def shipped_prompts() -> list[dict[str, Any]]:
-    path = REPO / "operator" / "specdec_operator" / "probe" / "data" / "default-prompts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def covered_share(output: list[str], seen_in: Any) -> float:
-    """The share of `output` words inside a SPAN-word span for which seen_in(start) is true."""
-    covered = [False] * len(output)
-    for i in range(len(output) - SPAN + 1):
-        if seen_in(i):
-            covered[i : i + SPAN] = [True] * SPAN
-    return sum(covered) / len(output) if output else 0.0
-
-
-def repetition(prompt: str, output: str) -> dict[str, float]:
-    p, o = prompt.split(), output.split()
-    in_prompt = {tuple(p[i : i + SPAN]) for i in range(len(p) - SPAN + 1)}
-
-    def in_context(i: int) -> bool:
-        span = tuple(o[i : i + SPAN])
-        earlier = o[: i + SPAN - 1]
-        return span in in_prompt or any(tuple(earlier[j : j + SPAN]) == span for j in range(len(earlier) - SPAN + 1))
-
-    return {
-        "copy_share": covered_share(o, lambda i: tuple(o[i : i + SPAN]) in in_prompt),
-        "context_share": covered_share(o, in_context),
-    }
+FAMILY_CONFIDENCE = 0.998
 
 
 def greedy_chat(url: str, messages: list[dict[str, Any]]) -> str:
@@ -138,35 +58,31 @@ def greedy_chat(url: str, messages: list[dict[str, Any]]) -> str:
 
 
 def measure_repetition(url: str, prompts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The base's greedy answers to `prompts`: their mean copy_share and context_share on words, and 3 examples."""
     rows = []
     for p in prompts:
-        output = greedy_chat(url, p["messages"])
-        rows.append({"prompt": p["messages"][-1]["content"], "output": output, **repetition(p["messages"][-1]["content"], output)})
+        prompt, output = p["messages"][-1]["content"], greedy_chat(url, p["messages"])
+        shares = {"copy_share": copy_share(prompt.split(), output.split()), "context_share": context_share(prompt.split(), output.split())}
+        rows.append({"prompt": prompt, "output": output, **shares})
     mean = {k: round(sum(r[k] for r in rows) / len(rows), 3) for k in ("copy_share", "context_share")}
-    return {**mean, "examples": rows[:3]}
+    return {**mean, "prompts": len(rows), "examples": rows[:3]}
 
 
-def probe(base: str, arms: dict[str, str], dataset: Path | None, args: argparse.Namespace) -> dict[str, Any]:
-    """One `specdec probe --engine vllm --json` of `arms` (the first as --speculative, the rest as --arm)."""
-    names = list(arms)
-    cmd = [sys.executable, "-m", "specdec_operator.cli", "probe", "--engine", "vllm", "--base", base, "--speculative", arms[names[0]]]
-    for name in names[1:]:
-        cmd += ["--arm", f"{name}={arms[name]}"]
+def probe(base: str, candidate: str, dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One `specdec probe --engine vllm --json` of `candidate` against `base` on `dataset`."""
+    cmd = [sys.executable, "-m", "specdec_operator.cli", "probe", "--engine", "vllm", "--base", base, "--speculative", candidate]
     cmd += ["--workload", f"single-stream:1:64:{OUTPUT_TOKENS}:{REQUESTS}", "--max-rounds", str(args.max_rounds)]
     cmd += ["--base-gpus", "0", "--speculative-gpus", "0", "--base-cores", "1", "--speculative-cores", "1"]
+    cmd += ["--confidence", str(round(1 - (1 - FAMILY_CONFIDENCE) / len(args.candidates), 6)), "--dataset", str(dataset)]
     cmd += ["--output-check-prompts", "4", "--timeout", str(args.probe_timeout), "--json", "--quiet"]
-    if dataset is not None:
-        cmd += ["--dataset", str(dataset)]
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'operator'}:{REPO}"}
     load_before = os.getloadavg()
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.monotonic() - started
     record: dict[str, Any] = {
         "command": " ".join(["specdec", *cmd[3:]]),
-        "urls": arms,
         "rc": proc.returncode,
-        "wall_seconds": round(wall, 1),
+        "wall_seconds": round(time.monotonic() - started, 1),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
@@ -177,23 +93,18 @@ def probe(base: str, arms: dict[str, str], dataset: Path | None, args: argparse.
     return record
 
 
-def check(models: RealEngineModels, work: Path) -> dict[str, Any]:
-    """Start the drafter-free candidates' servers alone (one at a time, core 1), send one greedy request, keep the log's tail."""
+def check(models: CopyModels, work: Path, names: list[str]) -> dict[str, Any]:
+    """Serve each candidate alone (core 1) until ready, send one greedy copy request, keep its command or error."""
     out = {}
-    for name in ("ngram", "suffix"):  # EAGLE-3 is the tier's own server (tests/realengine)
-        drafter = CANDIDATES[name]
-        config = rendered_config(drafter, models.root)
-        server = CandidateServer(name, models.target("a"), work / f"check-{name}.log", core="1", speculative=config)
-        entry: dict[str, Any] = {"speculative_config": config}
+    for name in names:
+        server = candidate_server(models, name, work / f"check-{name}.log")
+        entry: dict[str, Any] = {"speculative_config": server.speculative}
         try:
             start_servers([server])
-            entry["command"] = server.cmd
-            entry["served"] = True
-            entry["ready_seconds"] = round(server.ready_s or 0, 1)
-            entry["greedy"] = greedy_chat(server.url, repeat_prompts(1, 5)[0]["messages"])
+            entry.update(command=server.cmd, served=True, ready_seconds=round(server.ready_s or 0, 1))
+            entry["greedy"] = greedy_chat(server.url, WORKLOADS["copy"]()[0]["messages"])
         except (RuntimeError, TimeoutError) as err:
-            entry["served"] = False
-            entry["error_tail"] = str(err)[-1500:]
+            entry.update(served=False, error_tail=str(err)[-1500:])
         finally:
             server.stop()
         out[name] = entry
@@ -201,49 +112,67 @@ def check(models: RealEngineModels, work: Path) -> dict[str, Any]:
     return out
 
 
-def race(models: RealEngineModels, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    arm_names = ["eagle3", "ngram"]
-    configs = {name: rendered_config(CANDIDATES[name], models.root) for name in arm_names}
-    servers = [CandidateServer("base", models.target("a"), work / "base.log", core="0")]
-    servers += [CandidateServer(n, models.target("a"), work / f"{n}.log", core="1", speculative=configs[n]) for n in arm_names]
-    datasets = {"repeat": work / "repeat.jsonl", "free": None}
-    (work / "repeat.jsonl").write_text("".join(json.dumps(p) + "\n" for p in repeat_prompts(16, args.seed)))
-    report: dict[str, Any] = {"speculative_configs": configs, "servers": {}, "workloads": {}, "separate_first": args.separate_first}
+def race(models: CopyModels, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The warm base, then each candidate beside it in turn, probed on every workload; the JSON written as it goes."""
+    datasets = {w: write_jsonl(work / f"{w}.jsonl", make()) for w, make in WORKLOADS.items()}
+    base = base_server(models, work / "base.log")
+    report: dict[str, Any] = {"workloads": {}, "candidates": {}}
     started = time.monotonic()
-    start_servers(servers)
+    start_servers([base])
     try:
-        by_name = {s.name: s for s in servers}
-        report["servers"] = {s.name: {"core": s.core, "command": s.cmd, "ready_seconds": round(s.ready_s or 0, 1)} for s in servers}
-        base = by_name["base"].url
-        for workload, dataset in datasets.items():
-            prompts = repeat_prompts(16, args.seed) if dataset else shipped_prompts()
-            report["workloads"][workload] = {"repetition": measure_repetition(base, prompts[:8])}
+        report["base"] = {"command": base.cmd, "core": base.core, "ready_seconds": round(base.ready_s or 0, 1)}
+        for workload, make in WORKLOADS.items():
+            report["workloads"][workload] = {"repetition": measure_repetition(base.url, make()[:8])}
             shares = report["workloads"][workload]["repetition"]
-            print(f"{workload}: repetition {shares['copy_share']} / {shares['context_share']}", file=sys.stderr, flush=True)
-        # Each workload's race, then (--separate) each arm alone; --separate-first swaps the two, for the machine's drift.
-        runs = [(w, "race", arm_names) for w in datasets] + [(w, n, [n]) for w in datasets for n in arm_names if args.separate]
-        if args.separate_first:
-            runs = [r for r in runs if r[1] != "race"] + [r for r in runs if r[1] == "race"]
-        for workload, label, names in runs:
-            record = probe(base, {n: by_name[n].url for n in names}, datasets[workload], args)
-            entry = report["workloads"][workload]
-            if label == "race":
-                entry["race"] = record
-            else:
-                entry.setdefault("separate", {})[label] = record
-            print(f"{workload}: {label} rc {record['rc']} in {record['wall_seconds']} s", file=sys.stderr, flush=True)
-            write(args.out, report)
-        for s in servers:
-            report["servers"][s.name]["rss_mib"] = round(s.rss_mib())
+            print(f"{workload}: copy {shares['copy_share']} context {shares['context_share']}", file=sys.stderr, flush=True)
+        for name in args.candidates:
+            server = candidate_server(models, name, work / f"{name}.log")
+            held = time.monotonic()
+            start_servers([server])
+            try:
+                entry: dict[str, Any] = {"speculative_config": server.speculative, "command": server.cmd, "core": server.core}
+                entry["ready_seconds"] = round(server.ready_s or 0, 1)
+                report["candidates"][name] = entry
+                for workload, dataset in datasets.items():
+                    entry.setdefault("probes", {})[workload] = record = probe(base.url, server.url, dataset, args)
+                    print(f"{name} {workload}: rc {record['rc']} in {record['wall_seconds']} s", file=sys.stderr, flush=True)
+                    write(args.out, report)
+                entry["rss_mib"] = round(server.rss_mib())
+            finally:
+                server.stop()
+            entry["held_seconds"] = round(time.monotonic() - held, 1)
+        report["base"]["rss_mib"] = round(base.rss_mib())
     finally:
-        for s in servers:
-            s.stop()
-    report["wall_seconds"] = round(time.monotonic() - started, 1)
+        base.stop()
+    report["base"]["held_seconds"] = round(time.monotonic() - started, 1)
+    report["winners"] = winners(report)
+    report["core_seconds"] = race_cost(report)
     return report
 
 
-def summary_rows(report: dict[str, Any]) -> list[str]:
-    """A markdown table of every probe in `report`: per arm its speedup, interval, rounds, acceptance and outcome."""
+def winners(report: dict[str, Any]) -> dict[str, Any]:
+    """Per workload: the promoted candidate of the highest speedup estimate (what the race serves), and whether its
+    interval clears every other candidate's estimate."""
+    out: dict[str, Any] = {}
+    for workload in report["workloads"]:
+        results = {n: c["probes"][workload].get("result") for n, c in report["candidates"].items() if workload in c.get("probes", {})}
+        promoted = {n: r for n, r in results.items() if r and r["decision"] == "promote"}
+        best = max(promoted, key=lambda n: promoted[n]["speedup"]) if promoted else None
+        others = [r["speedup"] for n, r in results.items() if r and n != best]
+        clear = bool(best) and all(promoted[best]["speedup_low"] > s for s in others)
+        out[workload] = {"winner": best, "promoted": sorted(promoted), "winner_low_above_every_other_estimate": clear}
+    return out
+
+
+def race_cost(report: dict[str, Any]) -> dict[str, float]:
+    """Core-seconds: the probes' own (declared cores x wall) and what the servers were held for, start-ups included."""
+    probes = [p["result"]["core_seconds"] for c in report["candidates"].values() for p in c.get("probes", {}).values() if p.get("result")]
+    held = report["base"]["held_seconds"] + sum(c.get("held_seconds", 0.0) for c in report["candidates"].values())
+    return {"probes": round(sum(probes), 1), "servers_held": round(held, 1)}
+
+
+def legacy_rows(report: dict[str, Any]) -> list[str]:
+    """31f45a8's target-a runs (one --arm race and each arm alone per workload): per arm its speedup and outcome."""
     rows = ["| workload | probe | arm | speedup [interval] | rounds | server accept length | outcome | decision (winner) | wall s | core-s |"]
     rows.append("|---|---|---|---|---|---|---|---|---|---|")
     for workload, entry in report.get("workloads", {}).items():
@@ -257,10 +186,41 @@ def summary_rows(report: dict[str, Any]) -> list[str]:
             decided = f"{result['decision']} {result['reason']} ({result.get('winner')})"
             for arm, a in arms.items():
                 interval = f"{a['speedup']} [{a['speedup_low']}, {a['speedup_high']}]"
-                outcome = a.get("outcome", "-")
-                cells = [workload, label, arm, interval, a["rounds"], a["server_accept_length"], outcome, decided]
+                cells = [workload, label, arm, interval, a["rounds"], a["server_accept_length"], a.get("outcome", "-"), decided]
                 cells += [result["wall_seconds"], result["core_seconds"]]
                 rows.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return rows
+
+
+def summary_rows(report: dict[str, Any]) -> list[str]:
+    """Markdown tables of a race: the workloads' copy shares, every candidate's probe per workload, the winners, the cost."""
+    if "candidates" not in report:
+        return legacy_rows(report)
+    rows = ["| workload | copy_share | context_share |", "|---|---|---|"]
+    rows += [f"| {w} | {e['repetition']['copy_share']} | {e['repetition']['context_share']} |" for w, e in report["workloads"].items()]
+    rows += ["", "| workload | candidate | speedup [interval] | rounds | server accept length | output match | decision | wall s | core-s | load |"]
+    rows.append("|---|---|---|---|---|---|---|---|---|---|")
+    for workload in report["workloads"]:
+        for name, entry in report["candidates"].items():
+            record = entry.get("probes", {}).get(workload)
+            r = (record or {}).get("result")
+            if r is None:
+                rows.append(f"| {workload} | {name} | no result (rc {(record or {}).get('rc')}) | | | | | | | |")
+                continue
+            load = f"{record['load_average_before'][0]}-{record['load_average_after'][0]}"
+            cells = [workload, name, f"{r['speedup']} [{r['speedup_low']}, {r['speedup_high']}]", r["rounds"], r["server_accept_length"]]
+            cells += [r.get("output_match_rate"), f"{r['decision']} {r['reason']}", r["wall_seconds"], r["core_seconds"], load]
+            rows.append("| " + " | ".join(str(c) for c in cells) + " |")
+    rows += ["", "| workload | winner | promoted | winner's low end above every other estimate |", "|---|---|---|---|"]
+    rows += [
+        f"| {w} | {v['winner']} | {', '.join(v['promoted']) or '-'} | {v['winner_low_above_every_other_estimate']} |"
+        for w, v in report.get("winners", {}).items()
+    ]
+    cost = report.get("core_seconds", {})
+    rows += [
+        "",
+        f"core-seconds: probes {cost.get('probes')}, servers held {cost.get('servers_held')} (wall {report.get('base', {}).get('held_seconds')} s)",
+    ]
     return rows
 
 
@@ -271,31 +231,37 @@ def write(path: Path | None, report: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models-root", type=Path, help="a built real-engine directory (default: this checkout's build)")
     parser.add_argument("--out", type=Path, help="write the JSON here")
-    parser.add_argument("--check-only", action="store_true", help="only start each candidate's server once")
-    parser.add_argument("--separate", action="store_true", help="also probe each arm alone")
-    parser.add_argument("--separate-first", action="store_true", help="with --separate: the arms alone before the races")
+    parser.add_argument("--candidates", default=",".join(CANDIDATES), help=f"comma-separated, in race order (default {','.join(CANDIDATES)})")
+    parser.add_argument("--check-only", metavar="NAMES", help="only serve these candidates (comma-separated) once each")
     parser.add_argument("--max-rounds", type=int, default=6)
     parser.add_argument("--probe-timeout", type=float, default=1200)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--summarize", type=Path, metavar="JSON", help="print the markdown table of a written JSON and exit")
+    parser.add_argument("--summarize", type=Path, metavar="JSON", help="print the markdown tables of a written JSON and exit")
     args = parser.parse_args()
     if args.summarize:
         print("\n".join(summary_rows(json.loads(args.summarize.read_text()))))
         return
-    models = RealEngineModels(args.models_root) if args.models_root else real_engine_models()
+    args.candidates = args.candidates.split(",")
+    unknown = sorted(set(args.candidates + (args.check_only or "").split(",")) - set(CANDIDATES) - {""})
+    if unknown:
+        parser.error(f"--candidates/--check-only: unknown {', '.join(unknown)}; the candidates are {', '.join(CANDIDATES)}")
+    models = copy_models()
     with tempfile.TemporaryDirectory(prefix="vllm-race-") as tmp:
         work = Path(tmp)
         meta = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip(),
             "models_root": str(models.root),
+            "models_build": models.build_report,
+            "eagle3_build": json.loads((models.eagle3.parent / "build.json").read_text()),
             "cpus": os.cpu_count(),
             "load_average_start": [round(x, 2) for x in os.getloadavg()],
             "command": " ".join(["benchmarks/vllm_race.py", *sys.argv[1:]]),
         }
-        report = {**meta, "check": check(models, work)} if args.check_only else {**meta, **race(models, work, args)}
+        if args.check_only:
+            report = {**meta, "check": check(models, work, args.check_only.split(","))}
+        else:
+            report = {**meta, **race(models, work, args)}
         report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         write(args.out, report)
         if args.out is None:

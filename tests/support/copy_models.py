@@ -1,8 +1,8 @@
 """A tiny target that copies its prompt, a smaller draft model of its tokenizer, and its EAGLE-3 drafter: the
 real-engine race's models (issue 35, item 5), built once per machine and cached beside the tier's own.
 
-    ~/.cache/specdec-operator/real-engine-copy/<key>/   key: copy_key(), a hash of COPY_BUILD, the examples and
-                                                        the EAGLE-3 pipeline's sources
+    ~/.cache/specdec-operator/real-engine-copy/<key>/   key: copy_key(), a hash of COPY_BUILD and the examples
+    ~/.cache/specdec-operator/real-engine-copy/<key>/eagle3-<eagle key>/   the EAGLE-3 drafter (copy_eagle.py)
 
 The tier's targets a and b (tests/support/real_engine.py) are random models shaped so that the next token is mostly a
 function of the current one: their greedy answers never quote the prompt, so n-gram speculation finds only the
@@ -29,7 +29,8 @@ a draft costs, not whether it is accepted.
   verifying 4 tokens costs about what decoding one does.
 - ``draft-copy``: llama, 2 layers, hidden 128, MLP 512, the same tokenizer files and vocabulary, trained on the same
   examples: vLLM's ``draft_model`` (STANDALONE in the spec).
-- ``drafter-copy-vllm``: EAGLE-3, through `specdec-train regenerate/capture/vocab/train/export` as the tier's drafters.
+- ``eagle3-<key>/drafter-copy-vllm``: EAGLE-3, through `specdec-train regenerate/capture/vocab/train/export` as the
+  tier's drafters (tests/support/copy_eagle.py; its own key, so a changed drafter recipe keeps the target).
 - ``tokenizer``: byte-level BPE with every coined word one token (checked), ChatML template (tiny_models.CHAT_TEMPLATE).
 """
 
@@ -42,18 +43,19 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.copy_eagle import build_eagle3, eagle_key
 from tests.support.copy_workloads import ANSWER_CYCLE, ENGLISH, PASSAGE_WORDS, training_examples
-from tests.support.real_engine import TRAIN, _stage
 from tests.support.tiny_models import CHAT_TEMPLATE, CORPUS, SPECIALS
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("SPECDEC_COPY_ENGINE_CACHE", Path.home() / ".cache" / "specdec-operator" / "real-engine-copy"))
 COPY_BUILD: dict[str, Any] = {
-    "recipe": 2,  # bump when train(), widen_mlp() or build_eagle3() change what they make
+    "recipe": 2,  # bump when train() or widen_mlp() change what they make
     "vocab_size": 1536,
     "hidden": 128,
     "train_intermediate": 512,
@@ -66,25 +68,6 @@ COPY_BUILD: dict[str, Any] = {
     "batch": 16,
     "lr": 2e-3,
     "seed": 0,
-    "eagle_prompts": 64,
-    "max_new_tokens": 48,
-    "capture_layers": "0,1,2",
-    "draft_vocab_size": 128,
-    "eagle_train_args": [
-        "--epochs",
-        "40",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "4",
-        "--ttt-steps",
-        "3",
-        "--max-length",
-        "192",
-        "--intermediate-size",
-        "512",
-    ],
-    "eagle_steps": 150,
 }
 
 
@@ -103,7 +86,8 @@ class CopyModels:
 
     @property
     def eagle3(self) -> Path:
-        return self.root / "drafter-copy-vllm"
+        """The EAGLE-3 drafter, in a directory of its own build's key (copy_eagle.eagle_key)."""
+        return self.root / f"eagle3-{eagle_key()}" / "drafter-copy-vllm"
 
     @property
     def build_report(self) -> dict[str, Any]:
@@ -111,16 +95,10 @@ class CopyModels:
 
 
 def copy_key() -> str:
-    """A hash of what decides the build: COPY_BUILD, the training examples, the coined words, and the sources of the
-    EAGLE-3 pipeline and its stand-in server (not this module's text: bump COPY_BUILD["recipe"] when changing how it
-    trains, so that a reformatted module keeps its cache)."""
+    """A hash of what decides the target and the draft model: COPY_BUILD, the training examples and the words (not this
+    module's text: bump COPY_BUILD["recipe"] when changing how it trains, so that a reformatted module keeps its cache)."""
     h = hashlib.sha256(json.dumps(COPY_BUILD, sort_keys=True).encode())
     h.update(json.dumps([training_examples(COPY_BUILD["examples"], COPY_BUILD["seed"]), PASSAGE_WORDS, ANSWER_CYCLE, ENGLISH, CORPUS]).encode())
-    files = sorted((REPO / "drafter_training").rglob("*.py")) + sorted((REPO / "operator" / "specdec_operator" / "validator").rglob("*.py"))
-    files += [REPO / "tests" / "support" / "tiny_server.py"]
-    for path in files:
-        h.update(str(path.relative_to(REPO)).encode())
-        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -274,33 +252,6 @@ def train_models(dest: Path, report: dict[str, Any]) -> None:
         print(json.dumps({name: stats}), flush=True)
 
 
-def build_eagle3(dest: Path, report: dict[str, Any]) -> None:
-    """The target's EAGLE-3 drafter through the training pipeline, as real_engine builds the tier's."""
-    from tests.support.tiny_server import TinyModelServer
-
-    rnd = random.Random(7)
-    prompts = [m for m, _ in training_examples(COPY_BUILD["eagle_prompts"], seed=rnd.randrange(1 << 30))]
-    (dest / "eagle-prompts.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in prompts))
-    target, timings = dest / "target-copy", report.setdefault("timings_s", {})
-    samples, cap, run = dest / "samples.jsonl", dest / "cap", dest / "run-copy"
-    server = TinyModelServer(target)
-    server.start()
-    try:
-        regen = ["regenerate", "--prompts", str(dest / "eagle-prompts.jsonl"), "--out", str(samples), "--base-url", server.base_url]
-        regen += ["--tokenizer", str(target), "--api", "chat", "--max-new-tokens", str(COPY_BUILD["max_new_tokens"]), "--concurrency", "1"]
-        _stage(TRAIN + regen, dest / "regenerate.log", timings, "regenerate")
-    finally:
-        server.stop()
-    capture = ["capture", "--samples", str(samples), "--target", str(target), "--out", str(cap), "--quantization", "none"]
-    _stage(TRAIN + capture + ["--capture-layers", COPY_BUILD["capture_layers"]], dest / "capture.log", timings, "capture")
-    _stage(TRAIN + ["vocab", "--capture", str(cap), "--draft-vocab-size", str(COPY_BUILD["draft_vocab_size"])], dest / "vocab.log", timings, "vocab")
-    args = ["train", "--capture", str(cap), "--target", str(target), "--out", str(run), "--device", "cpu", *COPY_BUILD["eagle_train_args"]]
-    report["eagle3 train"] = _stage(TRAIN + args + ["--max-steps", str(COPY_BUILD["eagle_steps"])], dest / "train.log", timings, "train")
-    export = ["export", "--run", str(run), "--target", str(target), "--out", str(dest / "drafter-copy-vllm"), "--engine", "vllm"]
-    _stage(TRAIN + export, dest / "export.log", timings, "export")
-    shutil.rmtree(cap)
-
-
 def build(dest: Path) -> None:
     import torch
 
@@ -309,30 +260,37 @@ def build(dest: Path) -> None:
     dest.mkdir(parents=True)
     report: dict[str, Any] = {"build": COPY_BUILD}
     train_models(dest, report)
-    build_eagle3(dest, report)
     report["seconds"] = round(time.monotonic() - started, 1)
     (dest / "build.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
-def copy_models() -> CopyModels:
-    """The cached build for the current sources, built first if missing (once, under a lock; ~10-20 minutes on 2 cores)."""
-    root = CACHE / copy_key()
+def cached(root: Path, make: Callable[[Path], None]) -> Path:
+    """`root`, made by make(tmp) in a temporary directory renamed into place (once, under the cache's lock) if it has
+    no build.json yet."""
     if not (root / "build.json").exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         with open(CACHE / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (root / "build.json").exists():
-                tmp = CACHE / f".{root.name}.{os.getpid()}"
+                tmp = root.parent / f".{root.name}.{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
-                    build(tmp)
+                    make(tmp)
                     tmp.rename(root)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
-    return CopyModels(root)
+    return root
+
+
+def copy_models() -> CopyModels:
+    """The cached build for the current recipe, built first if missing (~20 minutes on two shared cores), and its
+    EAGLE-3 drafter (~5 minutes more)."""
+    models = CopyModels(cached(CACHE / copy_key(), build))
+    cached(models.eagle3.parent, lambda dest: build_eagle3(models.target, dest))
+    return models
 
 
 if __name__ == "__main__":  # python -m tests.support.copy_models: build (or find) the cache, print where it is
     models = copy_models()
     print(models.root)
-    print(json.dumps(models.build_report, indent=1))
+    print(json.dumps({"models": models.build_report, "eagle3": json.loads((models.eagle3.parent / "build.json").read_text())}, indent=1))

@@ -33,14 +33,15 @@ NUM_STEPS = 3
 CANDIDATES = ["eagle3", "ngram", "draft-model"]
 
 
-def race_spec() -> dict[str, Any]:
-    """The SpeculativeServer spec of the race: the copy target and its three candidates (paths under /models)."""
+def race_spec(eagle3: str = "drafter-copy-vllm") -> dict[str, Any]:
+    """The SpeculativeServer spec of the race: the copy target and its three candidates (paths under /models; `eagle3`
+    the EAGLE-3 drafter's)."""
     return {
         "engine": "vLLM",
         "image": "vllm/vllm-openai:v0.32.0",
         "model": {"mountPath": MOUNT, "volume": {"persistentVolumeClaim": {"claimName": "weights"}}},
         "target": {"path": "target-copy"},
-        "drafter": {"path": "drafter-copy-vllm", "numSteps": NUM_STEPS},
+        "drafter": {"path": eagle3, "numSteps": NUM_STEPS},
         "candidates": [
             {"name": "ngram", "algorithm": "NGRAM", "numSteps": NUM_STEPS, "ngram": {"minMatch": 2, "maxMatch": 4}},
             {"name": "draft-model", "algorithm": "STANDALONE", "path": "draft-copy", "numSteps": NUM_STEPS},
@@ -48,9 +49,10 @@ def race_spec() -> dict[str, Any]:
     }
 
 
-def rendered_config(name: str, root: Path) -> dict[str, Any]:
-    """Candidate `name`'s --speculative-config as the operator renders it, its draft model moved from /models to `root`."""
-    spec = spec_for_candidate(parse_spec(race_spec(), check_rules=True), name)
+def rendered_config(name: str, models: CopyModels) -> dict[str, Any]:
+    """Candidate `name`'s --speculative-config as the operator renders it, its draft model moved from /models to the build."""
+    root = models.root
+    spec = spec_for_candidate(parse_spec(race_spec(str(models.eagle3.relative_to(root))), check_rules=True), name)
     argv = engine_for(spec).render_argv(spec, "speculative")
     config: dict[str, Any] = json.loads(argv[argv.index("--speculative-config") + 1])
     if "model" in config:
@@ -65,4 +67,4 @@ def base_server(models: CopyModels, log: Path, core: str = "0") -> VllmServer:
 
 def candidate_server(models: CopyModels, name: str, log: Path, core: str = "1") -> VllmServer:
     """The copy target served with candidate `name` (one of CANDIDATES)."""
-    return VllmServer(name, models.target, log, core=core, speculative=rendered_config(name, models.root))
+    return VllmServer(name, models.target, log, core=core, speculative=rendered_config(name, models))
