@@ -10,7 +10,7 @@ probe/sequential.py, the error budget shared by the arms:
 
 * An arm **passes** when its policy's interval (every workload's under ``all``, the weighted mix's under ``weighted``)
   has its low end above ``min_speedup``, from the second round, within the width bound; it **fails** when the high end
-  is below (from the first round); it is **futile** when the estimate is too close to the threshold for the rounds left
+  is below (from the first look whose interval is bounded: round 2, or round 1 with ``rules.round_priors``); it is **futile** when the estimate is too close to the threshold for the rounds left
   to decide (decide.futile, projected to decide.futility_horizon: round 6, or 3 rounds ahead after it); it **does not accept** when its acceptance length
   is at or below the floor.
 * An arm still undecided whose interval's high end is below the best passing arm's low end **cannot win** and stops
