@@ -11,11 +11,12 @@ unset) through a base of their own: api.py imports this module, so this module c
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from .api_retraining_job import RetrainingTraining, TrainingStatus
+from .apimodel import StrictModel
 
 # The header a client sends to keep one request out of the capture (docs/capture.md); its values that mean "off".
 OPT_OUT_HEADER = "X-Specdec-Capture"
@@ -28,21 +29,7 @@ MAX_PATTERNS = 32
 CaptureState = Literal["Off", "Starting", "On", "Bypassed"]
 
 
-class _RetrainingModel(BaseModel):
-    """api._SpecModel's rules: strict types, unknown fields refused, null is unset, camelCase aliases."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True, strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_unset(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
-        return {k: v for k, v in data.items() if v is not None or k not in known}
-
-
-class Redaction(_RetrainingModel):
+class Redaction(StrictModel):
     patterns: list[str] = Field(
         default_factory=list,
         description="Python regular expressions replaced by `replacement` in every captured text (messages' contents, the prompt, "
@@ -70,7 +57,7 @@ class Redaction(_RetrainingModel):
         return value
 
 
-class CaptureSettings(_RetrainingModel):
+class CaptureSettings(StrictModel):
     enabled: bool = Field(
         True, description="Capture while true. false (or removing the section) deletes the capture proxy, its claim and the captured data."
     )
@@ -113,7 +100,7 @@ class CaptureSettings(_RetrainingModel):
     redaction: Redaction | None = Field(None, description="Redaction applied to every record before it is written.")
 
 
-class Retraining(_RetrainingModel):
+class Retraining(StrictModel):
     capture: CaptureSettings | None = Field(
         None,
         description="Opt-in capture of a sampled share of the requests the stable Service receives, into a claim in this namespace "
@@ -132,7 +119,7 @@ def capture_on(retraining: Retraining | None) -> CaptureSettings | None:
     return capture if capture is not None and capture.enabled else None
 
 
-class CaptureStatus(_RetrainingModel):
+class CaptureStatus(StrictModel):
     model_config = ConfigDict(strict=False)
     state: CaptureState = Field(
         description="Off; Starting (the capture proxy is not Ready yet: the servers serve directly); On (the stable Service's traffic "
@@ -149,7 +136,7 @@ class CaptureStatus(_RetrainingModel):
     message: str | None = Field(None, description="For humans: what is captured and where, or why capture is bypassed.", max_length=1024)
 
 
-class RetrainingStatus(_RetrainingModel):
+class RetrainingStatus(StrictModel):
     model_config = ConfigDict(strict=False)
     capture: CaptureStatus | None = Field(None, description="The capture of the stable Service's traffic (spec.retraining.capture).")
     training: TrainingStatus | None = Field(None, description="The training Jobs of spec.retraining.training (docs/retraining.md).")

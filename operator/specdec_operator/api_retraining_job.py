@@ -10,30 +10,16 @@ own: api.py is to import api_retraining, which is to import this module, so neit
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import ConfigDict, Field
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from .apimodel import StrictModel
 
 # The documented default of minAcceptanceGain: a retrained drafter must beat the serving one's offline acceptance length
 # on the held-out slice of recent traffic by 5 % before it is raced live (item 3 uses it; retrain.offline_gain_passes).
 DEFAULT_MIN_ACCEPTANCE_GAIN = 0.05
 
 
-class _SpecModel(BaseModel):
-    """api._SpecModel's rules: strict types, unknown fields refused, null is unset, camelCase aliases."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True, strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_unset(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
-        return {k: v for k, v in data.items() if v is not None or k not in known}
-
-
-class TrainingBudget(_SpecModel):
+class TrainingBudget(StrictModel):
     gpus: int = Field(
         1,
         description="GPUs of the training Job's pod (nvidia.com/gpu on its capture and train stages). 0 trains on CPU, in the CPU "
@@ -77,7 +63,7 @@ class TrainingBudget(_SpecModel):
     )
 
 
-class RetrainTriggers(_SpecModel):
+class RetrainTriggers(StrictModel):
     on_drift: bool = Field(
         True, alias="onDrift", description="Retrain when the drift monitor rolls the drafter back (acceptance under the floor over its window)."
     )
@@ -97,7 +83,7 @@ class RetrainTriggers(_SpecModel):
     )
 
 
-class RetrainingTraining(_SpecModel):
+class RetrainingTraining(StrictModel):
     budget: TrainingBudget = Field(default_factory=TrainingBudget, description="What one training Job may use.")
     triggers: RetrainTriggers = Field(default_factory=RetrainTriggers, description="What starts a training Job.")
     cooldown_minutes: int = Field(
@@ -125,7 +111,7 @@ class RetrainingTraining(_SpecModel):
     )
 
 
-class TrainingStatus(_SpecModel):
+class TrainingStatus(StrictModel):
     """status.retraining.training: the current or last training Job and the history the rule needs (reconcile/training.py)."""
 
     model_config = ConfigDict(strict=False)

@@ -1,0 +1,23 @@
+"""The base of the API sections that live beside api.py (api_retraining.py, api_retraining_job.py): api._SpecModel's
+rules in a module of their own, so that those sections need not import api.py, which imports them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class StrictModel(BaseModel):
+    """Strict types, unknown fields refused, null is unset (the API server drops null from typed fields before
+    defaulting), camelCase aliases or the Python names."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
+        return {k: v for k, v in data.items() if v is not None or k not in known}
