@@ -149,6 +149,9 @@ class FakeProbes:
     def cancel(self, key):
         self.cancelled += 1
 
+    def forget(self, key):
+        self.cancel(key)
+
     async def scrape(self, key, pods):
         raise AssertionError("no scrape expected")
 

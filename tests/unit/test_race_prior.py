@@ -132,6 +132,9 @@ def test_the_probe_scheduler_hands_a_resources_next_probe_the_prior_its_last_pro
                 assert status is not None and status.reason == "SpeedupBelowThreshold", status
                 rounds.append(status.rounds)
                 scheduler.settle(key)
+            # A deleted resource takes what its probes taught with it; the other keeps its own.
+            scheduler.forget(("ns", "llama"))
+            assert [k[:2] for k in scheduler.round_priors] == [("ns", "other")]
         finally:
             await scheduler.close()
         return rounds

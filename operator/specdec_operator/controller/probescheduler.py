@@ -209,6 +209,12 @@ class ProbeScheduler:
         if probe is not None and probe.task is not None and not probe.task.done():
             probe.task.cancel()
 
+    def forget(self, key: Key) -> None:
+        """A deleted resource: its probe stops and what its probes taught (its round priors) goes with it."""
+        self.cancel(key)
+        for prior_key in [k for k in self.round_priors if k[:2] == key]:
+            del self.round_priors[prior_key]
+
     async def _run(self, probe: _Probe, spec: SpeculativeServerSpec, wake: Callable[[], None]) -> ProbeStatus:
         rollout, key, revision = spec.rollout, probe.key, probe.revision
 

@@ -155,7 +155,7 @@ class Runtime:
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
-        self.probes.cancel(key)
+        self.probes.forget(key)
         state = self.resources.pop(key, None)
         if state is not None and state.creating is not None:
             state.creating.cancel()
