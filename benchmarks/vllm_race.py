@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,7 +76,7 @@ def probe(base: str, candidate: str, dataset: Path, args: argparse.Namespace) ->
     cmd += ["--base-gpus", "0", "--speculative-gpus", "0", "--base-cores", "1", "--speculative-cores", "1"]
     cmd += ["--confidence", str(round(1 - (1 - FAMILY_CONFIDENCE) / len(args.candidates), 6)), "--dataset", str(dataset)]
     cmd += ["--output-check-prompts", "4", "--timeout", str(args.probe_timeout), "--json", "--quiet"]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'operator'}:{REPO}"}
+    env = {**os.environ, "PYTHONPATH": f"{args.operator_src}:{REPO}"}
     load_before = os.getloadavg()
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
@@ -235,9 +236,18 @@ def main() -> None:
     parser.add_argument("--candidates", default=",".join(CANDIDATES), help=f"comma-separated, in race order (default {','.join(CANDIDATES)})")
     parser.add_argument("--check-only", metavar="NAMES", help="only serve these candidates (comma-separated) once each")
     parser.add_argument("--max-rounds", type=int, default=6)
+    parser.add_argument(
+        "--operator-src",
+        type=Path,
+        default=REPO / "operator",
+        help="the directory holding specdec_operator that the probes run (a `git archive HEAD operator` snapshot keeps a "
+        "shared tree's half-done edits out of a long race; default: this checkout's)",
+    )
     parser.add_argument("--probe-timeout", type=float, default=1200)
     parser.add_argument("--summarize", type=Path, metavar="JSON", help="print the markdown tables of a written JSON and exit")
     args = parser.parse_args()
+    # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so the servers' finally blocks stop their process groups.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.summarize:
         print("\n".join(summary_rows(json.loads(args.summarize.read_text()))))
         return
@@ -257,6 +267,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "load_average_start": [round(x, 2) for x in os.getloadavg()],
             "command": " ".join(["benchmarks/vllm_race.py", *sys.argv[1:]]),
+            "operator_src": str(args.operator_src),
         }
         if args.check_only:
             report = {**meta, "check": check(models, work, args.check_only.split(","))}
