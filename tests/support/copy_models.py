@@ -27,8 +27,9 @@ a draft costs, not whether it is accepted.
   an MLP 512 wide, then widened to COPY_BUILD["serve_intermediate"] with zero columns in down_proj (the same function:
   the extra rows add exactly 0) so that a decode step reads ~50 MB of weights, as the tier's targets do, and
   verifying 4 tokens costs about what decoding one does.
-- ``draft-copy``: llama, 2 layers, hidden 128, MLP 512, the same tokenizer files and vocabulary, trained on the same
-  examples: vLLM's ``draft_model`` (STANDALONE in the spec).
+- ``draft-copy``: llama, 2 layers, hidden 128, MLP 512, the same tokenizer files and vocabulary, initialised from the
+  target's embeddings, first two layers and head, then trained on the same examples: vLLM's ``draft_model``
+  (STANDALONE in the spec).
 - ``eagle3-<key>/drafter-copy-vllm``: EAGLE-3, through `specdec-train regenerate/capture/vocab/train/export` as the
   tier's drafters (tests/support/copy_eagle.py; its own key, so a changed drafter recipe keeps the target).
 - ``tokenizer``: byte-level BPE with every coined word one token (checked), ChatML template (tiny_models.CHAT_TEMPLATE).
