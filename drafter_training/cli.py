@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --init-from-drafter: the engine whose layer-id convention its config.json uses, when its training_provenance.json does not say",
     )
 
+    _add_output_stages(sub)
+    return p
+
+
+def _add_output_stages(sub: Any) -> None:
+    """The stages after training: export, publish, evaluate."""
     e = sub.add_parser("export", help="write the EAGLE-3 checkpoint for the serving engine and training_provenance.json")
     e.add_argument("--run", required=True, help="training output directory (its final/ is exported)")
     e.add_argument("--target", required=True)
@@ -161,7 +167,6 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default=None)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--out", default=None, help="write the JSON report here too")
-    return p
 
 
 def _run(args: argparse.Namespace) -> Any:
@@ -189,47 +194,7 @@ def _run(args: argparse.Namespace) -> Any:
             progress=progress,
         )
     if args.stage == "capture":
-        from .capture import capture_hf, capture_sglang
-
-        if args.capture_layers_of:
-            from .warmstart import trained_layers
-
-            if args.capture_layers is not None:
-                raise InputError("--capture-layers with --capture-layers-of: pass one of them")
-            args.capture_layers = trained_layers(args.capture_layers_of, args.target)
-        if args.source == "sglang":
-            if not args.url:
-                raise InputError("--url: required with --source sglang (the capture server's root URL)")
-            idx = capture_sglang(
-                args.samples,
-                args.target,
-                args.out,
-                url=args.url,
-                target_quantization=args.quantization,
-                capture_layers=args.capture_layers,
-                storage=args.storage,
-                top_k=args.top_k,
-                concurrency=args.concurrency,
-                shard_samples=args.shard_samples,
-                progress=progress,
-            )
-        else:
-            idx = capture_hf(
-                args.samples,
-                args.target,
-                args.out,
-                quantization=args.quantization,
-                capture_layers=args.capture_layers,
-                storage=args.storage,
-                device=args.device or "cpu",
-                shard_samples=args.shard_samples,
-                progress=progress,
-            )
-        return {
-            "samples": len(idx.samples),
-            "aux_layer_ids": idx.data["aux_layer_ids"],
-            "aux_layer_ids_input_index": idx.data["aux_layer_ids_input_index"],
-        }
+        return _capture(args, progress)
     if args.stage == "vocab":
         from .vocab import build_vocab
 
@@ -286,6 +251,51 @@ def _run(args: argparse.Namespace) -> Any:
     if args.stage == "evaluate":
         return _evaluate(args, progress)
     raise AssertionError(args.stage)
+
+
+def _capture(args: argparse.Namespace, progress: bool) -> dict[str, Any]:
+    """specdec-train capture: the hidden states, from an SGLang server or HF transformers."""
+    from .capture import capture_hf, capture_sglang
+
+    if args.capture_layers_of:
+        from .warmstart import trained_layers
+
+        if args.capture_layers is not None:
+            raise InputError("--capture-layers with --capture-layers-of: pass one of them")
+        args.capture_layers = trained_layers(args.capture_layers_of, args.target)
+    if args.source == "sglang":
+        if not args.url:
+            raise InputError("--url: required with --source sglang (the capture server's root URL)")
+        idx = capture_sglang(
+            args.samples,
+            args.target,
+            args.out,
+            url=args.url,
+            target_quantization=args.quantization,
+            capture_layers=args.capture_layers,
+            storage=args.storage,
+            top_k=args.top_k,
+            concurrency=args.concurrency,
+            shard_samples=args.shard_samples,
+            progress=progress,
+        )
+    else:
+        idx = capture_hf(
+            args.samples,
+            args.target,
+            args.out,
+            quantization=args.quantization,
+            capture_layers=args.capture_layers,
+            storage=args.storage,
+            device=args.device or "cpu",
+            shard_samples=args.shard_samples,
+            progress=progress,
+        )
+    return {
+        "samples": len(idx.samples),
+        "aux_layer_ids": idx.data["aux_layer_ids"],
+        "aux_layer_ids_input_index": idx.data["aux_layer_ids_input_index"],
+    }
 
 
 def _evaluate(args: argparse.Namespace, progress: bool) -> dict[str, Any]:
