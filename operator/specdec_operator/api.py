@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from . import SGLANG_VERSION
 from .api_retraining import Retraining, RetrainingStatus
+from .apimodel import unset_nulls
 from .choices import DRAFT_MODEL_ALGORITHMS, DRAFTER_FREE_ALGORITHMS, SGLANG_VERSIONS, TREE_ALGORITHMS, Algorithm, Quantization, SGLangVersion
 from .enginefacts import DEFAULT, VLLM, EngineName, facts_for
 
@@ -554,11 +555,7 @@ class _SpecModel(_Model):
     @model_validator(mode="before")
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
-        # Only for known fields: an unknown field is refused (strict field validation) even when null.
-        if not isinstance(data, dict):
-            return data
-        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
-        return {k: v for k, v in data.items() if v is not None or k not in known}
+        return unset_nulls(cls, data)
 
 
 def _drop_null_values(value: Any) -> Any:

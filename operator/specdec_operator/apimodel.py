@@ -1,5 +1,6 @@
 """The base of the API sections that live beside api.py (api_retraining.py, api_retraining_job.py): api._SpecModel's
-rules in a module of their own, so that those sections need not import api.py, which imports them."""
+rules in a module of their own, so that those sections need not import api.py, which imports them; api._SpecModel
+drops nulls with the same function."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ class StrictModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        known = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
-        return {k: v for k, v in data.items() if v is not None or k not in known}
+        return unset_nulls(cls, data)
+
+
+def unset_nulls(model: type[BaseModel], data: Any) -> Any:
+    """``data`` without the nulls of ``model``'s known fields: the API server drops null from typed fields before
+    defaulting. An unknown field is left for strict validation to refuse, even when null."""
+    if not isinstance(data, dict):
+        return data
+    known = {f.alias or n for n, f in model.model_fields.items()} | set(model.model_fields)
+    return {k: v for k, v in data.items() if v is not None or k not in known}

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from .. import manifests as m
@@ -69,16 +69,6 @@ PASSED = ("Passed", "Serving")
 
 # (spec, observed, prev, rendered) -> the plan of the one-drafter lifecycle (reconcile._serve, its other arguments bound)
 Lifecycle = Callable[[SpeculativeServerSpec, Observed, SpeculativeServerStatus, Mapping[str, Any]], Plan]
-
-
-@dataclass(frozen=True)
-class Standing:
-    """The race after what this step recorded: its table, its summary, and the candidate the lifecycle runs now."""
-
-    table: list[CandidateStatus]
-    race: RaceStatus
-    chosen: str  # the candidate in the slot this step
-    told: ProbeStatus | None = None  # the decision the lifecycle is given for the chosen candidate's revision (decided races)
 
 
 def revisions(spec: SpeculativeServerSpec) -> dict[str, str]:
@@ -354,11 +344,29 @@ def _serve_decided(
     revision = chosen.revision or ""
     stored = prev.probe if prev.probe is not None and prev.probe.revision == revision and prev.probe.decision else None
     told = stored if stored is not None else told_decision(chosen, len(table), promote, decisions.get(chosen.name))
-    inner_prev = prev.model_copy(update={"probe": told})
-    plan = lifecycle(spec_for_candidate(spec, chosen.name), lifecycle_view(observed, revision, False), inner_prev, rendered.get(revision) or {})
+    plan = _serve_told(spec, observed, prev, rendered, lifecycle, chosen, told)
     if stored_race is None or stored_race.state != "Decided" or stored_race.winner != (chosen.name if promote else None):
         events.append(race_decided_event(chosen, len(table), promote))
     return finish(plan, table, _race(revs, "Decided", chosen.name, table, spec, chosen.name if promote else None), events, measured)
+
+
+def _serve_told(
+    spec: SpeculativeServerSpec,
+    observed: Observed,
+    prev: SpeculativeServerStatus,
+    rendered: Mapping[str, Any],
+    lifecycle: Lifecycle,
+    row: CandidateStatus,
+    told: ProbeStatus,
+) -> Plan:
+    """The lifecycle of candidate ``row`` given ``told`` as its revision's stored decision (no probe result of its own)."""
+    revision = row.revision or ""
+    return lifecycle(
+        spec_for_candidate(spec, row.name),
+        lifecycle_view(observed, revision, False),
+        prev.model_copy(update={"probe": told}),
+        rendered.get(revision) or {},
+    )
 
 
 def queued(
@@ -375,12 +383,7 @@ def queued(
     first = table[0]
     message = "waiting for a race slot: the operator's races at once (--max-concurrent-races) are running; the base serves"
     told = ProbeStatus(decision=Decision.ROLLBACK, reason=Reason.RACE_QUEUED, message=message, revision=first.revision)
-    plan = lifecycle(
-        spec_for_candidate(spec, first.name),
-        lifecycle_view(observed, first.revision or "", False),
-        prev.model_copy(update={"probe": told}),
-        rendered.get(first.revision or "") or {},
-    )
+    plan = _serve_told(spec, observed, prev, rendered, lifecycle, first, told)
     race = RaceStatus(revision=revision, state="Queued", confidence=race_confidence(DEFAULT_CONFIDENCE, len(table)))
     plan.new_status = plan.new_status.model_copy(
         update={"phase": Phase.PENDING, "reason": Reason.RACE_QUEUED, "message": message, "probe": prev.probe, "candidates": table, "race": race}
