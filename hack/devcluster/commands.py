@@ -8,19 +8,30 @@ from pathlib import Path
 from .state import POD_CIDR, SERVICE_CIDR
 
 
-def _commands(
-    directory: Path,
-    ports: dict[str, int],
-    tools: Path,
-    controller_manager_args: Sequence[str] = (),
-    apiserver_args: Sequence[str] = (),
-    node_ip: str | None = None,
-) -> dict[str, list[str]]:
-    pki = directory / "pki"
+def _etcd_command(directory: Path, ports: dict[str, int], tools: Path) -> list[str]:
     data = directory / "etcd-data"
     etcd_url = f"http://127.0.0.1:{ports['etcd']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
-    component_kubeconfig = {c: directory / f"{c}.kubeconfig" for c in ("controller-manager", "scheduler", "kwok")}
+    return [
+        str(tools / "etcd"),
+        "--name=default",
+        f"--data-dir={data}",
+        f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=default={peer_url}",
+        "--initial-cluster-state=new",
+        # A throwaway test store: skipping fsync makes writes cheap on slow disks.
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=2147483648",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_command(directory: Path, ports: dict[str, int], tools: Path, apiserver_args: Sequence[str], node_ip: str | None) -> list[str]:
+    pki = directory / "pki"
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
     if node_ip:
         # A real node: pods reach the API server through the `kubernetes` Service, whose endpoint is this
         # address (a loopback address cannot be one), and the API server reaches the kubelet.
@@ -38,42 +49,41 @@ def _commands(
             # The 'kubernetes' Service cannot point at a loopback address; nothing in the cluster needs it.
             "--endpoint-reconciler-type=none",
         ]
+    return [
+        str(tools / "kube-apiserver"),
+        f"--etcd-servers={etcd_url}",
+        *apiserver_network,
+        f"--secure-port={ports['kube-apiserver']}",
+        f"--cert-dir={directory / 'apiserver-certs'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--authorization-mode=Node,RBAC",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--allow-privileged=true",
+        "--profiling=false",
+        # e.g. an audit log: benchmarks/scale.py --audit attributes the API server's requests to their clients.
+        *apiserver_args,
+        "--v=1",
+    ]
+
+
+def _commands(
+    directory: Path,
+    ports: dict[str, int],
+    tools: Path,
+    controller_manager_args: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
+    node_ip: str | None = None,
+) -> dict[str, list[str]]:
+    pki = directory / "pki"
+    component_kubeconfig = {c: directory / f"{c}.kubeconfig" for c in ("controller-manager", "scheduler", "kwok")}
     return {
-        "etcd": [
-            str(tools / "etcd"),
-            "--name=default",
-            f"--data-dir={data}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}",
-            "--initial-cluster-state=new",
-            # A throwaway test store: skipping fsync makes writes cheap on slow disks.
-            "--unsafe-no-fsync=true",
-            "--quota-backend-bytes=2147483648",
-            "--log-level=warn",
-        ],
-        "kube-apiserver": [
-            str(tools / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            *apiserver_network,
-            f"--secure-port={ports['kube-apiserver']}",
-            f"--cert-dir={directory / 'apiserver-certs'}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            "--authorization-mode=Node,RBAC",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--allow-privileged=true",
-            "--profiling=false",
-            # e.g. an audit log: benchmarks/scale.py --audit attributes the API server's requests to their clients.
-            *apiserver_args,
-            "--v=1",
-        ],
+        "etcd": _etcd_command(directory, ports, tools),
+        "kube-apiserver": _apiserver_command(directory, ports, tools, apiserver_args, node_ip),
         "kube-controller-manager": [
             str(tools / "kube-controller-manager"),
             f"--kubeconfig={component_kubeconfig['controller-manager']}",

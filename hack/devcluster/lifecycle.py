@@ -63,17 +63,7 @@ def up(
     """
     _validate_name(name)
     say = log or (lambda message: None)
-    tools = tools_dir()
-    missing = missing_tools(tools)
-    if missing:
-        raise ClusterError(f"control-plane tools missing in {tools} ({', '.join(missing)}): run `make tools`")
-    if real_node:
-        why = realnode.can_run_containers()
-        if why:
-            raise ClusterError(f"cannot start a real node: {why}")
-        missing = realnode.missing_node_tools(tools)
-        if missing:
-            raise ClusterError(f"real-node tools missing in {tools} ({', '.join(missing)}): run `make tools REAL_NODE=1`")
+    tools = _checked_tools(real_node)
     directory = cluster_dir(name)
     with _locked(name):
         state, alive = _running(name)
@@ -87,34 +77,8 @@ def up(
 
         started = time.monotonic()
         deadline = started + timeout
-        logs = directory / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        for log_file in logs.glob("*.log"):  # keep the previous run's logs, one generation
-            log_file.replace(log_file.with_suffix(".previous"))
-        pki = directory / "pki"
-        _ensure_pki(pki)
         ports = _choose_ports(name, state.get("ports"))
-        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
-        for component in ("controller-manager", "scheduler", "kwok"):
-            (directory / f"{component}.kubeconfig").write_text(_kubeconfig(server, pki, component, f"specdec-{name}", embed=False))
-        node_ip = realnode.node_ip() if real_node else None
-        if real_node:
-            _ensure_node_pki(pki)
-        kubeconfig = directory / "kubeconfig"
-        kubeconfig.write_text(_kubeconfig(server, pki, "admin", f"specdec-{name}", embed=True))
-        os.chmod(kubeconfig, 0o600)
-        # kwok reads its Stages from a copy, so editing hack/kwok/ while a cluster runs changes nothing.
-        shutil.copyfile(STAGES_MANIFEST, directory / "kwok-stages.yaml")
-        if kwok_options:
-            with open(directory / "kwok-stages.yaml", "a", encoding="utf-8") as fh:
-                fh.write(
-                    "\n---\n"
-                    + json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": kwok_options})
-                    + "\n"
-                )
-        # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
-        shutil.rmtree(directory / "etcd-data", ignore_errors=True)
-
+        node_ip = _prepare_directory(name, directory, ports, real_node, kwok_options)
         commands = _commands(directory, ports, tools, controller_manager_args, apiserver_args, node_ip)
         pids: dict[str, int] = {}
         state = {
@@ -152,6 +116,52 @@ def up(
         _write_state(name, state)
         say(f"cluster {name!r} is up in {state['started_seconds']:.1f}s")
         return cluster
+
+
+def _checked_tools(real_node: bool) -> Path:
+    """The tools directory, or ClusterError naming what is missing and the make target that builds it."""
+    tools = tools_dir()
+    missing = missing_tools(tools)
+    if missing:
+        raise ClusterError(f"control-plane tools missing in {tools} ({', '.join(missing)}): run `make tools`")
+    if real_node:
+        why = realnode.can_run_containers()
+        if why:
+            raise ClusterError(f"cannot start a real node: {why}")
+        missing = realnode.missing_node_tools(tools)
+        if missing:
+            raise ClusterError(f"real-node tools missing in {tools} ({', '.join(missing)}): run `make tools REAL_NODE=1`")
+    return tools
+
+
+def _prepare_directory(name: str, directory: Path, ports: dict[str, int], real_node: bool, kwok_options: dict[str, Any] | None) -> str | None:
+    """The cluster directory for a fresh start: logs rotated, PKI, kubeconfigs, kwok's stages and an empty etcd.
+    Returns the real node's IP (None without one)."""
+    logs = directory / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for log_file in logs.glob("*.log"):  # keep the previous run's logs, one generation
+        log_file.replace(log_file.with_suffix(".previous"))
+    pki = directory / "pki"
+    _ensure_pki(pki)
+    server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    for component in ("controller-manager", "scheduler", "kwok"):
+        (directory / f"{component}.kubeconfig").write_text(_kubeconfig(server, pki, component, f"specdec-{name}", embed=False))
+    node_ip = realnode.node_ip() if real_node else None
+    if real_node:
+        _ensure_node_pki(pki)
+    kubeconfig = directory / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig(server, pki, "admin", f"specdec-{name}", embed=True))
+    os.chmod(kubeconfig, 0o600)
+    # kwok reads its Stages from a copy, so editing hack/kwok/ while a cluster runs changes nothing.
+    shutil.copyfile(STAGES_MANIFEST, directory / "kwok-stages.yaml")
+    if kwok_options:
+        with open(directory / "kwok-stages.yaml", "a", encoding="utf-8") as fh:
+            fh.write(
+                "\n---\n" + json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": kwok_options}) + "\n"
+            )
+    # Every `up` starts from an empty store: a cluster is disposable, its identity (ports, PKI) is not.
+    shutil.rmtree(directory / "etcd-data", ignore_errors=True)
+    return node_ip
 
 
 def restart(name: str, components: Sequence[str], *, down_seconds: float = 0.0, timeout: float = 120.0) -> None:
