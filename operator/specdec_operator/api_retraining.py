@@ -133,6 +133,12 @@ class CaptureStatus(StrictModel):
         None, alias="claimStorageClassName", description="The claim's storage class as created (unset: the cluster's default)."
     )
     claim_access_mode: str | None = Field(None, alias="claimAccessMode", description="The claim's access mode as created.")
+    conversations: int | None = Field(
+        None,
+        ge=0,
+        description="Chat requests stored on the claim that a training Job can use (repeats included), as the capture proxies count "
+        "them (read at most once a minute); unset: not known now (no capture proxy Ready or reachable).",
+    )
     message: str | None = Field(None, description="For humans: what is captured and where, or why capture is bypassed.", max_length=1024)
 
 
