@@ -1,8 +1,9 @@
 """spec.retraining and status.retraining: retraining drafters on the traffic the server really sees (issue 36).
 
-Today one part: ``capture``, the opt-in sampling of what users send into a claim in the resource's namespace
-(docs/capture.md). The training Job's settings (budget, triggers) are to be added beside it as their own
-sub-object.
+``capture``, the opt-in sampling of what users send into a claim in the resource's namespace (docs/capture.md);
+``training``, the training Jobs' settings (api_retraining_job.py); ``revision``, the user's pin of the served drafter
+(a trained revision or spec.drafter). status.retraining: the capture, the training Jobs, the revision serving and the
+revisions' rows (docs/retraining.md).
 
 The models follow api.py's conventions (camelCase on the wire, unknown fields refused, no coercion, null is
 unset) through a base of their own: api.py imports this module, so this module cannot import api.py's bases.
@@ -15,7 +16,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from .api_retraining_job import RetrainingTraining, TrainingStatus
+from .api_retraining_job import MAX_REVISION_ROWS, RetrainingTraining, RevisionStatus, TrainingStatus
 from .apimodel import StrictModel
 
 # The header a client sends to keep one request out of the capture (docs/capture.md); its values that mean "off".
@@ -111,6 +112,14 @@ class Retraining(StrictModel):
         description="Training Jobs that retrain the drafter on the captured traffic: their budget, triggers and limits "
         "(docs/retraining.md): the operator starts one on a trigger, within the limits. Unset: no retraining.",
     )
+    revision: str | None = Field(
+        None,
+        description="Pins the drafter that serves: a trained revision's name (<name>-train-<n>, see status.retraining.revisions) or "
+        "'drafter' for spec.drafter itself. Unset: the operator chooses (the newest promoted revision, else spec.drafter). The "
+        "operator never changes this field: a pin is your decision, kept in Git.",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+    )
 
 
 def capture_on(retraining: Retraining | None) -> CaptureSettings | None:
@@ -146,3 +155,11 @@ class RetrainingStatus(StrictModel):
     model_config = ConfigDict(strict=False)
     capture: CaptureStatus | None = Field(None, description="The capture of the stable Service's traffic (spec.retraining.capture).")
     training: TrainingStatus | None = Field(None, description="The training Jobs of spec.retraining.training (docs/retraining.md).")
+    serving: str | None = Field(
+        None, description="The trained revision that serves now (its drafter /revisions/<name> on the claim <name>-revisions); unset: spec.drafter."
+    )
+    revisions: list[RevisionStatus] = Field(
+        default_factory=list,
+        description="The trained revisions, newest last, with their offline and live figures and outcome (docs/retraining.md).",
+        max_length=MAX_REVISION_ROWS,
+    )

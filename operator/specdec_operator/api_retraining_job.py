@@ -10,6 +10,8 @@ own: api.py is to import api_retraining, which is to import this module, so neit
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ConfigDict, Field
 
 from .apimodel import StrictModel
@@ -17,6 +19,14 @@ from .apimodel import StrictModel
 # The documented default of minAcceptanceGain: a retrained drafter must beat the serving one's offline acceptance length
 # on the held-out slice of recent traffic by 5 % before it is raced live (item 3 uses it; retrain.offline_gain_passes).
 DEFAULT_MIN_ACCEPTANCE_GAIN = 0.05
+# Revisions kept on the claim <name>-revisions (the Job's publish prunes the oldest beyond it, never the serving or the
+# pinned one), the claim's size, and the rows of status.retraining.revisions kept (newest last).
+DEFAULT_MAX_REVISIONS = 3
+DEFAULT_REVISIONS_STORAGE = "20Gi"
+MAX_REVISION_ROWS = 10
+# spec.retraining.revision's value that pins spec.drafter itself (a revision's name is its Job's, <name>-train-<n>).
+PIN_DRAFTER = "drafter"
+RevisionOutcome = Literal["Evaluated", "Racing", "Promoted", "Lost", "Retired", "Pruned"]
 
 
 class TrainingBudget(StrictModel):
@@ -109,6 +119,47 @@ class RetrainingTraining(StrictModel):
         ge=0,
         le=10,
     )
+    max_revisions: int = Field(
+        DEFAULT_MAX_REVISIONS,
+        alias="maxRevisions",
+        description="Revisions kept on the claim <name>-revisions: the training Job's publish removes the oldest beyond it, never "
+        "the one serving or the one spec.retraining.revision pins.",
+        ge=1,
+        le=20,
+    )
+    revisions_storage: str = Field(
+        DEFAULT_REVISIONS_STORAGE,
+        alias="revisionsStorage",
+        description="The size of the claim <name>-revisions the Jobs publish revisions to (the capture's storage class and access "
+        "mode). The claim keeps the size it was created with.",
+        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$",
+        max_length=16,
+    )
+
+
+class RevisionStatus(StrictModel):
+    """One row of status.retraining.revisions: a trained revision (the directory /revisions/<name> on the claim) and its figures."""
+
+    model_config = ConfigDict(strict=False)
+    name: str = Field(description="The revision's name: its training Job's (<name>-train-<n>), its directory /revisions/<name>.")
+    created_at: str | None = Field(None, alias="createdAt", description="When its Job finished.")
+    trigger: str | None = Field(None, description="What started its Job: Drift, Rollback or Schedule.")
+    heldout: int | None = Field(None, description="Held-out conversations of recent traffic it was evaluated on offline.")
+    offline_accept_length: float | None = Field(
+        None, alias="offlineAcceptLength", description="Its acceptance length on the held-out slice (the Job's evaluate stage)."
+    )
+    serving_offline_accept_length: float | None = Field(
+        None, alias="servingOfflineAcceptLength", description="The serving drafter's acceptance length on the same slice."
+    )
+    accept_length: float | None = Field(None, alias="acceptLength", description="Its acceptance length live, from its probe in the race.")
+    speedup: float | None = Field(None, description="Its speedup over the base live, the race's decision's.")
+    outcome: RevisionOutcome = Field(
+        description="Evaluated (judged offline, not raced), Racing (raced live against the base and the serving drafter), Promoted "
+        "(won: it serves unless spec.retraining.revision pins another), Lost (not promoted), Retired (a later revision was "
+        "promoted), Pruned (removed from the claim by a later Job's storage cap)."
+    )
+    reason: str | None = Field(None, description="Why, in one word (e.g. OfflineGainBelowMargin, RevisionInvalid, RaceLost).")
+    message: str | None = Field(None, description="For humans: the figures behind the outcome, never a prompt.", max_length=512)
 
 
 class TrainingStatus(StrictModel):
@@ -131,7 +182,14 @@ class TrainingStatus(StrictModel):
     )
     started_at: str | None = Field(None, alias="startedAt", description="When the operator started the Job.")
     finished_at: str | None = Field(None, alias="finishedAt", description="When it succeeded or failed.")
-    outcome: str | None = Field(None, description="Failed (nothing was trained; serving was not touched); Promoted or Lost once item 3 decides.")
+    outcome: str | None = Field(
+        None,
+        description="Failed (nothing was trained; serving was not touched); Promoted or Lost once its revision is judged "
+        "(status.retraining.revisions).",
+    )
+    revisions_claim_size: str | None = Field(
+        None, alias="revisionsClaimSize", description="The claim <name>-revisions' storage request as created (revisionsStorage then)."
+    )
     samples_at_start: int | None = Field(None, alias="samplesAtStart", description="Captured conversations counted when it started, if counted.")
     recent_starts: list[str] = Field(
         default_factory=list, alias="recentStarts", description="When Jobs started in the last 24 hours (maxPerDay counts them).", max_length=24
