@@ -9,8 +9,11 @@ Installed with the package as the `kubectl-specdec` executable, which kubectl fi
     kubectl specdec pause NAME / resume NAME       stop / continue a fleet's walk (refused for one server: nothing
                                                    to pause there); resume also lifts an abort
                                                    and a promote
+    kubectl specdec revisions NAME [--pin REV]     the trained drafter revisions with their figures; --pin REV
+                                                   (or --unpin) prints the patch of spec.retraining.revision to
+                                                   commit to Git, and changes nothing (kubectl_revisions.py)
 
-Every verb but `status` patches annotations on the object (steering.py says what each means), so the
+Every verb but `status` and `revisions` patches annotations on the object (steering.py says what each means), so the
 same request can be made from Git by carrying the annotation in the manifest.
 """
 
@@ -26,8 +29,9 @@ from typing import Any, cast
 from .. import API_GROUP, API_VERSION, PLURAL, steering
 from ..api import ProbeMeasurement, ProbeStatus, SpeculativeServerStatus, WorkloadResult
 from ..textutil import parse_time
+from . import kubectl_revisions
 
-VERBS = ("status", "retry", "abort", "promote", "pause", "resume")
+VERBS = ("status", "retry", "abort", "promote", "pause", "resume", "revisions")
 
 
 def annotation_patch(verb: str, reason: str | None = None, now: datetime | None = None) -> dict[str, Any]:
@@ -198,13 +202,44 @@ def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kubectl specdec", description="Steer a SpeculativeServer and see its measured speedup.")
+    parser = argparse.ArgumentParser(
+        prog="kubectl specdec", description="Steer a SpeculativeServer, see its measured speedup and its drafter revisions."
+    )
     parser.add_argument("verb", choices=VERBS)
     parser.add_argument("name", help="the SpeculativeServer")
     parser.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's)")
     parser.add_argument("--reason", help="why (abort, promote): recorded in status and in a Warning Event")
     parser.add_argument("--context", help="the kubeconfig context to use")
+    pin = parser.add_mutually_exclusive_group()
+    pin.add_argument("--pin", metavar="REVISION", help="revisions: print the patch that pins REVISION (or 'drafter': spec.drafter); applies nothing")
+    pin.add_argument("--unpin", action="store_true", help="revisions: print the patch that unpins (the operator chooses); applies nothing")
     return parser
+
+
+def load_namespace(args: argparse.Namespace) -> str:
+    """Load the kubeconfig (KUBECONFIG read now: the client library reads it once, at import; kubectl's own rule, a
+    list of files) and answer the namespace to use: --namespace, else the context's, else default."""
+    from kubernetes import config
+
+    kubeconfig = os.environ.get("KUBECONFIG") or None
+    config.load_kube_config(config_file=kubeconfig, context=args.context)
+    contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
+    chosen = next((c for c in contexts if c["name"] == args.context), current) if args.context else current
+    return args.namespace or chosen["context"].get("namespace") or "default"
+
+
+def show_revisions(args: argparse.Namespace, namespace: str, obj: dict[str, Any]) -> int:
+    """`revisions`: the table, or with --pin/--unpin the patch to commit (never applied)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if not (args.pin or args.unpin):
+        print(kubectl_revisions.revisions_table(args.name, spec, status))
+        return 0
+    try:
+        print(kubectl_revisions.pin_instructions(args.name, namespace, None if args.unpin else args.pin, status))
+    except kubectl_revisions.PinRefused as exc:
+        print(f"kubectl specdec revisions: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,17 +249,15 @@ def main(argv: list[str] | None = None) -> int:
             "kubectl specdec promote: error: --reason is required: a promotion without a probe's verdict is recorded with its reason", file=sys.stderr
         )
         return 2
-    from kubernetes import client, config
+    if (args.pin or args.unpin) and args.verb != "revisions":
+        print(f"kubectl specdec {args.verb}: error: --pin and --unpin belong to `kubectl specdec revisions`", file=sys.stderr)
+        return 2
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
     try:
-        # KUBECONFIG read now (the client library reads it once, at import): kubectl's own rule, a list of files.
-        kubeconfig = os.environ.get("KUBECONFIG") or None
-        config.load_kube_config(config_file=kubeconfig, context=args.context)
-        contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
-        chosen = next((c for c in contexts if c["name"] == args.context), current) if args.context else current
-        namespace = args.namespace or chosen["context"].get("namespace") or "default"
+        namespace = load_namespace(args)
     except (ConfigException, OSError, TypeError, KeyError) as exc:
         print(f"kubectl specdec: error: cannot load the kubeconfig ({exc}); set KUBECONFIG or pass --context", file=sys.stderr)
         return 2
@@ -235,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
             status = SpeculativeServerStatus.model_validate(obj.get("status") or {})
             print(describe(args.name, status, (obj.get("metadata") or {}).get("annotations") or {}))
             return 0
+        if args.verb == "revisions":
+            obj = cast(dict[str, Any], api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, args.name))
+            return show_revisions(args, namespace, obj)
         if args.verb == "pause":
             obj = cast(dict[str, Any], api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, args.name))
             nothing = pause_does_nothing(args.name, obj.get("spec") or {})
