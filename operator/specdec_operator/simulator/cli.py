@@ -12,6 +12,7 @@ from ..cliparse import ArgumentParser
 from ..errors import InputError
 from .adaptive import AdaptiveConfig, adaptive_unsupported_reason, default_adaptive_config, disabled_warning, load_adaptive_config
 from .model import Profile, load_profile, shipped_profiles
+from .revisions import parse_kinds, trained_on
 from .server import SimulatorServer, exit_process_on_death
 
 
@@ -30,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=None, help="seed for jitter, acceptance draws and faults")
     parser.add_argument(
+        "--trained-on",
+        metavar="KIND[,KIND]",
+        default=None,
+        help="serve the profile's drafter as trained on these prompt kinds only (revisions.py): their acceptance the "
+        "profile's, every other kind's 1.2 (kinds: random, multilingual, code, math, summary, chat)",
+    )
+    parser.add_argument(
         "--speculative-adaptive",
         action="store_true",
         help="SGLang's adaptive speculation: num_steps per batch-size bucket, from the config below, else the "
@@ -47,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_profile(args: argparse.Namespace) -> Profile:
     """The profile with the adaptive flags applied as SGLang applies them; warns when SGLang would switch it off."""
     profile = load_profile(args.profile)
+    if args.trained_on is not None:
+        profile = trained_on(profile, parse_kinds(args.trained_on))
     if args.speculative_adaptive:
         path = args.speculative_adaptive_config
         spec = profile.speculative
