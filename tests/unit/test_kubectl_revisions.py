@@ -141,3 +141,12 @@ def test_pin_belongs_to_the_revisions_verb(capsys):
     assert "--pin and --unpin belong to `kubectl specdec revisions`" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["revisions", "llama", "--pin", "x", "--unpin"])
+
+
+def test_the_rows_here_are_the_api_s_shape():
+    """The status this file prints is what the API accepts (api_retraining_job.RevisionStatus): the names agree."""
+    from specdec_operator.api_retraining import RetrainingStatus
+
+    parsed = RetrainingStatus.model_validate(STATUS["retraining"])
+    assert parsed.serving == "llama-train-2" and [r.outcome for r in parsed.revisions or []] == ["Lost", "Promoted", "Pruned", "Evaluated"]
+    assert parsed.model_dump(by_alias=True, exclude_none=True)["revisions"][1] == STATUS["retraining"]["revisions"][1]
