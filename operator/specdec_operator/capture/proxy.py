@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +23,10 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
+from .count import ClaimCount, RecordCounter
 from .record import CAPTURED_PATHS, Redactor, Sampler, answer_text, opted_out, request_fields
 from .store import CaptureStore, Deleted
 
@@ -37,6 +40,9 @@ QUEUE_LIMIT = 1000
 MAX_KEPT_ANSWER = 4 << 20  # an answer kept for a record beyond this is not kept (the record goes without it)
 REDACTION_TIMEOUT_S = 5.0
 ENFORCE_EVERY_S = 60.0
+COUNT_EVERY_S = 10.0  # the claim's count is at most this old (the operator reads it at most once a minute)
+STORED_RECORDS = "specdec_capture_stored_records"
+STORED_CONVERSATIONS = "specdec_capture_stored_conversations"
 
 
 def forwardable(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
@@ -60,11 +66,31 @@ class CaptureMetrics:
         self.bytes_deleted = Counter("specdec_capture_deleted_bytes", "Bytes of records deleted, by cause (cap, retention)", ["cause"], registry=r)
         self.stored = Gauge("specdec_capture_stored_bytes", "Bytes of records stored now (every writer's files)", registry=r)
 
+        self.claim = ClaimCountCollector()
+        r.register(self.claim)
+
     def deleted(self, deleted: Deleted) -> None:
         if deleted.cap_bytes:
             self.bytes_deleted.labels("cap").inc(deleted.cap_bytes)
         if deleted.retention_bytes:
             self.bytes_deleted.labels("retention").inc(deleted.retention_bytes)
+
+
+class ClaimCountCollector(Collector):
+    """The claim's records and usable conversations now (count.py), as gauges: absent until this proxy has counted
+    the claim once (a proxy that just started has not read it yet; a 0 would say the claim is empty)."""
+
+    def __init__(self) -> None:
+        self.count: ClaimCount | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        count = self.count
+        if count is None:
+            return
+        yield GaugeMetricFamily(STORED_RECORDS, "Records on the claim now (every writer's files)", value=count.records)
+        yield GaugeMetricFamily(
+            STORED_CONVERSATIONS, "Chat conversations on the claim now that a training Job can use (repeats included)", value=count.conversations
+        )
 
 
 @dataclass(frozen=True)
@@ -88,6 +114,8 @@ class CaptureProxy:
         self.metrics = CaptureMetrics()
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_LIMIT)
         self.session: aiohttp.ClientSession | None = None
+        self.counter = RecordCounter(store.directory)
+        self._counting = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- the apps: traffic on one port, /metrics and /healthz on another
@@ -116,7 +144,11 @@ class CaptureProxy:
         # generation is not an error; a server that does not accept the connection is (10 s).
         timeout = aiohttp.ClientTimeout(total=None, connect=10)
         self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
-        self._tasks = [asyncio.create_task(self._write_records()), asyncio.create_task(self._enforce_periodically())]
+        self._tasks = [
+            asyncio.create_task(self._write_records()),
+            asyncio.create_task(self._enforce_periodically()),
+            asyncio.create_task(self._count_periodically()),
+        ]
         log.info(
             "capture proxy forwarding to %s, sample share %s, responses %s", self.upstream, self.config.sample_share, self.config.include_responses
         )
@@ -254,6 +286,22 @@ class CaptureProxy:
             log.info(
                 "deleted %d bytes over the cap and %d past retention (%.3f s)", deleted.cap_bytes, deleted.retention_bytes, time.monotonic() - started
             )
+
+    async def _count_periodically(self) -> None:
+        while True:
+            try:
+                await self.count()
+            except OSError as exc:  # an unreadable volume: the last count stays (the operator shows its age by the scrape)
+                log.warning("records not counted: %s", type(exc).__name__)
+            await asyncio.sleep(COUNT_EVERY_S)
+
+    async def count(self) -> ClaimCount:
+        """Count the claim (what was appended since the last count, every writer's; files deleted by any replica
+        leave it) and publish it on /metrics."""
+        async with self._counting:
+            counted = await asyncio.to_thread(self.counter.count)
+        self.metrics.claim.count = counted
+        return counted
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ import kopf
 
 from .. import API_GROUP, API_VERSION, KIND, PLURAL, trainjob
 from .. import manifests as m
+from ..reconcile.capture_objects import CAPTURE_APP
 from .kopf_tuning import job_active, slim_config_map, slim_deployment, slim_job, slim_leader_worker_set, slim_pod, slim_service
 from .runtime import Children, Runtime
 from .state import Key, Logger
@@ -39,6 +40,11 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
 
     @kopf.index("pods", id="specdec_pods", labels=MANAGED, registry=registry)
     def specdec_pods(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
+        return {(namespace, labels[instance]): slim_pod(body)} if labels.get(instance) and labels.get(m.LABEL_NAME) != CAPTURE_APP else None
+
+    # The capture proxies' pods (spec.retraining.capture): never servers; their /metrics count the captured records.
+    @kopf.index("pods", id="specdec_capture_pods", labels={**MANAGED, m.LABEL_NAME: CAPTURE_APP}, registry=registry)
+    def specdec_capture_pods(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict | None:
         return {(namespace, labels[instance]): slim_pod(body)} if labels.get(instance) else None
 
     @kopf.index("apps", "v1", "deployments", id="specdec_deployments", labels=MANAGED, registry=registry)
@@ -92,6 +98,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
             servers=lister("specdec_deployments", "specdec_leader_worker_sets"),
             services=lister("specdec_services"),
             config_maps=lister("specdec_config_maps"),
+            capture_pods=lister("specdec_capture_pods"),
             training_jobs=lister("specdec_training_jobs"),
             training_jobs_running=lambda: sum(1 for jobs in indexes["specdec_training_jobs"].values() for job in jobs if job_active(job)),
         )

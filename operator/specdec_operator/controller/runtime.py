@@ -40,6 +40,7 @@ from ..reconcile.pods import is_ready, pods_of
 from ..reconcile.training import ACTIVE as TRAINING_ACTIVE
 from ..reconcile.training import JOB_NAME_LABEL, stored_training
 from ..resource import parse_spec
+from .capturecount import CaptureCounts, count_wait
 from .config import OperatorConfig
 from .datasetreader import FileDatasetReader
 from .execute import Executor, stored_status
@@ -69,6 +70,8 @@ class Children:
     # spec.retraining.training: this resource's training Jobs, and the operator's active training Jobs in the whole cluster.
     training_jobs: Callable[[Key], list] = lambda _: []
     training_jobs_running: Callable[[], int] = lambda: 0
+    # spec.retraining.capture: the capture proxies' pods (their /metrics count the claim: capturecount.py).
+    capture_pods: Callable[[Key], list] = lambda _: []
 
 
 def next_delay(failures: int, plan: Plan | None, reconcile_interval: float, resync_interval: float) -> float:
@@ -113,6 +116,7 @@ class Runtime:
             self.probes.read_file_dataset = reader.read
         self.resources: dict[Key, ResourceState] = {}
         self.executor = Executor(config, metrics, self.writer, self.probes, self.wake)
+        self.capture_counts = CaptureCounts(config.endpoints, config.scrape_timeout)
         self._step_slots: asyncio.Semaphore | None = None  # created in the event loop, on the first step
         self._lws_served: tuple[float, bool] | None = None  # (checked at, served): API discovery, cached
 
@@ -149,6 +153,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.probes.close()
+        await self.capture_counts.close()
         for state in self.resources.values():
             if state.creating is not None:
                 state.creating.cancel()
@@ -176,7 +181,8 @@ class Runtime:
                         break
                 plan, failed = await self._guarded_step(key, state, body, children, logger)
                 failures = failures + 1 if failed else 0
-                await _sleep(state.wake, stopped, next_delay(failures, plan, self.config.reconcile_interval, self.config.resync_interval))
+                delay = next_delay(failures, plan, self.config.reconcile_interval, self.config.resync_interval)
+                await _sleep(state.wake, stopped, min(delay, count_wait(state) or delay))
         finally:
             if stopped.reason is not None and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason:
                 self.forget(*key)
@@ -188,6 +194,7 @@ class Runtime:
         queued = time.monotonic()
         try:
             scrape = await self.due_scrape(key, children.pods(key))
+            captured = await self.capture_counts.due(key, state, self._spec(body, state)[0], children.capture_pods(key))
             async with self.step_slot():
                 state.wake.clear()  # after the wait: what happened while queued is seen by this step
                 started = time.monotonic()
@@ -202,6 +209,7 @@ class Runtime:
                         scrape,
                         children.config_maps(key),
                         training=training_of(children, key),
+                        captured_samples=captured,
                     )
                 finally:
                     state.last_step = time.monotonic()
@@ -228,6 +236,7 @@ class Runtime:
         scrape: dict[str, Sample] | None = None,
         config_maps: list | None = None,
         training: Training | None = None,
+        captured_samples: int | None = None,
     ) -> Plan | None:
         """One step; None when the spec is not served (reconcile refused it: only its status was written)."""
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -254,6 +263,7 @@ class Runtime:
             pod_events=await self.pod_events(key[0], pods),
             races_elsewhere=self.races_running(key),
             training=await self.training_details(key[0], state, training),
+            captured_samples=captured_samples,
         )
         plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         if plan.refused:  # nothing is created or changed: the children that exist stay as they are
@@ -340,6 +350,7 @@ def observe(
     pod_events: list[dict[str, Any]] | None = None,
     races_elsewhere: int = 0,
     training: Training | None = None,
+    captured_samples: int | None = None,
 ) -> Observed:
     # A variant's server is a Deployment or (multi-node) a LeaderWorkerSet of the same name; those of the kind
     # the spec does not use are retiring (a resources.nodes change: reconcile/retire.py).
@@ -375,6 +386,7 @@ def observe(
         training_pods=list(training.pods) if training is not None else [],
         training_jobs_running=training.running if training is not None else 0,
         training_events=list(training.events) if training is not None else [],
+        captured_samples=captured_samples,
     )
 
 

@@ -43,6 +43,9 @@ class ResourceState:
     # every child since: the next step writes its status only after its children are accepted.
     refused: bool = False
     last_step: float = -math.inf  # when the last step ended (time.monotonic): steps closer together are merged
+    # spec.retraining.capture: (when read, time.monotonic; the captured conversations then, None: not known), None
+    # while capture is off (capturecount.py).
+    captured: tuple[float, int | None] | None = None
 
     def forget_status(self) -> None:
         """Reread the status from the API server at the next step (after a failed step)."""

@@ -140,6 +140,8 @@ def capture_status(spec: SpeculativeServerSpec, observed: Observed, stored: Capt
         claim_size=shape.size,
         claim_storage_class_name=shape.storage_class_name,
         claim_access_mode=shape.access_mode,
+        # As the capture proxies count the claim (the controller reads them: controller/capturecount.py); None: not known.
+        conversations=observed.captured_samples,
         message=clip(message + kept, 1024),
     )
 

@@ -164,7 +164,8 @@ def proxy_deployment(
     a settings change rolls the proxies, never the servers). ``access_mode``: the claim's (ClaimShape), which may be
     the one it was created with rather than the spec's."""
     template = {
-        "metadata": {"labels": {**proxy_selector(name), m.LABEL_COMPONENT: COMPONENT}, "annotations": {}},
+        # managed-by: the operator's pod watch sees the proxies (it reads their count of the claim: controller/capturecount.py).
+        "metadata": {"labels": {**proxy_selector(name), m.LABEL_COMPONENT: COMPONENT, m.LABEL_MANAGED_BY: m.MANAGED_BY}, "annotations": {}},
         "spec": _pod_spec(name, namespace, spec, capture, settings, access_mode or capture.access_mode),
     }
     template["metadata"]["annotations"][m.ANNOTATION_TEMPLATE_HASH] = m.template_hash(template)

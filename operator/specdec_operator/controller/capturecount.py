@@ -1,0 +1,122 @@
+"""The captured conversations as the operator reads them (spec.retraining.capture, docs/capture.md): a scrape of the
+Ready capture proxies' /metrics (port 9091), at most once a minute per resource, before the step (a slow proxy holds
+no step slot).
+
+Every proxy counts the whole claim (capture/count.py), so the replicas' figures are the same count read a few seconds
+apart: the claim's count is the highest figure among the proxies that answered, not a sum. No proxy Ready, none
+reachable, or none that has counted the claim yet: not known (None), never 0 (a 0 would make the training rule wait
+for traffic that may be there, and an unknown count is not a reason to start a Job either: reconcile/retrain.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..api import SpeculativeServerSpec
+from ..api_retraining import capture_on
+from ..capture.proxy import STORED_CONVERSATIONS
+from ..reconcile.capture_objects import ADMIN_PORT, capture_name
+from ..reconcile.pods import is_ready, live
+from .config import Endpoints
+from .state import Key, ResourceState
+
+# The count in status changes with the traffic: read more often, every read would write the status (and the write
+# wakes the resource's loop again). Training's minSamples is a matter of minutes, not seconds.
+COUNT_EVERY_S = 60.0
+
+
+def counted_pods(pods: list[dict[str, Any]]) -> dict[str, str | None]:
+    """The capture proxies to read: the Ready ones not being deleted (pod name -> pod IP)."""
+    return {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in live(pods) if is_ready(p)}
+
+
+def claim_conversations(figures: list[float | None]) -> int | None:
+    """The claim's conversations from the proxies' figures (None: that proxy did not answer or has not counted yet)."""
+    known = [f for f in figures if f is not None]
+    return int(max(known)) if known else None
+
+
+def stored_conversations(text: str) -> float | None:
+    """specdec_capture_stored_conversations from a proxy's /metrics text (None when absent or not Prometheus text)."""
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name == STORED_CONVERSATIONS:
+                return next((s.value for s in family.samples), None)
+    except ValueError:
+        return None
+    return None
+
+
+async def read_proxy(session: aiohttp.ClientSession, url: str | None, timeout: float) -> float | None:
+    """One proxy's figure: None when it has no address yet, cannot be reached, or answers no count."""
+    if url is None:
+        return None
+    try:
+        async with session.get(url.rstrip("/") + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
+            if answer.status != 200:
+                return None
+            return stored_conversations(await answer.text())
+    except (TimeoutError, aiohttp.ClientError):
+        return None
+
+
+class CaptureCounts:
+    """Reads each resource's captured conversations when due, and remembers the last read in its ResourceState."""
+
+    def __init__(self, endpoints: Endpoints, timeout: float) -> None:
+        self.endpoints = endpoints
+        self.timeout = timeout
+        self.clock: Callable[[], float] = time.monotonic
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def url(self, key: Key, pod: str, pod_ip: str | None) -> str | None:
+        namespace, name = key
+        return self.endpoints.pod_url(namespace, pod, pod_ip, capture_name(name), port=ADMIN_PORT)
+
+    async def read(self, key: Key, pods: Mapping[str, str | None]) -> int | None:
+        """The claim's conversations from ``pods`` (name -> IP), read concurrently."""
+        if not pods:
+            return None
+        session = self.session()
+        names = sorted(pods)
+        figures = await asyncio.gather(*(read_proxy(session, self.url(key, pod, pods[pod]), self.timeout) for pod in names))
+        return claim_conversations(list(figures))
+
+    async def due(self, key: Key, state: ResourceState, spec: SpeculativeServerSpec | None, pods: list[dict[str, Any]]) -> int | None:
+        """The count for this step: read again when the last read is COUNT_EVERY_S old (or capture just came on),
+        else the last read. None while capture is off (the step then counts none: reconcile/training.samples_of)."""
+        if spec is None or capture_on(getattr(spec, "retraining", None)) is None:
+            state.captured = None
+            return None
+        now = self.clock()
+        if state.captured is not None and now - state.captured[0] < COUNT_EVERY_S:
+            return state.captured[1]
+        ready = counted_pods(pods)
+        if not ready:  # not known, and asked again at the next step (a proxy that becomes Ready wakes the loop)
+            state.captured = (-math.inf, None)
+            return None
+        # Kept a minute, known or not: proxies that do not answer hold the step up to the timeout once a minute only.
+        conversations = await self.read(key, ready)
+        state.captured = (now, conversations)
+        return conversations
+
+
+def count_wait(state: ResourceState) -> float | None:
+    """The longest wait before the next step while capture is on: the count in status is at most this old."""
+    return COUNT_EVERY_S if state.captured is not None else None
