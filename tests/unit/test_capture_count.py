@@ -260,3 +260,36 @@ def test_the_proxy_pods_carry_the_label_the_operators_pod_watch_selects() -> Non
     deployment = proxy_deployment("llama", "ns", spec, CaptureSettings(**{"sampleShare": 0.5}), m.ManifestSettings())
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert labels[m.LABEL_MANAGED_BY] == m.MANAGED_BY and labels[m.LABEL_NAME] == CAPTURE_APP
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for rule in selector.get("matchExpressions", []):
+        key, op, values = rule["key"], rule["operator"], rule.get("values", [])
+        found = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values, "Exists": key in labels, "DoesNotExist": key not in labels}
+        if not found[op]:
+            return False
+    return True
+
+
+def test_the_charts_server_network_policy_leaves_the_capture_proxies_reachable(helm_bin: str) -> None:
+    """With the chart's NetworkPolicies on, the servers' policy (ingress from the operator on the servers' port only)
+    must not select the capture proxies now that they carry managed-by: the clients reach them through the stable
+    Service, the operator reads their count on 9091."""
+    from specdec_operator import manifests as m
+    from specdec_operator.api_retraining import CaptureSettings
+    from tests.support.chart import by_kind, render
+
+    docs = render(helm_bin, None, "--set", "networkPolicy.enabled=true", "--set", "networkPolicy.namespaces={team-a}")
+    (servers,) = [p for p in by_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-servers")]
+    world = World(llama_spec(**{"retraining": {"capture": CAPTURE}}))
+    world.step()
+    spec = parse_spec(llama_spec(**{"retraining.capture": CAPTURE}))
+    proxy = proxy_deployment("llama", "ns", spec, CaptureSettings(**{"sampleShare": 0.5}), m.ManifestSettings())
+    selector = servers["spec"]["podSelector"]
+    assert _selects(selector, world.template("base")["metadata"]["labels"]) and _selects(
+        selector, world.template("speculative")["metadata"]["labels"]
+    )
+    assert not _selects(selector, proxy["spec"]["template"]["metadata"]["labels"])
