@@ -27,85 +27,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
-import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from hack.job_mapping import PodPaths, VolumeDirs, container_paths, with_urls
-from hack.job_status import Finished, now, pod_status, termination_message
+from hack.job_mapping import VolumeDirs
+from hack.job_pod import PROGRAMS, ContainerRun, Execute, LocalExecute, Ran, run_containers
+from hack.job_status import now
+
+__all__ = ["NODE", "PROGRAMS", "ContainerRun", "Execute", "JobRunner", "LocalExecute", "Ran", "run_containers"]
 
 NODE = "specdec-job-runner"
 TAINT_KEY = "specdec.io/job-runner"
 SELECTOR = "app.kubernetes.io/component=retraining"
 HEARTBEAT_S = 10.0
-PROGRAMS = {"specdec-train": [sys.executable, "-m", "drafter_training.cli"]}
-
-
-@dataclass
-class ContainerRun:
-    """One container to run: its command and environment already moved onto local paths."""
-
-    namespace: str
-    pod: str
-    job: str
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    termination_log: Path  # the local file standing in for the container's terminationMessagePath
-    log: Path  # stdout and stderr
-    workdir: Path
-    # Called every second while it runs; True: the pod is gone or being deleted, stop the container.
-    cancelled: Callable[[], bool] = lambda: False
-
-
-@dataclass
-class Ran:
-    exit_code: int
-    cpu_seconds: float = 0.0
-
-
-class Execute(Protocol):
-    def __call__(self, run: ContainerRun) -> Ran: ...
-
-
-@dataclass
-class LocalExecute:
-    """Runs a container's command as a process in its own process group (killed with it when cancelled)."""
-
-    programs: dict[str, list[str]] = field(default_factory=lambda: dict(PROGRAMS))
-    nice: int = 0
-    # Appended to a container's command by its name, e.g. {"regenerate": ["--max-new-tokens", "12"]} for tiny models.
-    extra_args: dict[str, list[str]] = field(default_factory=dict)
-
-    def __call__(self, run: ContainerRun) -> Ran:
-        argv = [*self.programs.get(run.command[0], run.command[:1]), *run.command[1:], *self.extra_args.get(run.name, [])]
-        env = {**os.environ, **run.env}
-        nice = self.nice
-        with run.log.open("w") as out:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=run.workdir,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=(lambda: os.nice(nice)) if nice else None,
-            )
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    proc.returncode = os.waitstatus_to_exitcode(status)
-                    return Ran(proc.returncode if proc.returncode >= 0 else 128 - proc.returncode, usage.ru_utime + usage.ru_stime)
-                if run.cancelled():
-                    os.killpg(proc.pid, signal.SIGKILL)
-                time.sleep(0.5)
 
 
 def _as_dict(api_client: Any, obj: Any) -> dict[str, Any]:
@@ -224,72 +161,25 @@ class JobRunner:
 
     def run_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         """Bind `pod`, run its containers in order, write its status; the Job's record."""
-        meta, spec = pod["metadata"], pod["spec"]
-        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        job = (meta.get("labels") or {}).get("job-name") or (meta.get("labels") or {}).get("batch.kubernetes.io/job-name", name)
-        self._done.add(uid)
+        meta = pod["metadata"]
+        self._done.add(meta["uid"])
         self.bind(pod)
-        work = self.root / "pods" / namespace / name
-        work.mkdir(parents=True, exist_ok=True)
-        started, finished = now(), dict[str, Finished]()
-        record: dict[str, Any] = {"namespace": namespace, "job": job, "pod": name, "node": NODE, "containers": [], "startedAt": started}
-        t0 = time.monotonic()
-        self._write_status(pod, pod_status(pod, finished, None, started, "127.0.0.1"))
-        for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
-            run = self._container_run(pod, container, job, work)
-            since = now()
-            self._write_status(pod, pod_status(pod, finished, (container["name"], since), started, "127.0.0.1"))
-            c0 = time.monotonic()
-            ran = self.execute(run)
-            written = run.termination_log.read_text(errors="replace") if run.termination_log.is_file() else ""
-            log = run.log.read_text(errors="replace")[-8192:] if run.log.is_file() else ""
-            message = termination_message(written, log, ran.exit_code, container.get("terminationMessagePolicy"))
-            finished[container["name"]] = Finished(ran.exit_code, message, since, now())
-            entry = {
-                "name": container["name"],
-                "exitCode": ran.exit_code,
-                "cpuSeconds": round(ran.cpu_seconds, 2),
-                "seconds": round(time.monotonic() - c0, 1),
-            }
-            record["containers"].append(entry)
-            if self._gone(namespace, name, uid):
-                record["outcome"] = "PodGone"
-                break
-            self._write_status(pod, pod_status(pod, finished, None, started, "127.0.0.1"))
-            if ran.exit_code != 0:
-                break
-        record.setdefault("outcome", "Succeeded" if all(f.exit_code == 0 for f in finished.values()) else "Failed")
-        record["cpuSeconds"] = round(sum(c["cpuSeconds"] for c in record["containers"]), 2)
-        record["seconds"] = round(time.monotonic() - t0, 1)
-        record["terminationMessage"] = finished[spec["containers"][-1]["name"]].message if spec["containers"][-1]["name"] in finished else None
-        self.jobs[f"{namespace}/{job}"] = record
-        out = self.root / "jobs" / namespace / f"{job}.json"
+        work = self.root / "pods" / meta["namespace"] / meta["name"]
+        record = run_containers(
+            pod,
+            work,
+            self.dirs,
+            self.execute,
+            self.urls,
+            write_status=lambda status: self._write_status(pod, status),
+            gone=lambda: self._gone(meta["namespace"], meta["name"], meta["uid"]),
+        )
+        record["node"] = NODE
+        self.jobs[f"{meta['namespace']}/{record['job']}"] = record
+        out = self.root / "jobs" / meta["namespace"] / f"{record['job']}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=1) + "\n")
         return record
-
-    def _container_run(self, pod: dict[str, Any], container: dict[str, Any], job: str, work: Path) -> ContainerRun:
-        meta = pod["metadata"]
-        termination_log = work / "termination" / container["name"]
-        termination_log.parent.mkdir(parents=True, exist_ok=True)
-        termination_log.unlink(missing_ok=True)
-        paths: PodPaths = with_urls(container_paths(pod, container, self.dirs, termination_log), self.urls)
-        env = {e["name"]: paths.local(e.get("value", "")) for e in container.get("env") or [] if "value" in e}
-        for value in env.values():
-            if value.startswith("/") and not Path(value).exists() and str(self.root) in value:
-                Path(value).mkdir(parents=True, exist_ok=True)
-        return ContainerRun(
-            namespace=meta["namespace"],
-            pod=meta["name"],
-            job=job,
-            name=container["name"],
-            command=paths.argv([*(container.get("command") or []), *(container.get("args") or [])]),
-            env=env,
-            termination_log=termination_log,
-            log=work / f"{container['name']}.log",
-            workdir=work,
-            cancelled=lambda: self._gone(meta["namespace"], meta["name"], meta["uid"]),
-        )
 
     # ---- the loop -------------------------------------------------------------------------------------------
 
