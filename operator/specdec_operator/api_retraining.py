@@ -163,3 +163,9 @@ class RetrainingStatus(StrictModel):
         description="The trained revisions, newest last, with their offline and live figures and outcome (docs/retraining.md).",
         max_length=MAX_REVISION_ROWS,
     )
+    pin_refused: str | None = Field(
+        None,
+        alias="pinRefused",
+        description="Why spec.retraining.revision is not served (a revision this resource does not have, or one pruned), and the fix.",
+        max_length=1024,
+    )

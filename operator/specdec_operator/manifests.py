@@ -69,6 +69,10 @@ TMP_VOLUME = "tmp"
 CACHE_VOLUME = "cache"
 CACHE_DIR = "/cache"
 ADAPTIVE_VOLUME = "adaptive-config"
+# A trained revision (issue 36) is served from the claim <name>-revisions, mounted read-only at /revisions in the
+# speculative pod only (its server and validator) when the drafter's path is there: the base's template never changes.
+REVISIONS_VOLUME = "specdec-revisions"
+REVISIONS_MOUNT = "/revisions"
 ADAPTIVE_CONFIG_DIR = "/etc/specdec/adaptive"
 ADAPTIVE_CONFIG_KEY = "config.json"
 ADAPTIVE_CONFIG_PATH = f"{ADAPTIVE_CONFIG_DIR}/{ADAPTIVE_CONFIG_KEY}"
@@ -355,6 +359,8 @@ def pod_template(
         init = validator_container(spec, settings)
         if init:
             pod_spec["initContainers"] = [init]
+        if serves_a_revision(spec):
+            _mount_revisions(pod_spec, name)
         if adaptive_config_hash is not None:
             annotations[ANNOTATION_ADAPTIVE_CONFIG] = adaptive_config_hash
         if adaptive_config_hash is not None and adaptive_config_mounted(spec):
@@ -363,6 +369,26 @@ def pod_template(
     template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
     template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash(template)
     return template
+
+
+def revisions_claim_name(name: str) -> str:
+    """The claim the training Jobs publish revisions to (trainjob.py) and a speculative pod serves one from."""
+    return f"{name}-revisions"
+
+
+def serves_a_revision(spec: SpeculativeServerSpec) -> bool:
+    """Whether the drafter is a trained revision on the revisions claim (/revisions/<job>)."""
+    drafter = draft_model_path(spec)
+    return drafter is not None and drafter.startswith(REVISIONS_MOUNT + "/")
+
+
+def _mount_revisions(pod_spec: dict[str, Any], name: str) -> None:
+    """The revisions claim, read-only at /revisions, in the speculative server and its validator."""
+    claim = {"claimName": revisions_claim_name(name), "readOnly": True}
+    pod_spec["volumes"].append({"name": REVISIONS_VOLUME, "persistentVolumeClaim": claim})
+    mount = {"name": REVISIONS_VOLUME, "mountPath": REVISIONS_MOUNT, "readOnly": True}
+    for container in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+        container["volumeMounts"] = [*container.get("volumeMounts", []), dict(mount)]
 
 
 def template_hash(template: dict[str, Any]) -> str:

@@ -126,11 +126,14 @@ def test_a_succeeded_job_is_announced_and_holds_the_next_until_its_revision_is_j
     _, t = drifted(world)
     done = (t + timedelta(minutes=90)).strftime("%Y-%m-%dT%H:%M:%SZ")
     world.jobs["llama-train-1"]["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1, "completionTime": done}
-    plan = world.step(now=t + timedelta(minutes=91), captured_samples=500)
+    from tests.unit.test_revision_reconcile import publish_pod, report
+
+    plan = world.step(now=t + timedelta(minutes=91), captured_samples=500, training_pods=[publish_pod("llama-train-1", report("llama-train-1"))])
     record = training(plan)
     assert record["state"] == "Succeeded" and record["reason"] == "TrainingSucceeded" and record["finishedAt"] == done
     assert record.get("outcome") is None and [e.type for e in plan.events if e.reason == "RetrainSucceeded"] == ["Normal"]
-    # The drift still stands and no cooldown holds, but the published revision is item 3's to judge first.
+    # The drift still stands and no cooldown holds, but the published revision passed offline and races first
+    # (test_revision_reconcile.py): no Job starts while its outcome is open.
     later = world.step(now=t + timedelta(days=2), captured_samples=5000)
     assert jobs(later) == [] and training(later)["waiting"] == "RevisionUnjudged" and "RetrainSucceeded" not in reasons(later)
 

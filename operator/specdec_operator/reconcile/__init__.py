@@ -67,7 +67,7 @@ from ..api import (
 from ..errors import InputError
 from ..resource import speculative_revision
 from ..textutil import clip, parse_time
-from . import candidate_race, capture, deadline, overrides, refused, retire, training
+from . import candidate_race, capture, deadline, overrides, refused, retire, revision, training
 from .children import desired_children, observed_child
 from .decision import apply_drift, is_invalid, is_promoted, settle_decision, settle_validation
 from .diff import merge_patch, needs_apply, owned_by
@@ -155,6 +155,9 @@ def reconcile(
         return refused.refused_plan(prev, observed, now, *refusal)
     if spec is None:
         raise ValueError("reconcile: no spec, and observed says no reason (spec_error)")
+    user_spec = spec
+    # spec.retraining: the trained revision that serves in spec.drafter's place, and one racing as a candidate (revision.py).
+    spec = revision.effective_spec(spec, prev)
     try:
         if names_more_than_the_drafter(spec):  # a race of candidates, each run by the same lifecycle in turn
 
@@ -168,9 +171,10 @@ def reconcile(
         else:
             plan = _serve(spec, observed, prev, now, settings, render_argv, rendered or {})
         # spec.retraining.capture: status.retraining.capture, its Events, what turning it off deletes (capture.py).
-        plan = capture.finish(plan, spec, observed, prev)
-        # spec.retraining.training: the training Job to start, status.retraining.training and its Events (training.py).
-        return training.finish(plan, spec, observed, prev, now, settings)
+        plan = capture.finish(plan, user_spec, observed, prev)
+        # spec.retraining.training: the training Job to start, status.retraining.training, the revisions and their Events
+        # (training.py, revision.py).
+        return training.finish(plan, user_spec, observed, prev, now, settings)
     except InputError as exc:  # e.g. an sglangVersion the command-line renderer does not know
         return refused.refused_plan(prev, observed, now, Reason.INVALID_SPEC, str(exc))
 

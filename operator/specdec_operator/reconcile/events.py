@@ -15,6 +15,7 @@ it starts within the second the stored probe started, which the status cannot te
 from __future__ import annotations
 
 from ..api import CandidateStatus, Condition, ConditionType, Decision, Phase, ProbeStatus, Reason, SpeculativeServerStatus, ValidationStatus
+from ..api_retraining import RetrainingStatus
 from ..api_retraining_job import TrainingStatus
 from ..textutil import clip
 from .model import Event
@@ -233,4 +234,29 @@ def training_events(before: TrainingStatus | None, after: TrainingStatus | None)
     elif ended:
         message = f"training Job {after.job} failed ({after.reason}): {after.message or ''}; nothing was published and serving is not touched"
         events.append(Event("Warning", Reason.RETRAIN_FAILED, clip(message)))
+    return events
+
+
+# Events of trained revisions (reconcile/revision.py), derived from the stored and the new status.retraining.
+REVISION_PROMOTED = "RevisionPromoted"
+REVISION_LOST = "RevisionLost"
+REVISION_PIN_REFUSED = "RevisionPinRefused"
+
+
+def revision_events(before: RetrainingStatus | None, after: RetrainingStatus | None) -> list[Event]:
+    """RevisionPromoted, RevisionLost (Warning) when a revision's row reaches that outcome, and RevisionPinRefused
+    (Warning) when spec.retraining.revision names a revision that cannot serve. Figures and names, never a prompt."""
+    if after is None:
+        return []
+    known = {r.name: r.outcome for r in before.revisions} if before is not None else {}
+    events = []
+    for row in after.revisions:
+        if row.outcome == known.get(row.name):
+            continue
+        if row.outcome == "Promoted":
+            events.append(Event("Normal", REVISION_PROMOTED, clip(f"revision {row.name} promoted: {row.message or ''}")))
+        elif row.outcome == "Lost":
+            events.append(Event("Warning", REVISION_LOST, clip(f"revision {row.name} not promoted ({row.reason}): {row.message or ''}")))
+    if after.pin_refused and (before is None or before.pin_refused != after.pin_refused):
+        events.append(Event("Warning", REVISION_PIN_REFUSED, clip(after.pin_refused)))
     return events

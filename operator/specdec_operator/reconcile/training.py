@@ -18,13 +18,15 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from ..api import Decision, SpeculativeServerSpec, SpeculativeServerStatus, names_more_than_the_drafter, spec_for_candidate
+from .. import manifests as m
+from ..api import Decision, ProbeStatus, SpeculativeServerSpec, SpeculativeServerStatus, names_more_than_the_drafter, spec_for_candidate
 from ..api_retraining import RetrainingStatus, capture_on
 from ..api_retraining_job import RetrainingTraining, TrainingStatus
 from ..textutil import clip, parse_time, rfc3339
-from ..trainjob import ANNOTATION_TRIGGER, LABEL_RETRAIN, TrainingData, training_job
+from ..trainjob import ANNOTATION_TRIGGER, COMPONENT, LABEL_RETRAIN, TrainingData, training_job
+from . import revision
 from .capture_objects import capture_name
-from .events import training_events
+from .events import revision_events, training_events
 from .model import Observed, Plan, Settings
 from .retrain import DAY_S, Action, Cluster, Outcome, RetrainHistory, RetrainVerdict, Serving, decide_retrain
 from .retrain_progress import JobState, job_progress
@@ -49,8 +51,8 @@ def stored_training(status: SpeculativeServerStatus) -> TrainingStatus | None:
 
 
 def revisions_claim(name: str) -> str:
-    """The claim the Job publishes revisions to (not created by the operator yet: docs/retraining.md, what is left)."""
-    return f"{name}-revisions"
+    """The claim the Job publishes revisions to (created with each Job: revisions_claim_object)."""
+    return m.revisions_claim_name(name)
 
 
 def job_number(job: dict[str, Any]) -> int | None:
@@ -205,36 +207,107 @@ def with_verdict(current: TrainingStatus, verdict: RetrainVerdict, now: datetime
     )
 
 
+def revisions_claim_object(name: str, namespace: str, training: RetrainingTraining, spec: SpeculativeServerSpec, size: str | None) -> dict[str, Any]:
+    """The claim ``<name>-revisions`` the Jobs publish to and a speculative pod serves a revision from: revisionsStorage
+    (or the size it was created with), the capture claim's storage class and access mode when capture is set. Applied
+    with each Job (a claim deleted meanwhile is made again); owned by the resource, so it goes with it."""
+    capture = capture_on(getattr(spec, "retraining", None))
+    claim_spec: dict[str, Any] = {
+        "accessModes": [capture.access_mode if capture is not None else "ReadWriteOnce"],
+        "resources": {"requests": {"storage": size or training.revisions_storage}},
+    }
+    if capture is not None and capture.storage_class_name:
+        claim_spec["storageClassName"] = capture.storage_class_name
+    labels = {**m.instance_labels(name), m.LABEL_MANAGED_BY: m.MANAGED_BY, m.LABEL_COMPONENT: COMPONENT}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": revisions_claim(name), "namespace": namespace, "labels": labels},
+        "spec": claim_spec,
+    }
+
+
+def start_job(
+    current: TrainingStatus,
+    spec: SpeculativeServerSpec,
+    served: SpeculativeServerSpec,
+    observed: Observed,
+    verdict: RetrainVerdict,
+    settings: Settings,
+    samples: int | None,
+    now: datetime,
+) -> tuple[TrainingStatus, list[dict[str, Any]]]:
+    """The revisions claim and the Job to apply, and the status recording the start."""
+    training = settings_of(spec)
+    assert training is not None and verdict.job_number is not None
+    data = TrainingData(capture_claim=capture_name(observed.name), revisions_claim=revisions_claim(observed.name))
+    trigger = verdict.trigger.value if verdict.trigger is not None else ""
+    job = training_job(
+        observed.name, observed.namespace, observed.uid, served, training, data, verdict.job_number, trigger, settings.training, settings.manifests
+    )
+    size = current.revisions_claim_size or training.revisions_storage
+    claim = revisions_claim_object(observed.name, observed.namespace, training, spec, size)
+    return started(current, job, verdict, samples, now).model_copy(update={"revisions_claim_size": size}), [claim, job]
+
+
+def judged(
+    plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: SpeculativeServerStatus, current: TrainingStatus
+) -> tuple[TrainingStatus, RetrainingStatus, ProbeStatus | None]:
+    """The revisions' part of the step: a succeeded Job's revision judged offline, a racing one judged by its decided
+    race, the drafter serving, and why a pin is refused. Returns the training status (its outcome once judged), the
+    new status.retraining without its training section, and the serving drafter's decision to keep after a lost race."""
+    stored = revision.retraining_of(prev)
+    training = settings_of(spec)
+    rows = stored.revisions
+    if training is not None and current.job is not None:
+        current, rows = revision.judge_offline(spec, training, current, stored, job_pods(observed, current.job))
+    stored = stored.model_copy(update={"revisions": rows})
+    chosen = revision.choose_serving(spec, stored)  # a row Racing since this step races from the next one
+    race = revision.judge_race(stored, chosen, plan.new_status)
+    row = revision.find(race.rows, current.job)
+    if current.outcome is None and current.state == JobState.SUCCEEDED.value and row is not None and row.outcome != "Racing":
+        current = current.model_copy(update={"outcome": Outcome.PROMOTED.value if row.outcome == "Promoted" else Outcome.LOST.value})
+    serving = race.serving if chosen.pin_refused is None else stored.serving
+    retraining = (plan.new_status.retraining or RetrainingStatus()).model_copy(
+        update={"serving": serving, "revisions": race.rows, "pin_refused": chosen.pin_refused}
+    )
+    return current, retraining, race.probe
+
+
 def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: SpeculativeServerStatus, now: datetime, settings: Settings) -> Plan:
-    """A step's plan with status.retraining.training, its Events, and the training Job to apply when one starts."""
+    """A step's plan with status.retraining (the training Job, the revisions, the drafter serving), its Events, and the
+    revisions claim and training Job to apply when one starts. ``spec``: the user's (reconcile runs the lifecycle with
+    revision.effective_spec of it)."""
     training = settings_of(spec)
     before = stored_training(prev)
-    if plan.refused or (training is None and before is None and not observed.training_jobs):
+    stored = revision.retraining_of(prev)
+    if plan.refused or (
+        training is None and before is None and not observed.training_jobs and not stored.revisions and revision.pin_of(spec) is None
+    ):
         return plan
-    spec = served_spec(spec, plan.new_status)
+    served = served_spec(revision.effective_spec(spec, prev), plan.new_status)
     current = progress(adopt(before or TrainingStatus(), observed, now), observed, now)
+    current, retraining, keep = judged(plan, spec, observed, prev, current)
     samples = samples_of(spec, observed)
     cluster = Cluster(observed.training_jobs_running, settings.training.cluster_cap)
-    verdict = decide_retrain(training, serving_of(spec, plan.new_status), history_of(current), samples, cluster, now.timestamp())
+    verdict = decide_retrain(training, serving_of(served, plan.new_status), history_of(current), samples, cluster, now.timestamp())
     apply: list[dict[str, Any]] = []
     if verdict.action == Action.START and training is not None and verdict.job_number is not None:
-        data = TrainingData(capture_claim=capture_name(observed.name), revisions_claim=revisions_claim(observed.name))
-        trigger = verdict.trigger.value if verdict.trigger is not None else ""
-        job = training_job(
-            observed.name, observed.namespace, observed.uid, spec, training, data, verdict.job_number, trigger, settings.training, settings.manifests
-        )
-        apply.append(job)
-        current = started(current, job, verdict, samples, now)
+        current, apply = start_job(current, spec, served, observed, verdict, settings, samples, now)
     current = with_verdict(current, verdict, now)
-    retraining = (plan.new_status.retraining or RetrainingStatus()).model_copy(update={"training": current})
+    retraining = retraining.model_copy(update={"training": current if training is not None or before is not None else None})
     wake = verdict.retry_at_s - now.timestamp() if verdict.retry_at_s is not None else None
     if current.state in ACTIVE:  # its stage moves without an event the operator sees
         wake = min(wake, POLL_ACTIVE_S) if wake is not None else POLL_ACTIVE_S
+    update: dict[str, Any] = {"retraining": retraining}
+    if keep is not None:  # a lost race: the serving drafter's measured decision stands (not the revision's)
+        update["probe"] = keep
+    events = [*training_events(before, current), *revision_events(prev.retraining, retraining)]
     return dataclasses.replace(
         plan,
         apply=[*plan.apply, *apply],
-        new_status=plan.new_status.model_copy(update={"retraining": retraining}),
-        events=[*plan.events, *training_events(before, current)],
+        new_status=plan.new_status.model_copy(update=update),
+        events=[*plan.events, *events],
         next_step_in=max(0.0, wake) if wake is not None else plan.next_step_in,
         settled=plan.settled and not apply,
     )

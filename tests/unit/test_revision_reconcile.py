@@ -1,0 +1,315 @@
+"""Trained revisions in reconcile (issue 36, items 3-4; reconcile/revision.py): a succeeded training Job's revision is
+judged offline from its publish container's termination message, raced live against the base and the serving drafter
+(scripted probe results: decisions, not timings), promoted only when it wins, and served from the revisions claim;
+spec.retraining.revision pins an earlier one or spec.drafter. Driven through the World."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+
+from specdec_operator import manifests as m
+from specdec_operator.api_retraining import RetrainingStatus
+from specdec_operator.api_retraining_job import RetrainingTraining
+from specdec_operator.reconcile import Plan, StartProbe
+from specdec_operator.reconcile.candidate_race import revisions
+from specdec_operator.reconcile.revision import Report, effective_spec, offline_gate, read_report
+from specdec_operator.reconcile.status import STATUS_BYTES_BUDGET
+from tests.support.world import COMPATIBLE, World, llama_spec, reasons, to_promoted
+from tests.unit.test_candidate_race import lost, passed
+from tests.unit.test_training_reconcile import drifted, training
+
+CAPTURE = {"enabled": True, "sampleShare": 0.05, "storageClassName": "fast-rwx", "accessMode": "ReadWriteMany"}
+
+
+def spec_with(**changes) -> dict:
+    training = {"cooldownMinutes": 0, **changes.pop("training", {})}
+    return llama_spec(**{"monitor.window": 1, "retraining": {"capture": CAPTURE, "training": training, **changes}})
+
+
+def report(job: str, new: float | None = 2.6, old: float | None = 2.2, passed_: bool = True, codes=(), pruned=()) -> dict:
+    out: dict = {
+        "schema": 1,
+        "revision": job,
+        "path": job,
+        "heldout": 40,
+        "validation": {"passed": passed_, "codes": list(codes)},
+        "trainSamples": 400,
+        "steps": 200,
+        "bytes": 1 << 20,
+        "pruned": list(pruned),
+    }
+    if new is not None and old is not None:
+        out["offline"] = {"revision": {"acceptLength": new}, "serving": {"acceptLength": old}}
+    return out
+
+
+def publish_pod(job: str, message: dict | str | None) -> dict:
+    terminated: dict = {"exitCode": 0}
+    if message is not None:
+        terminated["message"] = message if isinstance(message, str) else json.dumps(message)
+    return {
+        "metadata": {"name": f"{job}-pod", "labels": {"batch.kubernetes.io/job-name": job}},
+        "status": {"phase": "Succeeded", "containerStatuses": [{"name": "publish", "state": {"terminated": terminated}}]},
+    }
+
+
+def succeed(world: World, job: str, at: datetime, message: dict | str | None) -> Plan:
+    """Job ``job`` completed at ``at``; the step that reads it (its pod listed, as while it was active)."""
+    stamp = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    world.jobs[job]["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1, "completionTime": stamp}
+    return world.step(now=at + timedelta(seconds=30), training_pods=[publish_pod(job, message)], captured_samples=500)
+
+
+def rows(world: World) -> list[tuple[str, str, str | None]]:
+    return [(r["name"], r["outcome"], r.get("reason")) for r in world.status["retraining"].get("revisions") or []]
+
+
+def racing(world: World, message: dict | None = None) -> tuple[datetime, dict[str, str]]:
+    """A drift, Job 1 trains, its revision passes offline: Racing; the next step starts the race. The candidates'
+    revisions by name."""
+    _, t = drifted(world)
+    plan = succeed(world, "llama-train-1", t + timedelta(minutes=30), message or report("llama-train-1"))
+    assert rows(world) == [("llama-train-1", "Racing", "OfflineGainPassed")] and training(plan).get("outcome") is None
+    return t, revisions(effective_spec(world.spec, _status(world)))
+
+
+def _status(world: World):
+    from specdec_operator.reconcile import read_status
+
+    return read_status(world.status)
+
+
+def serve_slot(world: World) -> StartProbe:
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    world.probe_running = None
+    plan = world.step(captured_samples=500)
+    assert isinstance(plan.probe, StartProbe), (world.status["phase"], world.status.get("message"))
+    world.probe_running = plan.probe.probe_id
+    return plan.probe
+
+
+def spec_pod(world: World) -> dict:
+    return world.deployments["llama-spec"]["spec"]["template"]["spec"]
+
+
+# --- the offline gate --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "valid", "codes", "reason"),
+    [
+        (2.6, 2.2, True, (), None),  # 2.6 >= 2.2 * 1.05
+        (2.31, 2.2, True, (), None),  # exactly at the margin passes
+        (2.3, 2.2, True, (), "OfflineGainBelowMargin"),  # better, but by less than 5 %
+        (2.0, 2.2, True, (), "OfflineGainBelowMargin"),
+        (2.6, 2.2, False, ("AuxLayersNotTrained",), "RevisionInvalid"),
+        (2.6, 2.2, None, (), "RevisionInvalid"),  # no validation result is no pass
+        (None, 2.2, True, (), "OfflineEvaluationMissing"),
+        (2.6, None, True, (), "OfflineEvaluationMissing"),
+    ],
+)
+def test_the_offline_gate(new, old, valid, codes, reason) -> None:
+    lost_reason, why = offline_gate(Report(40, new, old, valid, tuple(codes), ()), RetrainingTraining().min_acceptance_gain)
+    assert lost_reason == reason
+    if reason == "RevisionInvalid" and codes:
+        assert "AuxLayersNotTrained" in why
+
+
+def test_the_report_is_read_from_the_publish_container_or_is_unreadable() -> None:
+    good = read_report([publish_pod("llama-train-1", report("llama-train-1", pruned=["llama-train-0"]))], "llama-train-1")
+    assert isinstance(good, Report) and good.offline == 2.6 and good.serving_offline == 2.2 and good.pruned == ("llama-train-0",)
+    assert isinstance(read_report([], "llama-train-1"), str)
+    assert "not JSON" in str(read_report([publish_pod("llama-train-1", "Traceback (most recent")], "llama-train-1"))
+    assert "schema 1" in str(read_report([publish_pod("llama-train-1", report("llama-train-2"))], "llama-train-1"))  # another Job's
+    missing = read_report([publish_pod("llama-train-1", report("llama-train-1", new=None))], "llama-train-1")
+    assert isinstance(missing, Report) and missing.offline is None
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (None, "RevisionReportUnreadable"),
+        ("not json", "RevisionReportUnreadable"),
+        ({"schema": 1, "revision": "llama-train-1"}, "RevisionInvalid"),  # no validation, no offline figures
+        ("below", "OfflineGainBelowMargin"),
+        ("invalid", "RevisionInvalid"),
+        ("missing", "OfflineEvaluationMissing"),
+    ],
+)
+def test_a_revision_failing_offline_is_lost_and_never_raced(message, reason) -> None:
+    world = World(spec_with())
+    _, t = drifted(world)
+    serving = (world.deployments["llama-spec"]["spec"]["template"], world.services["llama"]["spec"])
+    job = "llama-train-1"
+    scripted = {"below": report(job, new=2.25), "invalid": report(job, passed_=False, codes=["TokenizerMismatch"]), "missing": report(job, new=None)}
+    if isinstance(message, str) and message in scripted:
+        message = scripted[message]
+    plan = succeed(world, job, t + timedelta(minutes=30), message)
+    assert rows(world) == [(job, "Lost", reason)] and training(plan)["outcome"] == "Lost"
+    lost_events = [e for e in plan.events if e.reason == "RevisionLost"]
+    assert len(lost_events) == 1 and lost_events[0].type == "Warning" and job in lost_events[0].message
+    # Not raced, nothing served from it, and no retrain at once (RetrainedDrafterLost: the capture's count has not grown).
+    later = world.step(now=t + timedelta(hours=2), captured_samples=500)
+    assert "candidates" not in {k for k, v in world.status.items() if v} and "/revisions/" not in json.dumps(world.deployments)
+    assert (world.deployments["llama-spec"]["spec"]["template"], world.services["llama"]["spec"]) == serving
+    assert training(later)["waiting"] == "RetrainedDrafterLost" and [o for o in later.apply if o["kind"] == "Job"] == []
+    assert "RevisionLost" not in reasons(later)  # said once
+
+
+# --- the live race -----------------------------------------------------------------------------------------------
+
+
+def test_a_revision_that_wins_the_race_is_promoted_served_from_the_claim_and_watched() -> None:
+    world = World(spec_with())
+    _, revs = racing(world)
+    assert list(revs) == ["eagle3", "train-1"]
+    world.step(captured_samples=500)
+    assert [(c["name"], c["state"]) for c in world.status["candidates"]] == [("eagle3", "Measuring"), ("train-1", "Waiting")]
+    # The serving drafter is measured again against the warm base, then the revision; each decision is scripted.
+    probe = serve_slot(world)
+    assert probe.revision == revs["eagle3"] and probe.family == 2
+    world.step(probe_result=passed(revs["eagle3"], 1.4, 1.2, 1.7), captured_samples=500)
+    probe = serve_slot(world)
+    assert probe.revision == revs["train-1"]
+    pod = spec_pod(world)  # the revision's server and validator read it from the claim, read-only
+    assert {"name": m.REVISIONS_VOLUME, "persistentVolumeClaim": {"claimName": "llama-revisions", "readOnly": True}} in pod["volumes"]
+    assert any(v["mountPath"] == "/revisions" and v["readOnly"] for v in pod["containers"][0]["volumeMounts"])
+    assert any(v["mountPath"] == "/revisions" for v in pod["initContainers"][0]["volumeMounts"])
+    assert "/revisions/llama-train-1" in json.dumps(pod["containers"][0]["command"])
+    assert "/revisions" not in json.dumps(world.template("base"))  # the base is not restarted
+    plan = world.step(probe_result=passed(revs["train-1"], 1.9, 1.6, 2.3), captured_samples=500)
+    assert rows(world) == [("llama-train-1", "Promoted", "RaceWon")] and world.status["retraining"]["serving"] == "llama-train-1"
+    row = world.status["retraining"]["revisions"][0]
+    assert row["speedup"] == 1.9 and row["acceptLength"] == 2.5 and row["offlineAcceptLength"] == 2.6 and "1.4x" in row["message"]
+    assert training(plan)["outcome"] == "Promoted" and "RevisionPromoted" in reasons(plan)
+    # Then it is served alone (the effective spec): promoted once Ready, never probed again, and the monitor watches it.
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    world.probe_running = None
+    plan = world.step(captured_samples=500)
+    assert world.status["phase"] == "Promoted" and world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
+    assert not plan.starts_probe and "/revisions/llama-train-1" in json.dumps(spec_pod(world)["containers"][0]["command"])
+    assert world.step(captured_samples=500).events == []
+    assert world.spec_dict["retraining"].get("revision") is None  # the spec is never written
+    assert len(json.dumps(world.status)) < STATUS_BYTES_BUDGET
+
+
+def test_a_revision_that_loses_the_race_is_not_promoted_and_no_retrain_starts_at_once() -> None:
+    world = World(spec_with())
+    t, revs = racing(world)
+    world.step(captured_samples=500)
+    serve_slot(world)
+    world.step(probe_result=passed(revs["eagle3"], 1.8, 1.5, 2.2), captured_samples=500)
+    serve_slot(world)
+    plan = world.step(probe_result=lost(revs["train-1"], reason="CannotWin", speedup=1.3), captured_samples=500)
+    assert rows(world) == [("llama-train-1", "Lost", "RaceLost")] and world.status["retraining"].get("serving") is None
+    assert "the serving drafter was faster" in world.status["retraining"]["revisions"][0]["message"]
+    assert training(plan)["outcome"] == "Lost" and [e.type for e in plan.events if e.reason == "RevisionLost"] == ["Warning"]
+    # The serving drafter's result stands: it serves again, from the model volume.
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    world.probe_running = None
+    later = world.step(now=t + timedelta(hours=3), captured_samples=500)
+    assert world.status["phase"] == "Promoted" and "/revisions" not in json.dumps(world.deployments) and not later.starts_probe
+    assert training(later)["waiting"] == "NoTrigger" and [o for o in later.apply if o["kind"] == "Job"] == []  # no drift now
+
+
+def test_a_revision_no_faster_than_the_base_loses_and_the_serving_drafters_decision_stands() -> None:
+    world = World(spec_with())
+    t, revs = racing(world)
+    world.step(captured_samples=500)
+    serve_slot(world)
+    world.step(probe_result=lost(revs["eagle3"], speedup=0.9), captured_samples=500)
+    serve_slot(world)
+    world.step(probe_result=lost(revs["train-1"], reason="Inconclusive", speedup=1.05), captured_samples=500)
+    assert rows(world) == [("llama-train-1", "Lost", "RaceLost")]
+    # The revision was the best measured, but the decision kept is the serving drafter's (no new probe of it).
+    assert world.status["probe"]["revision"] == revs["eagle3"] and world.status["probe"]["decision"] == "rollback"
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    world.probe_running = None
+    after = world.step(now=t + timedelta(hours=1), captured_samples=500)
+    assert world.status["phase"] == "RolledBack" and not after.starts_probe
+    # The serving drafter's rollback (SpeedupBelowThreshold) would trigger a retrain, but the revision just lost: none
+    # starts until minSamples new conversations are captured.
+    assert training(after)["waiting"] == "RetrainedDrafterLost" and [o for o in after.apply if o["kind"] == "Job"] == []
+    fresh = world.step(now=t + timedelta(hours=1), captured_samples=500 + 200)
+    assert [o["metadata"]["name"] for o in fresh.apply if o["kind"] == "Job"] == ["llama-train-2"]
+
+
+# --- the pin -----------------------------------------------------------------------------------------------------
+
+
+def promoted_twice(world: World) -> None:
+    """Revisions 1 and 2, each promoted in its race (the status as the operator wrote it), revision 2 serving."""
+    status = _status(world)
+    rows_ = [
+        {"name": "llama-train-1", "outcome": "Retired", "reason": "Replaced", "speedup": 1.7},
+        {"name": "llama-train-2", "outcome": "Promoted", "reason": "RaceWon", "speedup": 1.9},
+    ]
+    retraining = (status.retraining or RetrainingStatus()).model_dump(by_alias=True, exclude_none=True)
+    world.status["retraining"] = {**retraining, "revisions": rows_, "serving": "llama-train-2"}
+
+
+def settle(world: World) -> Plan:
+    """Steps until the children stop changing (a drafter change walks the traffic back before its template changes)."""
+    for _ in range(4):
+        plan = world.step()
+        if all(o["kind"] == "PersistentVolumeClaim" for o in plan.apply):  # the capture's claim, applied while no proxy is Ready
+            return plan
+    raise AssertionError(f"still applying {[o['metadata']['name'] for o in plan.apply]}")
+
+
+def test_a_pin_to_an_older_revision_restores_it_and_drafter_pins_spec_drafter() -> None:
+    world = World(spec_with())
+    to_promoted(world)
+    promoted_twice(world)
+    settle(world)
+    assert "/revisions/llama-train-2" in json.dumps(spec_pod(world)["containers"][0]["command"])
+    world.spec_dict["retraining"]["revision"] = "llama-train-1"
+    plan = world.step()
+    assert "RevisionPinRefused" not in reasons(plan)
+    settle(world)
+    assert "/revisions/llama-train-1" in json.dumps(spec_pod(world)["containers"][0]["command"])
+    assert world.status["retraining"]["serving"] == "llama-train-1" and not world.status["retraining"].get("pinRefused")
+    # The restored revision is validated and probed as any new drafter (a decision is per speculative revision).
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    assert world.step().starts_probe
+    world.probe_running = None
+    world.spec_dict["retraining"]["revision"] = "drafter"
+    settle(world)
+    assert "/revisions" not in json.dumps(world.deployments) and world.status["retraining"].get("serving") is None
+    # Unpinned: the newest promoted revision serves again.
+    del world.spec_dict["retraining"]["revision"]
+    settle(world)
+    assert "/revisions/llama-train-2" in json.dumps(spec_pod(world)["containers"][0]["command"])
+
+
+def test_a_pin_to_an_unknown_revision_is_refused_once_and_serving_is_unchanged() -> None:
+    world = World(spec_with())
+    to_promoted(world)
+    promoted_twice(world)
+    settle(world)
+    before = json.dumps(world.deployments, sort_keys=True)
+    world.spec_dict["retraining"]["revision"] = "llama-train-9"
+    plan = world.step()
+    refused = [e for e in plan.events if e.reason == "RevisionPinRefused"]
+    assert len(refused) == 1 and refused[0].type == "Warning"
+    assert "spec.retraining.revision 'llama-train-9'" in refused[0].message and "llama-train-1, llama-train-2" in refused[0].message
+    assert world.status["retraining"]["pinRefused"] == refused[0].message
+    assert json.dumps(world.deployments, sort_keys=True) == before and world.status["retraining"]["serving"] == "llama-train-2"
+    assert "RevisionPinRefused" not in reasons(world.step())  # said once
+    # A pruned revision is refused the same way.
+    world.status["retraining"]["revisions"][0]["outcome"] = "Pruned"
+    world.spec_dict["retraining"]["revision"] = "llama-train-1"
+    assert "was pruned" in world.step().events[0].message
+
+
+def test_the_revisions_claim_is_created_with_the_job_in_the_capture_claims_class() -> None:
+    world = World(spec_with(training={"revisionsStorage": "50Gi"}))
+    plan, _ = drifted(world)
+    claims = [o for o in plan.apply if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == "llama-revisions"]
+    names = [o["metadata"]["name"] for o in plan.apply]
+    assert len(claims) == 1 and names.index("llama-revisions") < names.index("llama-train-1")  # the claim before the Job mounting it
+    assert claims[0]["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "50Gi"}}, "storageClassName": "fast-rwx"}
+    assert training(plan)["revisionsClaimSize"] == "50Gi"
