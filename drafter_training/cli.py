@@ -6,8 +6,9 @@
     specdec-train vocab      --capture caps/ [--draft-vocab-size 32000]
     specdec-train train      --capture caps/ --target DIR --out run/ [--ttt-steps 7 --epochs 10] [--init-from-drafter DIR]
     specdec-train export     --run run/ --target DIR --out drafter/ [--engine sglang|vllm] [--format plain|speculators]
-    specdec-train evaluate   --target DIR --drafter run/final --prompts heldout.jsonl
-    specdec-train publish    --staging STAGING/ --out revisions/R   (a retraining Job's last stage)
+    specdec-train validate   --target DIR --drafter EXPORT/ --out validation.json   (the validator's verdict, recorded)
+    specdec-train evaluate   --target DIR --drafter EXPORT/ --serving DRAFTER/ --prompts heldout.jsonl --out evaluation.json
+    specdec-train publish    --staging STAGING/ --out revisions/R [--keep N --protect NAME...]   (a retraining Job's last stage)
 
 Every stage resumes where an interrupted run stopped. Unusable input exits 2 with one line naming the
 file or flag and the fix.
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_output_stages(sub: Any) -> None:
-    """The stages after training: export, publish, evaluate."""
+    """The stages after training: export, validate, publish, evaluate."""
     e = sub.add_parser("export", help="write the EAGLE-3 checkpoint for the serving engine and training_provenance.json")
     e.add_argument("--run", required=True, help="training output directory (its final/ is exported)")
     e.add_argument("--target", required=True)
@@ -149,14 +150,38 @@ def _add_output_stages(sub: Any) -> None:
         "--speculative-tokens", type=int, default=3, help="with --format speculators: the proposal method's speculative_tokens (default 3)"
     )
 
+    va = sub.add_parser("validate", help="the validator's checks of an export against the target, recorded in a file (exit 0 either way)")
+    va.add_argument("--target", required=True, metavar="DIR")
+    va.add_argument("--drafter", required=True, metavar="DIR", help="the export to check")
+    va.add_argument("--quantization", default="auto", help="the serving precision, as `specdec validate --quantization`")
+    va.add_argument("--algorithm", default="EAGLE3")
+    va.add_argument("--context-length", default=None, help="the server's --context-length, if set")
+    va.add_argument("--engine", type=str.lower, choices=ENGINES, default=DEFAULT.cli_name)
+    va.add_argument("--out", required=True, help="validation.json: passed, the error codes, the findings")
+
     pb = sub.add_parser("publish", help="check an export and make it a revision directory in one rename, with its COMPLETE marker")
     pb.add_argument("--staging", required=True, help="the Job's staging directory (its export/ is published, the rest removed)")
     pb.add_argument("--out", required=True, help="the new revision directory (on the staging directory's volume)")
     pb.add_argument("--job", default=None, help="the Job's name, recorded in the marker")
+    pb.add_argument(
+        "--keep", type=int, default=None, metavar="N", help="keep at most N complete revisions beside --out (maxRevisions): the oldest go"
+    )
+    pb.add_argument("--protect", nargs="*", default=[], metavar="NAME", help="revisions never pruned (the serving and the pinned one)")
+    pb.add_argument(
+        "--termination-log", default=None, metavar="PATH", help="write the report here as one JSON line (<= 4,000 bytes), e.g. /dev/termination-log"
+    )
 
     ev = sub.add_parser("evaluate", help="real acceptance length by chain speculative decoding")
     ev.add_argument("--target", required=True)
-    ev.add_argument("--drafter", required=True, help="a training run's final/ directory")
+    ev.add_argument("--drafter", required=True, help="a training run's final/ directory or an exported drafter (specdec-train export --out)")
+    ev.add_argument("--serving", default=None, metavar="DIR", help="also evaluate this drafter (the one serving) the same way, on the same prompts")
+    ev.add_argument(
+        "--engine",
+        type=str.lower,
+        choices=ENGINES,
+        default=None,
+        help="the layer-id convention of an export's config.json when its training_provenance.json does not say",
+    )
     ev.add_argument("--prompts", required=True, help="held-out samples or conversations (JSONL)")
     ev.add_argument("--quantization", default="checkpoint", help="how the target serves (as in capture)")
     ev.add_argument("--num-steps", type=int, default=3)
@@ -245,9 +270,17 @@ def _run(args: argparse.Namespace) -> Any:
             speculative_tokens=args.speculative_tokens,
         ).to_json()
     if args.stage == "publish":
-        from .publish import publish
+        from .report import publish_revision
 
-        return publish(args.staging, args.out, args.job)
+        return publish_revision(args.staging, args.out, args.job, keep=args.keep, protect=args.protect, termination_log=args.termination_log)
+    if args.stage == "validate":
+        from .validation import validate_export, write_json
+
+        flags = {"--target": args.target, "--drafter": args.drafter, "--quantization": args.quantization, "--algorithm": args.algorithm}
+        flags |= {"--engine": args.engine} | ({"--context-length": args.context_length} if args.context_length else {})
+        verdict = validate_export([part for flag, value in flags.items() for part in (flag, value)])
+        write_json(args.out, verdict)
+        return verdict
     if args.stage == "evaluate":
         return _evaluate(args, progress)
     raise AssertionError(args.stage)
@@ -299,42 +332,27 @@ def _capture(args: argparse.Namespace, progress: bool) -> dict[str, Any]:
 
 
 def _evaluate(args: argparse.Namespace, progress: bool) -> dict[str, Any]:
-    import torch
-    from transformers import AutoTokenizer
+    """specdec-train evaluate: the drafter's acceptance (and, with --serving, the serving drafter's, the same way)."""
+    from .offline import evaluation_report
 
-    from .evaluate import Eagle3Proposer, evaluate_drafter, load_prompts
-    from .target import load_target
-    from .train import load_trained
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tgt = load_target(args.target, args.quantization, device=device)
-    draft = load_trained(args.drafter, args.target).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    prompts = load_prompts(args.prompts, tokenizer, args.limit)
-    eos = tgt.config.get("eos_token_id")
-    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    report: dict[str, Any] = {"target": args.target, "target_quantization": tgt.quantization, "runs": []}
-    for temperature in args.temperature or [0.0, 0.7]:
-        report["runs"].append(
-            evaluate_drafter(
-                tgt.model,
-                Eagle3Proposer(draft),
-                prompts,
-                draft.cfg.aux_layer_ids,
-                num_steps=args.num_steps,
-                num_draft_tokens=args.num_draft_tokens,
-                max_new_tokens=args.max_new_tokens,
-                temperature=temperature,
-                eos_ids=eos_ids,
-                seed=args.seed,
-                draft_for_simulation=draft,
-                progress=progress,
-            )
-        )
+    drafters = {"drafter": args.drafter} | ({"serving": args.serving} if args.serving else {})
+    settings = {"num_steps": args.num_steps, "num_draft_tokens": args.num_draft_tokens, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    report = evaluation_report(
+        args.target,
+        drafters,
+        args.prompts,
+        quantization=args.quantization,
+        engine=args.engine,
+        temperatures=args.temperature,
+        limit=args.limit,
+        device=args.device,
+        settings=settings,
+        progress=progress,
+    )
     if args.out:
-        from pathlib import Path
+        from .validation import write_json
 
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        write_json(args.out, report)  # whole or absent: publish reads it
     return report
 
 

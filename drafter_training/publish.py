@@ -47,8 +47,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def publish(staging: str | Path, out: str | Path, job: str | None = None) -> dict[str, Any]:
-    """Check `<staging>/export`, mark it COMPLETE, rename it to `out` and remove `staging`; returns the marker."""
+def publish(staging: str | Path, out: str | Path, job: str | None = None, figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check `<staging>/export`, mark it COMPLETE, rename it to `out` and remove `staging`; returns the marker.
+    figures: the revision's report (report.revision_figures), kept in the marker so that a rerun answers the same."""
     staging, out = Path(staging), Path(out)
     if is_published(out):
         shutil.rmtree(staging, ignore_errors=True)
@@ -60,7 +61,9 @@ def publish(staging: str | Path, out: str | Path, job: str | None = None) -> dic
         raise InputError(f"{export}: no export; run specdec-train export --out {export} first")
     check_export(export)
     files = {p.name: _sha256(p) for p in sorted(export.iterdir()) if p.is_file() and p.name != MARKER}
-    marker = {"job": job, "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
+    marker: dict[str, Any] = {"job": job, "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
+    if figures is not None:
+        marker["figures"] = figures
     tmp = export / f".{MARKER}.tmp"
     with tmp.open("w") as f:
         f.write(json.dumps(marker, indent=1) + "\n")

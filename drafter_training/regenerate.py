@@ -171,7 +171,9 @@ async def _post(session: Any, url: str, body: dict[str, Any], retries: int, back
             async with session.post(url, json=body) as resp:
                 if resp.status == 200:
                     return await resp.json()
-                last = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                # The status and the answer's length only: a server's error may quote the prompt, and no prompt or
+                # answer text may reach the logs (docs/capture.md).
+                last = f"HTTP {resp.status} ({len(await resp.read())} bytes)"
                 if resp.status < 500 and resp.status != 429:
                     raise EndpointError(f"{url}: {last}")
         except (TimeoutError, aiohttp.ClientError) as exc:
@@ -198,7 +200,8 @@ async def complete_turn(
     try:
         return await _complete_turn(session, base_url, api, model, tokenizer, messages, max_new_tokens, temperature, retries, backoff)
     except (KeyError, IndexError, TypeError) as exc:
-        raise EndpointError(f"{base_url} ({api}): unexpected response shape ({type(exc).__name__}: {exc})") from None
+        # The exception's type only: its text may quote the answer.
+        raise EndpointError(f"{base_url} ({api}): unexpected response shape ({type(exc).__name__})") from None
 
 
 async def _complete_turn(

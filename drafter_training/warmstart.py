@@ -38,7 +38,7 @@ from specdec_operator.validator.provenance import FILENAME as PROVENANCE
 from specdec_operator.validator.provenance import DrafterProvenance
 from specdec_operator.validator.speculators import flatten, is_speculators
 
-from .model import DraftConfig
+from .model import DraftConfig, Eagle3Draft
 from .target import read_config, tokenizer_sha256
 
 WEIGHTS = "model.safetensors"
@@ -212,3 +212,17 @@ def _weights(drafter_dir: Path, cfg: DraftConfig) -> tuple[dict[str, torch.Tenso
         raise InputError(f"{path}: no d2t/t2d for a draft vocabulary of {cfg.draft_vocab_size} < {cfg.vocab_size}; export the drafter again")
     weights = {name: t.float() for name, t in tensors.items() if name not in MAPS}
     return weights, d2t, t2d
+
+
+def exported_draft_model(drafter_dir: str | Path, target_dir: str | Path, engine: str | None = None) -> Eagle3Draft:
+    """An exported drafter as a model to evaluate (`specdec-train evaluate --drafter EXPORT`): its weights as the
+    engine reads them (bf16, here in float32), its vocabulary map, the target's embeddings."""
+    from .train import target_embeddings_and_head
+
+    exported = load_exported_drafter(drafter_dir, target_dir, engine)
+    model = Eagle3Draft(exported.config)
+    embed, _ = target_embeddings_and_head(target_dir)
+    model.embed_tokens.weight.data.copy_(embed.float())
+    model.load_state_dict(exported.weights, strict=False)
+    model.set_vocab_mapping(exported.d2t, exported.t2d)
+    return model.eval()

@@ -14,9 +14,16 @@ which stage failed), every one the drafter-training image's ``specdec-train``:
    server is not started by the Job), of the layers the serving drafter was trained on (--capture-layers-of);
 4. train: warm-started from the serving drafter, keeping its vocabulary map (--init-from-drafter), at most
    budget.maxSteps steps; ``torchrun`` over budget.gpus GPUs when there are several;
-5. export: for the serving engine, in its layer-id convention.
+5. export: for the serving engine, in its layer-id convention;
+6. validate: the validator's checks of the export against the target (what the speculative pod's init container
+   runs), recorded in ``validation.json`` whatever the verdict;
+7. evaluate: the export and the serving drafter, the same way, on the held-out slice (``heldout.jsonl``) against the
+   target loaded as capture loads it: each one's offline acceptance length in ``evaluation.json``.
 
-Then the container ``publish`` checks the export and renames it to ``/revisions/<job>`` with its COMPLETE marker.
+Then the container ``publish`` checks the export and renames it to ``/revisions/<job>`` with its COMPLETE marker and
+figures, prunes the oldest revisions beyond maxRevisions (never a protected one: the serving and the pinned revision),
+and writes its report, one JSON line, to /dev/termination-log (drafter_training/report.py: the contract the operator
+reads).
 Everything before lives in ``/revisions/.staging/<job>/``, where a retried pod resumes each stage; a Job that fails
 or runs out of time (budget.maxMinutes as activeDeadlineSeconds) leaves no revision, only staging that nothing reads.
 
@@ -61,8 +68,12 @@ PART_OF = "specdec-operator"
 CAPTURE_VOLUME, CAPTURE_MOUNT = "captured", "/capture"
 REVISIONS_VOLUME, REVISIONS_MOUNT = "revisions", "/revisions"
 TMP_VOLUME, SHM_VOLUME = "tmp", "dshm"
-STAGES = ("gather", "regenerate", "capture", "train", "export")
+STAGES = ("gather", "regenerate", "capture", "train", "export", "validate", "evaluate")
 PUBLISH = "publish"
+GPU_STAGES = ("capture", "train", "evaluate")  # the stages that run the target or the drafter
+TERMINATION_LOG = "/dev/termination-log"  # publish's report (drafter_training/report.py), read by the operator
+DEFAULT_MAX_REVISIONS = 3  # spec.retraining.training.maxRevisions' default (the contract of issue 36)
+HELDOUT_LIMIT = 64  # held-out conversations evaluated per drafter (specdec-train evaluate --limit)
 MAX_NAME = 63  # a Job's name is also its pods' job-name label value
 
 
@@ -75,6 +86,15 @@ class TrainingJobSettings:
     cpu_image: str = ""
     priority_class_name: str = DEFAULT_PRIORITY_CLASS  # "" leaves the pods at the cluster's default priority
     cluster_cap: int = 1  # training Jobs running at once in the whole cluster (reconcile/retrain.Cluster.cap)
+
+
+@dataclass(frozen=True)
+class RevisionsKept:
+    """The storage cap publish applies: at most max_revisions complete revisions on the claim, never pruning those
+    named in protect (the revision serving and the one spec.retraining.revision pins)."""
+
+    max_revisions: int = DEFAULT_MAX_REVISIONS
+    protect: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,7 +132,13 @@ def capture_quantization(spec: SpeculativeServerSpec) -> str:
 
 
 def stage_commands(
-    name: str, namespace: str, spec: SpeculativeServerSpec, training: RetrainingTraining, number: int, settings: ManifestSettings
+    name: str,
+    namespace: str,
+    spec: SpeculativeServerSpec,
+    training: RetrainingTraining,
+    number: int,
+    settings: ManifestSettings,
+    revisions: RevisionsKept | None = None,
 ) -> dict[str, list[str]]:
     """Each stage's command line, in order, then publish's."""
     drafter = draft_model_path(spec)
@@ -146,7 +172,9 @@ def stage_commands(
     train = {"--capture": f"{work}/hidden", "--target": target, "--out": f"{work}/run", "--init-from-drafter": drafter}
     steps = {"--max-steps": str(budget.max_steps), "--checkpoint-every": "100"}
     export = {"--run": f"{work}/run", "--target": target, "--out": f"{staging}/export", "--engine": engine.cli_name}
-    publish = {"--staging": staging, "--out": revision_dir(name, number), "--job": job_name(name, number)}
+    kept = revisions or RevisionsKept(getattr(training, "max_revisions", DEFAULT_MAX_REVISIONS))
+    publish = {"--staging": staging, "--out": revision_dir(name, number), "--job": job_name(name, number), "--keep": str(kept.max_revisions)}
+    publish_args = [*_args(publish | {"--termination-log": TERMINATION_LOG}), *(["--protect", *kept.protect] if kept.protect else [])]
     return {
         "gather": [
             "specdec-train",
@@ -158,7 +186,33 @@ def stage_commands(
         # Under torchrun each rank takes its own GPU (LOCAL_RANK): no --device.
         "train": [*run, "train", *_args(train | steps | (device if budget.gpus <= 1 else {}))],
         "export": ["specdec-train", "export", *_args(export)],
-        PUBLISH: ["specdec-train", "publish", *_args(publish)],
+        "validate": ["specdec-train", "validate", *_args(_validate_flags(spec, target, f"{staging}/export", f"{work}/validation.json"))],
+        "evaluate": ["specdec-train", "evaluate", *_args(_evaluate_flags(spec, target, drafter, staging) | device)],
+        PUBLISH: ["specdec-train", "publish", *publish_args],
+    }
+
+
+def _validate_flags(spec: SpeculativeServerSpec, target: str, export: str, out: str) -> dict[str, str]:
+    """The flags of the speculative pod's `specdec validate` (manifests.validator_container), on the new export."""
+    flags = {"--target": target, "--drafter": export, "--quantization": spec.target.quantization, "--algorithm": spec.drafter.algorithm}
+    if spec.target.context_length:
+        flags["--context-length"] = str(spec.target.context_length)
+    return flags | {"--engine": facts_for(spec.engine).cli_name, "--out": out}
+
+
+def _evaluate_flags(spec: SpeculativeServerSpec, target: str, drafter: str, staging: str) -> dict[str, str]:
+    """Both drafters on the held-out slice, greedy, with the serving chain length, the target as capture loads it."""
+    return {
+        "--target": target,
+        "--drafter": f"{staging}/export",
+        "--serving": drafter,
+        "--prompts": f"{staging}/work/prompts/heldout.jsonl",
+        "--quantization": capture_quantization(spec),
+        "--engine": facts_for(spec.engine).cli_name,
+        "--num-steps": str(spec.drafter.num_steps),
+        "--temperature": "0",
+        "--limit": str(HELDOUT_LIMIT),
+        "--out": f"{staging}/work/evaluation.json",
     }
 
 
@@ -176,8 +230,10 @@ def _container(stage: str, command: list[str], image: str, gpus: int, mounts: li
         "securityContext": {**_container_security(), "runAsNonRoot": True, "runAsUser": TRAINING_UID, "runAsGroup": TRAINING_UID},
         "terminationMessagePolicy": "FallbackToLogsOnError",  # the stage's one-line error reaches the pod's status
     }
-    if gpus and stage in ("capture", "train"):
+    if gpus and stage in GPU_STAGES:
         container["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}}
+    if stage == PUBLISH:  # its report: one JSON line the operator reads from the pod's status
+        container["terminationMessagePath"] = TERMINATION_LOG
     return container
 
 
@@ -251,11 +307,14 @@ def training_job(
     trigger: str,
     settings: TrainingJobSettings = TrainingJobSettings(),
     manifest_settings: ManifestSettings = ManifestSettings(),
+    revisions: RevisionsKept | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job of training run `number` (pure; owned by the SpeculativeServer, so it goes with it)."""
+    """The batch/v1 Job of training run `number` (pure; owned by the SpeculativeServer, so it goes with it).
+    revisions: the storage cap and the revisions it must keep; None: training.maxRevisions (3 where the spec has no
+    such field), nothing protected."""
     budget = training.budget
     image = settings.cpu_image if budget.gpus == 0 and settings.cpu_image else settings.image
-    commands = stage_commands(name, namespace, spec, training, number, manifest_settings)
+    commands = stage_commands(name, namespace, spec, training, number, manifest_settings, revisions)
     labels = training_labels(name, number)
     return {
         "apiVersion": "batch/v1",

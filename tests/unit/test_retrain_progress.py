@@ -67,7 +67,7 @@ OK = [ended(s, 0) for s in ("gather", "regenerate")]
             None,
             "Insufficient nvidia.com/gpu",
         ),
-        ("stage capture runs", JOB, [pod([*OK, running("capture")])], [], JobState.RUNNING, ProgressReason.RUNNING, "capture", "stage capture (3/6)"),
+        ("stage capture runs", JOB, [pod([*OK, running("capture")])], [], JobState.RUNNING, ProgressReason.RUNNING, "capture", "stage capture (3/8)"),
         (
             "publishing",
             JOB,
@@ -76,7 +76,7 @@ OK = [ended(s, 0) for s in ("gather", "regenerate")]
             JobState.RUNNING,
             ProgressReason.RUNNING,
             "publish",
-            "(6/6)",
+            "(8/8)",
         ),
         (
             "done",

@@ -68,7 +68,16 @@ def test_budget_priority_owner_and_failure_policy():
     owner = obj["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("SpeculativeServer", "llama31-8b", "uid-1", True)
     gpus = {name: c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") for name, c in containers(obj).items()}
-    assert gpus == {"gather": None, "regenerate": None, "capture": "2", "train": "2", "export": None, "publish": None}
+    assert gpus == {
+        "gather": None,
+        "regenerate": None,
+        "capture": "2",
+        "train": "2",
+        "export": None,
+        "validate": None,
+        "evaluate": "2",
+        "publish": None,
+    }
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"] == [
         {"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}
     ]
@@ -136,6 +145,36 @@ def test_the_stages_speak_the_serving_engine_and_quantization():
     assert flags(bf16, "capture")["--quantization"] == "none"
     with pytest.raises(ValueError, match="NGRAM has no drafter model"):
         job(spec=spec_of(drafter={"algorithm": "NGRAM"}))
+
+
+def _flags(cmd: list[str]) -> dict[str, str]:
+    """--flag value pairs of a command line (a flag without a value maps to "")."""
+    return {a: cmd[i + 1] if i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else "" for i, a in enumerate(cmd) if a.startswith("--")}
+
+
+def test_validate_evaluate_and_publish_check_the_new_export_against_the_serving_drafter():
+    from specdec_operator.manifests import ManifestSettings, validator_container
+
+    vllm_spec = spec_of(engine="vLLM", image="vllm/vllm-openai:v0.32.0", sglang=None, vllm={"maxNumSeqs": 64})
+    for spec in (spec_of(), spec_of(target={"path": "m", "quantization": "fp8", "contextLength": 4096}), vllm_spec):
+        stages, export = containers(job(spec=spec)), "/revisions/.staging/llama31-8b-train-3/export"
+        # The flags of the speculative pod's own `specdec validate`, on the new export.
+        in_pod = _flags(validator_container(spec, ManifestSettings())["command"])
+        expected = {k: v for k, v in in_pod.items() if k not in ("--json", "--termination-log")} | {"--drafter": export}
+        expected.setdefault("--engine", "sglang")
+        assert {k: v for k, v in _flags(stages["validate"]["command"]).items() if k != "--out"} == expected
+        evaluate = _flags(stages["evaluate"]["command"])
+        serving = _flags(stages["train"]["command"])["--init-from-drafter"]
+        assert (evaluate["--drafter"], evaluate["--serving"]) == (export, serving)  # the new export and the drafter it started from
+        assert evaluate["--prompts"].endswith("/work/prompts/heldout.jsonl")
+        assert evaluate["--quantization"] == _flags(stages["capture"]["command"])["--quantization"]  # the target as capture loads it
+        assert evaluate["--num-steps"] == str(spec.drafter.num_steps) and evaluate["--temperature"] == "0"
+    publish = containers(job())["publish"]
+    assert publish["terminationMessagePath"] == t.TERMINATION_LOG and _flags(publish["command"])["--keep"] == str(t.DEFAULT_MAX_REVISIONS)
+    assert "--protect" not in publish["command"]
+    kept = t.RevisionsKept(5, ("llama31-8b-train-1", "llama31-8b-train-2"))
+    command = containers(t.training_job("llama31-8b", "team-a", "uid-1", spec_of(), TRAINING, DATA, 3, "Drift", revisions=kept))["publish"]["command"]
+    assert command[command.index("--keep") + 1] == "5" and command[command.index("--protect") :] == ["--protect", *kept.protect]
 
 
 def test_every_stage_command_line_parses_as_specdec_train_reads_it():

@@ -1,14 +1,18 @@
-"""The retraining Job's stages run as processes would run them in its pod (issue 36, item 2): the command lines
+"""The retraining Job's stages run as processes would run them in its pod (issue 36, items 2 and 3): the command lines
 trainjob.py renders, with the pod's mounts mapped onto directories here and the base Service onto a real HTTP server of
 the tiny target (tests/support/tiny_server.py). Captured traffic in, a published revision out that keeps the serving
-drafter's vocabulary map; a stage that fails leaves no revision.
+drafter's vocabulary map, with publish's termination message (the contract the operator reads: both drafters' offline
+acceptance on the held-out slice, the validator's verdict, the storage cap's pruning); a stage that fails leaves no
+revision.
 
-Only two things differ from the pod: the paths (/models, /capture, /revisions are directories under tmp) and
-regenerate's --max-new-tokens, appended small so the tiny target answers in seconds."""
+Only three things differ from the pod: the paths (/models, /capture, /revisions are directories under tmp, and
+/dev/termination-log a file), and regenerate's and evaluate's --max-new-tokens, appended small so the tiny target
+answers in seconds."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,15 @@ from safetensors.torch import load_file
 
 from drafter_training.capture import capture_hf
 from drafter_training.cli import main as specdec_train
+from drafter_training.evaluate import load_prompts
 from drafter_training.export import export_drafter
+from drafter_training.gather import gather
+from drafter_training.offline import drafter_runs, load_drafter
 from drafter_training.publish import is_published, read_marker
 from drafter_training.regenerate import tokenize_conversation
+from drafter_training.report import termination_message
+from drafter_training.revisions import complete_revisions, size_on_disk
+from drafter_training.target import load_target
 from drafter_training.train import TrainConfig, train
 from drafter_training.vocab import build_vocab
 from specdec_operator import trainjob as t
@@ -59,29 +69,39 @@ def serving(tmp_path_factory):
     torch.set_num_threads(before)
 
 
-def _rendered(root: Path, name: str) -> dict[str, list[str]]:
-    spec = parse_spec({"image": "sglang", "model": {"volume": {"emptyDir": {}}}, "target": {"path": "target"}, "drafter": {"path": "drafter"}})
-    job = t.training_job(name, "team-a", "uid", spec, TRAINING, t.TrainingData("c", "r"), 1, "Drift")
+SPEC = parse_spec({"image": "sglang", "model": {"volume": {"emptyDir": {}}}, "target": {"path": "target"}, "drafter": {"path": "drafter"}})
+MAX_NEW_TOKENS = {"regenerate": "12", "evaluate": "8"}
+
+
+def _rendered(name: str, number: int = 1, revisions: t.RevisionsKept | None = None) -> dict[str, list[str]]:
+    job = t.training_job(name, "team-a", "uid", SPEC, TRAINING, t.TrainingData("c", "r"), number, "Drift", revisions=revisions)
     pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["terminationMessagePath"] == t.TERMINATION_LOG
     return {c["name"]: c["command"] for c in pod["initContainers"] + pod["containers"]}
 
 
-def _here(arg: str, root: Path, capture: Path, server: TinyModelServer) -> str:
-    if arg.startswith("http://"):
+def _here(arg: str, root: Path, capture: Path, server: TinyModelServer | None) -> str:
+    if arg.startswith("http://") and server is not None:
         return server.base_url
+    if arg == t.TERMINATION_LOG:
+        return str(root / "termination-log")
     for mount, local in (("/models", root / "models"), ("/capture", capture), ("/revisions", root / "revisions")):
         if arg == mount or arg.startswith(mount + "/"):
             return str(local) + arg[len(mount) :]
     return arg
 
 
-def _run_stages(root: Path, capture: Path, server: TinyModelServer, name: str) -> list[tuple[str, int]]:
+def _run_stages(
+    root: Path, capture: Path, server: TinyModelServer | None, commands: dict[str, list[str]], only: tuple[str, ...] | None = None
+) -> list[tuple[str, int]]:
     ran = []
-    for stage, command in _rendered(root, name).items():
+    for stage, command in commands.items():
+        if only is not None and stage not in only:
+            continue
         assert command[0] == "specdec-train"  # one CPU: no torchrun
         argv = ["--quiet", *(_here(a, root, capture, server) for a in command[1:])]
-        if stage == "regenerate":
-            argv += ["--max-new-tokens", "12"]
+        if stage in MAX_NEW_TOKENS:
+            argv += ["--max-new-tokens", MAX_NEW_TOKENS[stage]]
         code = specdec_train(argv)
         ran.append((stage, code))
         if code:
@@ -89,16 +109,35 @@ def _run_stages(root: Path, capture: Path, server: TinyModelServer, name: str) -
     return ran
 
 
+def _message(root: Path) -> dict:
+    text = (root / "termination-log").read_text()
+    assert len(text.encode()) <= 4000 and "\n" not in text  # one line, within the contract's bound
+    return json.loads(text)
+
+
 def _chat(i: int) -> str:
     return json.dumps({"endpoint": "/v1/chat/completions", "messages": [{"role": "user", "content": f"please write code {i}"}]})
 
 
-def test_captured_traffic_in_a_published_revision_out_with_the_serving_map(serving, capsys):
+def _serving_accept_length(root: Path, heldout: Path) -> float:
+    """The serving drafter evaluated here, apart from the Job: what the Job's evaluate stage must have found for it."""
+    from transformers import AutoTokenizer
+
+    target_dir = root / "models" / "target"
+    target = load_target(target_dir, "none", device="cpu")
+    prompts = load_prompts(heldout, AutoTokenizer.from_pretrained(str(target_dir)), t.HELDOUT_LIMIT)
+    eos = target.config.get("eos_token_id")
+    settings = {"num_steps": SPEC.drafter.num_steps, "max_new_tokens": 8, "eos_ids": {eos} if isinstance(eos, int) else set(eos or [])}
+    runs = drafter_runs(target.model, load_drafter(root / "models" / "drafter", target_dir, "sglang"), prompts, [0.0], settings, False)
+    return runs[0]["acceptance_length"]
+
+
+def test_captured_traffic_in_a_published_revision_out_with_the_serving_map_and_its_report(serving, capsys):
     root, server = serving
     capture = root / "capture-ok"
     capture.mkdir()
     (capture / "capture-20261207T000000Z-p.jsonl").write_text("\n".join(_chat(i) for i in range(14)) + "\n")
-    ran = _run_stages(root, capture, server, "srv")
+    ran = _run_stages(root, capture, server, _rendered("srv"))
     assert ran == [(stage, 0) for stage in (*t.STAGES, t.PUBLISH)]
     revision = root / "revisions" / "srv-train-1"
     assert is_published(revision) and read_marker(revision)["job"] == "srv-train-1"
@@ -111,13 +150,125 @@ def test_captured_traffic_in_a_published_revision_out_with_the_serving_map(servi
     assert provenance["capture_layer_ids"]["sglang_config_output_index"] == LAYERS
     assert set(read_marker(revision)["files"]) == {"config.json", "model.safetensors", "training_provenance.json"}
 
+    # The termination message of the contract: figures of both drafters on the held-out slice gather kept out.
+    split = gather(capture, root / "split-ok", max_samples=TRAINING.budget.max_samples)
+    assert split["heldout"] > 0
+    message = _message(root)
+    assert set(message) == {"schema", "revision", "path", "heldout", "offline", "validation", "trainSamples", "steps", "bytes", "pruned"}
+    assert (message["schema"], message["revision"], message["path"]) == (1, "srv-train-1", "srv-train-1")
+    assert message["heldout"] == split["heldout"]
+    offline = message["offline"]
+    for role in ("revision", "serving"):
+        assert 1.0 <= offline[role]["acceptLength"] <= SPEC.drafter.num_steps + 1
+    assert offline["serving"]["acceptLength"] == pytest.approx(_serving_accept_length(root, root / "split-ok" / "heldout.jsonl"), abs=1e-4)
+    assert message["validation"] == {"passed": True, "codes": []}
+    assert message["steps"] == TRAINING.budget.max_steps and 0 < message["trainSamples"] <= split["train"]
+    assert message["bytes"] == size_on_disk(revision) > 0 and message["pruned"] == []
+    assert read_marker(revision)["figures"]["offline"] == offline
+    # No text of the traffic in the report nor in anything the stages printed.
+    assert "please write code" not in json.dumps(message) + "".join(capsys.readouterr())
+
 
 def test_a_stage_that_cannot_use_its_input_leaves_no_revision(serving, capsys):
     root, server = serving
     capture = root / "capture-bad"
     capture.mkdir()
     (capture / "capture-20261207T000000Z-p.jsonl").write_text(json.dumps({"endpoint": "/v1/completions", "prompt": "only completions"}) + "\n")
-    ran = _run_stages(root, capture, server, "bad")
+    ran = _run_stages(root, capture, server, _rendered("bad"))
     assert ran == [("gather", t.BAD_INPUT_EXIT)]  # exit 2: the Job's podFailurePolicy fails it at once
     assert "no chat conversation to train on" in capsys.readouterr().err
     assert not (root / "revisions" / "bad-train-1").exists()
+
+
+def _claim(tmp_path: Path, root: Path) -> Path:
+    """A fresh /revisions beside the module's /models."""
+    work = tmp_path / "claim"
+    work.mkdir()
+    (work / "models").symlink_to(root / "models")
+    return work
+
+
+def _staged(root: Path, job: str, heldout: int) -> Path:
+    """A Job's staging directory as the stages before validate leave it: the export (here the serving drafter's
+    copy) and the held-out slice."""
+    staging = root / "revisions" / ".staging" / job
+    shutil.copytree(root / "models" / "drafter", staging / "export")
+    (staging / "work" / "prompts").mkdir(parents=True)
+    rows = [{"id": str(i), "messages": [{"role": "user", "content": f"held out {i}"}]} for i in range(heldout)]
+    (staging / "work" / "prompts" / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return staging
+
+
+def _publish_earlier(root: Path, job: str, published: str) -> None:
+    """A complete revision of an earlier Job (its marker's time says when)."""
+    revision = root / "revisions" / job
+    shutil.copytree(root / "models" / "drafter", revision)
+    (revision / "COMPLETE").write_text(json.dumps({"job": job, "published": published, "files": {}}))
+
+
+def test_publish_prunes_the_oldest_revisions_beyond_the_cap_never_a_protected_one(serving, tmp_path):
+    root, _ = serving
+    work = _claim(tmp_path, root)
+    for n, published in ((1, "2026-12-01T00:00:00Z"), (2, "2026-12-02T00:00:00Z"), (3, "2026-12-03T00:00:00Z")):
+        _publish_earlier(work, f"cap-train-{n}", published)
+    (work / "revisions" / "cap-train-9").mkdir()  # not a revision (no COMPLETE): neither counted nor touched
+    (work / "revisions" / ".staging" / "cap-train-3" / "work").mkdir(parents=True)  # what a failed Job left
+    _staged(work, "cap-train-4", heldout=2)
+    commands = _rendered("cap", 4, t.RevisionsKept(max_revisions=2, protect=("cap-train-1",)))
+    assert commands[t.PUBLISH][-4:] == ["--termination-log", t.TERMINATION_LOG, "--protect", "cap-train-1"]
+    ran = _run_stages(work, work / "capture", None, commands, only=("validate", "evaluate", t.PUBLISH))
+    assert ran == [("validate", 0), ("evaluate", 0), (t.PUBLISH, 0)]
+    message = _message(work)
+    # Four complete, two kept: the oldest unprotected go; the protected one stays though it is the oldest.
+    assert message["pruned"] == ["cap-train-2", "cap-train-3"]
+    assert complete_revisions(work / "revisions") == ["cap-train-1", "cap-train-4"]
+    assert (work / "revisions" / "cap-train-9").is_dir()  # not a revision: untouched
+    assert list((work / "revisions" / ".staging").iterdir()) == []  # the failed Job's staging and the pruned ones gone
+    # The export is the serving drafter's copy: both evaluated the same way, on the same two prompts, so equal.
+    assert message["heldout"] == 2 and message["offline"]["revision"] == message["offline"]["serving"]
+    assert message["validation"]["passed"] is True
+    assert "trainSamples" not in message and "steps" not in message  # no training run here: its figures are missing
+
+
+def test_no_heldout_conversation_leaves_the_offline_figures_out(serving, tmp_path):
+    root, _ = serving
+    work = _claim(tmp_path, root)
+    _staged(work, "few-train-1", heldout=0)
+    ran = _run_stages(work, work / "capture", None, _rendered("few"), only=("validate", "evaluate", t.PUBLISH))
+    assert ran == [("validate", 0), ("evaluate", 0), (t.PUBLISH, 0)]
+    message = _message(work)
+    assert message["heldout"] == 0 and "offline" not in message  # the operator: OfflineEvaluationMissing
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        ("evaluation.json", "{not json", "evaluation.json: not JSON"),
+        ("validation.json", json.dumps({"passed": "yes", "codes": []}), "validation.json: needs passed (true/false) and codes"),
+    ],
+)
+def test_a_bad_report_input_is_one_line_and_publishes_nothing(serving, tmp_path, capsys, name, content, said):
+    root, _ = serving
+    work = _claim(tmp_path, root)
+    staging = _staged(work, "rep-train-1", heldout=1)
+    (staging / "work" / name).write_text(content)
+    ran = _run_stages(work, work / "capture", None, _rendered("rep"), only=(t.PUBLISH,))
+    assert ran == [(t.PUBLISH, t.BAD_INPUT_EXIT)]
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not is_published(work / "revisions" / "rep-train-1") and (staging / "export").is_dir()
+    assert not (work / "termination-log").exists()
+
+
+def test_the_message_stays_within_the_bound():
+    doc = {
+        "schema": 1,
+        "revision": "r",
+        "path": "r",
+        "validation": {"passed": False, "codes": ["C"] * 3},
+        "pruned": [f"x-train-{n}" * 4 for n in range(400)],
+    }
+    text = termination_message(doc)
+    parsed = json.loads(text)
+    assert len(text) <= 4000 and parsed["truncated"] is True and parsed["validation"]["codes"] == ["C"] * 3
+    assert parsed["pruned"] == doc["pruned"][: len(parsed["pruned"])]
