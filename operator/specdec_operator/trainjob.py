@@ -42,7 +42,7 @@ from typing import Any
 
 from . import API_GROUP, API_VERSION, KIND
 from .api import SpeculativeServerSpec
-from .api_retraining_job import RetrainingTraining
+from .api_retraining_job import DEFAULT_MAX_REVISIONS, RetrainingTraining
 from .enginefacts import facts_for
 from .engines import engine_for
 from .engines.paths import draft_model_path, target_model_path
@@ -72,7 +72,6 @@ STAGES = ("gather", "regenerate", "capture", "train", "export", "validate", "eva
 PUBLISH = "publish"
 GPU_STAGES = ("capture", "train", "evaluate")  # the stages that run the target or the drafter
 TERMINATION_LOG = "/dev/termination-log"  # publish's report (drafter_training/report.py), read by the operator
-DEFAULT_MAX_REVISIONS = 3  # spec.retraining.training.maxRevisions' default (the contract of issue 36)
 HELDOUT_LIMIT = 64  # held-out conversations evaluated per drafter (specdec-train evaluate --limit)
 MAX_NAME = 63  # a Job's name is also its pods' job-name label value
 
@@ -172,7 +171,7 @@ def stage_commands(
     train = {"--capture": f"{work}/hidden", "--target": target, "--out": f"{work}/run", "--init-from-drafter": drafter}
     steps = {"--max-steps": str(budget.max_steps), "--checkpoint-every": "100"}
     export = {"--run": f"{work}/run", "--target": target, "--out": f"{staging}/export", "--engine": engine.cli_name}
-    kept = revisions or RevisionsKept(getattr(training, "max_revisions", DEFAULT_MAX_REVISIONS))
+    kept = revisions or RevisionsKept(training.max_revisions)
     publish = {"--staging": staging, "--out": revision_dir(name, number), "--job": job_name(name, number), "--keep": str(kept.max_revisions)}
     publish_args = [*_args(publish | {"--termination-log": TERMINATION_LOG}), *(["--protect", *kept.protect] if kept.protect else [])]
     return {
@@ -310,8 +309,8 @@ def training_job(
     revisions: RevisionsKept | None = None,
 ) -> dict[str, Any]:
     """The batch/v1 Job of training run `number` (pure; owned by the SpeculativeServer, so it goes with it).
-    revisions: the storage cap and the revisions it must keep; None: training.maxRevisions (3 where the spec has no
-    such field), nothing protected."""
+    revisions: the storage cap and the revisions it must keep (the serving and the pinned one); None:
+    training.maxRevisions, nothing protected."""
     budget = training.budget
     image = settings.cpu_image if budget.gpus == 0 and settings.cpu_image else settings.image
     commands = stage_commands(name, namespace, spec, training, number, manifest_settings, revisions)

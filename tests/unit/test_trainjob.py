@@ -172,6 +172,8 @@ def test_validate_evaluate_and_publish_check_the_new_export_against_the_serving_
     publish = containers(job())["publish"]
     assert publish["terminationMessagePath"] == t.TERMINATION_LOG and _flags(publish["command"])["--keep"] == str(t.DEFAULT_MAX_REVISIONS)
     assert "--protect" not in publish["command"]
+    seven = job(training=RetrainingTraining.model_validate({"maxRevisions": 7}))
+    assert _flags(containers(seven)["publish"]["command"])["--keep"] == "7"  # spec.retraining.training.maxRevisions
     kept = t.RevisionsKept(5, ("llama31-8b-train-1", "llama31-8b-train-2"))
     command = containers(t.training_job("llama31-8b", "team-a", "uid-1", spec_of(), TRAINING, DATA, 3, "Drift", revisions=kept))["publish"]["command"]
     assert command[command.index("--keep") + 1] == "5" and command[command.index("--protect") :] == ["--protect", *kept.protect]
