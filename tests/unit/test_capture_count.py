@@ -293,3 +293,16 @@ def test_the_charts_server_network_policy_leaves_the_capture_proxies_reachable(h
         selector, world.template("speculative")["metadata"]["labels"]
     )
     assert not _selects(selector, proxy["spec"]["template"]["metadata"]["labels"])
+
+
+def test_kubectl_specdec_status_says_how_many_conversations_are_stored() -> None:
+    from specdec_operator.cli.kubectl_specdec import describe
+    from specdec_operator.reconcile import read_status
+
+    world = World(llama_spec(**{"retraining": {"capture": CAPTURE}}))
+    to_promoted(world)
+    world.deployments["llama-capture"]["status"] = {"readyReplicas": 1}
+    known = describe("llama", read_status(world.step(captured_samples=1234).status), {})
+    assert "  capture: On, claim llama-capture (2Gi), 1234 conversations stored" in known.splitlines()
+    unknown = describe("llama", read_status(world.step(captured_samples=None).status), {})
+    assert "  capture: On, claim llama-capture (2Gi)" in unknown.splitlines()

@@ -182,7 +182,8 @@ def describe(name: str, status: SpeculativeServerStatus, annotations: dict[str, 
     lines += race_table(status)
     capture = status.retraining.capture if status.retraining is not None else None
     if capture is not None:  # spec.retraining.capture (docs/capture.md): its state and claim, never what it holds
-        lines.append(f"  capture: {capture.state}, claim {capture.claim_name or '-'} ({capture.claim_size or '-'})")
+        stored = f", {capture.conversations} conversations stored" if capture.conversations is not None else ""
+        lines.append(f"  capture: {capture.state}, claim {capture.claim_name or '-'} ({capture.claim_size or '-'}){stored}")
     measurement = curve_measurement(status)
     if measurement is None or not measurement.workloads:
         lines.append("  no speedup measured yet")

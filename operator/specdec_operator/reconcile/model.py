@@ -75,7 +75,7 @@ class Observed:
     races_elsewhere: int = 0
     # spec.retraining.training (reconcile/training.py): this resource's training Jobs by name (the Job index), the pods of
     # those Jobs, the operator's training Jobs still active in the whole cluster (the cap), the captured conversations
-    # as counted (None: not counted; the operator does not read the capture's count yet), and the Warning Events of
+    # as the capture proxies count them (controller/capturecount.py; None: not known now), and the Warning Events of
     # its Jobs that have no pod (read only then: the Job controller tells a quota's refusal there).
     training_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     training_pods: list[dict[str, Any]] = field(default_factory=list)
