@@ -10,7 +10,7 @@ SGLANG_VERSION ?= 0.5.23
 # Image names, tags and pinned bases (one place, shared with the chart): OPERATOR_IMAGE, OPERATOR_TAG, ...
 include images/images.env
 
-.PHONY: help venv tools node-deps vllm-cpu cluster-up cluster-down lint test test-unit crd demo manifests images images-local release clean
+.PHONY: help venv tools node-deps vllm-cpu cluster-up cluster-down lint test test-unit crd demo manifests images images-local images-training-cpu release clean
 
 help:
 	@echo "make demo         bring up a local control plane, run the operator on the examples, show the decisions"
@@ -26,6 +26,7 @@ help:
 	@echo "make manifests    render dist/install.yaml for users without Helm"
 	@echo "make images       build the operator, drafter-training and sglang-simulator images (docker or buildah; images/images.env)"
 	@echo "make images-local the same without a registry: a Debian base from mmdebstrap, then operator + simulator"
+	@echo "make images-training-cpu  the CPU drafter-training image on that local base (--training-cpu-image)"
 	@echo "make release      REGISTRY=host/path: push the images and the chart (OCI) there; the plugin's wheel and krew files in dist/release"
 
 # The virtualenv is rebuilt when pyproject.toml changes. SGLang is installed without its dependencies:
@@ -165,6 +166,16 @@ images:
 images-local:
 	$(BUILD_IMAGE) --local-base
 	$(MAKE) images IMAGES="$(filter-out training,$(IMAGES))" OPERATOR_BASE_IMAGE=$(LOCAL_BASE_IMAGE)
+
+# `make images-training-cpu`: the CPU variant of the drafter-training image (training Jobs with budget.gpus 0: the
+# operator's --training-cpu-image), FROM the local base, for machines that cannot pull the CUDA base. Its torch is
+# TRAINING_CPU_TORCH_VERSION from PyPI (with its nvidia packages, several GB); TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# gives the CPU-only wheel where that index is reachable.
+images-training-cpu:
+	$(BUILD_IMAGE) --local-base
+	$(BUILD_IMAGE) -f images/drafter-training-cpu/Dockerfile --build-arg BASE_IMAGE=$(LOCAL_BASE_IMAGE) \
+	  --build-arg VERSION=$(TRAINING_CPU_TAG) --build-arg TORCH_VERSION=$(TRAINING_CPU_TORCH_VERSION) \
+	  $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) -t $(TRAINING_CPU_IMAGE):$(TRAINING_CPU_TAG) .
 
 # `make release REGISTRY=registry.example.com/ml/specdec`: what a team mirrors (hack/release.sh says what and how):
 # the operator and simulator images pushed to $(REGISTRY)/specdec-operator and $(REGISTRY)/sglang-simulator, the chart

@@ -23,6 +23,7 @@ IMAGES = ROOT / "images"
 DOCKERFILES = {
     "operator": IMAGES / "operator" / "Dockerfile",
     "drafter-training": IMAGES / "drafter-training" / "Dockerfile",
+    "drafter-training-cpu": IMAGES / "drafter-training-cpu" / "Dockerfile",
     "sglang-simulator": IMAGES / "simulator" / "Dockerfile",
 }
 
@@ -174,6 +175,26 @@ def test_make_images_uses_images_env():
     assert local.returncode == 0, local.stderr
     assert "hack/build-image.sh --local-base" in local.stdout
     assert f"BASE_IMAGE={env['LOCAL_BASE_IMAGE']}" in local.stdout and "drafter-training" not in local.stdout
+
+
+def test_the_cpu_training_image_builds_on_the_local_base_with_the_serving_cpu_torch():
+    """The CPU variant (--training-cpu-image): FROM the local base, the torch vLLM's CPU build runs, `make
+    images-training-cpu` passing images.env's names, and the same user, entrypoint and build context as the CUDA one."""
+    env = images_env()
+    cpu = DOCKERFILES["drafter-training-cpu"]
+    assert arg_default(cpu, "BASE_IMAGE") == env["LOCAL_BASE_IMAGE"]
+    vllm_torch = re.search(r"^VLLM_TORCH_VERSION=\$\{VLLM_TORCH_VERSION:-([0-9.]+)\}$", (ROOT / "hack" / "vllm-cpu.sh").read_text(), flags=re.M)
+    assert vllm_torch and arg_default(cpu, "TORCH_VERSION") == env["TRAINING_CPU_TORCH_VERSION"] == vllm_torch.group(1)
+    proc = subprocess.run(["make", "-n", "images-training-cpu"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "hack/build-image.sh --local-base" in proc.stdout and f"BASE_IMAGE={env['LOCAL_BASE_IMAGE']}" in proc.stdout
+    assert f"TORCH_VERSION={env['TRAINING_CPU_TORCH_VERSION']}" in proc.stdout
+    assert f"-t {env['TRAINING_CPU_IMAGE']}:{env['TRAINING_CPU_TAG']}" in proc.stdout and env["TRAINING_CPU_TAG"] == project_version()
+    final, gpu_final = dict(stages(cpu)[-1]), dict(stages(DOCKERFILES["drafter-training"])[-1])
+    assert json.loads(final["ENTRYPOINT"]) == ["specdec-train"] and final["USER"] == gpu_final["USER"] == "65532:65532"
+    assert _copied_paths(cpu) == _copied_paths(DOCKERFILES["drafter-training"])
+    assert cpu.with_name("Dockerfile.dockerignore").read_text() == DOCKERFILES["drafter-training"].with_name("Dockerfile.dockerignore").read_text()
+    assert "/wheels/specdec_operator-${VERSION}-py3-none-any.whl[training]" in cpu.read_text()
 
 
 def _copied_paths(dockerfile: pathlib.Path) -> list[str]:

@@ -100,6 +100,7 @@ def test_images_gpu_and_cpu():
         if "=" in line and not line.startswith("#")
     }
     assert f"{env['TRAINING_IMAGE']}:{env['TRAINING_TAG']}" == t.DEFAULT_TRAINING_IMAGE
+    assert f"{env['TRAINING_CPU_IMAGE']}:{env['TRAINING_CPU_TAG']}" == settings.cpu_image  # what make images-training-cpu builds
 
 
 def test_capture_read_only_and_output_published_only_by_the_last_container():
