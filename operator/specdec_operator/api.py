@@ -107,6 +107,10 @@ class Reason(StrEnum):
     RETRAIN_STARTED = "RetrainStarted"
     RETRAIN_SUCCEEDED = "RetrainSucceeded"
     RETRAIN_FAILED = "RetrainFailed"
+    # Trained revisions (reconcile/revision.py; status.retraining.revisions says the same)
+    REVISION_PROMOTED = "RevisionPromoted"
+    REVISION_LOST = "RevisionLost"
+    REVISION_PIN_REFUSED = "RevisionPinRefused"
     # A warning on a decision: the probe measured random token ids, not the traffic users send
     SYNTHETIC_TRAFFIC = "SyntheticTraffic"
     # Phases before a decision, and failures

@@ -237,11 +237,6 @@ def training_events(before: TrainingStatus | None, after: TrainingStatus | None)
     return events
 
 
-# Events of trained revisions (reconcile/revision.py), derived from the stored and the new status.retraining.
-REVISION_PROMOTED = "RevisionPromoted"
-REVISION_LOST = "RevisionLost"
-REVISION_PIN_REFUSED = "RevisionPinRefused"
-
 
 def revision_events(before: RetrainingStatus | None, after: RetrainingStatus | None) -> list[Event]:
     """RevisionPromoted, RevisionLost (Warning) when a revision's row reaches that outcome, and RevisionPinRefused
@@ -254,9 +249,9 @@ def revision_events(before: RetrainingStatus | None, after: RetrainingStatus | N
         if row.outcome == known.get(row.name):
             continue
         if row.outcome == "Promoted":
-            events.append(Event("Normal", REVISION_PROMOTED, clip(f"revision {row.name} promoted: {row.message or ''}")))
+            events.append(Event("Normal", Reason.REVISION_PROMOTED, clip(f"revision {row.name} promoted: {row.message or ''}")))
         elif row.outcome == "Lost":
-            events.append(Event("Warning", REVISION_LOST, clip(f"revision {row.name} not promoted ({row.reason}): {row.message or ''}")))
+            events.append(Event("Warning", Reason.REVISION_LOST, clip(f"revision {row.name} not promoted ({row.reason}): {row.message or ''}")))
     if after.pin_refused and (before is None or before.pin_refused != after.pin_refused):
-        events.append(Event("Warning", REVISION_PIN_REFUSED, clip(after.pin_refused)))
+        events.append(Event("Warning", Reason.REVISION_PIN_REFUSED, clip(after.pin_refused)))
     return events
