@@ -313,3 +313,26 @@ def test_the_revisions_claim_is_created_with_the_job_in_the_capture_claims_class
     assert len(claims) == 1 and names.index("llama-revisions") < names.index("llama-train-1")  # the claim before the Job mounting it
     assert claims[0]["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "50Gi"}}, "storageClassName": "fast-rwx"}
     assert training(plan)["revisionsClaimSize"] == "50Gi"
+
+
+def test_a_drift_of_a_served_revision_retrains_from_it_and_publish_protects_it() -> None:
+    world = World(spec_with())
+    world.status = {
+        "retraining": {
+            "revisions": [
+                {"name": "llama-train-1", "outcome": "Retired", "reason": "Replaced"},
+                {"name": "llama-train-2", "outcome": "Promoted", "reason": "RaceWon"},
+            ],
+            "serving": "llama-train-2",
+            "training": {"jobsStarted": 2, "job": "llama-train-2", "state": "Succeeded", "outcome": "Promoted", "finishedAt": "2026-12-01T10:00:00Z"},
+        }
+    }
+    plan, _ = drifted(world)  # the revision is promoted, then its acceptance drifts: the monitor watches it
+    assert "/revisions/llama-train-2" in json.dumps(spec_pod(world)["containers"][0]["command"])
+    job = world.jobs["llama-train-3"]
+    pod = job["spec"]["template"]["spec"]
+    commands = {c["name"]: c["command"] for c in [*pod["initContainers"], *pod["containers"]]}
+    assert "/revisions/llama-train-2" in commands["train"]  # warm-started from the revision that served
+    publish = commands["publish"]
+    assert publish[publish.index("--protect") + 1 :][:1] == ["llama-train-2"] and publish[publish.index("--keep") + 1] == "3"
+    assert training(plan)["trigger"] == "Drift"

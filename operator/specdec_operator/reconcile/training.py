@@ -21,9 +21,9 @@ from typing import Any
 from .. import manifests as m
 from ..api import Decision, ProbeStatus, SpeculativeServerSpec, SpeculativeServerStatus, names_more_than_the_drafter, spec_for_candidate
 from ..api_retraining import RetrainingStatus, capture_on
-from ..api_retraining_job import RetrainingTraining, TrainingStatus
+from ..api_retraining_job import PIN_DRAFTER, RetrainingTraining, TrainingStatus
 from ..textutil import clip, parse_time, rfc3339
-from ..trainjob import ANNOTATION_TRIGGER, COMPONENT, LABEL_RETRAIN, TrainingData, training_job
+from ..trainjob import ANNOTATION_TRIGGER, COMPONENT, LABEL_RETRAIN, RevisionsKept, TrainingData, training_job
 from . import revision
 from .capture_objects import capture_name
 from .events import revision_events, training_events
@@ -228,6 +228,7 @@ def revisions_claim_object(name: str, namespace: str, training: RetrainingTraini
 
 
 def start_job(
+    protected: tuple[str, ...],
     current: TrainingStatus,
     spec: SpeculativeServerSpec,
     served: SpeculativeServerSpec,
@@ -237,13 +238,24 @@ def start_job(
     samples: int | None,
     now: datetime,
 ) -> tuple[TrainingStatus, list[dict[str, Any]]]:
-    """The revisions claim and the Job to apply, and the status recording the start."""
+    """The revisions claim and the Job to apply, and the status recording the start. ``protected``: the revisions the
+    Job's publish never prunes (the one serving and the one spec.retraining.revision pins)."""
     training = settings_of(spec)
     assert training is not None and verdict.job_number is not None
     data = TrainingData(capture_claim=capture_name(observed.name), revisions_claim=revisions_claim(observed.name))
     trigger = verdict.trigger.value if verdict.trigger is not None else ""
     job = training_job(
-        observed.name, observed.namespace, observed.uid, served, training, data, verdict.job_number, trigger, settings.training, settings.manifests
+        observed.name,
+        observed.namespace,
+        observed.uid,
+        served,
+        training,
+        data,
+        verdict.job_number,
+        trigger,
+        settings.training,
+        settings.manifests,
+        RevisionsKept(training.max_revisions, protected),
     )
     size = current.revisions_claim_size or training.revisions_storage
     claim = revisions_claim_object(observed.name, observed.namespace, training, spec, size)
@@ -293,7 +305,9 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
     verdict = decide_retrain(training, serving_of(served, plan.new_status), history_of(current), samples, cluster, now.timestamp())
     apply: list[dict[str, Any]] = []
     if verdict.action == Action.START and training is not None and verdict.job_number is not None:
-        current, apply = start_job(current, spec, served, observed, verdict, settings, samples, now)
+        pin = revision.pin_of(spec)
+        protected = tuple(sorted({r for r in (retraining.serving, pin) if r and r != PIN_DRAFTER}))
+        current, apply = start_job(protected, current, spec, served, observed, verdict, settings, samples, now)
     current = with_verdict(current, verdict, now)
     retraining = retraining.model_copy(update={"training": current if training is not None or before is not None else None})
     wake = verdict.retry_at_s - now.timestamp() if verdict.retry_at_s is not None else None
