@@ -15,7 +15,12 @@
    and back again when its drafter drifts (the simulator restarted with a drafter that accepts nothing), printing
    the walk; then print the GPUs each resource holds and the idle ones, and check them against what its spec
    implies (a promoted server with rollout.keepBaseWarm keeps its base's GPUs, idle; a loser holds none), in
-   status.gpus and in the operator's specdec_gpus / specdec_idle_gpus: exit status 1 otherwise; and clean up.
+   status.gpus and in the operator's specdec_gpus / specdec_idle_gpus: exit status 1 otherwise.
+7. The drafter flywheel (issue 36; hack/demo_flywheel.py says what runs where): a Llama drafter trained on chat
+   serves chat that users send through a real capture proxy; the traffic shifts to code, acceptance falls, and the
+   loop runs by itself: the monitor's drift rollback, a training Job (hack/job_runner.py runs it with a simulated
+   execute: hack/flywheel_job.py), the retrained revision raced and promoted by the operator, acceptance back over
+   the floor; then `kubectl specdec revisions`. Exit status 1 otherwise. Clean up.
 
 Nothing runs in the simulated pods: their validator verdicts (produced here by the real `specdec validate` on
 metadata-only model directories) and their readiness are scripted with specdec.test/* pod annotations.
@@ -45,6 +50,8 @@ sys.path.insert(0, str(REPO))  # tests.support.model_dirs: metadata-only model d
 import demo_race
 import devcluster
 
+from hack import demo_flywheel, flywheel_loop
+
 NAMESPACE = "specdec-demo"
 CLUSTER = "specdec-demo"
 # Workloads shortened for simulators that share a laptop's CPU with everything else: the seed's shapes (one
@@ -58,6 +65,8 @@ LOAD_AWARE_WORKLOADS = [
     {"name": "single-stream", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 8},
     {"name": "concurrent-128", "concurrency": 128, "inputTokens": 128, "outputTokens": 64, "requests": 128},
 ]
+# The flywheel's one workload (step 7): one stream, its probes decided on scripted rounds.
+FLYWHEEL_WORKLOADS = [{"name": "chat", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 4}]
 LLAMA_WORKLOADS = [
     {"name": "chat", "concurrency": 1, "inputTokens": 128, "outputTokens": 64, "requests": 4, "weight": 3},
     {"name": "batch-32", "concurrency": 32, "inputTokens": 128, "outputTokens": 64, "requests": 64, "weight": 1},
@@ -441,6 +450,165 @@ def show_table(items: list[dict]) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def bring_up(say_step: str) -> tuple[Any, Any, bool]:
+    """Step 1: the local control plane (started unless up), its nodes printed, the CRD and the namespace."""
+    say(say_step)
+    we_started_cluster = devcluster.status(CLUSTER).get("state") != "up"
+    cluster = devcluster.up(CLUSTER, log=lambda m: say(f"      {m}"))
+    kubectl = lambda *a, **kw: cluster.kubectl(*a, **kw)  # noqa: E731
+    nodes = kubectl("get", "nodes", "-L", "nvidia.com/gpu.family", "-L", "nvidia.com/gpu.count", "--no-headers").stdout
+    for line in nodes.strip().splitlines():
+        parts = line.split()
+        say(f"      node {parts[0]:<14} gpu family {parts[-2] if len(parts) >= 7 else '-':<10} gpus {parts[-1] if len(parts) >= 7 else '-'}")
+    kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    kubectl("wait", "--for=condition=Established", "crd/speculativeservers.specdec.io", "--timeout=60s")
+    kubectl("create", "namespace", NAMESPACE, check=False)
+    say("      CRD speculativeservers.specdec.io installed; namespace specdec-demo")
+    return cluster, kubectl, we_started_cluster
+
+
+def start_simulators(workdir: Path, procs: list[subprocess.Popen], endpoints: dict[str, str]) -> tuple[dict[str, int], dict[str, int]]:
+    """Step 2: a simulator for each case's servers and the fleet's; their Services in ``endpoints``. Returns each
+    case's speculative port and the fleet's ports."""
+    ports: dict[str, int] = {}  # each case's speculative simulator
+    for case in CASES:
+        for suffix, profile in (("base", case.base_profile), ("spec", case.spec_profile)):
+            if profile is None:
+                continue
+            port = free_port()
+            procs.append(start_simulator(workdir, case, suffix, profile, port))
+            if suffix == "spec":
+                ports[case.name] = port
+            endpoints[f"{NAMESPACE}/{case.name}-{suffix}"] = f"http://127.0.0.1:{port}"
+            say(f"      {case.name}-{suffix:<4} -> {profile:<24} on :{port} ({case.time_scale:g}x time)")
+    fleet_ports = {}
+    for suffix, profile in (("base", "llama31-8b-base"), ("spec", "llama31-8b-eagle3")):
+        fleet_ports[suffix] = free_port()
+        procs.append(start_simulator(workdir, FLEET_CASE, suffix, profile, fleet_ports[suffix]))
+        endpoints[f"{NAMESPACE}/{FLEET}-{suffix}"] = f"http://127.0.0.1:{fleet_ports[suffix]}"
+        say(f"      {FLEET}-{suffix:<4} -> {profile:<24} on :{fleet_ports[suffix]} (the fleet case, step 6)")
+    return ports, fleet_ports
+
+
+def start_operator(workdir: Path, cluster: Any, procs: list[subprocess.Popen], probe_script: Path) -> int:
+    """Step 3: `specdec run` on the namespace with the endpoints file and the probe script; its metrics port."""
+    say("\n[3/7] The operator: specdec run --namespace specdec-demo --endpoints endpoints.yaml")
+    metrics_port = free_port()
+    oplog = open(workdir / "operator.log", "w")
+    argv = ["run", "--namespace", NAMESPACE, "--standalone", "--endpoints", str(workdir / "endpoints.yaml")]
+    argv += ["--metrics-port", str(metrics_port), "--reconcile-interval", "2", "--probe-script", str(probe_script)]
+    procs.append(subprocess.Popen(specdec(*argv), stdout=oplog, stderr=subprocess.STDOUT, env=cluster.env()))
+    say(f"      log {workdir / 'operator.log'}, metrics http://127.0.0.1:{metrics_port}/metrics")
+    return metrics_port
+
+
+def watch_decisions(kubectl: Any, workdir: Path, ports: dict[str, int], procs: list[subprocess.Popen], race: Any, timeout: float) -> list[dict]:
+    """Step 4's live view: a line per change of phase or message, until every resource settled (or ``timeout``)."""
+    say("\n      Live (each line is a change of phase or message):")
+    started = time.monotonic()
+    shown: dict[str, str] = {}
+    done = {"Promoted", "RolledBack", "Invalid", "Failed"}
+    adaptive_started: set[str] = set()
+    while True:
+        items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+        race.new_switches(started, say)
+        for case in CASES:
+            if case.name not in adaptive_started and (proc := follow_adaptive_table(kubectl, workdir, case, ports.get(case.name), procs)):
+                adaptive_started.add(case.name)
+                procs.append(proc)
+                say(f"      {time.monotonic() - started:5.1f}s  {case.name:<26} (simulator restarted with the operator's adaptive table)")
+        for item in items:
+            st = item.get("status") or {}
+            name = item["metadata"]["name"]
+            line = f"{st.get('phase') or 'Pending':<11} {st.get('message') or ''}"
+            if _shape(line) != _shape(shown.get(name, "")):
+                shown[name] = line
+                say(f"      {time.monotonic() - started:5.1f}s  {name:<26} {line[:190]}")
+        settled = [race.settled(i, done) if race.owns(i) else (i.get("status") or {}).get("phase") in done for i in items]
+        if len(items) == len(CASES) + len(demo_race.RACES) + 1 and all(settled):  # + 1: the flywheel's resource
+            return items
+        if time.monotonic() - started > timeout:
+            say("      timed out waiting for the decisions; see the operator log")
+            return items
+        time.sleep(1)
+
+
+def show_results(kubectl: Any, items: list[dict]) -> bool:
+    """Step 5: kubectl get, the seed-style table, the races' tables and check, the Events."""
+    say("\n[5/7] kubectl get sps -o wide:")
+    say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE, "-o", "wide").stdout.rstrip().splitlines()))
+    show_table([i for i in items if i["metadata"]["name"] in {c.name for c in CASES}])
+    say("The races (status.candidates and status.race; intervals at each probe's confidence, GPU-s its GPUs x its wall time):")
+    races_ok = demo_race.show_and_check(items, say)
+    columns = "custom-columns=OBJECT:.involvedObject.name,TYPE:.type,REASON:.reason"
+    selector = "involvedObject.kind=SpeculativeServer"
+    events = kubectl("get", "events", "-n", NAMESPACE, "--field-selector", selector, "--sort-by=.lastTimestamp", "-o", columns).stdout
+    say("Events posted by the operator:")
+    say("\n".join("      " + line for line in events.rstrip().splitlines()))
+    say("\nThe base servers kept serving throughout: the stable Service <name> selects the speculative pods only where they were promoted.")
+    return races_ok
+
+
+def run_fleet(kubectl: Any, workdir: Path, procs: list[subprocess.Popen], fleet_ports: dict[str, int], timeout: float) -> None:
+    """Step 6: the fleet walked onto its drafter one server at a time, and back when the drafter drifts."""
+    import threading
+
+    say(f"\n[6/7] A fleet: {FLEET} with {FLEET_REPLICAS} servers of 8 Blackwell GPUs, rollout.maxSurge 0, maxUnavailable 1")
+    say("      (one speculative canary replaces a base server while probed; after the promotion one base server goes,")
+    say("       its GPUs free, one speculative server comes, and the next goes only when it is Ready)")
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(fleet_resource(next(c.verdict for c in CASES if c.name == "llama31-8b"))))
+    fleet_started = time.monotonic()
+    st = follow_walk(kubectl, fleet_started, lambda st, rolled: rolled.get("status") == "True" or st.get("phase") == "RolledBack", timeout)
+    say(f"      promoted at {st.get('speedup')}x and rolled out: {st.get('rolloutProgress')}")
+    say("      Now the drafter drifts: the speculative simulator restarts with a drafter that accepts nothing, under traffic.")
+    for proc in procs:
+        if isinstance(proc.args, list) and str(fleet_ports["spec"]) in proc.args and proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+    procs.append(start_simulator(workdir, FLEET_CASE, "spec", "kimi-k25-custom-eagle3", fleet_ports["spec"]))
+    stop = threading.Event()
+    sender = threading.Thread(target=traffic, args=(f"http://127.0.0.1:{fleet_ports['spec']}", stop), daemon=True)
+    sender.start()
+    try:
+        st = follow_walk(kubectl, fleet_started, lambda st, rolled: st.get("phase") == "RolledBack" and rolled.get("status") == "True", timeout)
+    finally:
+        stop.set()
+    say(f"      {st.get('phase')} ({st.get('reason')}): {st.get('rolloutProgress')}")
+    columns = "custom-columns=REASON:.reason,MESSAGE:.message"
+    walk_events = kubectl(
+        "get", "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={FLEET}", "--sort-by=.lastTimestamp", "-o", columns
+    ).stdout
+    say("      Events of the fleet:")
+    say("\n".join("        " + line[:170] for line in walk_events.rstrip().splitlines()))
+
+
+def clean_up(keep: bool, workdir: Path, procs: list[subprocess.Popen], stoppers: list[Any], we_started_cluster: bool) -> None:
+    """Delete the SpeculativeServers, stop what the demo started (``stoppers``: objects with stop()), and the cluster
+    if the demo started it; with --keep, say how to stop it all later."""
+    if keep:
+        say(f"\n--keep: left running (workdir {workdir}); stop with `python -m hack.devcluster down --name {CLUSTER}`")
+        return
+    say("\nCleaning up: deleting the SpeculativeServers (children are garbage-collected), stopping everything.")
+    try:
+        cluster = devcluster.up(CLUSTER) if devcluster.status(CLUSTER).get("state") == "up" else None
+        if cluster is not None:
+            cluster.kubectl("delete", "sps", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=60s", check=False, timeout=90)
+    except Exception:
+        pass
+    for stopper in stoppers:
+        stopper.stop()
+    for proc in reversed(procs):
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if we_started_cluster:
+        devcluster.down(CLUSTER)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hack/demo.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the cluster, simulators and operator running at the end")
@@ -456,196 +624,43 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="specdec-demo-"))
     procs: list[subprocess.Popen] = []
     race = demo_race.RaceDemo(NAMESPACE, workdir / "endpoints.yaml", scripted=not args.measure_races)
+    endpoints: dict[str, str] = {}
+    script = race.script_file or workdir / "probe-script.yaml"  # the flywheel's probes are scripted either way
+    flywheel = flywheel_loop.Flywheel(NAMESPACE, workdir, endpoints, lambda: race.router.write() if race.router else None, script)
     we_started_cluster = False
     try:
-        # 1. cluster
-        say(f"[1/6] Local control plane '{CLUSTER}' (kube-apiserver, scheduler, controller-manager, kwok GPU nodes)")
-        if devcluster.status(CLUSTER).get("state") != "up":
-            we_started_cluster = True
-        cluster = devcluster.up(CLUSTER, log=lambda m: say(f"      {m}"))
-        kubectl = lambda *a, **kw: cluster.kubectl(*a, **kw)  # noqa: E731
-        nodes = kubectl("get", "nodes", "-L", "nvidia.com/gpu.family", "-L", "nvidia.com/gpu.count", "--no-headers").stdout
-        for line in nodes.strip().splitlines():
-            parts = line.split()
-            say(f"      node {parts[0]:<14} gpu family {parts[-2] if len(parts) >= 7 else '-':<10} gpus {parts[-1] if len(parts) >= 7 else '-'}")
-        kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        kubectl("wait", "--for=condition=Established", "crd/speculativeservers.specdec.io", "--timeout=60s")
-        kubectl("create", "namespace", NAMESPACE, check=False)
-        say("      CRD speculativeservers.specdec.io installed; namespace specdec-demo")
-
-        # 2. simulators
-        say("\n[2/6] SGLang simulators (same HTTP API and /metrics as SGLang 0.5.23; throughput from a batching model)")
-        endpoints: dict[str, str] = {}
-        ports: dict[str, int] = {}  # each case's speculative simulator
-        for case in CASES:
-            for suffix, profile in (("base", case.base_profile), ("spec", case.spec_profile)):
-                if profile is None:
-                    continue
-                port = free_port()
-                procs.append(start_simulator(workdir, case, suffix, profile, port))
-                if suffix == "spec":
-                    ports[case.name] = port
-                endpoints[f"{NAMESPACE}/{case.name}-{suffix}"] = f"http://127.0.0.1:{port}"
-                say(f"      {case.name}-{suffix:<4} -> {profile:<24} on :{port} ({case.time_scale:g}x time)")
-        fleet_ports = {}
-        for suffix, profile in (("base", "llama31-8b-base"), ("spec", "llama31-8b-eagle3")):
-            fleet_ports[suffix] = free_port()
-            procs.append(start_simulator(workdir, FLEET_CASE, suffix, profile, fleet_ports[suffix]))
-            endpoints[f"{NAMESPACE}/{FLEET}-{suffix}"] = f"http://127.0.0.1:{fleet_ports[suffix]}"
-            say(f"      {FLEET}-{suffix:<4} -> {profile:<24} on :{fleet_ports[suffix]} (the fleet case, step 6)")
+        cluster, kubectl, we_started_cluster = bring_up(
+            f"[1/7] Local control plane '{CLUSTER}' (kube-apiserver, scheduler, controller-manager, kwok GPU nodes)"
+        )
+        say("\n[2/7] SGLang simulators (same HTTP API and /metrics as SGLang 0.5.23; throughput from a batching model)")
+        ports, fleet_ports = start_simulators(workdir, procs, endpoints)
+        flywheel.start(say)
         (workdir / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
         race.start(endpoints, str(cluster.kubeconfig), say)
+        flywheel.write_script()  # after the races' script (race.start writes the file whole)
+        metrics_port = start_operator(workdir, cluster, procs, script)
 
-        # 3. operator
-        say("\n[3/6] The operator: specdec run --namespace specdec-demo --endpoints endpoints.yaml")
-        metrics_port = free_port()
-        oplog = open(workdir / "operator.log", "w")
-        procs.append(
-            subprocess.Popen(
-                specdec(
-                    "run",
-                    "--namespace",
-                    NAMESPACE,
-                    "--standalone",
-                    "--endpoints",
-                    str(workdir / "endpoints.yaml"),
-                    "--metrics-port",
-                    str(metrics_port),
-                    "--reconcile-interval",
-                    "2",
-                    *(["--probe-script", str(race.script_file)] if race.script_file else []),
-                ),
-                stdout=oplog,
-                stderr=subprocess.STDOUT,
-                env=cluster.env(),
-            )
-        )
-        say(f"      log {workdir / 'operator.log'}, metrics http://127.0.0.1:{metrics_port}/metrics")
-
-        # 4. apply
-        say("\n[4/6] Applying the SpeculativeServers:")
+        say("\n[4/7] Applying the SpeculativeServers:")
         validator_verdicts(workdir)
         for case in CASES:
             say(f"      {case.name:<26} {case.story}")
             kubectl("apply", "-f", "-", input=yaml.safe_dump(custom_resource(case)))
         race.apply(kubectl, say)
+        flywheel.apply(kubectl, str(cluster.kubeconfig), demo_race.ANNOTATIONS, FLYWHEEL_WORKLOADS, say)
         say("      (rollout.keepBaseWarm as shipped, true: a promoted server keeps its base warm, GPUs held for an instant")
         say("       rollback that serve no traffic; the demo ends by counting them)")
-        say("\n      Live (each line is a change of phase or message):")
-        started = time.monotonic()
-        shown: dict[str, str] = {}
-        done = {"Promoted", "RolledBack", "Invalid", "Failed"}
-        adaptive_started: set[str] = set()
-        while True:
-            items = json.loads(kubectl("get", "sps", "-n", NAMESPACE, "-o", "json").stdout)["items"]
-            race.new_switches(started, say)
-            for case in CASES:
-                if case.name not in adaptive_started and (proc := follow_adaptive_table(kubectl, workdir, case, ports.get(case.name), procs)):
-                    adaptive_started.add(case.name)
-                    procs.append(proc)
-                    say(f"      {time.monotonic() - started:5.1f}s  {case.name:<26} (simulator restarted with the operator's adaptive table)")
-            for item in items:
-                st = item.get("status") or {}
-                name = item["metadata"]["name"]
-                line = f"{st.get('phase') or 'Pending':<11} {st.get('message') or ''}"
-                if _shape(line) != _shape(shown.get(name, "")):
-                    shown[name] = line
-                    say(f"      {time.monotonic() - started:5.1f}s  {name:<26} {line[:190]}")
-            settled = [race.settled(i, done) if race.owns(i) else (i.get("status") or {}).get("phase") in done for i in items]
-            if len(items) == len(CASES) + len(demo_race.RACES) and all(settled):
-                break
-            if time.monotonic() - started > args.timeout:
-                say("      timed out waiting for the decisions; see the operator log")
-                break
-            time.sleep(1)
-
-        # 5. result
-        say("\n[5/6] kubectl get sps -o wide:")
-        say("\n".join("      " + line for line in kubectl("get", "sps", "-n", NAMESPACE, "-o", "wide").stdout.rstrip().splitlines()))
-        show_table([i for i in items if not race.owns(i)])
-        say("The races (status.candidates and status.race; intervals at each probe's confidence, GPU-s its GPUs x its wall time):")
-        races_ok = demo_race.show_and_check(items, say)
-        events = kubectl(
-            "get",
-            "events",
-            "-n",
-            NAMESPACE,
-            "--field-selector",
-            "involvedObject.kind=SpeculativeServer",
-            "--sort-by=.lastTimestamp",
-            "-o",
-            "custom-columns=OBJECT:.involvedObject.name,TYPE:.type,REASON:.reason",
-        ).stdout
-        say("Events posted by the operator:")
-        say("\n".join("      " + line for line in events.rstrip().splitlines()))
-        say("\nThe base servers kept serving throughout: the stable Service <name> selects the speculative pods only where they were promoted.")
-
-        # 6. a fleet
-        say(f"\n[6/6] A fleet: {FLEET} with {FLEET_REPLICAS} servers of 8 Blackwell GPUs, rollout.maxSurge 0, maxUnavailable 1")
-        say("      (one speculative canary replaces a base server while probed; after the promotion one base server goes,")
-        say("       its GPUs free, one speculative server comes, and the next goes only when it is Ready)")
-        kubectl("apply", "-f", "-", input=yaml.safe_dump(fleet_resource(next(c.verdict for c in CASES if c.name == "llama31-8b"))))
-        fleet_started = time.monotonic()
-        st = follow_walk(kubectl, fleet_started, lambda st, rolled: rolled.get("status") == "True" or st.get("phase") == "RolledBack", args.timeout)
-        say(f"      promoted at {st.get('speedup')}x and rolled out: {st.get('rolloutProgress')}")
-        say("      Now the drafter drifts: the speculative simulator restarts with a drafter that accepts nothing, under traffic.")
-        for proc in procs:
-            if isinstance(proc.args, list) and str(fleet_ports["spec"]) in proc.args and proc.poll() is None:
-                proc.terminate()
-                proc.wait(10)
-        procs.append(start_simulator(workdir, FLEET_CASE, "spec", "kimi-k25-custom-eagle3", fleet_ports["spec"]))
-        import threading
-
-        stop = threading.Event()
-        sender = threading.Thread(target=traffic, args=(f"http://127.0.0.1:{fleet_ports['spec']}", stop), daemon=True)
-        sender.start()
-        try:
-            st = follow_walk(
-                kubectl, fleet_started, lambda st, rolled: st.get("phase") == "RolledBack" and rolled.get("status") == "True", args.timeout
-            )
-        finally:
-            stop.set()
-        say(f"      {st.get('phase')} ({st.get('reason')}): {st.get('rolloutProgress')}")
-        walk_events = kubectl(
-            "get",
-            "events",
-            "-n",
-            NAMESPACE,
-            "--field-selector",
-            f"involvedObject.name={FLEET}",
-            "--sort-by=.lastTimestamp",
-            "-o",
-            "custom-columns=REASON:.reason,MESSAGE:.message",
-        ).stdout
-        say("      Events of the fleet:")
-        say("\n".join("        " + line[:170] for line in walk_events.rstrip().splitlines()))
+        items = watch_decisions(kubectl, workdir, ports, procs, race, args.timeout)
+        races_ok = show_results(kubectl, items)
+        run_fleet(kubectl, workdir, procs, fleet_ports, args.timeout)
+        say(f"\n[7/7] The drafter flywheel: {demo_flywheel.NAME} retrains its drafter on the traffic it sees (issue 36)")
+        flywheel_ok = flywheel_loop.run(flywheel, say, args.timeout)
         gpus_ok = check_gpus(kubectl, f"http://127.0.0.1:{metrics_port}/metrics")
-        return 0 if gpus_ok and races_ok else 1
+        return 0 if gpus_ok and races_ok and flywheel_ok else 1
     except devcluster.ClusterError as exc:
         say(f"demo: {exc}")
         return 1
     finally:
-        if args.keep:
-            say(f"\n--keep: left running (workdir {workdir}); stop with `python -m hack.devcluster down --name {CLUSTER}`")
-        else:
-            say("\nCleaning up: deleting the SpeculativeServers (children are garbage-collected), stopping everything.")
-            try:
-                cluster = devcluster.up(CLUSTER) if devcluster.status(CLUSTER).get("state") == "up" else None
-                if cluster is not None:
-                    cluster.kubectl("delete", "sps", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=60s", check=False, timeout=90)
-            except Exception:
-                pass
-            race.stop()
-            for proc in reversed(procs):
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            if we_started_cluster:
-                devcluster.down(CLUSTER)
-            shutil.rmtree(workdir, ignore_errors=True)
+        clean_up(args.keep, workdir, procs, [race, flywheel], we_started_cluster)
 
 
 if __name__ == "__main__":
