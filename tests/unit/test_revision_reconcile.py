@@ -192,8 +192,14 @@ def test_a_revision_that_wins_the_race_is_promoted_served_from_the_claim_and_wat
     assert world.status["phase"] == "Promoted" and world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
     assert not plan.starts_probe and "/revisions/llama-train-1" in json.dumps(spec_pod(world)["containers"][0]["command"])
     assert world.step(captured_samples=500).events == []
+    assert world.status.get("candidates") is None and world.status.get("race") is None  # the race is over
     assert world.spec_dict["retraining"].get("revision") is None  # the spec is never written
     assert len(json.dumps(world.status)) < STATUS_BYTES_BUDGET
+    # Retraining turned off: spec.drafter serves again (the revisions stay on the claim, their rows in status).
+    del world.spec_dict["retraining"]["training"]
+    settle(world)
+    assert "/revisions" not in json.dumps(world.deployments) and world.status["retraining"].get("serving") is None
+    assert rows(world) == [("llama-train-1", "Promoted", "RaceWon")]
 
 
 def test_a_revision_that_loses_the_race_is_not_promoted_and_no_retrain_starts_at_once() -> None:

@@ -37,7 +37,7 @@ from .retrain import Outcome, offline_gain_passes
 
 PUBLISH_CONTAINER = "publish"
 REPORT_SCHEMA = 1
-ROW_MESSAGE_CHARS = 512
+ROW_MESSAGE_CHARS = 240  # ten rows stay a small share of the status's byte budget
 # Reasons of a revision's row (status.retraining.revisions[].reason).
 UNREADABLE = "RevisionReportUnreadable"
 INVALID = "RevisionInvalid"
@@ -90,6 +90,9 @@ def choose_serving(spec: SpeculativeServerSpec, stored: RetrainingStatus) -> Ser
     the user's own candidates (Racing rows are judged to Evaluated then: judge_offline, abandoned)."""
     rows = stored.revisions
     pin = pin_of(spec)
+    retraining = getattr(spec, "retraining", None)
+    if pin is None and (retraining is None or retraining.training is None):
+        return Serving(None)  # retraining turned off: spec.drafter serves (the revisions stay on the claim)
     racing = next((r.name for r in reversed(rows) if r.outcome == "Racing"), None)
     if pin is not None or names_more_than_the_drafter(spec):
         racing = None
@@ -118,8 +121,6 @@ def effective_spec(spec: SpeculativeServerSpec, status: SpeculativeServerStatus)
     """The spec the lifecycle runs this step: the served revision in spec.drafter's place and, while one races, the
     racing revision as a candidate beside it (the same method and settings, its own directory). Unchanged when
     spec.drafter serves and nothing races."""
-    if getattr(spec, "retraining", None) is None:
-        return spec
     chosen = choose_serving(spec, retraining_of(status))
     out = spec
     if chosen.revision is not None:
@@ -164,8 +165,8 @@ def read_report(pods: list[dict[str, Any]], job: str) -> Report | str:
         return f"the {PUBLISH_CONTAINER} container's termination message is not JSON ({exc})"
     if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA or data.get("revision") != job:
         return f"the {PUBLISH_CONTAINER} container's termination message is not a schema {REPORT_SCHEMA} report of revision {job}"
-    offline = data.get("offline") if isinstance(data.get("offline"), dict) else {}
-    validation = data.get("validation") if isinstance(data.get("validation"), dict) else {}
+    offline: dict[str, Any] = data["offline"] if isinstance(data.get("offline"), dict) else {}
+    validation: dict[str, Any] = data["validation"] if isinstance(data.get("validation"), dict) else {}
 
     def accept(side: str) -> float | None:
         entry = offline.get(side)
