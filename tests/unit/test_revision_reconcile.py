@@ -342,3 +342,25 @@ def test_a_drift_of_a_served_revision_retrains_from_it_and_publish_protects_it()
     publish = commands["publish"]
     assert publish[publish.index("--protect") + 1 :][:1] == ["llama-train-2"] and publish[publish.index("--keep") + 1] == "3"
     assert training(plan)["trigger"] == "Drift"
+
+
+def test_a_report_not_read_with_the_success_is_read_at_a_later_step_else_unreadable() -> None:
+    from specdec_operator.reconcile import read_status
+    from specdec_operator.reconcile.training import report_pending
+
+    for pods_later, outcome in (([publish_pod("llama-train-1", report("llama-train-1"))], "Racing"), ([], "Lost")):
+        world = World(spec_with())
+        _, t = drifted(world)
+        done = t + timedelta(minutes=30)
+        world.jobs["llama-train-1"]["status"] = {
+            "conditions": [{"type": "Complete", "status": "True"}],
+            "succeeded": 1,
+            "completionTime": done.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        plan = world.step(now=done + timedelta(seconds=5), training_pods=[], captured_samples=500)  # the pod list failed
+        assert rows(world) == [] and training(plan)["waiting"] == "RevisionUnjudged" and training(plan).get("outcome") is None
+        assert report_pending(read_status(world.status)) == "llama-train-1"  # the runtime lists its pods at the next step
+        assert plan.next_step_in is not None and plan.next_step_in <= 60
+        world.step(now=done + timedelta(minutes=3), training_pods=pods_later, captured_samples=500)
+        assert [r[1] for r in rows(world)] == [outcome]
+        assert report_pending(read_status(world.status)) is None

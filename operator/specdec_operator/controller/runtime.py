@@ -38,7 +38,7 @@ from ..reconcile import Observed, Plan, read_status, reconcile, stuck
 from ..reconcile.diff import labels_of
 from ..reconcile.pods import is_ready, pods_of
 from ..reconcile.training import ACTIVE as TRAINING_ACTIVE
-from ..reconcile.training import JOB_NAME_LABEL, stored_training
+from ..reconcile.training import JOB_NAME_LABEL, report_pending, stored_training
 from ..resource import parse_spec
 from .capturecount import CaptureCounts, count_wait
 from .config import OperatorConfig
@@ -281,7 +281,8 @@ class Runtime:
         if training is None:
             return None
         stored = stored_training(state.status) if state.status is not None else None
-        recorded = stored.job if stored is not None and stored.state in TRAINING_ACTIVE else None
+        # Also a succeeded Job whose revision's report (its publish container's termination message) is not read yet.
+        recorded = stored.job if stored is not None and stored.state in TRAINING_ACTIVE else report_pending(state.status)
         current = [j for j in training.jobs if job_active(j) or j["metadata"]["name"] == recorded]
         if not current:
             return training

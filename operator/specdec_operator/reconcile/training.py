@@ -39,6 +39,8 @@ JOB_GONE = "TrainingJobGone"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set on a Job's pods by the Job controller (and the older job-name)
 # A running Job's pods are read by the step (training pods are not watched): at least this often while one is active.
 POLL_ACTIVE_S = 60.0
+# A succeeded Job whose pods were not read (a failed list, a restart) is judged unreadable only this long after it ended.
+REPORT_WAIT_S = 120.0
 
 
 def settings_of(spec: SpeculativeServerSpec) -> RetrainingTraining | None:
@@ -262,8 +264,24 @@ def start_job(
     return started(current, job, verdict, samples, now).model_copy(update={"revisions_claim_size": size}), [claim, job]
 
 
+def report_pending(status: SpeculativeServerStatus | None) -> str | None:
+    """The Job whose revision's publish report is still to be read (it succeeded, no outcome, no row yet): the runtime
+    lists its pods, as for an active Job."""
+    current = stored_training(status) if status is not None else None
+    if current is None or current.job is None or current.state != JobState.SUCCEEDED.value or current.outcome is not None:
+        return None
+    return current.job if status is not None and revision.find(revision.retraining_of(status).revisions, current.job) is None else None
+
+
+def report_readable(current: TrainingStatus, pods: list[dict[str, Any]], now: datetime) -> bool:
+    """Whether to judge the succeeded Job's revision now: its pods were read, or REPORT_WAIT_S passed since it ended
+    without any (the pods were not listed: a failed list, a restart; after that the report counts as unreadable)."""
+    ended = parse_time(current.finished_at)
+    return bool(pods) or ended is None or (now - ended).total_seconds() >= REPORT_WAIT_S
+
+
 def judged(
-    plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: SpeculativeServerStatus, current: TrainingStatus
+    plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: SpeculativeServerStatus, current: TrainingStatus, now: datetime
 ) -> tuple[TrainingStatus, RetrainingStatus, ProbeStatus | None]:
     """The revisions' part of the step: a succeeded Job's revision judged offline, a racing one judged by its decided
     race, the drafter serving, and why a pin is refused. Returns the training status (its outcome once judged), the
@@ -271,8 +289,9 @@ def judged(
     stored = revision.retraining_of(prev)
     training = settings_of(spec)
     rows = stored.revisions
-    if training is not None and current.job is not None:
-        current, rows = revision.judge_offline(spec, training, current, stored, job_pods(observed, current.job))
+    pods = job_pods(observed, current.job) if current.job is not None else []
+    if training is not None and current.job is not None and report_readable(current, pods, now):
+        current, rows = revision.judge_offline(spec, training, current, stored, pods)
     stored = stored.model_copy(update={"revisions": rows})
     chosen = revision.choose_serving(spec, stored)  # a row Racing since this step races from the next one
     race = revision.judge_race(stored, chosen, plan.new_status)
@@ -299,7 +318,7 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
         return plan
     served = served_spec(revision.effective_spec(spec, prev), plan.new_status)
     current = progress(adopt(before or TrainingStatus(), observed, now), observed, now)
-    current, retraining, keep = judged(plan, spec, observed, prev, current)
+    current, retraining, keep = judged(plan, spec, observed, prev, current, now)
     samples = samples_of(spec, observed)
     cluster = Cluster(observed.training_jobs_running, settings.training.cluster_cap)
     verdict = decide_retrain(training, serving_of(served, plan.new_status), history_of(current), samples, cluster, now.timestamp())
@@ -311,7 +330,8 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
     current = with_verdict(current, verdict, now)
     retraining = retraining.model_copy(update={"training": current if training is not None or before is not None else None})
     wake = verdict.retry_at_s - now.timestamp() if verdict.retry_at_s is not None else None
-    if current.state in ACTIVE:  # its stage moves without an event the operator sees
+    if current.state in ACTIVE or report_pending(plan.new_status.model_copy(update={"retraining": retraining})):
+        # A Job's stage, or its pods for the report, move without an event the operator sees.
         wake = min(wake, POLL_ACTIVE_S) if wake is not None else POLL_ACTIVE_S
     update: dict[str, Any] = {"retraining": retraining}
     if keep is not None:  # a lost race: the serving drafter's measured decision stands (not the revision's)
