@@ -385,9 +385,12 @@ class Rule:
         # of K rounds of the same trace (drawn for every probe: simulate), pooled with the probe's own spread.
         # "priorK@label": the previous probe ran on the trace of the same pair and workload recorded under ``label``
         # (a prior from a quieter or busier time than the probe's own: the noise moved between the two probes).
-        self.prior_rounds = int(method[len("prior") :].split("@")[0]) if method.startswith("prior") else 0
-        self.prior_label = method.split("@")[1] if "@" in method else None
-        if method == "old":
+        # "...+tag" (e.g. "prior6+between"): the same method under another name, so that a study of a changed checkout
+        # sits beside the committed rows of the method before the change.
+        base = method.split("+")[0]
+        self.prior_rounds = int(base[len("prior") :].split("@")[0]) if base.startswith("prior") else 0
+        self.prior_label = base.split("@")[1] if "@" in base else None
+        if base == "old":
             level = self.stats.per_look_level(confidence, max_rounds)
             self.interval: Callable[[Sequence[Any], int], Any] = lambda rounds, look: self.stats.paired_interval(rounds, level)
             self.futile: Callable[[Any], bool] = lambda iv: self.decide.futile(iv, MIN_SPEEDUP, max_rounds)
