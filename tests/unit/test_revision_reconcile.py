@@ -17,7 +17,7 @@ from specdec_operator.reconcile import Plan, StartProbe
 from specdec_operator.reconcile.candidate_race import revisions
 from specdec_operator.reconcile.revision import Report, effective_spec, offline_gate, read_report
 from specdec_operator.reconcile.status import STATUS_BYTES_BUDGET
-from tests.support.world import COMPATIBLE, World, llama_spec, reasons, to_promoted
+from tests.support.world import COMPATIBLE, INCOMPATIBLE, World, llama_spec, reasons, to_promoted
 from tests.unit.test_candidate_race import lost, passed
 from tests.unit.test_training_reconcile import drifted, training
 
@@ -364,3 +364,37 @@ def test_a_report_not_read_with_the_success_is_read_at_a_later_step_else_unreada
         world.step(now=done + timedelta(minutes=3), training_pods=pods_later, captured_samples=500)
         assert [r[1] for r in rows(world)] == [outcome]
         assert report_pending(read_status(world.status)) is None
+
+
+def test_the_rows_keep_the_newest_ten_but_never_drop_the_serving_or_the_pinned_revision() -> None:
+    from specdec_operator.api_retraining_job import RevisionStatus, TrainingStatus
+    from specdec_operator.reconcile.revision import judge_offline
+    from specdec_operator.resource import parse_spec
+
+    raw = spec_with()
+    raw["retraining"]["revision"] = "llama-train-3"  # pinned
+    spec = parse_spec(raw)
+    outcomes = {1: "Promoted", 3: "Retired"}
+    stored = RetrainingStatus(
+        serving="llama-train-1",
+        revisions=[RevisionStatus(name=f"llama-train-{n}", outcome=outcomes.get(n, "Lost")) for n in range(1, 11)],  # type: ignore[arg-type]
+    )
+    current = TrainingStatus(jobs_started=11, job="llama-train-11", state="Succeeded", finished_at="2026-12-02T10:00:00Z")
+    pods = [publish_pod("llama-train-11", report("llama-train-11", new=2.0))]
+    judged, rows_ = judge_offline(spec, spec.retraining.training, current, stored, pods)
+    names = [r.name for r in rows_]
+    assert len(names) == 10 and names[-1] == "llama-train-11" and judged.outcome == "Lost"
+    assert "llama-train-1" in names and "llama-train-3" in names and "llama-train-2" not in names  # the oldest other one went
+
+
+def test_a_revision_its_speculative_pods_validator_refuses_loses_the_race() -> None:
+    world = World(spec_with())
+    _, revs = racing(world)
+    world.step(captured_samples=500)
+    serve_slot(world)
+    world.step(probe_result=passed(revs["eagle3"], 1.6, 1.3, 2.0), captured_samples=500)
+    world.set_pods(base={"ready": True}, speculative={"ready": False, "init": (1, INCOMPATIBLE)})
+    world.probe_running = None
+    plan = world.step(captured_samples=500)
+    assert rows(world) == [("llama-train-1", "Lost", "RaceLost")] and "validator refused" in world.status["retraining"]["revisions"][0]["message"]
+    assert "RevisionLost" in reasons(plan) and world.status["retraining"].get("serving") is None

@@ -198,12 +198,20 @@ def offline_gate(report: Report, min_gain: float) -> tuple[str | None, str]:
     return None, f"{figures}: passes minAcceptanceGain {min_gain:g}"
 
 
-def _with_row(rows: list[RevisionStatus], row: RevisionStatus) -> list[RevisionStatus]:
-    """The rows with ``row`` in its name's place (or last), at most MAX_REVISION_ROWS, the oldest dropped first."""
+def _with_row(rows: list[RevisionStatus], row: RevisionStatus, keep: tuple[str | None, ...] = ()) -> list[RevisionStatus]:
+    """The rows with ``row`` in its name's place (or last), at most MAX_REVISION_ROWS: the oldest dropped first, never
+    a Promoted or Racing one nor one named in ``keep`` (the revision serving, the pinned one), which a pin or the
+    choice of the serving drafter reads."""
     out = [row if r.name == row.name else r for r in rows]
     if not any(r.name == row.name for r in rows):
         out.append(row)
-    return out[-MAX_REVISION_ROWS:]
+    kept = {name for name in keep if name}
+    while len(out) > MAX_REVISION_ROWS:
+        oldest = next((r for r in out if r.outcome not in ("Promoted", "Racing") and r.name not in kept and r.name != row.name), None)
+        if oldest is None:
+            break
+        out.remove(oldest)
+    return out
 
 
 def judge_offline(
@@ -219,7 +227,7 @@ def judge_offline(
     row = RevisionStatus(name=job, created_at=current.finished_at, trigger=current.trigger, outcome="Lost")
     if isinstance(report, str):
         row = row.model_copy(update={"reason": UNREADABLE, "message": clip(f"{report}: not judged, not served", ROW_MESSAGE_CHARS)})
-        return current.model_copy(update={"outcome": Outcome.LOST.value}), _with_row(rows, row)
+        return current.model_copy(update={"outcome": Outcome.LOST.value}), _with_row(rows, row, (stored.serving, pin_of(spec)))
     pruned = set(report.pruned)
     rows = [r.model_copy(update={"outcome": "Pruned", "reason": PRUNED}) if r.name in pruned and r.outcome != "Pruned" else r for r in rows]
     lost, why = offline_gate(report, training.min_acceptance_gain)
@@ -235,7 +243,7 @@ def judge_offline(
     )
     row = not_raced(spec, row)
     outcome = Outcome.LOST.value if row.outcome in ("Lost", "Evaluated") else None
-    return current.model_copy(update={"outcome": outcome}), _with_row(rows, row)
+    return current.model_copy(update={"outcome": outcome}), _with_row(rows, row, (stored.serving, pin_of(spec)))
 
 
 def not_raced(spec: SpeculativeServerSpec, row: RevisionStatus) -> RevisionStatus:
@@ -279,8 +287,10 @@ def judge_race(stored: RetrainingStatus, chosen: Serving, status: SpeculativeSer
         rows = [_retired(r, racing) if r.name == chosen.revision and r.outcome == "Promoted" else r for r in rows]
         row = RevisionStatus.model_validate({**find(rows, racing).model_dump(), **figures, "outcome": "Promoted", "reason": RACE_WON})  # type: ignore[union-attr]
         row = row.model_copy(update={"message": clip(message, ROW_MESSAGE_CHARS)})
-        return RaceVerdict(_with_row(rows, row), racing, Outcome.PROMOTED.value, None)
-    if served is not None and race.winner == served.name:
+        return RaceVerdict(_with_row(rows, row, (stored.serving,)), racing, Outcome.PROMOTED.value, None)
+    if mine.state == "Invalid":
+        message = f"lost the race: its speculative pod's validator refused it ({mine.message or mine.reason})"
+    elif served is not None and race.winner == served.name:
         message = f"lost the race: the serving drafter was faster ({served.speedup}x vs {mine.speedup}x over the base)"
     else:
         message = f"lost the race: not confirmed faster than the base ({mine.reason}, {mine.speedup}x); the serving drafter's result stands"
@@ -289,7 +299,7 @@ def judge_race(stored: RetrainingStatus, chosen: Serving, status: SpeculativeSer
     keep = None
     if served is not None and served.finished_at is not None and status.probe is not None and status.probe.revision != served.revision:
         keep = told_decision(served, len(table), served.state in PASSED)
-    return RaceVerdict(_with_row(rows, row), chosen.revision, Outcome.LOST.value, keep)
+    return RaceVerdict(_with_row(rows, row, (stored.serving,)), chosen.revision, Outcome.LOST.value, keep)
 
 
 def _retired(row: RevisionStatus, by: str) -> RevisionStatus:
