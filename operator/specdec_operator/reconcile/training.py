@@ -9,7 +9,9 @@ this step's decision and validation, the history in the status, the captured con
 active training Jobs. On start it applies trainjob.training_job's Job and records it.
 
 A training Job never touches serving: nothing here changes a child, the phase or the decision; a failed Job only
-says so in status.retraining.training and a RetrainFailed Event.
+says so in status.retraining.training and a RetrainFailed Event. What a succeeded Job published is judged by
+revision.py (``judged``): offline from the publish container's report, then in a live race; the revisions claim is
+applied with each Job (``revisions_claim_object``).
 """
 
 from __future__ import annotations
