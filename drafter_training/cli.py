@@ -274,16 +274,21 @@ def _run(args: argparse.Namespace) -> Any:
 
         return publish_revision(args.staging, args.out, args.job, keep=args.keep, protect=args.protect, termination_log=args.termination_log)
     if args.stage == "validate":
-        from .validation import validate_export, write_json
-
-        flags = {"--target": args.target, "--drafter": args.drafter, "--quantization": args.quantization, "--algorithm": args.algorithm}
-        flags |= {"--engine": args.engine} | ({"--context-length": args.context_length} if args.context_length else {})
-        verdict = validate_export([part for flag, value in flags.items() for part in (flag, value)])
-        write_json(args.out, verdict)
-        return verdict
+        return _validate(args)
     if args.stage == "evaluate":
         return _evaluate(args, progress)
     raise AssertionError(args.stage)
+
+
+def _validate(args: argparse.Namespace) -> dict[str, Any]:
+    """specdec-train validate: `specdec validate` with these flags, its verdict written to --out."""
+    from .validation import validate_export, write_json
+
+    flags = {"--target": args.target, "--drafter": args.drafter, "--quantization": args.quantization, "--algorithm": args.algorithm}
+    flags |= {"--engine": args.engine} | ({"--context-length": args.context_length} if args.context_length else {})
+    verdict = validate_export([part for flag, value in flags.items() for part in (flag, value)])
+    write_json(args.out, verdict)
+    return verdict
 
 
 def _capture(args: argparse.Namespace, progress: bool) -> dict[str, Any]:

@@ -9,7 +9,8 @@ Job's publish stage reports: the greedy run's acceptance length (tokens per veri
 A drafter is either a training run's `final/` (draft_config.json) or an export of `specdec-train export` (config.json,
 either engine or format: what serves, bf16 weights and its vocabulary map). No held-out prompt (a small capture) is
 not an error: the report says `prompts: 0` with no runs, and the figures are missing, which the operator reads as an
-offline gate not passed.
+offline gate not passed. So is a drafter that cannot be loaded when two are compared (its `error`, one line, in the
+report): the Job still publishes the validator's verdict on it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from specdec_operator.errors import InputError
 
 from .evaluate import Eagle3Proposer, evaluate_drafter, load_prompts
 from .model import Eagle3Draft
@@ -76,12 +79,21 @@ def evaluation_report(
     run_settings = {"eos_ids": eos_ids, **(settings or {})}
     report: dict[str, Any] = {"target": target_dir, "target_quantization": tgt.quantization, "prompts": len(prompts)}
     for role, path in drafters.items():
-        draft = load_drafter(path, target_dir, engine).to(device)
-        runs = drafter_runs(tgt.model, draft, prompts, temperatures or [0.0, 0.7], run_settings, progress)
-        if role == "drafter":
-            report.update(drafter=path, runs=runs)
+        entry: dict[str, Any] = {"drafter": path, "runs": []}
+        try:
+            draft = load_drafter(path, target_dir, engine).to(device)
+        except InputError as exc:
+            if len(drafters) == 1:
+                raise
+            # Comparing two: the other's figure still counts, this one is missing (the operator reads that as an
+            # offline gate not passed), and the Job goes on to publish the validator's verdict.
+            entry["error"] = " ".join(str(exc).split())
         else:
-            report[role] = {"drafter": path, "runs": runs}
+            entry["runs"] = drafter_runs(tgt.model, draft, prompts, temperatures or [0.0, 0.7], run_settings, progress)
+        if role == "drafter":
+            report.update(entry)
+        else:
+            report[role] = entry
     return report
 
 

@@ -258,6 +258,34 @@ def test_no_heldout_conversation_leaves_the_offline_figures_out(serving, tmp_pat
     assert message["heldout"] == 0 and "offline" not in message  # the operator: OfflineEvaluationMissing
 
 
+def test_an_export_the_validator_refuses_is_published_with_its_verdict(serving, tmp_path):
+    """Validation does not fail the Job: its verdict (passed false, the error codes) reaches the operator."""
+    root, _ = serving
+    work = _claim(tmp_path, root)
+    staging = _staged(work, "inv-train-1", heldout=1)
+    config = json.loads((staging / "export" / "config.json").read_text())
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 40]  # a layer the 4-layer target never produces
+    (staging / "export" / "config.json").write_text(json.dumps(config))
+    ran = _run_stages(work, work / "capture", None, _rendered("inv"), only=("validate", "evaluate", t.PUBLISH))
+    assert ran == [("validate", 0), ("evaluate", 0), (t.PUBLISH, 0)]
+    message = _message(work)
+    assert message["validation"]["passed"] is False
+    assert set(message["validation"]["codes"]) == {"AuxLayerOutOfRange", "AuxLayersNotTrained"}
+
+
+def test_an_export_evaluate_cannot_load_leaves_the_offline_figures_out(serving, tmp_path):
+    root, _ = serving
+    work = _claim(tmp_path, root)
+    staging = _staged(work, "tok-train-1", heldout=1)
+    provenance = json.loads((staging / "export" / "training_provenance.json").read_text())
+    provenance["tokenizer_sha256"] = "0" * 64  # exported for another tokenizer: refused as a drafter of this target
+    (staging / "export" / "training_provenance.json").write_text(json.dumps(provenance))
+    ran = _run_stages(work, work / "capture", None, _rendered("tok"), only=("validate", "evaluate", t.PUBLISH))
+    assert ran == [("validate", 0), ("evaluate", 0), (t.PUBLISH, 0)]
+    message = _message(work)
+    assert message["heldout"] == 1 and "offline" not in message
+
+
 @pytest.mark.parametrize(
     ("name", "content", "said"),
     [
