@@ -17,7 +17,7 @@ import aiohttp
 
 from drafter_training.gather import gather
 from specdec_operator.capture.proxy import CaptureProxy, running
-from specdec_operator.controller.capturecount import COUNT_EVERY_S, CaptureCounts, claim_conversations, counted_pods, stored_conversations
+from specdec_operator.controller.capturecount import COUNT_EVERY_S, RETRY_S, CaptureCounts, claim_conversations, counted_pods, stored_conversations
 from specdec_operator.controller.config import Endpoints, OperatorConfig
 from specdec_operator.controller.state import ResourceState
 from specdec_operator.reconcile.capture_objects import CAPTURE_APP, proxy_deployment
@@ -175,7 +175,13 @@ def test_the_operator_reads_the_highest_figure_of_the_proxies_that_answer_and_no
             now[0] += 1
             out["a_minute_later"] = await counts.due(KEY, state, spec, pods)
             out["none_ready"] = await counts.due(KEY, ResourceState(uid="u"), spec, [ready_pod("cap-a", ready=False)])
-            out["all_unreachable"] = await counts.due(KEY, ResourceState(uid="u"), spec, [ready_pod("cap-dead")])
+            dead = ResourceState(uid="u")
+            out["all_unreachable"] = await counts.due(KEY, dead, spec, [ready_pod("cap-dead")])
+            counts.endpoints.mapping["ns/pod/cap-dead"] = admin_a  # it answers from now on
+            now[0] += RETRY_S - 1
+            out["unknown_within_retry"] = await counts.due(KEY, dead, spec, [ready_pod("cap-dead")])
+            now[0] += 1
+            out["unknown_retried"] = await counts.due(KEY, dead, spec, [ready_pod("cap-dead")])
             out["off"] = await counts.due(KEY, state, plain, pods)
             out["off_state"] = state.captured
         return out
@@ -185,6 +191,7 @@ def test_the_operator_reads_the_highest_figure_of_the_proxies_that_answer_and_no
     assert out["dead_only"] is None and out["no_address"] is None  # unreachable or no address: unknown, never 0
     assert out["first"] == 3 and out["within_a_minute"] == 3 and out["a_minute_later"] == 4
     assert out["none_ready"] is None and out["all_unreachable"] is None
+    assert out["unknown_within_retry"] is None and out["unknown_retried"] == 4  # an unknown count is asked again sooner
     assert out["off"] is None and out["off_state"] is None
 
 
@@ -247,7 +254,7 @@ def test_the_operators_step_reads_the_ready_proxies_into_status(tmp_path: Path) 
                 return writer.status, state.captured
 
     status, captured = asyncio.run(scenario())
-    assert status["retraining"]["capture"]["conversations"] == 2 and captured is not None and captured[1] == 2
+    assert status["retraining"]["capture"]["conversations"] == 2 and captured is not None and captured.conversations == 2
 
 
 def test_the_proxy_pods_carry_the_label_the_operators_pod_watch_selects() -> None:

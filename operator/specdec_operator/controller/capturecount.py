@@ -11,6 +11,7 @@ for traffic that may be there, and an unknown count is not a reason to start a J
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -25,11 +26,13 @@ from ..capture.proxy import STORED_CONVERSATIONS
 from ..reconcile.capture_objects import ADMIN_PORT, capture_name
 from ..reconcile.pods import is_ready, live
 from .config import Endpoints
-from .state import Key, ResourceState
+from .state import Captured, Key, ResourceState
 
+LOG = logging.getLogger("specdec.operator")
 # The count in status changes with the traffic: read more often, every read would write the status (and the write
 # wakes the resource's loop again). Training's minSamples is a matter of minutes, not seconds.
 COUNT_EVERY_S = 60.0
+RETRY_S = 10.0  # after no proxy answered (a proxy that has just started may not have counted yet)
 
 
 def counted_pods(pods: list[dict[str, Any]]) -> dict[str, str | None]:
@@ -99,24 +102,36 @@ class CaptureCounts:
         return claim_conversations(list(figures))
 
     async def due(self, key: Key, state: ResourceState, spec: SpeculativeServerSpec | None, pods: list[dict[str, Any]]) -> int | None:
-        """The count for this step: read again when the last read is COUNT_EVERY_S old (or capture just came on),
-        else the last read. None while capture is off (the step then counts none: reconcile/training.samples_of)."""
+        """The count for this step: read again when due (a known count a minute after it was read, an unknown one
+        10 s after, at once while no proxy was Ready), else the last read. None while capture is off (the step then
+        counts none: reconcile/training.samples_of)."""
         if spec is None or capture_on(getattr(spec, "retraining", None)) is None:
             state.captured = None
             return None
         now = self.clock()
-        if state.captured is not None and now - state.captured[0] < COUNT_EVERY_S:
-            return state.captured[1]
+        if state.captured is not None and now < state.captured.next_read_at:
+            return state.captured.conversations
         ready = counted_pods(pods)
-        if not ready:  # not known, and asked again at the next step (a proxy that becomes Ready wakes the loop)
-            state.captured = (-math.inf, None)
-            return None
-        # Kept a minute, known or not: proxies that do not answer hold the step up to the timeout once a minute only.
-        conversations = await self.read(key, ready)
-        state.captured = (now, conversations)
-        return conversations
+        if not ready:  # nothing to ask; a proxy that becomes Ready wakes the loop
+            captured = Captured(-math.inf, None, "no capture proxy is Ready")
+        else:
+            conversations = await self.read(key, ready)
+            if conversations is not None:
+                captured = Captured(now + COUNT_EVERY_S, conversations, "counted")
+            else:  # asked again soon, but not at every step: proxies that do not answer hold it up to the timeout
+                captured = Captured(now + RETRY_S, None, f"none of the {len(ready)} Ready capture proxies answered a count on /metrics")
+        if state.captured is None or captured.note != state.captured.note:
+            LOG.info(
+                "%s/%s: captured conversations %s",
+                *key,
+                captured.conversations if captured.conversations is not None else f"not known: {captured.note}",
+            )
+        state.captured = captured
+        return captured.conversations
 
 
-def count_wait(state: ResourceState) -> float | None:
-    """The longest wait before the next step while capture is on: the count in status is at most this old."""
-    return COUNT_EVERY_S if state.captured is not None else None
+def count_wait(state: ResourceState, now: float) -> float | None:
+    """The longest wait before the next step while capture is on: until the count is due again (at most a minute)."""
+    if state.captured is None:
+        return None
+    return min(COUNT_EVERY_S, max(1.0, state.captured.next_read_at - now))

@@ -182,7 +182,7 @@ class Runtime:
                 plan, failed = await self._guarded_step(key, state, body, children, logger)
                 failures = failures + 1 if failed else 0
                 delay = next_delay(failures, plan, self.config.reconcile_interval, self.config.resync_interval)
-                await _sleep(state.wake, stopped, min(delay, count_wait(state) or delay))
+                await _sleep(state.wake, stopped, min(delay, count_wait(state, time.monotonic()) or delay))
         finally:
             if stopped.reason is not None and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason:
                 self.forget(*key)

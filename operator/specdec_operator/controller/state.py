@@ -19,6 +19,15 @@ Key = tuple[str, str]  # (namespace, name)
 Logger = logging.Logger | logging.LoggerAdapter[Any]  # Kopf hands handlers either
 
 
+@dataclasses.dataclass(frozen=True)
+class Captured:
+    """The captured conversations as last read from the capture proxies (controller/capturecount.py)."""
+
+    next_read_at: float  # time.monotonic() when they are read again
+    conversations: int | None  # None: not known
+    note: str  # "counted", or why not known (logged when it changes)
+
+
 @dataclasses.dataclass
 class ResourceState:
     """What this process remembers of one SpeculativeServer between steps.
@@ -43,9 +52,7 @@ class ResourceState:
     # every child since: the next step writes its status only after its children are accepted.
     refused: bool = False
     last_step: float = -math.inf  # when the last step ended (time.monotonic): steps closer together are merged
-    # spec.retraining.capture: (when read, time.monotonic; the captured conversations then, None: not known), None
-    # while capture is off (capturecount.py).
-    captured: tuple[float, int | None] | None = None
+    captured: Captured | None = None  # spec.retraining.capture's last count (capturecount.py); None while capture is off
 
     def forget_status(self) -> None:
         """Reread the status from the API server at the next step (after a failed step)."""
