@@ -313,3 +313,17 @@ def test_kubectl_specdec_status_says_how_many_conversations_are_stored() -> None
     assert "  capture: On, claim llama-capture (2Gi), 1234 conversations stored" in known.splitlines()
     unknown = describe("llama", read_status(world.step(captured_samples=None).status), {})
     assert "  capture: On, claim llama-capture (2Gi)" in unknown.splitlines()
+
+
+def test_the_loop_wakes_when_the_count_is_due_and_not_sooner() -> None:
+    from specdec_operator.controller.capturecount import count_wait
+    from specdec_operator.controller.state import Captured
+
+    state = ResourceState(uid="u")
+    assert count_wait(state, 100.0) is None  # capture off
+    state.captured = Captured(100.0 + COUNT_EVERY_S, 7, "counted")
+    assert count_wait(state, 100.0) == COUNT_EVERY_S and count_wait(state, 150.0) == 10.0 and count_wait(state, 200.0) == 1.0
+    state.captured = Captured(100.0 + RETRY_S, None, "none answered")
+    assert count_wait(state, 100.0) == RETRY_S
+    state.captured = Captured(float("-inf"), None, "no capture proxy is Ready")
+    assert count_wait(state, 100.0) == COUNT_EVERY_S  # no timer of a second while a proxy cannot start

@@ -134,4 +134,6 @@ def count_wait(state: ResourceState, now: float) -> float | None:
     """The longest wait before the next step while capture is on: until the count is due again (at most a minute)."""
     if state.captured is None:
         return None
+    if state.captured.next_read_at == -math.inf:  # no proxy Ready: its pod's events wake the loop, not a timer
+        return COUNT_EVERY_S
     return min(COUNT_EVERY_S, max(1.0, state.captured.next_read_at - now))
