@@ -403,6 +403,8 @@ def test_network_policy_admits_the_operator_to_the_servers_and_readers_ports(hel
     """The rendering only: the dev node's bridge CNI does not enforce NetworkPolicies, so no cluster test can show a
     packet dropped or admitted. Selectors and ports are checked against what the chart and the operator render."""
     from specdec_operator import manifests as m
+    from specdec_operator import trainjob
+    from specdec_operator.reconcile import capture_objects
     from tests.support.world import World, llama_spec
 
     assert not by_kind(render(helm_bin), "NetworkPolicy"), "off by default"
@@ -427,7 +429,18 @@ def test_network_policy_admits_the_operator_to_the_servers_and_readers_ports(hel
                 assert selects <= template["metadata"]["labels"].items(), variant
                 (port,) = template["spec"]["containers"][0]["ports"]
                 assert rule["ports"] == [{"protocol": "TCP", "port": port["containerPort"]}] == [{"protocol": "TCP", "port": m.DEFAULT_PORT}]
-            assert spec["ingress"][1:] == VALUE_SETS["network-policy"]["networkPolicy"]["extraIngress"]
+            # The capture proxies and training Jobs of the namespace reach the servers too (both forward or send
+            # requests to them): the rule selects the labels the operator renders on their pods, and no server pod.
+            (own,) = spec["ingress"][1]["from"]
+            assert spec["ingress"][1]["ports"] == rule["ports"] and "namespaceSelector" not in own
+            ((expression),) = own["podSelector"]["matchExpressions"]
+            assert expression["key"] == "app.kubernetes.io/name" and expression["operator"] == "In"
+            capture_pod = capture_objects.proxy_selector("llama")  # on every proxy pod (proxy_deployment)
+            training_pod = trainjob.training_labels("llama", 1)
+            assert {capture_pod[expression["key"]], training_pod[expression["key"]]} == set(expression["values"])
+            for variant in ("base", "speculative"):
+                assert world.template(variant)["metadata"]["labels"].get(expression["key"]) not in expression["values"]
+            assert spec["ingress"][2:] == VALUE_SETS["network-policy"]["networkPolicy"]["extraIngress"]
             assert not selects <= operator_labels.items()
         else:
             assert selects <= m.reader_labels("llama").items() and rule["ports"] == [{"protocol": "TCP", "port": m.READER_PORT}]
