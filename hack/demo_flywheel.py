@@ -51,7 +51,8 @@ NAME = "llama31-8b-flywheel"
 TRAINED_ON, SHIFTED_TO = fj.TRAINED_ON, "code"
 ACCEPT_FLOOR = 2.0  # monitor.acceptLengthFloor: 2.8 on chat is above it, 1.2 on code below
 MIN_SAMPLES = 20  # spec.retraining.training.minSamples
-TIME_SCALE = 10.0  # the simulators' (as the demo's other Llama pair)
+TIME_SCALE = 10.0
+PAUSE_S = 0.1  # between one user's requests: about 8 a second, a light load for the shared host  # the simulators' (as the demo's other Llama pair)
 VOLUME_SIZE = "100Gi"  # the hostPath PersistentVolumes made here for the capture and revisions claims (nothing allocated)
 REPO = Path(__file__).resolve().parent.parent
 REVISION_RE = re.compile(r"/revisions/([a-z0-9][-a-z0-9.]*)")
@@ -96,6 +97,23 @@ def resource(namespace: str, capture_class: str, annotations: dict[str, str], wo
     return cr
 
 
+def priority_class() -> dict[str, Any]:
+    """The training Jobs' PriorityClass as the chart makes it (templates/priorityclass.yaml): the operator's Jobs name
+    it, and the API server refuses their pods where it is missing (the demo installs no chart)."""
+    from specdec_operator.trainjob import DEFAULT_PRIORITY_CLASS
+
+    meta = {"name": DEFAULT_PRIORITY_CLASS, "labels": {"specdec.io/demo": "flywheel"}}
+    description = "specdec-operator's training Jobs: below serving, never preempting"
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": meta,
+        "value": -100,
+        "preemptionPolicy": "Never",
+        "description": description,
+    }
+
+
 def template_revision(deployment: dict[str, Any] | None) -> str | None:
     """The trained revision a speculative Deployment's pod template serves (``/revisions/<job>`` in a container's
     command or args), or None (spec.drafter)."""
@@ -135,7 +153,8 @@ def write_script_entry(path: Path, key: str, entry: dict[str, Any]) -> None:
 
 
 def send_traffic(url: Callable[[], str | None], kind: Callable[[], str], stop: threading.Event, sent: dict[str, int]) -> None:
-    """Users: one OpenAI chat request after another to ``url()`` (the capture proxy), of the prompt kind ``kind()``."""
+    """A user: an OpenAI chat request to ``url()`` (the capture proxy) every PAUSE_S after the last answer, of the
+    prompt kind ``kind()``."""
     for i in itertools.count():
         if stop.is_set():
             return
@@ -151,6 +170,7 @@ def send_traffic(url: Callable[[], str | None], kind: Callable[[], str], stop: t
         try:
             urllib.request.urlopen(request, timeout=10).read()
             sent[now] = sent.get(now, 0) + 1
+            time.sleep(PAUSE_S)
         except OSError:
             time.sleep(0.2)
 

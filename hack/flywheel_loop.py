@@ -46,6 +46,7 @@ class Flywheel:
         self.slot = "drafter"  # what <name>-spec points at: "drafter" or a revision's name
         self.entry: dict[str, Any] | None = None
         self.errors: list[str] = []
+        self.shown = ""  # the last line follow() printed
 
     @property
     def key(self) -> str:
@@ -84,6 +85,7 @@ class Flywheel:
         api = config.new_client_from_config(config_file=kubeconfig)
         self.core, self.custom, self.apps = client.CoreV1Api(api), client.CustomObjectsApi(api), client.AppsV1Api(api)
         self.make_volume("capture")
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(df.priority_class()))
         kubectl("apply", "-f", "-", input=yaml.safe_dump(df.resource(self.namespace, self.storage_class, annotations, workloads)))
         dirs = VolumeDirs(self.root, named={"model": self.root / "models"})
         self.runner = JobRunner(api, self.root, dirs, fj.SimulatedExecute(), namespaces={self.namespace}).start()
@@ -192,11 +194,11 @@ class Flywheel:
 
     def follow(self, say: Say, started: float, until: Callable[[dict[str, Any]], bool], timeout: float) -> bool:
         """Print the loop's state whenever it changes, until ``until(status)``; False on timeout."""
-        shown, deadline = "", time.monotonic() + timeout
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = df.loop_line(self.status, self.slot)
-            if line != shown:
-                shown = line
+            if line != self.shown:
+                self.shown = line
                 say(f"      {time.monotonic() - started:5.1f}s  {line[:200]}")
             if until(self.status):
                 return True
@@ -265,7 +267,10 @@ def run(fw: Flywheel, say: Say, timeout: float) -> bool:
         )
         return False
     low = min(lowest) if lowest else None
-    say(f"\n      acceptance (status.monitor): {before} on chat before the shift, {low} on code after it, {after} with the retrained drafter")
+    shown = [f"{v:.2f}" if v is not None else "-" for v in (before, low, after)]
+    say(
+        f"\n      acceptance (status.monitor): {shown[0]} on chat before the shift, {shown[1]} on code after it, {shown[2]} with the retrained drafter"
+    )
     say(
         f"      drift detected {drift_at - shifted:.1f}s after the shift; drift to promotion {promoted_at - drift_at:.1f}s; recovered {time.monotonic() - promoted_at:.1f}s later"
     )
