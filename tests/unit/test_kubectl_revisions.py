@@ -79,9 +79,11 @@ def test_a_status_without_revisions_prints_an_empty_table():
     assert kr.revision_rows({"retraining": {"revisions": "garbage"}}) == []
 
 
-def test_a_pin_not_among_the_recorded_revisions_is_flagged():
+def test_a_pin_not_among_the_recorded_revisions_is_flagged_with_the_operator_s_words():
     table = kr.revisions_table("llama", {"retraining": {"revision": "llama-train-9"}}, STATUS)
     assert "P pinned: llama-train-9 (spec.retraining.revision, from Git) (not among the recorded revisions" in table
+    refused = {"retraining": {**STATUS["retraining"], "pinRefused": "spec.retraining.revision 'llama-train-9' is not a revision"}}
+    assert "  not honoured: spec.retraining.revision 'llama-train-9' is not a revision" in kr.revisions_table("llama", {}, refused)
 
 
 def fragment(text: str) -> dict:

@@ -102,6 +102,9 @@ def revisions_table(name: str, spec: dict[str, Any], status: dict[str, Any]) -> 
     else:
         missing = "" if pinned == DRAFTER or pinned in names else " (not among the recorded revisions: see status and Events)"
         lines.append(f"P pinned: {pinned} (spec.retraining.revision, from Git){missing}")
+    refused = _section(status, "retraining").get("pinRefused")
+    if isinstance(refused, str) and refused:
+        lines.append(f"  not honoured: {refused}")
     lines.append(f"To pin one: kubectl specdec revisions {name} --pin REVISION  (prints the patch to commit; changes nothing)")
     return "\n".join(lines)
 
