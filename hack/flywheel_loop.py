@@ -17,6 +17,7 @@ from hack import demo_flywheel as df
 from hack import flywheel_job as fj
 from specdec_operator.cli import kubectl_revisions
 from specdec_operator.simulator import revisions as rv
+from specdec_operator.simulator.model import Profile
 
 Say = Callable[[str], None]
 
@@ -169,7 +170,7 @@ class Flywheel:
         self.proxy = df.start_capture_proxy(capture, upstream, self.proxy_port, self.admin_port, self.workdir / "capture-proxy.log")
         self.upstream = upstream
 
-    def published(self) -> dict[str, Any]:
+    def published(self) -> dict[str, Profile]:
         """The revisions on the claim's directory: name -> the profile its simulated drafter serves."""
         folder = self.claims / f"{df.NAME}-revisions"
         return {p.parent.name: rv.read_revision(p.parent) for p in sorted(folder.glob(f"*/{rv.REVISION_FILE}"))} if folder.is_dir() else {}
@@ -183,7 +184,7 @@ class Flywheel:
         """The probe script's entry for the traffic of the moment: the serving drafter's figures and each other
         published revision's as its candidate's arm (rewritten only when it changes)."""
         revisions = self.published()
-        serving_name = (self.status.get("retraining") or {}).get("serving")
+        serving_name = str((self.status.get("retraining") or {}).get("serving") or "")
         serving = revisions.get(serving_name) or fj.drafter((df.TRAINED_ON,))
         entry = df.script_entry(serving, {n: p for n, p in revisions.items() if n != serving_name}, self.kind)
         if entry != self.entry:
