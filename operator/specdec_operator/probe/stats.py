@@ -541,7 +541,9 @@ def paired_interval(rounds: Sequence[PairedRound], level: float, server_floor: b
     the variance, the price of not trusting the blocks alone). Quantile:
     Student t with the Satterthwaite df of all those components (the between-round one with n - 1), unless Cochran's Q says the rounds disagree beyond
     their within-round variances (p < HETEROGENEITY_P): then the round-level t with n - 1 df. When a
-    measurement had no blocks (too few stream events), the round-level :func:`log_ratio_interval`.
+    measurement had no blocks (too few stream events), the round-level :func:`log_ratio_interval`. With a usable
+    ``prior`` (:meth:`RoundPrior.usable`) whose pooled between-round term has more df than that sum: the between-round
+    variance alone, with its df (:func:`_prior_interval`).
     """
     n = len(rounds)
     if n == 0:
@@ -576,11 +578,36 @@ def paired_interval(rounds: Sequence[PairedRound], level: float, server_floor: b
             heterogeneous = chi2_sf(q, n - 1) < HETEROGENEITY_P
         if heterogeneous:
             df = between_df
+        if prior is not None and prior.usable() and between_df > df:
+            return _prior_interval(mean, n, level, spread)
     if var <= 0:
         return PairedInterval(_exp(mean), _exp(mean), _exp(mean), n, level, df=df, se=0.0, heterogeneous=heterogeneous)
     se = math.sqrt(var)
     half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se
     return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, se=se, heterogeneous=heterogeneous)
+
+
+def _prior_interval(mean: float, n: int, level: float, spread: tuple[float, float]) -> PairedInterval:
+    """The interval of ``n`` rounds from the between-round variance alone, when a prior makes it better founded than the
+    sum of the blocks' variance and it (:func:`paired_interval`: its df, the prior's plus the rounds' n - 1, above the
+    sum's Satterthwaite df): the t-interval of the mean log ratio with variance ``spread[0] / n`` and ``spread[1]`` df.
+
+    Why the time blocks may drop out: the variance of one round's log ratio between rounds is the whole noise of a round,
+    the part the blocks see included, so the sum counts that part twice, and where the blocks give few degrees of
+    freedom (a short workload's pooled blocks over two measurements: ~3 df) their term drags the sum's Satterthwaite df
+    below the between-round term's own. The t-interval with the pooled between-round variance alone is exact for
+    normal rounds whose spread the prior measured (its estimate and the probe's are independent chi-squares of the same
+    variance; the servers' floor only widens it). Where the blocks have many df (most workloads with their own blocks,
+    vLLM's CPU build), the sum's df are the larger and the sum stays; without a prior it always does (the between-round
+    term has 1 df at round 2). The choice compares degrees of freedom, never which interval is narrower (as
+    :func:`with_pooled_variance`'s). docs/probe.md, "With a prior, the rounds' spread alone when it has more df", has
+    the study (docs/benchmarks/probe-study.md, "What the best test could do")."""
+    var, df = spread[0] / n, spread[1]
+    if var <= 0:
+        return PairedInterval(_exp(mean), _exp(mean), _exp(mean), n, level, df=df, se=0.0)
+    se = math.sqrt(var)
+    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se
+    return PairedInterval(_exp(mean), _exp(mean - half), _exp(mean + half), n, level, df=df, se=se)
 
 
 def sequential_interval(rounds: Sequence[PairedRound], levels: LookLevels, prior: RoundPrior | None = None) -> PairedInterval:
