@@ -3,7 +3,7 @@
 Every earlier stage of the Job writes under its staging directory (`<revisions>/.staging/<job>/`: `work/` for the
 samples, hidden states and training run, `export/` for `specdec-train export`), where a retried pod resumes them.
 Nothing there is ever served. `publish` checks the export (export.check_export: every name, shape and dtype the engine
-needs), writes the marker file COMPLETE into it (the Job, the time, each file's sha256), renames it to the revision
+needs), makes its files readable by every user (the server runs as its image's user), writes the marker file COMPLETE into it (the Job, the time, each file's sha256), renames it to the revision
 directory in one rename(2) on the same volume, and removes the staging directory. A revision directory without
 COMPLETE is not a revision (is_published): a Job that failed, was killed or ran out of time leaves at most a staging
 directory, which the next Job of another name never reads.
@@ -61,6 +61,7 @@ def publish(staging: str | Path, out: str | Path, job: str | None = None, figure
         raise InputError(f"{export}: no export; run specdec-train export --out {export} first")
     check_export(export)
     files = {p.name: _sha256(p) for p in sorted(export.iterdir()) if p.is_file() and p.name != MARKER}
+    _readable(export, files)
     marker: dict[str, Any] = {"job": job, "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
     if figures is not None:
         marker["figures"] = figures
@@ -75,6 +76,14 @@ def publish(staging: str | Path, out: str | Path, job: str | None = None, figure
     _fsync_dir(out.parent)
     shutil.rmtree(staging, ignore_errors=True)
     return marker
+
+
+def _readable(export: Path, files: dict[str, str]) -> None:
+    """Files readable by every user (safetensors writes its files 0600): the speculative server that mounts the
+    revision runs as the engine image's user, not as the Job's UID."""
+    export.chmod(0o755)
+    for name in files:
+        (export / name).chmod(0o644)
 
 
 def _fsync_dir(directory: Path) -> None:

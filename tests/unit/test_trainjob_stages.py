@@ -167,6 +167,8 @@ def test_captured_traffic_in_a_published_revision_out_with_the_serving_map_and_i
     assert provenance["warm_started_from"] == str(root / "models" / "drafter") and provenance["engine"] == "sglang"
     assert provenance["capture_layer_ids"]["sglang_config_output_index"] == LAYERS
     assert set(read_marker(revision)["files"]) == {"config.json", "model.safetensors", "training_provenance.json"}
+    # The server that mounts it runs as its engine image's user: every file readable (safetensors writes 0600).
+    assert all(p.stat().st_mode & 0o444 == 0o444 for p in revision.iterdir())
 
     # The termination message of the contract: figures of both drafters on the held-out slice gather kept out.
     split = json.loads((root / "split" / "gather.json").read_text())  # the same capture's split, made by the fixture
