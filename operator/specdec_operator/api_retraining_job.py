@@ -174,7 +174,7 @@ class TrainingStatus(StrictModel):
     state: str | None = Field(None, description="The Job's state: Pending, Running, Succeeded or Failed.")
     reason: str | None = Field(
         None,
-        description="Why, in one word: the Job's (TrainingStarting, TrainingUnschedulable, TrainingRunning, TrainingSucceeded, "
+        description="Why, in one word: the Job's (TrainingStarting, TrainingUnschedulable, TrainingQuotaRefused, TrainingPodRefused, TrainingRunning, TrainingSucceeded, "
         "TrainingTimedOut, TrainingBadInput, TrainingVolumeFull, TrainingFailed, TrainingJobGone).",
     )
     message: str | None = Field(

@@ -51,6 +51,31 @@ OK = [ended(s, 0) for s in ("gather", "regenerate")]
             "exceeded quota: gpus",
         ),
         (
+            "no PriorityClass (a cluster without the chart)",
+            JOB,
+            [],
+            [
+                {
+                    "reason": "FailedCreate",
+                    "message": 'Error creating: pods "srv-train-1-x" is forbidden: no PriorityClass with name specdec-training was found',
+                }
+            ],
+            JobState.PENDING,
+            ProgressReason.POD_REFUSED,
+            None,
+            'refused the pod: Error creating: pods "srv-train-1-x" is forbidden: no PriorityClass with name specdec-training',
+        ),
+        (
+            "between two stages (the next one waits PodInitializing)",
+            JOB,
+            [pod([*OK, {"name": "capture", "state": {"waiting": {"reason": "PodInitializing"}}}])],
+            [],
+            JobState.RUNNING,
+            ProgressReason.RUNNING,
+            "capture",
+            "stage capture (3/8)",
+        ),
+        (
             "no GPU free",
             JOB,
             [

@@ -31,6 +31,7 @@ class ProgressReason(StrEnum):
     STARTING = "TrainingStarting"
     UNSCHEDULABLE = "TrainingUnschedulable"
     QUOTA_REFUSED = "TrainingQuotaRefused"
+    POD_REFUSED = "TrainingPodRefused"
     RUNNING = "TrainingRunning"
     SUCCEEDED = "TrainingSucceeded"
     TIMED_OUT = "TrainingTimedOut"
@@ -70,9 +71,14 @@ def _failed_stage(pod: dict[str, Any]) -> tuple[str, int, str] | None:
 
 
 def _running_stage(pod: dict[str, Any]) -> str | None:
+    """The stage running, or the one starting after a stage that ended well: between two init containers the kubelet
+    shows the next as waiting (PodInitializing) for a moment, which is not the pod starting again."""
+    previous_done = False
     for s in _statuses(pod):
-        if "running" in (s.get("state") or {}):
+        state = s.get("state") or {}
+        if "running" in state or ("waiting" in state and previous_done):
             return s.get("name")
+        previous_done = ((state.get("terminated") or {}).get("exitCode")) == 0
     return None
 
 
@@ -114,9 +120,14 @@ def job_progress(job: dict[str, Any], pods: list[dict[str, Any]], events: list[d
         return _failure(job, pods, failed)
     pod = _newest(pods)
     if pod is None:
-        refused = [e for e in events or [] if e.get("reason") == "FailedCreate" and any(w in (e.get("message") or "") for w in QUOTA_WORDS)]
+        refused = [e for e in events or [] if e.get("reason") == "FailedCreate"]
         if refused:
-            return JobProgress(JobState.PENDING, ProgressReason.QUOTA_REFUSED, f"a quota refused the pod: {refused[-1].get('message', '').strip()}")
+            # The Job controller's words: a quota, or any other admission refusal (e.g. no PriorityClass
+            # specdec-training: the chart creates it, a cluster without the chart may not have it).
+            words = " ".join((refused[-1].get("message") or "").split())
+            if any(w in words for w in QUOTA_WORDS):
+                return JobProgress(JobState.PENDING, ProgressReason.QUOTA_REFUSED, f"a quota refused the pod: {words}")
+            return JobProgress(JobState.PENDING, ProgressReason.POD_REFUSED, f"the API server refused the pod: {words}")
         return JobProgress(JobState.PENDING, ProgressReason.STARTING, "no pod yet")
     scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
     if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
