@@ -45,8 +45,10 @@ def resource_spec(name: str = "shift") -> dict[str, Any]:
     }
 
 
-def training_pod(name: str, namespace: str, max_steps: int) -> dict[str, Any]:
-    """The pod of Job 1 of resource `name` as trainjob.training_job renders it (what the Job controller makes)."""
+def training_job(
+    name: str, namespace: str, max_steps: int, spec: dict[str, Any] | None = None, uid: str = "uid", priority_class: str = ""
+) -> dict[str, Any]:
+    """Job 1 of resource `name` as the operator applies it (trainjob.training_job with the operator's claims)."""
     from specdec_operator import trainjob as t
     from specdec_operator.api_retraining_job import RetrainingTraining
     from specdec_operator.reconcile.capture_objects import capture_name
@@ -55,13 +57,20 @@ def training_pod(name: str, namespace: str, max_steps: int) -> dict[str, Any]:
 
     training = RetrainingTraining.model_validate({"budget": {"gpus": 0, "maxSteps": max_steps, "regenerateConcurrency": 1}})
     data = t.TrainingData(capture_name(name), revisions_claim(name))
-    job = t.training_job(name, namespace, "uid", parse_spec(resource_spec(name)), training, data, 1, "Drift")
+    settings = t.TrainingJobSettings(priority_class_name=priority_class)
+    return t.training_job(name, namespace, uid, parse_spec(spec or resource_spec(name)), training, data, 1, "Drift", settings)
+
+
+def training_pod(name: str, namespace: str, max_steps: int) -> dict[str, Any]:
+    """The pod the Job controller makes of Job 1 (its template, with the job-name label)."""
+    job = training_job(name, namespace, max_steps)
     labels = {**job["spec"]["template"]["metadata"]["labels"], "job-name": job["metadata"]["name"]}
     return {"metadata": {"name": f"{job['metadata']['name']}-pod", "namespace": namespace, "labels": labels}, "spec": job["spec"]["template"]["spec"]}
 
 
-def base_url_of(pod: dict[str, Any]) -> str:
-    command = next(c["command"] for c in pod["spec"]["initContainers"] if c["name"] == "regenerate")
+def base_url_of(pod_spec: dict[str, Any]) -> str:
+    """The base Service's URL in the regenerate stage's command (a pod's spec, or a Job's template's)."""
+    command = next(c["command"] for c in pod_spec["initContainers"] if c["name"] == "regenerate")
     return str(command[command.index("--base-url") + 1])
 
 
@@ -70,10 +79,8 @@ def run_training_pod(
 ) -> dict[str, Any]:
     """Run the pod's containers here: /models the loop's models, the claims the capture and revisions directories,
     the base Service the server given (greedy speculative decoding answers what the base does)."""
-    claims = {v["persistentVolumeClaim"]["claimName"]: v["name"] for v in pod["spec"]["volumes"] if v.get("persistentVolumeClaim")}
-    by_volume = {"captured": capture, "revisions": revisions}
-    dirs = VolumeDirs(work, claims={claim: by_volume[vol] for claim, vol in claims.items() if vol in by_volume}, named={"model": models})
-    return run_containers(pod, work / "pod", dirs, execute or LocalExecute(nice=10, extra_args=EXTRA_ARGS), {base_url_of(pod): base_url})
+    dirs = VolumeDirs(work, named={"model": models, "captured": capture, "revisions": revisions})
+    return run_containers(pod, work / "pod", dirs, execute or LocalExecute(nice=10, extra_args=EXTRA_ARGS), {base_url_of(pod["spec"]): base_url})
 
 
 def chat(url: str, messages: list[dict[str, str]], max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
