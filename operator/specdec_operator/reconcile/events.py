@@ -237,7 +237,6 @@ def training_events(before: TrainingStatus | None, after: TrainingStatus | None)
     return events
 
 
-
 def revision_events(before: RetrainingStatus | None, after: RetrainingStatus | None) -> list[Event]:
     """RevisionPromoted, RevisionLost (Warning) when a revision's row reaches that outcome, and RevisionPinRefused
     (Warning) when spec.retraining.revision names a revision that cannot serve. Figures and names, never a prompt."""
