@@ -461,7 +461,7 @@ def bring_up(say_step: str) -> tuple[Any, Any, bool]:
         parts = line.split()
         say(f"      node {parts[0]:<14} gpu family {parts[-2] if len(parts) >= 7 else '-':<10} gpus {parts[-1] if len(parts) >= 7 else '-'}")
     kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    kubectl("wait", "--for=condition=Established", "crd/speculativeservers.specdec.io", "--timeout=60s")
+    cluster.wait_established(["speculativeservers.specdec.io"])
     kubectl("create", "namespace", NAMESPACE, check=False)
     say("      CRD speculativeservers.specdec.io installed; namespace specdec-demo")
     return cluster, kubectl, we_started_cluster

@@ -191,8 +191,7 @@ def start_lws(cluster: Cluster, *, tie_to_parent: bool = False, timeout: float =
         cluster.kubectl(
             "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": crds})
         )
-        names = [LWS_CRD_NAME] + [f"crd/{plural}.disaggregatedset.x-k8s.io" for _, plural in _DISAGGREGATED_KINDS]
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[n if n.startswith("crd/") else f"crd/{n}" for n in names])
+        cluster.wait_established([LWS_CRD_NAME] + [f"{plural}.disaggregatedset.x-k8s.io" for _, plural in _DISAGGREGATED_KINDS])
         if LWS_COMPONENT in pids:
             _stop_pid(int(pids.pop(LWS_COMPONENT)), directory)
         command = [

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,6 +129,32 @@ class Cluster:
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
         return proc
+
+    def pending_crds(self, names: list[str], timeout: float = 60) -> list[str]:
+        """Wait until each CustomResourceDefinition in ``names`` (``plural.group``) is Established; the ones that are
+        not after ``timeout`` seconds. Polled rather than `kubectl wait`: a CRD the API server has not processed yet has
+        no status.conditions, and kubectl wait fails on that at once instead of waiting (seen on a loaded machine).
+        kubectl's discovery cache is dropped after, so the next call sees the new kinds."""
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            pending = [
+                n
+                for n in pending
+                if self.kubectl("get", f"customresourcedefinition/{n}", "-o", f"jsonpath={query}", check=False).stdout.strip() != "True"
+            ]
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        self.forget_discovery()
+        return pending
+
+    def wait_established(self, names: list[str], timeout: float = 60) -> None:
+        """``pending_crds``, raising ClusterError naming the CRDs not Established in time."""
+        pending = self.pending_crds(names, timeout)
+        if pending:
+            raise ClusterError(f"CRDs not Established after {timeout:.0f}s: {', '.join(pending)}")
 
 
 def _state_path(name: str) -> Path:

@@ -158,22 +158,9 @@ def project_crds(kube_cluster: devcluster.Cluster) -> list[str]:
         pytest.fail(f"installing crds/ failed: {applied.stderr.strip()}", pytrace=False)
     names = [line.split("/", 1)[1] for line in applied.stdout.split() if line.startswith("customresourcedefinition")]
     if names:
-        # Polled rather than `kubectl wait`: a CRD the API server has not processed yet has no status.conditions,
-        # and kubectl wait fails on that at once instead of waiting (seen on a loaded machine).
-        query = '{.status.conditions[?(@.type=="Established")].status}'
-        deadline = time.monotonic() + 90
-        pending = list(names)
-        while pending:
-            pending = [
-                n
-                for n in pending
-                if kube_cluster.kubectl("get", f"customresourcedefinition/{n}", "-o", f"jsonpath={query}", check=False).stdout.strip() != "True"
-            ]
-            if pending and time.monotonic() > deadline:
-                pytest.fail(f"CRDs from crds/ not Established after 90s: {', '.join(pending)}", pytrace=False)
-            if pending:
-                time.sleep(0.5)
-        kube_cluster.forget_discovery()  # kubectl listed the APIs before the CRDs existed
+        pending = kube_cluster.pending_crds(names, timeout=90)
+        if pending:
+            pytest.fail(f"CRDs from crds/ not Established after 90s: {', '.join(pending)}", pytrace=False)
     return names
 
 
