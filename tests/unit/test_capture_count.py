@@ -133,6 +133,58 @@ def test_a_started_proxy_counts_the_claim_by_itself(tmp_path: Path) -> None:
     assert asyncio.run(scenario()) == 3  # the line still being written is not counted
 
 
+def _timed_file(directory: Path, stamp: str, writer: str, times: list[str]) -> Path:
+    lines = [json.dumps({"time": t, "endpoint": "chat", "messages": [{"role": "user", "content": f"q {t}"}]}) for t in times]
+    path = directory / f"capture-{stamp}-000001-{writer}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_conversations_since_a_time_do_not_fall_when_retention_deletes_older_files(tmp_path: Path) -> None:
+    """GET /count?since= on the admin port: the conversations captured at or after a time (the last training Job's
+    start), from the records' own time. Retention deleting the oldest file lowers the whole count, not this one; the
+    operator reads it with the count (CaptureCounts.due) for the lost-retrain rule (reconcile/retrain.py)."""
+    old = _timed_file(tmp_path, "20261207T050000Z", "pod-a", ["2026-12-07T05:00:00.000+00:00"] * 4)
+    _timed_file(tmp_path, "20261207T055900Z", "pod-a", ["2026-12-07T05:59:00.000+00:00", "2026-12-07T06:01:00.000+00:00"])
+    _timed_file(tmp_path, "20261207T061000Z", "pod-b", ["2026-12-07T06:10:00.000+00:00"] * 3)
+    start = "2026-12-07T06:00:00Z"
+    upstream = Upstream()
+    spec = parse_spec(llama_spec(**{"retraining.capture": CAPTURE}))
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with AsyncExitStack() as stack, aiohttp.ClientSession() as s:
+            up = await stack.enter_async_context(serving(upstream.app))
+            proxy = make_proxy(up, tmp_path)
+            admin = await stack.enter_async_context(serving(proxy.admin_app()))
+            async with s.get(admin + "/count", params={"since": start}) as answer:
+                out["before_count"] = answer.status
+            await proxy.count()
+            async with s.get(admin + "/count", params={"since": "yesterday"}) as answer:
+                out["bad"] = (answer.status, (await answer.json())["error"])
+            counts = CaptureCounts(Endpoints({"ns/pod/cap-a": admin}), timeout=2.0)
+            stack.push_async_callback(counts.close)
+            state = ResourceState(uid="u")
+            out["whole"] = await counts.due(KEY, state, spec, [ready_pod("cap-a")], since=start)
+            out["since"] = state.captured.since_start if state.captured else None
+            old.unlink()  # retention: the oldest file goes
+            await proxy.count()
+            state = ResourceState(uid="u")
+            out["whole_after"] = await counts.due(KEY, state, spec, [ready_pod("cap-a")], since=start)
+            out["since_after"] = state.captured.since_start if state.captured else None
+            fresh = ResourceState(uid="u")
+            await counts.due(KEY, fresh, spec, [ready_pod("cap-a")])  # no Job started yet: nothing to count since
+            out["no_job_yet"] = fresh.captured.since_start if fresh.captured else "unread"
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["before_count"] == 503  # not counted yet: not a 0
+    assert out["bad"][0] == 400 and "since must be an RFC 3339 time" in out["bad"][1]
+    assert (out["whole"], out["since"]) == (9, 4)  # 06:01 and three at 06:10 are at or after the start
+    assert (out["whole_after"], out["since_after"]) == (5, 4)  # the whole count fell by the deleted file, "since" did not
+    assert out["no_job_yet"] is None
+
+
 def ready_pod(name: str, ip: str | None = "10.0.0.1", ready: bool = True, deleting: bool = False) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": CAPTURE_APP, "app.kubernetes.io/instance": "llama"}}
     if deleting:

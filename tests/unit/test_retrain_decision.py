@@ -231,6 +231,19 @@ def test_a_retrained_drafter_that_lost_does_not_start_another_until_new_traffic(
     assert verdict(history=failed, samples=500).action == Action.START
 
 
+def test_new_traffic_after_a_loss_is_counted_by_time_when_retention_holds_the_whole_count_flat():
+    """A claim at its size cap (or retention) deletes old files as new conversations arrive: the whole count stays
+    flat, and its difference would hold the next Job forever. The proxies' count since the last start says better."""
+    lost = RetrainHistory(
+        count=1, started_at_s=(NOW - 3 * DAY_S,), last_finished_at_s=NOW - 2 * DAY_S, last_outcome=Outcome.LOST, samples_at_last_start=500
+    )
+    assert verdict(history=lost, samples=500).reason == RetrainReason.RETRAINED_DRAFTER_LOST  # the difference: 0 new
+    counted = verdict(history=replace(lost, samples_since_last_start=120), samples=500)
+    assert (counted.action, counted.job_number) == (Action.START, 2)
+    few = verdict(history=replace(lost, samples_since_last_start=30), samples=900)  # the count rose, yet only 30 are new
+    assert few.reason == RetrainReason.RETRAINED_DRAFTER_LOST and "30 of minSamples 100" in few.message
+
+
 def test_settings_defaults_and_bounds():
     s = RetrainingTraining()
     assert (s.budget.gpus, s.budget.max_steps, s.budget.max_minutes, s.budget.backoff_limit) == (1, 2000, 180, 1)

@@ -159,6 +159,23 @@ def test_a_revision_failing_offline_is_lost_and_never_raced(message, reason) -> 
     assert "RevisionLost" not in reasons(later)  # said once
 
 
+def test_after_a_loss_the_conversations_counted_since_the_jobs_start_let_the_next_job_start() -> None:
+    """The capture at its cap keeps the whole count flat (500 before, 500 after): the proxies' count of conversations
+    captured since the lost Job's start (Observed.captured_since) is what the rule reads, and only for that start."""
+    world = World(spec_with())
+    _, t = drifted(world)
+    job = "llama-train-1"
+    succeed(world, job, t + timedelta(minutes=30), report(job, new=2.25))
+    started = world.status["retraining"]["training"]["startedAt"]
+    later = t + timedelta(hours=8)  # past the cooldown and within the day's maximum
+    other = world.step(now=later, captured_samples=500, captured_since=("2026-01-01T00:00:00Z", 5000))
+    assert training(other)["waiting"] == "RetrainedDrafterLost"  # a count since another time says nothing of this Job
+    flat = world.step(now=later + timedelta(seconds=5), captured_samples=500, captured_since=(started, 150))
+    assert training(flat)["waiting"] == "RetrainedDrafterLost" and "150 of minSamples 200" in training(flat)["waitingMessage"]
+    plan = world.step(now=later + timedelta(seconds=10), captured_samples=500, captured_since=(started, 250))
+    assert [o["metadata"]["name"] for o in plan.apply if o["kind"] == "Job"] == ["llama-train-2"]
+
+
 # --- the live race -----------------------------------------------------------------------------------------------
 
 

@@ -14,13 +14,16 @@ written before it started, by any pod, count.
 
 from __future__ import annotations
 
+import bisect
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from drafter_training.regenerate import normalize_conversation
 
 from ..errors import InputError
+from ..textutil import parse_time
 from .store import PREFIX, SUFFIX
 
 READ_CHUNK = 1 << 20
@@ -43,22 +46,32 @@ class _FileCount:
     offset: int = 0  # bytes counted: up to the end of the last complete line
     records: int = 0
     conversations: int = 0
+    # When each usable conversation was captured (epoch seconds, the record's "time"; -inf without one), in file order:
+    # a writer appends in time order, so the list is sorted and "how many since T" is one bisection.
+    times: list[float] = field(default_factory=list)
 
 
-def usable_conversation(line: bytes) -> bool:
-    """Whether one record is a chat conversation a training Job trains on: the rule of its gather stage
-    (drafter_training/gather.py: ``messages`` that normalize as a conversation)."""
+def conversation_time(line: bytes) -> float | None:
+    """None when one record is not a chat conversation a training Job trains on (the rule of its gather stage,
+    drafter_training/gather.py: ``messages`` that normalize as a conversation); else when it was captured (epoch
+    seconds from the record's "time", -inf when it has none)."""
     try:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
-        return False
+        return None
     if not isinstance(record, dict) or "messages" not in record:
-        return False
+        return None
     try:
         normalize_conversation({"messages": record["messages"]}, "record")
     except InputError:
-        return False
-    return True
+        return None
+    stamp = parse_time(record["time"]) if isinstance(record.get("time"), str) else None
+    return stamp.timestamp() if stamp is not None else -math.inf
+
+
+def usable_conversation(line: bytes) -> bool:
+    """Whether one record is a chat conversation a training Job trains on (``conversation_time``)."""
+    return conversation_time(line) is not None
 
 
 class RecordCounter:
@@ -67,6 +80,12 @@ class RecordCounter:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._files: dict[str, _FileCount] = {}
+
+    def conversations_since(self, since: float) -> int:
+        """The usable conversations captured at or after ``since`` (epoch seconds) among the files the last ``count``
+        read: the training rule's "new since the last Job started", which retention deleting old files cannot
+        lower as it lowers the claim's whole count."""
+        return sum(len(f.times) - bisect.bisect_left(f.times, since) for f in self._files.values())
 
     def count(self) -> ClaimCount:
         """Read what was appended since the last call; forget the files that are gone."""
@@ -105,4 +124,7 @@ def _read_new_lines(path: Path, counted: _FileCount) -> None:
                 counted.offset += len(line) + 1
                 if line.strip():
                     counted.records += 1
-                    counted.conversations += usable_conversation(line)
+                    captured = conversation_time(line)
+                    if captured is not None:
+                        counted.conversations += 1
+                        counted.times.append(captured)

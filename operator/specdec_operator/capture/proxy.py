@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..textutil import parse_time
 from .count import ClaimCount, RecordCounter
 from .record import CAPTURED_PATHS, Redactor, Sampler, answer_text, opted_out, request_fields
 from .store import CaptureStore, Deleted
@@ -43,6 +44,7 @@ ENFORCE_EVERY_S = 60.0
 COUNT_EVERY_S = 10.0  # the claim's count is at most this old (the operator reads it at most once a minute)
 STORED_RECORDS = "specdec_capture_stored_records"
 STORED_CONVERSATIONS = "specdec_capture_stored_conversations"
+COUNT_PATH = "/count"  # on the admin port, beside /metrics: ?since=RFC3339 (the operator's controller/capturecount.py)
 
 
 def forwardable(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
@@ -131,7 +133,21 @@ class CaptureProxy:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get(COUNT_PATH, self._count_since)
         return app
+
+    async def _count_since(self, request: web.Request) -> web.Response:
+        """GET /count?since=RFC3339: the usable conversations on the claim captured at or after that time, as of the
+        last count (JSON). The training rule's "new since the last Job started" (reconcile/retrain.py): the claim's
+        whole count can fall while new conversations arrive, when retention or the cap deletes old files."""
+        since = parse_time(request.query.get("since"))
+        if since is None:
+            return web.json_response({"error": "query parameter since must be an RFC 3339 time, e.g. ?since=2026-12-07T06:00:00Z"}, status=400)
+        if self.metrics.claim.count is None:  # not counted yet: a 0 would say none were captured
+            return web.json_response({"error": "the claim has not been counted yet; ask again in a few seconds"}, status=503)
+        async with self._counting:
+            conversations = self.counter.conversations_since(since.timestamp())
+        return web.json_response({"since": request.query["since"], "conversations": conversations})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

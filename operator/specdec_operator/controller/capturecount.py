@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..api import SpeculativeServerSpec
 from ..api_retraining import capture_on
-from ..capture.proxy import STORED_CONVERSATIONS
+from ..capture.proxy import COUNT_PATH, STORED_CONVERSATIONS
 from ..reconcile.capture_objects import ADMIN_PORT, capture_name
 from ..reconcile.pods import is_ready, live
 from .config import Endpoints
@@ -70,6 +70,27 @@ async def read_proxy(session: aiohttp.ClientSession, url: str | None, timeout: f
         return None
 
 
+async def read_proxy_since(session: aiohttp.ClientSession, url: str | None, since: str, timeout: float) -> float | None:
+    """One proxy's conversations captured since ``since`` (its /count): None when it cannot say."""
+    if url is None:
+        return None
+    try:
+        async with session.get(url.rstrip("/") + COUNT_PATH, params={"since": since}, timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
+            if answer.status != 200:
+                return None
+            found = (await answer.json()).get("conversations")
+    except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
+        return None
+    return float(found) if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+def last_job_start(body: Mapping[str, Any]) -> str | None:
+    """status.retraining.training.startedAt: when the last training Job started (None before the first)."""
+    training = (((body.get("status") or {}).get("retraining") or {}).get("training")) or {}
+    started = training.get("startedAt")
+    return started if isinstance(started, str) and started else None
+
+
 class CaptureCounts:
     """Reads each resource's captured conversations when due, and remembers the last read in its ResourceState."""
 
@@ -101,25 +122,35 @@ class CaptureCounts:
         figures = await asyncio.gather(*(read_proxy(session, self.url(key, pod, pods[pod]), self.timeout) for pod in names))
         return claim_conversations(list(figures))
 
-    async def due(self, key: Key, state: ResourceState, spec: SpeculativeServerSpec | None, pods: list[dict[str, Any]]) -> int | None:
+    async def read_since(self, key: Key, pods: Mapping[str, str | None], since: str) -> int | None:
+        """The conversations captured since ``since`` from ``pods``: the highest figure, as for the whole count."""
+        session = self.session()
+        figures = await asyncio.gather(*(read_proxy_since(session, self.url(key, pod, pods[pod]), since, self.timeout) for pod in sorted(pods)))
+        return claim_conversations(list(figures))
+
+    async def due(
+        self, key: Key, state: ResourceState, spec: SpeculativeServerSpec | None, pods: list[dict[str, Any]], since: str | None = None
+    ) -> int | None:
         """The count for this step: read again when due (a known count a minute after it was read, an unknown one
-        10 s after, at once while no proxy was Ready), else the last read. None while capture is off (the step then
-        counts none: reconcile/training.samples_of)."""
+        10 s after, at once while no proxy was Ready or a new Job started), else the last read. None while capture is
+        off (the step then counts none: reconcile/training.samples_of). ``since``: the last training Job's start;
+        the conversations captured since then land in state.captured.since_start."""
         if spec is None or capture_on(getattr(spec, "retraining", None)) is None:
             state.captured = None
             return None
         now = self.clock()
-        if state.captured is not None and now < state.captured.next_read_at:
+        if state.captured is not None and now < state.captured.next_read_at and state.captured.since == since:
             return state.captured.conversations
         ready = counted_pods(pods)
         if not ready:  # nothing to ask; a proxy that becomes Ready wakes the loop
-            captured = Captured(-math.inf, None, "no capture proxy is Ready")
+            captured = Captured(-math.inf, None, "no capture proxy is Ready", since)
         else:
             conversations = await self.read(key, ready)
+            since_start = await self.read_since(key, ready, since) if since is not None and conversations is not None else None
             if conversations is not None:
-                captured = Captured(now + COUNT_EVERY_S, conversations, "counted")
+                captured = Captured(now + COUNT_EVERY_S, conversations, "counted", since, since_start)
             else:  # asked again soon, but not at every step: proxies that do not answer hold it up to the timeout
-                captured = Captured(now + RETRY_S, None, f"none of the {len(ready)} Ready capture proxies answered a count on /metrics")
+                captured = Captured(now + RETRY_S, None, f"none of the {len(ready)} Ready capture proxies answered a count on /metrics", since)
         if state.captured is None or captured.note != state.captured.note:
             LOG.info(
                 "%s/%s: captured conversations %s",

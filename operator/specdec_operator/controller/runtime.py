@@ -40,7 +40,7 @@ from ..reconcile.pods import is_ready, pods_of
 from ..reconcile.training import ACTIVE as TRAINING_ACTIVE
 from ..reconcile.training import JOB_NAME_LABEL, report_pending, stored_training
 from ..resource import parse_spec
-from .capturecount import CaptureCounts, count_wait
+from .capturecount import CaptureCounts, count_wait, last_job_start
 from .config import OperatorConfig
 from .datasetreader import FileDatasetReader
 from .execute import Executor, stored_status
@@ -194,7 +194,10 @@ class Runtime:
         queued = time.monotonic()
         try:
             scrape = await self.due_scrape(key, children.pods(key))
-            captured = await self.capture_counts.due(key, state, self._spec(body, state)[0], children.capture_pods(key))
+            captured = await self.capture_counts.due(key, state, self._spec(body, state)[0], children.capture_pods(key), last_job_start(body))
+            since = state.captured.since if state.captured is not None else None
+            since_start = state.captured.since_start if state.captured is not None else None
+            captured_since = (since, since_start) if since is not None and since_start is not None else None
             async with self.step_slot():
                 state.wake.clear()  # after the wait: what happened while queued is seen by this step
                 started = time.monotonic()
@@ -210,6 +213,7 @@ class Runtime:
                         children.config_maps(key),
                         training=training_of(children, key),
                         captured_samples=captured,
+                        captured_since=captured_since,
                     )
                 finally:
                     state.last_step = time.monotonic()
@@ -237,6 +241,7 @@ class Runtime:
         config_maps: list | None = None,
         training: Training | None = None,
         captured_samples: int | None = None,
+        captured_since: tuple[str, int] | None = None,
     ) -> Plan | None:
         """One step; None when the spec is not served (reconcile refused it: only its status was written)."""
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -264,6 +269,7 @@ class Runtime:
             races_elsewhere=self.races_running(key),
             training=await self.training_details(key[0], state, training),
             captured_samples=captured_samples,
+            captured_since=captured_since,
         )
         plan = reconcile(spec, observed, state.status, datetime.now(UTC), self.config.reconcile, rendered=state.rendered)
         if plan.refused:  # nothing is created or changed: the children that exist stay as they are
@@ -352,6 +358,7 @@ def observe(
     races_elsewhere: int = 0,
     training: Training | None = None,
     captured_samples: int | None = None,
+    captured_since: tuple[str, int] | None = None,
 ) -> Observed:
     # A variant's server is a Deployment or (multi-node) a LeaderWorkerSet of the same name; those of the kind
     # the spec does not use are retiring (a resources.nodes change: reconcile/retire.py).
@@ -388,6 +395,7 @@ def observe(
         training_jobs_running=training.running if training is not None else 0,
         training_events=list(training.events) if training is not None else [],
         captured_samples=captured_samples,
+        captured_since=captured_since,
     )
 
 

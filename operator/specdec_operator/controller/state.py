@@ -26,6 +26,8 @@ class Captured:
     next_read_at: float  # time.monotonic() when they are read again
     conversations: int | None  # None: not known
     note: str  # "counted", or why not known (logged when it changes)
+    since: str | None = None  # the last training Job's start, when one started (status.retraining.training.startedAt)
+    since_start: int | None = None  # the conversations captured at or after it (None: not known, or no Job yet)
 
 
 @dataclasses.dataclass

@@ -81,6 +81,9 @@ class Observed:
     training_pods: list[dict[str, Any]] = field(default_factory=list)
     training_jobs_running: int = 0
     captured_samples: int | None = None
+    # (the last training Job's startedAt, the conversations captured at or after it) as the proxies count them: the
+    # "new since" of the lost-retrain rule, which retention deleting old files does not lower (None: not known)
+    captured_since: tuple[str, int] | None = None
     training_events: list[dict[str, Any]] = field(default_factory=list)  # Warning Events of training Jobs without a pod
 
     def __post_init__(self) -> None:

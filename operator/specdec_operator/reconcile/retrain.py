@@ -105,6 +105,9 @@ class RetrainHistory:
     last_finished_at_s: float | None = None
     last_outcome: Outcome | None = None
     samples_at_last_start: int = 0  # captured conversations when the last Job started
+    # Captured since the last Job started, as the proxies count them by the records' time (None: not known; the
+    # difference of the two whole counts stands in, which retention deleting old files can lower)
+    samples_since_last_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,10 @@ def _trigger(settings: RetrainingTraining, serving: Serving, history: RetrainHis
 def _held(settings: RetrainingTraining, history: RetrainHistory, samples: int | None, now_s: float) -> RetrainVerdict | None:
     """The limits on how often: a lost retrain, the cooldown, the daily maximum, enough traffic."""
     if history.last_outcome == Outcome.LOST:
-        fresh = samples - history.samples_at_last_start if samples is not None else 0
+        if history.samples_since_last_start is not None:
+            fresh = history.samples_since_last_start
+        else:
+            fresh = samples - history.samples_at_last_start if samples is not None else 0
         if fresh < settings.min_samples:
             message = f"the last retrained drafter lost; {fresh} of minSamples {settings.min_samples} new conversations captured since"
             return _wait(RetrainReason.RETRAINED_DRAFTER_LOST, message)

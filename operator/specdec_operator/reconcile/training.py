@@ -323,7 +323,11 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
     current, retraining, keep = judged(plan, spec, observed, prev, current, now)
     samples = samples_of(spec, observed)
     cluster = Cluster(observed.training_jobs_running, settings.training.cluster_cap)
-    verdict = decide_retrain(training, serving_of(served, plan.new_status), history_of(current), samples, cluster, now.timestamp())
+    history = history_of(current)
+    counted = observed.captured_since
+    if counted is not None and counted[0] == current.started_at:
+        history = dataclasses.replace(history, samples_since_last_start=counted[1])
+    verdict = decide_retrain(training, serving_of(served, plan.new_status), history, samples, cluster, now.timestamp())
     apply: list[dict[str, Any]] = []
     if verdict.action == Action.START and training is not None and verdict.job_number is not None:
         pin = revision.pin_of(spec)
