@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,8 @@ class _FileCount:
     conversations: int = 0
     # When each usable conversation was captured (epoch seconds, the record's "time"; -inf without one), in file order:
     # a writer appends in time order, so the list is sorted and "how many since T" is one bisection.
-    times: list[float] = field(default_factory=list)
+    # (8 bytes each in an array: a 1 GiB claim of ~500,000 conversations holds ~4 MB of them.)
+    times: array[float] = field(default_factory=lambda: array("d"))
 
 
 def conversation_time(line: bytes) -> float | None:
