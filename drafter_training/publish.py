@@ -28,6 +28,10 @@ from .export import check_export
 
 MARKER = "COMPLETE"
 EXPORT_DIR = "export"
+# The held-out slice gather wrote (prompts only, never trained on): published beside the drafter so that the operator's
+# race of this revision measures it on recent traffic (a File workload on the revisions claim; docs/retraining.md).
+HELDOUT_STAGED = "work/prompts/heldout.jsonl"
+HELDOUT = "heldout.jsonl"
 
 
 def is_published(revision_dir: str | Path) -> bool:
@@ -60,6 +64,7 @@ def publish(staging: str | Path, out: str | Path, job: str | None = None, figure
     if not (export / "config.json").is_file():
         raise InputError(f"{export}: no export; run specdec-train export --out {export} first")
     check_export(export)
+    _include_heldout(staging, export)
     files = {p.name: _sha256(p) for p in sorted(export.iterdir()) if p.is_file() and p.name != MARKER}
     _readable(export, files)
     marker: dict[str, Any] = {"job": job, "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
@@ -76,6 +81,14 @@ def publish(staging: str | Path, out: str | Path, job: str | None = None, figure
     _fsync_dir(out.parent)
     shutil.rmtree(staging, ignore_errors=True)
     return marker
+
+
+def _include_heldout(staging: Path, export: Path) -> None:
+    """Copy the held-out slice into the export (hashed in the marker like its other files); nothing when gather held
+    none out. The engines read only the drafter's own files from the directory."""
+    source = staging / HELDOUT_STAGED
+    if source.is_file() and source.stat().st_size > 0:
+        shutil.copyfile(source, export / HELDOUT)
 
 
 def _readable(export: Path, files: dict[str, str]) -> None:

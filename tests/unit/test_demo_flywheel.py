@@ -89,7 +89,7 @@ def test_a_job_without_captured_chat_fails_at_gather_with_exit_2(tmp_path):
 def test_the_router_finds_the_revision_a_rendered_speculative_server_serves():
     s = spec()
     status = SpeculativeServerStatus.model_validate({"retraining": {"serving": JOB, "revisions": [{"name": JOB, "outcome": "Promoted"}]}})
-    served = revision.effective_spec(s, status)
+    served = revision.effective_spec(s, status, df.NAME)
     for drafter_spec, want in ((s, None), (served, JOB)):
         argv = engine_for(drafter_spec).render_argv(drafter_spec, "speculative")
         template = pod_template(df.NAME, drafter_spec, "speculative", argv, "r1", ManifestSettings())

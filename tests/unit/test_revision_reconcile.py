@@ -21,6 +21,7 @@ from tests.support.world import COMPATIBLE, INCOMPATIBLE, World, llama_spec, rea
 from tests.unit.test_candidate_race import lost, passed
 from tests.unit.test_training_reconcile import drifted, training
 
+WORKLOADS = ["chat", "batch-32"]  # llama_spec's
 CAPTURE = {"enabled": True, "sampleShare": 0.05, "storageClassName": "fast-rwx", "accessMode": "ReadWriteMany"}
 
 
@@ -73,7 +74,7 @@ def racing(world: World, message: dict | None = None) -> tuple[datetime, dict[st
     _, t = drifted(world)
     plan = succeed(world, "llama-train-1", t + timedelta(minutes=30), message or report("llama-train-1"))
     assert rows(world) == [("llama-train-1", "Racing", "OfflineGainPassed")] and training(plan).get("outcome") is None
-    return t, revisions(effective_spec(world.spec, _status(world)))
+    return t, revisions(effective_spec(world.spec, _status(world), world.name))
 
 
 def _status(world: World):
@@ -188,9 +189,14 @@ def test_a_revision_that_wins_the_race_is_promoted_served_from_the_claim_and_wat
     # The serving drafter is measured again against the warm base, then the revision; each decision is scripted.
     probe = serve_slot(world)
     assert probe.revision == revs["eagle3"] and probe.family == 2
+    # Both drafters are measured on the spec's workloads and on the revision's held-out slice of recent traffic.
+    heldout = {"path": "llama-train-1/heldout.jsonl", "claimName": "llama-revisions"}
+    assert probe.spec is not None and [w.name for w in probe.spec.rollout.workloads] == [*WORKLOADS, "held-out-traffic"]
+    assert probe.spec.rollout.workloads[-1].prompts.file.model_dump(by_alias=True) == heldout  # type: ignore[union-attr]
     world.step(probe_result=passed(revs["eagle3"], 1.4, 1.2, 1.7), captured_samples=500)
     probe = serve_slot(world)
     assert probe.revision == revs["train-1"]
+    assert probe.spec is not None and probe.spec.rollout.workloads[-1].prompts.file.model_dump(by_alias=True) == heldout  # type: ignore[union-attr]
     pod = spec_pod(world)  # the revision's server and validator read it from the claim, read-only
     assert {"name": m.REVISIONS_VOLUME, "persistentVolumeClaim": {"claimName": "llama-revisions", "readOnly": True}} in pod["volumes"]
     assert any(v["mountPath"] == "/revisions" and v["readOnly"] for v in pod["containers"][0]["volumeMounts"])
@@ -415,3 +421,46 @@ def test_a_revision_its_speculative_pods_validator_refuses_loses_the_race() -> N
     plan = world.step(captured_samples=500)
     assert rows(world) == [("llama-train-1", "Lost", "RaceLost")] and "validator refused" in world.status["retraining"]["revisions"][0]["message"]
     assert "RevisionLost" in reasons(plan) and world.status["retraining"].get("serving") is None
+
+
+def _spec_and_row(workloads: list[dict] | None = None, heldout: int | None = 40):
+    from specdec_operator.api_retraining_job import RevisionStatus
+    from specdec_operator.resource import parse_spec
+
+    raw = spec_with()
+    if workloads is not None:
+        raw["rollout"]["workloads"] = workloads
+    return parse_spec(raw), RevisionStatus.model_validate({"name": "llama-train-3", "outcome": "Racing", "heldout": heldout})
+
+
+def _workload(name: str, concurrency: int, output: int = 64) -> dict:
+    return {"name": name, "concurrency": concurrency, "requests": 2 * concurrency, "outputTokens": output}
+
+
+def test_the_race_adds_the_revisions_held_out_traffic_in_the_shape_of_the_specs_lowest_concurrency_workload() -> None:
+    from specdec_operator.reconcile.revision import race_workloads
+
+    spec, row = _spec_and_row([_workload("chat-8", 8, 200), _workload("chat-2", 2, 96)])
+    out = race_workloads(spec, "llama", row)
+    assert [w.name for w in out] == ["chat-8", "chat-2", "held-out-traffic"]
+    added = out[-1]
+    assert (added.concurrency, added.requests, added.output_tokens, added.weight) == (2, 4, 96, 1.0)
+    assert added.prompts.source == "File" and added.prompts.format == "Chat" and added.prompts.output_length == "Fixed"
+    assert added.prompts.file is not None and (added.prompts.file.path, added.prompts.file.claim_name) == (
+        "llama-train-3/heldout.jsonl",
+        "llama-revisions",
+    )
+    # A name the spec already uses is not taken twice.
+    spec, row = _spec_and_row([_workload("held-out-traffic", 4)])
+    assert [w.name for w in race_workloads(spec, "llama", row)] == ["held-out-traffic", "held-out-traffic-2"]
+
+
+@pytest.mark.parametrize("heldout", [None, 0])
+def test_a_revision_whose_job_held_nothing_out_races_on_the_specs_workloads_alone(heldout) -> None:
+    from specdec_operator.reconcile.revision import race_workloads
+
+    spec, row = _spec_and_row(heldout=heldout)
+    assert [w.name for w in race_workloads(spec, "llama", row)] == WORKLOADS
+    assert [w.name for w in race_workloads(spec, "llama", None)] == WORKLOADS
+    full, row = _spec_and_row([_workload(f"w{i}", 1 + i) for i in range(16)])
+    assert len(race_workloads(full, "llama", row)) == 16  # rollout.workloads' limit: nothing added

@@ -109,3 +109,22 @@ def test_capture_layers_of_an_exported_drafter(exported, tmp_path):
         timeout=600,
     )
     assert proc.returncode == 2 and "--capture-layers with --capture-layers-of: pass one of them" in proc.stderr
+
+
+def test_publish_keeps_the_held_out_slice_beside_the_drafter_for_the_race_and_none_when_empty(exported):
+    """gather's heldout.jsonl goes into the revision (its hash in the marker), where the operator's race reads it as a
+    workload on the revisions claim; an empty slice publishes no file."""
+    root, _ = exported
+    rows = "".join(json.dumps({"id": f"{i:016x}", "messages": [{"role": "user", "content": f"Repeat this text: w{i}"}]}) + "\n" for i in range(3))
+    staging = _staging(root, "staging-heldout")
+    (staging / "work" / "prompts").mkdir()
+    (staging / "work" / "prompts" / "heldout.jsonl").write_text(rows)
+    out = root / "revisions" / "r-train-5"
+    marker = publish(staging, out, "r-train-5")
+    assert (out / "heldout.jsonl").read_text() == rows and (out / "heldout.jsonl").stat().st_mode & 0o777 == 0o644
+    assert marker["files"]["heldout.jsonl"] == hashlib.sha256(rows.encode()).hexdigest()
+    staging = _staging(root, "staging-empty")
+    (staging / "work" / "prompts").mkdir()
+    (staging / "work" / "prompts" / "heldout.jsonl").write_text("")
+    publish(staging, root / "revisions" / "r-train-6", "r-train-6")
+    assert not (root / "revisions" / "r-train-6" / "heldout.jsonl").exists()

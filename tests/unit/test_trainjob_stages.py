@@ -166,7 +166,8 @@ def test_captured_traffic_in_a_published_revision_out_with_the_serving_map_and_i
     provenance = json.loads((revision / "training_provenance.json").read_text())
     assert provenance["warm_started_from"] == str(root / "models" / "drafter") and provenance["engine"] == "sglang"
     assert provenance["capture_layer_ids"]["sglang_config_output_index"] == LAYERS
-    assert set(read_marker(revision)["files"]) == {"config.json", "model.safetensors", "training_provenance.json"}
+    # The drafter and the held-out slice the operator races it on (drafter_training/publish.py HELDOUT)
+    assert set(read_marker(revision)["files"]) == {"config.json", "model.safetensors", "training_provenance.json", "heldout.jsonl"}
     # The server that mounts it runs as its engine image's user: every file readable (safetensors writes 0600).
     assert all(p.stat().st_mode & 0o444 == 0o444 for p in revision.iterdir())
 

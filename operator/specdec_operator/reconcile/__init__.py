@@ -157,7 +157,7 @@ def reconcile(
         raise ValueError("reconcile: no spec, and observed says no reason (spec_error)")
     user_spec = spec
     # spec.retraining: the trained revision that serves in spec.drafter's place, and one racing as a candidate (revision.py).
-    spec = revision.effective_spec(spec, prev)
+    spec = revision.effective_spec(spec, prev, observed.name)
     try:
         if names_more_than_the_drafter(spec):  # a race of candidates, each run by the same lifecycle in turn
 

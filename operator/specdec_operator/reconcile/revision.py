@@ -10,6 +10,8 @@ A revision is the directory a training Job ``<name>-train-<n>`` publishes, ``/re
   path (the speculative pod mounts the claim read-only at /revisions: manifests.serves_a_revision), and, while a
   revision races, that revision as a second candidate beside the served drafter: the race of candidate_race.py
   measures both against the same warm base. The operator never writes the spec; this copy lives only in the step.
+* **the race's workloads** (``race_workloads``): the spec's, and the racing revision's held-out slice of recent
+  traffic (``<revision>/heldout.jsonl`` on the claim), so that the race measures both drafters on what users send now.
 * **the offline gate** (``judge_offline``): when the Job succeeded, the publish container's termination message
   (schema 1, docs/retraining.md) says what the Job's evaluate stage found. Unreadable: Lost, RevisionReportUnreadable.
   The validator's findings at error severity (RevisionInvalid), no offline figures (OfflineEvaluationMissing) or a gain
@@ -27,10 +29,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import Candidate, Drafter, ProbeStatus, SpeculativeServerSpec, SpeculativeServerStatus, names_more_than_the_drafter
+from ..api import Candidate, Drafter, ProbeStatus, SpeculativeServerSpec, SpeculativeServerStatus, Workload, names_more_than_the_drafter
 from ..api_retraining import RetrainingStatus
 from ..api_retraining_job import MAX_REVISION_ROWS, PIN_DRAFTER, RetrainingTraining, RevisionStatus, TrainingStatus
-from ..manifests import REVISIONS_MOUNT
+from ..manifests import REVISIONS_MOUNT, revisions_claim_name
 from ..textutil import clip
 from .candidate_race import PASSED, told_decision
 from .retrain import Outcome, offline_gain_passes
@@ -50,6 +52,9 @@ PINNED = "ServingPinned"
 CANDIDATES = "RaceOfCandidates"
 REPLACED = "Replaced"
 PRUNED = "PrunedByStorageCap"
+HELDOUT_WORKLOAD = "held-out-traffic"  # the race's workload of the racing revision's held-out slice (race_workloads)
+HELDOUT_FILE = "heldout.jsonl"  # in the revision's directory (drafter_training/publish.py HELDOUT)
+MAX_WORKLOADS = 16  # rollout.workloads' maxItems
 
 
 def revision_path(revision: str) -> str:
@@ -117,19 +122,41 @@ def _drafter_at(drafter: Drafter, revision: str) -> dict[str, Any]:
     return {**drafter.model_dump(by_alias=True, exclude_none=True), "path": revision_path(revision)}
 
 
-def effective_spec(spec: SpeculativeServerSpec, status: SpeculativeServerStatus) -> SpeculativeServerSpec:
+def effective_spec(spec: SpeculativeServerSpec, status: SpeculativeServerStatus, name: str) -> SpeculativeServerSpec:
     """The spec the lifecycle runs this step: the served revision in spec.drafter's place and, while one races, the
-    racing revision as a candidate beside it (the same method and settings, its own directory). Unchanged when
-    spec.drafter serves and nothing races."""
-    chosen = choose_serving(spec, retraining_of(status))
+    racing revision as a candidate beside it (the same method and settings, its own directory) and its held-out
+    traffic as one more workload of the race (race_workloads). Unchanged when spec.drafter serves and nothing races.
+    ``name``: the resource's (its revisions claim is ``<name>-revisions``)."""
+    stored = retraining_of(status)
+    chosen = choose_serving(spec, stored)
     out = spec
     if chosen.revision is not None:
         drafter = Drafter.model_validate(_drafter_at(spec.drafter, chosen.revision))
         out = spec.model_copy(update={"drafter": drafter, "candidates": None, "include_drafter_free": None})
     if chosen.racing is not None:
         candidate = Candidate.model_validate({**_drafter_at(out.drafter, chosen.racing), "name": candidate_name(chosen.racing)})
-        out = out.model_copy(update={"candidates": [candidate], "include_drafter_free": None})
+        rollout = out.rollout.model_copy(update={"workloads": race_workloads(out, name, find(stored.revisions, chosen.racing))})
+        out = out.model_copy(update={"candidates": [candidate], "include_drafter_free": None, "rollout": rollout})
     return out
+
+
+def race_workloads(spec: SpeculativeServerSpec, name: str, racing: RevisionStatus | None) -> list[Workload]:
+    """The race's workloads: the spec's, and the racing revision's held-out slice of recent traffic (the conversations
+    its Job held out of training, published as ``<revision>/heldout.jsonl`` on the revisions claim) sent the way the
+    spec's lowest-concurrency workload sends its prompts (``held-out-traffic``, weight 1). A revision trained for traffic
+    that shifted away from what the spec's prompts stand for is raced on what users send now; the serving drafter is
+    measured on the same prompts. The spec's workloads alone when its Job held nothing out, or when the spec already has
+    the most workloads a rollout allows."""
+    workloads = list(spec.rollout.workloads)
+    if racing is None or not racing.heldout or len(workloads) >= MAX_WORKLOADS:
+        return workloads
+    shape = min(workloads, key=lambda w: w.concurrency)
+    taken = {w.name for w in workloads}
+    label = next(n for n in (HELDOUT_WORKLOAD, *(f"{HELDOUT_WORKLOAD}-{i}" for i in range(2, MAX_WORKLOADS + 2))) if n not in taken)
+    file = {"path": f"{racing.name}/{HELDOUT_FILE}", "claimName": revisions_claim_name(name)}
+    prompts = {"source": "File", "file": file, "format": "Chat", "outputLength": "Fixed"}
+    fields = {"concurrency": shape.concurrency, "outputTokens": shape.output_tokens, "requests": shape.requests, "weight": 1.0}
+    return [*workloads, Workload.model_validate({"name": label, **fields, "prompts": prompts})]
 
 
 @dataclass(frozen=True)

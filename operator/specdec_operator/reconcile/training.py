@@ -318,7 +318,7 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
         training is None and before is None and not observed.training_jobs and not stored.revisions and revision.pin_of(spec) is None
     ):
         return plan
-    served = served_spec(revision.effective_spec(spec, prev), plan.new_status)
+    served = served_spec(revision.effective_spec(spec, prev, observed.name), plan.new_status)
     current = progress(adopt(before or TrainingStatus(), observed, now), observed, now)
     current, retraining, keep = judged(plan, spec, observed, prev, current, now)
     samples = samples_of(spec, observed)
