@@ -266,6 +266,143 @@ def test_a_revision_no_faster_than_the_base_loses_and_the_serving_drafters_decis
     assert [o["metadata"]["name"] for o in fresh.apply if o["kind"] == "Job"] == ["llama-train-2"]
 
 
+# --- a spec with candidates of its own ----------------------------------------------------------------------------
+
+NGRAM = {"name": "ngram", "algorithm": "NGRAM", "numDraftTokens": 10}
+
+
+def racing_beside_candidates(world: World, candidates: list[dict] | None = None) -> tuple[datetime, dict[str, str]]:
+    """As racing(), the user having added spec.candidates (an ngram candidate) while Job 1 trained: the revision races
+    too, as one more candidate after the user's. The candidates' revisions by name."""
+    _, t = drifted(world)
+    world.spec_dict["candidates"] = [dict(c) for c in candidates or [NGRAM]]
+    succeed(world, "llama-train-1", t + timedelta(minutes=30), report("llama-train-1"))
+    assert rows(world) == [("llama-train-1", "Racing", "OfflineGainPassed")]
+    return t, revisions(effective_spec(world.spec, _status(world), world.name))
+
+
+def race_of_three(world: World, results: dict[str, dict]) -> Plan:
+    """The race measures the serving drafter, the user's ngram candidate and the revision in turn, each on the spec's
+    workloads and the revision's held-out traffic, at a third of the error budget; ``results`` scripts each decision."""
+    world.step(captured_samples=500)
+    assert [(c["name"], c["state"]) for c in world.status["candidates"]] == [("eagle3", "Measuring"), ("ngram", "Waiting"), ("train-1", "Waiting")]
+    plan = None
+    for name in ("eagle3", "ngram", "train-1"):
+        probe = serve_slot(world)
+        assert probe.candidate == name and probe.family == 3 and probe.spec is not None
+        assert [w.name for w in probe.spec.rollout.workloads] == [*WORKLOADS, "held-out-traffic"]
+        plan = world.step(probe_result=results[name], captured_samples=500)
+    assert plan is not None and world.status["race"]["state"] == "Decided"
+    return plan
+
+
+def race_table(world: World) -> list[tuple[str, str]]:
+    return [(c["name"], c["state"]) for c in world.status["candidates"]]
+
+
+def steady(world: World, steps: int = 3) -> list[Plan]:
+    """Steps with every server Ready and no probe running: what the operator does once the race is over."""
+    world.set_pods(base={"ready": True}, speculative={"ready": True, "init": (0, COMPATIBLE)})
+    world.probe_running = None
+    return [world.step(captured_samples=500) for _ in range(steps)]
+
+
+def test_a_revision_races_the_specs_own_candidates_wins_is_served_in_spec_drafters_place_and_is_not_raced_again() -> None:
+    world = World(spec_with())
+    _, revs = racing_beside_candidates(world)
+    assert list(revs) == ["eagle3", "ngram", "train-1"]
+    results = {
+        "eagle3": passed(revs["eagle3"], 1.4, 1.2, 1.7),
+        "ngram": lost(revs["ngram"], speedup=1.1),
+        "train-1": passed(revs["train-1"], 1.9, 1.6, 2.3),
+    }
+    plan = race_of_three(world, results)
+    assert rows(world) == [("llama-train-1", "Promoted", "RaceWon")] and world.status["retraining"]["serving"] == "llama-train-1"
+    message = world.status["retraining"]["revisions"][0]["message"]
+    assert "race of 3 candidates" in message and "eagle3 1.4x" in message and "ngram 1.1x" in message
+    assert training(plan)["outcome"] == "Promoted" and "RevisionPromoted" in reasons(plan)
+    # The race as the next step has it: the revision in spec.drafter's place (eagle3's name), the user's ngram beside it.
+    assert race_table(world) == [("eagle3", "Serving"), ("ngram", "Lost")]
+    assert world.status["candidates"][0]["revision"] == revs["train-1"] and world.status["race"]["winner"] == "eagle3"
+    assert world.status["probe"]["revision"] == revs["train-1"] and world.status["probe"]["decision"] == "promote"
+    decided = dict(world.status["race"])
+    # No new race: the revision serves with the race's decision, promoted once Ready, and nothing is measured again.
+    later = steady(world)
+    assert not any(p.starts_probe for p in later) and all(e.reason != "RaceDecided" for p in later for e in p.events)
+    assert world.status["phase"] == "Promoted" and world.services["llama"]["spec"]["selector"]["specdec.io/variant"] == "speculative"
+    assert "/revisions/llama-train-1" in json.dumps(spec_pod(world)["containers"][0]["command"])
+    assert race_table(world) == [("eagle3", "Serving"), ("ngram", "Lost")]
+    assert (world.status["race"]["revision"], world.status["race"]["winner"], world.status["race"]["state"]) == (
+        decided["revision"],
+        "eagle3",
+        "Decided",
+    )
+    assert rows(world) == [("llama-train-1", "Promoted", "RaceWon")] and world.spec_dict["retraining"].get("revision") is None
+    assert len(json.dumps(world.status)) < STATUS_BYTES_BUDGET
+    # The user's candidates stay theirs: a change of one re-races them against the revision serving as spec.drafter.
+    world.spec_dict["candidates"][0]["numDraftTokens"] = 8
+    world.step(captured_samples=500)
+    assert race_table(world) == [("eagle3", "Measuring"), ("ngram", "Waiting")] and world.status["race"]["state"] == "Running"
+    assert world.status["candidates"][0]["revision"] == revs["train-1"]  # eagle3 is the revision (its directory)
+
+
+def test_a_revision_beaten_by_a_candidate_of_the_spec_loses_and_that_candidate_serves() -> None:
+    world = World(spec_with())
+    _, revs = racing_beside_candidates(world)
+    results = {
+        "eagle3": passed(revs["eagle3"], 1.4, 1.2, 1.7),
+        "ngram": passed(revs["ngram"], 1.8, 1.5, 2.2),
+        "train-1": lost(revs["train-1"], reason="CannotWin", speedup=1.3),
+    }
+    plan = race_of_three(world, results)
+    assert rows(world) == [("llama-train-1", "Lost", "RaceLost")] and world.status["retraining"].get("serving") is None
+    message = world.status["retraining"]["revisions"][0]["message"]
+    assert "candidate ngram (NGRAM) won" in message and "1.8x vs 1.3x" in message
+    assert training(plan)["outcome"] == "Lost" and [e.type for e in plan.events if e.reason == "RevisionLost"] == ["Warning"]
+    # The race's decision stands: ngram serves, the user's race goes on without the revision and is not run again.
+    assert race_table(world) == [("eagle3", "Passed"), ("ngram", "Serving")] and world.status["race"]["winner"] == "ngram"
+    assert world.status["probe"]["revision"] == revs["ngram"] and world.status["probe"]["decision"] == "promote"
+    later = steady(world)
+    assert not any(p.starts_probe for p in later) and world.status["phase"] == "Promoted"
+    assert race_table(world) == [("eagle3", "Passed"), ("ngram", "Serving")] and world.status["probe"]["revision"] == revs["ngram"]
+    assert "/revisions" not in json.dumps(world.deployments) and '"NGRAM"' in json.dumps(spec_pod(world)["containers"][0]["command"])
+    # What is retrained is the drafter in the slot: ngram has none, so no Job starts.
+    assert training(later[-1])["waiting"] == "NoDrafterToTrain" and [o for p in later for o in p.apply if o["kind"] == "Job"] == []
+
+
+def test_a_race_of_candidates_none_faster_than_the_base_the_revision_loses_and_the_races_rollback_stands() -> None:
+    world = World(spec_with())
+    _, revs = racing_beside_candidates(world)
+    results = {
+        "eagle3": lost(revs["eagle3"], speedup=0.9),
+        "ngram": lost(revs["ngram"], speedup=0.95),
+        "train-1": lost(revs["train-1"], reason="Inconclusive", speedup=1.05),
+    }
+    race_of_three(world, results)
+    assert rows(world) == [("llama-train-1", "Lost", "RaceLost")]
+    assert "no candidate was confirmed faster than the base" in world.status["retraining"]["revisions"][0]["message"]
+    # The revision was the best measured, but it no longer races: the best of the user's candidates' rollback stands.
+    assert race_table(world) == [("eagle3", "Lost"), ("ngram", "Lost")] and world.status["race"].get("winner") is None
+    assert world.status["race"]["current"] == "ngram"
+    assert world.status["probe"]["revision"] == revs["ngram"] and world.status["probe"]["decision"] == "rollback"
+    later = steady(world)
+    assert not any(p.starts_probe for p in later) and world.status["phase"] == "RolledBack"
+    assert world.status["probe"]["revision"] == revs["ngram"] and race_table(world) == [("eagle3", "Lost"), ("ngram", "Lost")]
+    # The slot's candidate (ngram, whose rollback stands) has no drafter to retrain: no Job starts.
+    assert training(later[-1])["waiting"] == "NoDrafterToTrain" and [o for p in later for o in p.apply if o["kind"] == "Job"] == []
+
+
+def test_a_spec_candidate_with_the_revisions_race_name_leaves_it_evaluated_not_raced() -> None:
+    world = World(spec_with())
+    _, t = drifted(world)
+    world.spec_dict["candidates"] = [{"name": "train-1", "algorithm": "NGRAM"}]
+    succeed(world, "llama-train-1", t + timedelta(minutes=30), report("llama-train-1"))
+    assert rows(world) == [("llama-train-1", "Evaluated", "CandidateNameTaken")]
+    assert "rename that candidate" in world.status["retraining"]["revisions"][0]["message"]
+    world.step(captured_samples=500)
+    assert [c["name"] for c in world.status["candidates"]] == ["eagle3", "train-1"]  # the user's race alone
+
+
 # --- the pin -----------------------------------------------------------------------------------------------------
 
 

@@ -7,20 +7,25 @@ A revision is the directory a training Job ``<name>-train-<n>`` publishes, ``/re
   ``drafter`` for spec.drafter); unset, the newest Promoted revision serves, else spec.drafter. A pin to a revision the
   status does not know (or one pruned) changes nothing: the drafter serving stays, and ``pinRefused`` says why.
 * **the effective spec** (``effective_spec``): the user's spec with the served revision's directory as spec.drafter's
-  path (the speculative pod mounts the claim read-only at /revisions: manifests.serves_a_revision), and, while a
-  revision races, that revision as a second candidate beside the served drafter: the race of candidate_race.py
-  measures both against the same warm base. The operator never writes the spec; this copy lives only in the step.
+  path (the speculative pod mounts the claim read-only at /revisions: manifests.serves_a_revision), the user's own
+  candidates kept as they are, and, while a revision races, that revision as one more candidate (``train-<n>``) after
+  the user's: the race of candidate_race.py measures the served drafter, the user's candidates and the revision against
+  the same warm base. The operator never writes the spec; this copy lives only in the step.
 * **the race's workloads** (``race_workloads``): the spec's, and the racing revision's held-out slice of recent
   traffic (``<revision>/heldout.jsonl`` on the claim), so that the race measures both drafters on what users send now.
 * **the offline gate** (``judge_offline``): when the Job succeeded, the publish container's termination message
   (schema 1, docs/retraining.md) says what the Job's evaluate stage found. Unreadable: Lost, RevisionReportUnreadable.
   The validator's findings at error severity (RevisionInvalid), no offline figures (OfflineEvaluationMissing) or a gain
   below spec.retraining.training.minAcceptanceGain (OfflineGainBelowMargin, retrain.offline_gain_passes): Lost.
-  Otherwise it races (Racing), unless a pin or a race of the user's own candidates leaves nothing to race it for
-  (Evaluated: its figures kept, never served unless pinned).
-* **the race's verdict** (``judge_race``): once the race is decided, the revision is Promoted only when it won (a
-  confirmed speedup over the base, and faster than the serving drafter); otherwise Lost, and the serving drafter's
-  result stands.
+  Otherwise it races (Racing), unless a pin leaves nothing to race it for, or a candidate of the spec already has the
+  name the race would give it (Evaluated: its figures kept, never served unless pinned).
+* **the race's verdict** (``judge_race``): once the race is decided, the revision is Promoted only when it is the
+  race's winner (confirmed faster than the base, and the fastest of the passing candidates); otherwise Lost, and the
+  race's own decision stands: its winner serves, or with none passing, the best measured candidate's rollback (the
+  serving drafter's when the revision was the best of the losers: the next step no longer races the revision). When
+  the spec has candidates of its own, the next step is still a race, of the user's candidates with the revision in
+  spec.drafter's place if it won: the verdict rewrites the decided race's table and summary into that race's shape
+  (``race_after``), so it is not run again; a later change of the candidates (the spec's, a new revision) re-races.
 """
 
 from __future__ import annotations
@@ -29,12 +34,23 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import Candidate, Drafter, ProbeStatus, SpeculativeServerSpec, SpeculativeServerStatus, Workload, names_more_than_the_drafter
+from ..api import (
+    Candidate,
+    CandidateStatus,
+    Drafter,
+    ProbeStatus,
+    RaceStatus,
+    SpeculativeServerSpec,
+    SpeculativeServerStatus,
+    Workload,
+    names_more_than_the_drafter,
+    resolve_candidates,
+)
 from ..api_retraining import RetrainingStatus
 from ..api_retraining_job import MAX_REVISION_ROWS, PIN_DRAFTER, RetrainingTraining, RevisionStatus, TrainingStatus
 from ..manifests import REVISIONS_MOUNT, revisions_claim_name
 from ..textutil import clip
-from .candidate_race import PASSED, told_decision
+from .candidate_race import PASSED, best_measured, race_revision, told_decision
 from .retrain import Outcome, offline_gain_passes
 
 PUBLISH_CONTAINER = "publish"
@@ -49,7 +65,7 @@ OFFLINE_PASSED = "OfflineGainPassed"
 RACE_WON = "RaceWon"
 RACE_LOST = "RaceLost"
 PINNED = "ServingPinned"
-CANDIDATES = "RaceOfCandidates"
+NAME_TAKEN = "CandidateNameTaken"  # a spec candidate has the name the race gives the revision (train-<n>)
 REPLACED = "Replaced"
 PRUNED = "PrunedByStorageCap"
 HELDOUT_WORKLOAD = "held-out-traffic"  # the race's workload of the racing revision's held-out slice (race_workloads)
@@ -76,12 +92,14 @@ def find(rows: list[RevisionStatus], name: str | None) -> RevisionStatus | None:
 
 @dataclass(frozen=True)
 class Serving:
-    """Which drafter serves this step: a revision's name (None: spec.drafter), the revision racing (if any), and why a
-    pin is not honoured (if so)."""
+    """Which drafter serves this step: a revision's name (None: spec.drafter), the revision racing (if any), why a
+    pin is not honoured (if so), and whether the spec races candidates of its own (the race of the revision has more
+    than two rows, and the next step is a race too)."""
 
     revision: str | None
     racing: str | None = None
     pin_refused: str | None = None
+    own_candidates: bool = False
 
 
 def pin_of(spec: SpeculativeServerSpec) -> str | None:
@@ -91,15 +109,16 @@ def pin_of(spec: SpeculativeServerSpec) -> str | None:
 
 def choose_serving(spec: SpeculativeServerSpec, stored: RetrainingStatus) -> Serving:
     """The pin when it names a known revision (or spec.drafter); unset, the newest Promoted revision, else spec.drafter.
-    A pin to an unknown revision leaves the drafter serving as it was. A revision races only without a pin and without
-    the user's own candidates (Racing rows are judged to Evaluated then: judge_offline, abandoned)."""
+    A pin to an unknown revision leaves the drafter serving as it was. A revision races only without a pin, beside the
+    user's own candidates if the spec has any, unless one of them has its name (Racing rows are judged to Evaluated
+    then: judge_offline, abandoned)."""
     rows = stored.revisions
     pin = pin_of(spec)
     retraining = getattr(spec, "retraining", None)
     if pin is None and (retraining is None or retraining.training is None):
         return Serving(None)  # retraining turned off: spec.drafter serves (the revisions stay on the claim)
     racing = next((r.name for r in reversed(rows) if r.outcome == "Racing"), None)
-    if pin is not None or names_more_than_the_drafter(spec):
+    if pin is not None or (racing is not None and name_taken(spec, racing)):
         racing = None
     if pin == PIN_DRAFTER:
         return Serving(None)
@@ -115,7 +134,12 @@ def choose_serving(spec: SpeculativeServerSpec, stored: RetrainingStatus) -> Ser
         )
         return Serving(stored.serving, pin_refused=refused)
     promoted = next((r.name for r in reversed(rows) if r.outcome == "Promoted"), None)
-    return Serving(promoted, racing)
+    return Serving(promoted, racing, own_candidates=names_more_than_the_drafter(spec))
+
+
+def name_taken(spec: SpeculativeServerSpec, revision: str) -> bool:
+    """Whether a candidate of the spec already has the name the race gives ``revision`` (a user may name one train-1)."""
+    return candidate_name(revision) in {c.name for c in resolve_candidates(spec)}
 
 
 def _drafter_at(drafter: Drafter, revision: str) -> dict[str, Any]:
@@ -123,20 +147,21 @@ def _drafter_at(drafter: Drafter, revision: str) -> dict[str, Any]:
 
 
 def effective_spec(spec: SpeculativeServerSpec, status: SpeculativeServerStatus, name: str) -> SpeculativeServerSpec:
-    """The spec the lifecycle runs this step: the served revision in spec.drafter's place and, while one races, the
-    racing revision as a candidate beside it (the same method and settings, its own directory) and its held-out
-    traffic as one more workload of the race (race_workloads). Unchanged when spec.drafter serves and nothing races.
+    """The spec the lifecycle runs this step: the served revision in spec.drafter's place (the user's own candidates
+    stay: they race it as they raced spec.drafter) and, while one races, the racing revision as one more candidate
+    after the user's (the same method and settings as the served drafter, its own directory) and its held-out traffic
+    as one more workload of the race (race_workloads). Unchanged when spec.drafter serves and nothing races.
     ``name``: the resource's (its revisions claim is ``<name>-revisions``)."""
     stored = retraining_of(status)
     chosen = choose_serving(spec, stored)
     out = spec
     if chosen.revision is not None:
         drafter = Drafter.model_validate(_drafter_at(spec.drafter, chosen.revision))
-        out = spec.model_copy(update={"drafter": drafter, "candidates": None, "include_drafter_free": None})
+        out = spec.model_copy(update={"drafter": drafter})
     if chosen.racing is not None:
         candidate = Candidate.model_validate({**_drafter_at(out.drafter, chosen.racing), "name": candidate_name(chosen.racing)})
         rollout = out.rollout.model_copy(update={"workloads": race_workloads(out, name, find(stored.revisions, chosen.racing))})
-        out = out.model_copy(update={"candidates": [candidate], "include_drafter_free": None, "rollout": rollout})
+        out = out.model_copy(update={"candidates": [*(out.candidates or []), candidate], "rollout": rollout})
     return out
 
 
@@ -274,15 +299,16 @@ def judge_offline(
 
 
 def not_raced(spec: SpeculativeServerSpec, row: RevisionStatus) -> RevisionStatus:
-    """A Racing row with nothing to race it for: a pin (the user chose the drafter) or a race of the user's own
-    candidates (not raced against them yet). Evaluated, its figures kept; it serves only if pinned."""
+    """A Racing row with nothing to race it for: a pin (the user chose the drafter), or a candidate of the spec with
+    the name the race would give it. Evaluated, its figures kept; it serves only if pinned."""
     if row.outcome != "Racing":
         return row
     pin = pin_of(spec)
     if pin is not None:
         reason, why = PINNED, f"not raced: spec.retraining.revision pins {pin!r}; pin {row.name!r} to serve it, or remove the pin"
-    elif names_more_than_the_drafter(spec):
-        reason, why = CANDIDATES, "not raced: the spec races its own candidates, and revisions are not raced against them yet"
+    elif name_taken(spec, row.name):
+        taken = candidate_name(row.name)
+        reason, why = NAME_TAKEN, f"not raced: spec.candidates has a candidate named {taken!r}, the name the race gives it; rename that candidate"
     else:
         return row
     return row.model_copy(update={"outcome": "Evaluated", "reason": reason, "message": clip(f"{row.message or ''}; {why}", ROW_MESSAGE_CHARS)})
@@ -293,40 +319,80 @@ class RaceVerdict:
     rows: list[RevisionStatus]
     serving: str | None  # the revision serving after it (None: spec.drafter)
     outcome: str | None  # Promoted or Lost once decided, else None
-    probe: ProbeStatus | None  # with Lost: the serving drafter's decision to keep (its rollback or promotion), if measured
+    probe: ProbeStatus | None  # with Lost: the decision that stands when this step stored another (the revision's rollback)
+    # A race of the spec's own candidates, decided: its table and summary in the shape of the next step's race (race_after).
+    candidates: list[CandidateStatus] | None = None
+    race: RaceStatus | None = None
 
 
 def judge_race(stored: RetrainingStatus, chosen: Serving, status: SpeculativeServerStatus) -> RaceVerdict:
-    """The racing revision's verdict once the race of this step is decided: Promoted only when it won (confirmed faster
-    than the base and than the serving drafter); else Lost, and the serving drafter's measured decision stands."""
+    """The racing revision's verdict once the race of this step is decided: Promoted only when it is the race's winner
+    (confirmed faster than the base, the fastest of the passing candidates); else Lost, and the race's decision stands
+    (its winner, or with none passing the best measured other candidate's rollback)."""
     rows = [not_raced_abandoned(r, chosen) for r in stored.revisions]
     racing = chosen.racing
     race, table = status.race, status.candidates or []
     mine = next((c for c in table if racing is not None and c.name == candidate_name(racing)), None)
     if racing is None or race is None or race.state != "Decided" or mine is None:
         return RaceVerdict(rows, chosen.revision, None, None)
-    served = next((c for c in table if c.name != mine.name), None)
+    others = [c for c in table if c.name != mine.name]
     figures = {"accept_length": mine.accept_length, "speedup": mine.speedup}
+    after = race_after(race, table, mine) if chosen.own_candidates else (None, None)
     if race.winner == mine.name:
-        message = f"won the race: {mine.speedup}x over the base, faster than the serving drafter"
-        if served is not None and served.speedup is not None:
-            message += f" ({served.speedup}x)"
         rows = [_retired(r, racing) if r.name == chosen.revision and r.outcome == "Promoted" else r for r in rows]
         row = RevisionStatus.model_validate({**find(rows, racing).model_dump(), **figures, "outcome": "Promoted", "reason": RACE_WON})  # type: ignore[union-attr]
-        row = row.model_copy(update={"message": clip(message, ROW_MESSAGE_CHARS)})
-        return RaceVerdict(_with_row(rows, row, (stored.serving,)), racing, Outcome.PROMOTED.value, None)
-    if mine.state == "Invalid":
-        message = f"lost the race: its speculative pod's validator refused it ({mine.message or mine.reason})"
-    elif served is not None and race.winner == served.name:
-        message = f"lost the race: the serving drafter was faster ({served.speedup}x vs {mine.speedup}x over the base)"
-    else:
-        message = f"lost the race: not confirmed faster than the base ({mine.reason}, {mine.speedup}x); the serving drafter's result stands"
+        row = row.model_copy(update={"message": clip(won_message(mine, others), ROW_MESSAGE_CHARS)})
+        return RaceVerdict(_with_row(rows, row, (stored.serving,)), racing, Outcome.PROMOTED.value, None, *after)
     row = RevisionStatus.model_validate({**find(rows, racing).model_dump(), **figures, "outcome": "Lost", "reason": RACE_LOST})  # type: ignore[union-attr]
-    row = row.model_copy(update={"message": clip(message, ROW_MESSAGE_CHARS)})
+    row = row.model_copy(update={"message": clip(lost_message(mine, table, race.winner), ROW_MESSAGE_CHARS)})
+    standing = next((c for c in others if c.name == race.winner), None) or (best_measured(others) if others else None)
     keep = None
-    if served is not None and served.finished_at is not None and status.probe is not None and status.probe.revision != served.revision:
-        keep = told_decision(served, len(table), served.state in PASSED)
-    return RaceVerdict(_with_row(rows, row, (stored.serving,)), chosen.revision, Outcome.LOST.value, keep)
+    if standing is not None and standing.finished_at is not None and status.probe is not None and status.probe.revision != standing.revision:
+        keep = told_decision(standing, len(table), standing.state in PASSED)
+    return RaceVerdict(_with_row(rows, row, (stored.serving,)), chosen.revision, Outcome.LOST.value, keep, *after)
+
+
+def _speed(row: CandidateStatus) -> str:
+    return f"{row.name} {row.speedup}x" if row.speedup is not None else f"{row.name} not measured ({row.reason or row.state})"
+
+
+def won_message(mine: CandidateStatus, others: list[CandidateStatus]) -> str:
+    """The row's message of a revision that won: its speedup, and the other candidates' (the serving drafter first)."""
+    if len(others) == 1:
+        beaten = f"faster than the serving drafter ({others[0].speedup}x)" if others[0].speedup is not None else "the serving drafter not measured"
+        return f"won the race: {mine.speedup}x over the base, {beaten}"
+    rest = "".join(f", {_speed(c)}" for c in others[1:])
+    return f"won the race of {len(others) + 1} candidates: {mine.speedup}x over the base (the serving drafter {_speed(others[0])}{rest})"
+
+
+def lost_message(mine: CandidateStatus, table: list[CandidateStatus], winner: str | None) -> str:
+    """Why a revision lost: its validator, the candidate that won (the serving drafter is the table's first), or that
+    nothing was confirmed faster than the base."""
+    if mine.state == "Invalid":
+        return f"lost the race: its speculative pod's validator refused it ({mine.message or mine.reason})"
+    won = next((c for c in table if c.name == winner), None)
+    if won is not None and won.name == table[0].name:
+        return f"lost the race: the serving drafter was faster ({won.speedup}x vs {mine.speedup}x over the base)"
+    if won is not None:
+        return f"lost the race: candidate {won.name} ({won.algorithm}) won, {won.speedup}x vs {mine.speedup}x over the base; {won.name} serves"
+    if len(table) > 2:
+        return f"lost the race: no candidate was confirmed faster than the base (its {mine.reason}, {mine.speedup}x); the race's rollback stands"
+    return f"lost the race: not confirmed faster than the base ({mine.reason}, {mine.speedup}x); the serving drafter's result stands"
+
+
+def race_after(race: RaceStatus, table: list[CandidateStatus], mine: CandidateStatus) -> tuple[list[CandidateStatus], RaceStatus]:
+    """A decided race of the spec's own candidates and a revision, as the next step's race has it: the user's candidates,
+    with the revision in spec.drafter's place (the table's first row, its name) if it won, else without it. Its revision
+    hashes the rows kept (candidate_race.race_revision), so candidate_race takes it as the race already decided: the
+    same candidates and speculative revisions (the race's held-out workload is not part of one), and the same winner,
+    and serves its decision without measuring anyone again."""
+    won = race.winner == mine.name
+    first = mine.model_copy(update={"name": table[0].name}) if won else table[0]
+    rest = [first, *(c for c in table[1:] if c.name != mine.name)]
+    winner = first.name if won else race.winner
+    current = winner or best_measured(rest).name
+    revision = race_revision({c.name: c.revision or "" for c in rest})
+    return rest, race.model_copy(update={"revision": revision, "current": current, "winner": winner})
 
 
 def _retired(row: RevisionStatus, by: str) -> RevisionStatus:
@@ -334,8 +400,9 @@ def _retired(row: RevisionStatus, by: str) -> RevisionStatus:
 
 
 def not_raced_abandoned(row: RevisionStatus, chosen: Serving) -> RevisionStatus:
-    """A row left Racing when its race can no longer run (a pin set meanwhile, or candidates added): Evaluated."""
+    """A row left Racing when its race can no longer run (a pin set meanwhile, retraining turned off, or a candidate
+    of the spec named as the race would name it): Evaluated."""
     if row.outcome != "Racing" or chosen.racing == row.name:
         return row
-    message = f"{row.message or ''}; not raced: the race was called off (spec.retraining.revision pinned, or spec candidates)"
+    message = f"{row.message or ''}; not raced: the race was called off (spec.retraining.revision pinned, retraining off, or a spec candidate named {candidate_name(row.name)!r})"
     return row.model_copy(update={"outcome": "Evaluated", "reason": PINNED, "message": clip(message, ROW_MESSAGE_CHARS)})

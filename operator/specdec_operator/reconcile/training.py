@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import manifests as m
-from ..api import Decision, ProbeStatus, SpeculativeServerSpec, SpeculativeServerStatus, names_more_than_the_drafter, spec_for_candidate
+from ..api import Decision, SpeculativeServerSpec, SpeculativeServerStatus, names_more_than_the_drafter, spec_for_candidate
 from ..api_retraining import RetrainingStatus, capture_on
 from ..api_retraining_job import PIN_DRAFTER, RetrainingTraining, TrainingStatus
 from ..textutil import clip, parse_time, rfc3339
@@ -284,10 +284,11 @@ def report_readable(current: TrainingStatus, pods: list[dict[str, Any]], now: da
 
 def judged(
     plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: SpeculativeServerStatus, current: TrainingStatus, now: datetime
-) -> tuple[TrainingStatus, RetrainingStatus, ProbeStatus | None]:
+) -> tuple[TrainingStatus, RetrainingStatus, revision.RaceVerdict]:
     """The revisions' part of the step: a succeeded Job's revision judged offline, a racing one judged by its decided
     race, the drafter serving, and why a pin is refused. Returns the training status (its outcome once judged), the
-    new status.retraining without its training section, and the serving drafter's decision to keep after a lost race."""
+    new status.retraining without its training section, and the race's verdict (the decision that stands after a lost
+    race, and a decided race of the spec's own candidates in the next step's shape)."""
     stored = revision.retraining_of(prev)
     training = settings_of(spec)
     rows = stored.revisions
@@ -304,7 +305,7 @@ def judged(
     retraining = (plan.new_status.retraining or RetrainingStatus()).model_copy(
         update={"serving": serving, "revisions": race.rows, "pin_refused": chosen.pin_refused}
     )
-    return current, retraining, race.probe
+    return current, retraining, race
 
 
 def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: SpeculativeServerStatus, now: datetime, settings: Settings) -> Plan:
@@ -320,7 +321,7 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
         return plan
     served = served_spec(revision.effective_spec(spec, prev, observed.name), plan.new_status)
     current = progress(adopt(before or TrainingStatus(), observed, now), observed, now)
-    current, retraining, keep = judged(plan, spec, observed, prev, current, now)
+    current, retraining, raced = judged(plan, spec, observed, prev, current, now)
     samples = samples_of(spec, observed)
     cluster = Cluster(observed.training_jobs_running, settings.training.cluster_cap)
     history = history_of(current)
@@ -340,8 +341,10 @@ def finish(plan: Plan, spec: SpeculativeServerSpec, observed: Observed, prev: Sp
         # A Job's stage, or its pods for the report, move without an event the operator sees.
         wake = min(wake, POLL_ACTIVE_S) if wake is not None else POLL_ACTIVE_S
     update: dict[str, Any] = {"retraining": retraining}
-    if keep is not None:  # a lost race: the serving drafter's measured decision stands (not the revision's)
-        update["probe"] = keep
+    if raced.probe is not None:  # a lost race: the decision that stands (not the revision's rollback)
+        update["probe"] = raced.probe
+    if raced.candidates is not None:  # the spec's own race goes on without the revision (or with it as spec.drafter)
+        update.update(candidates=raced.candidates, race=raced.race)
     events = [*training_events(before, current), *revision_events(prev.retraining, retraining)]
     return dataclasses.replace(
         plan,
