@@ -601,3 +601,27 @@ def test_a_revision_whose_job_held_nothing_out_races_on_the_specs_workloads_alon
     assert [w.name for w in race_workloads(spec, "llama", None)] == WORKLOADS
     full, row = _spec_and_row([_workload(f"w{i}", 1 + i) for i in range(16)])
     assert len(race_workloads(full, "llama", row)) == 16  # rollout.workloads' limit: nothing added
+
+
+def test_a_pinned_revision_stands_in_spec_drafters_place_beside_the_specs_candidates_and_races_no_new_revision() -> None:
+    from specdec_operator.reconcile.revision import choose_serving
+    from specdec_operator.resource import parse_spec
+
+    raw = spec_with(revision="llama-train-1")
+    raw["candidates"] = [dict(NGRAM)]
+    spec = parse_spec(raw)
+    world = World(raw)
+    world.status = {
+        "retraining": {
+            "revisions": [
+                {"name": "llama-train-1", "outcome": "Retired", "reason": "Replaced"},
+                {"name": "llama-train-2", "outcome": "Racing", "reason": "OfflineGainPassed"},
+            ]
+        }
+    }
+    status = _status(world)
+    chosen = choose_serving(spec, status.retraining)  # type: ignore[arg-type]
+    assert (chosen.revision, chosen.racing) == ("llama-train-1", None)  # the user chose: no race of llama-train-2
+    out = effective_spec(spec, status, "llama")
+    assert out.drafter.path == "/revisions/llama-train-1" and [c.name for c in out.candidates or []] == ["ngram"]
+    assert list(revisions(out)) == ["eagle3", "ngram"]
