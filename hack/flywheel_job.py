@@ -119,6 +119,10 @@ class SimulatedExecute:
         staging = out.with_name(f".{out.name}.partial")
         staging.mkdir(parents=True, exist_ok=True)
         rv.write_revision(staging, DRAFTER_PROFILE, state["kinds"])
+        # The held-out slice beside the drafter, as drafter_training/publish.py keeps it: the operator races the revision on it.
+        heldout = "".join(json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n" for t in state.get("heldout") or [])
+        if heldout:
+            (staging / "heldout.jsonl").write_text(heldout)
         (staging / "COMPLETE").write_text(json.dumps({"job": job, "simulated": True}) + "\n")
         os.replace(staging, out)
         run.termination_log.write_text(publish_report(job, state, sum(f.stat().st_size for f in out.iterdir())) + "\n")

@@ -39,6 +39,8 @@ class Flywheel:
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.runner: Any = None
+        self.readers: Any = None
+        self.lock = threading.Lock()  # around the endpoints' changes and the file's writes (the router, the readers)
         self.core: Any = None
         self.custom: Any = None
         self.apps: Any = None
@@ -82,6 +84,7 @@ class Flywheel:
 
         from hack.job_mapping import VolumeDirs
         from hack.job_runner import JobRunner
+        from hack.reader_kubelet import ReaderKubelet
 
         api = config.new_client_from_config(config_file=kubeconfig)
         self.core, self.custom, self.apps = client.CoreV1Api(api), client.CustomObjectsApi(api), client.AppsV1Api(api)
@@ -90,6 +93,11 @@ class Flywheel:
         kubectl("apply", "-f", "-", input=yaml.safe_dump(df.resource(self.namespace, self.storage_class, annotations, workloads)))
         dirs = VolumeDirs(self.root, named={"model": self.root / "models"})
         self.runner = JobRunner(api, self.root, dirs, fj.SimulatedExecute(), namespaces={self.namespace}).start()
+        # A revision races on its held-out slice too (a File workload on the revisions claim): its reader pods' kubelet.
+        self.readers = ReaderKubelet(
+            self.core, self.namespace, self.endpoints, self.write_endpoints, self.workdir, self.root / "models", self.claims, self.lock
+        )
+        self.readers.start()
         self.threads = [
             threading.Thread(target=df.send_traffic, args=(self.traffic_url, lambda: self.kind, self.stop_event, self.sent), daemon=True),
             threading.Thread(target=self._route_loop, daemon=True, name="flywheel-router"),
@@ -141,8 +149,9 @@ class Flywheel:
         slot = revision or "drafter"
         url = self.revision_simulator(revision) if revision else self.sims["drafter"]
         if url is not None and self.endpoints.get(self._service("spec")) != url:
-            self.endpoints[self._service("spec")] = url
-            self.write_endpoints()
+            with self.lock:
+                self.endpoints[self._service("spec")] = url
+                self.write_endpoints()
             self.slot = slot
         if self.runner is not None and self.runner.jobs and not any(v.endswith("-revisions") for v in self.volumes):
             self.make_volume("revisions")  # after the runner bound the Job's pod: else kwok would have taken it
@@ -213,6 +222,11 @@ class Flywheel:
             t.join(5)
         if self.runner is not None:
             self.runner.stop()
+        if self.readers is not None:
+            try:
+                self.readers.stop()
+            except AssertionError as exc:  # a reader pod it could not run: said, the rest still stopped
+                self.errors.append(str(exc)[:300])
         for proc in [*self.procs, *([self.proxy] if self.proxy else [])]:
             proc.terminate()
         for proc in [*self.procs, *([self.proxy] if self.proxy else [])]:

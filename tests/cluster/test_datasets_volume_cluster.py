@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from hack.reader_kubelet import READER_SELECTOR, ReaderKubelet, write_endpoints_file
 from tests.support.kube import wait_until
 from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, wait_phase
-from tests.support.reader_kubelet import READER_SELECTOR, ReaderKubelet
 
 pytestmark = pytest.mark.cluster
 
@@ -52,7 +52,10 @@ def chat_lines(n: int) -> str:
 
 @pytest.fixture
 def reader_kubelet(core_v1: Any, namespace: str, operator: Operator, tmp_path: Path) -> Any:
-    kubelet = ReaderKubelet(core_v1, namespace, operator, tmp_path / "model-volume", tmp_path / "claims")
+    def write() -> None:
+        write_endpoints_file(operator.workdir / "endpoints.yaml", operator.endpoints)
+
+    kubelet = ReaderKubelet(core_v1, namespace, operator.endpoints, write, operator.workdir, tmp_path / "model-volume", tmp_path / "claims")
     yield kubelet
     kubelet.stop()
 

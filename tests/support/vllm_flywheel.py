@@ -14,7 +14,7 @@ uses (its --endpoints file) and plays the kubelet where something must run:
   chat requests go through it;
 * the training Job's pod: hack/job_runner.py runs its stages as local processes (the Job in the image cannot run
   here: kwok nodes run no containers), the base Service in its commands mapped to the base server;
-* dataset reader pods (the race's held-out workload): tests/support/reader_kubelet.py.
+* dataset reader pods (the race's held-out workload): hack/reader_kubelet.py.
 
 The speculative pods are Ready only SPEC_READY_AFTER after they run (kwok's ``specdec.test/ready-after``, for the
 speculative variant only), as a kubelet holds a vLLM pod until its readiness probe answers: a revision's server is
@@ -36,9 +36,9 @@ from typing import Any
 from hack import demo_flywheel as df
 from hack.job_mapping import VolumeDirs
 from hack.job_runner import JobRunner, LocalExecute
+from hack.reader_kubelet import ReaderKubelet, write_endpoints_file
 from tests.support.copy_workloads import copy_workload
 from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator
-from tests.support.reader_kubelet import ReaderKubelet, write_endpoints
 from tests.support.retrain_loop import EXTRA_ARGS, base_url_of, chat, training_job
 from tests.support.retrain_models import DRAFTER, TARGET, free_prompts
 from tests.support.vllm_servers import VllmServer, start_servers
@@ -123,7 +123,10 @@ class EngineLoop:
         with self.lock:
             if self.operator.endpoints.get(key) != url:
                 self.operator.endpoints[key] = url
-                write_endpoints(self.operator)
+                self.write_endpoints()
+
+    def write_endpoints(self) -> None:
+        write_endpoints_file(self.operator.workdir / "endpoints.yaml", self.operator.endpoints)
 
     def traffic_url(self) -> str | None:
         proxy = self.proxy
@@ -164,7 +167,10 @@ class EngineLoop:
         execute = LocalExecute(nice=10, extra_args=EXTRA_ARGS)
         self.runner = JobRunner(self.api_client, self.root, dirs, execute, {base_service: self.servers["base"].url}, namespaces={self.namespace})
         self.runner.start()
-        self.readers = ReaderKubelet(self.core, self.namespace, self.operator, self.root / "model-volume", self.claims, self.lock)
+        op = self.operator
+        self.readers = ReaderKubelet(
+            self.core, self.namespace, op.endpoints, self.write_endpoints, op.workdir, self.root / "model-volume", self.claims, self.lock
+        )
         self.readers.start()
         self.restart_proxy(self.servers["base"].url)
         self._thread.start()

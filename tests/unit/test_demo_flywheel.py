@@ -16,6 +16,7 @@ from specdec_operator.api import SpeculativeServerStatus
 from specdec_operator.capture.store import CaptureStore
 from specdec_operator.engines import engine_for
 from specdec_operator.manifests import ManifestSettings, pod_template
+from specdec_operator.probe.datasets import parse_dataset
 from specdec_operator.reconcile import revision
 from specdec_operator.resource import parse_spec
 from specdec_operator.simulator import revisions as rv
@@ -66,6 +67,8 @@ def test_a_job_on_shifted_traffic_learns_code_and_passes_the_operator_s_offline_
     message = json.loads(record["terminationMessage"])
     assert message["schema"] == 1 and message["revision"] == message["path"] == JOB
     assert message["heldout"] > 0 and message["trainSamples"] + message["heldout"] == fj.MAX_SAMPLES  # the newest maxSamples only
+    # The held-out slice beside the revision (the operator's race reads it as a File workload), in the Chat format.
+    assert len(parse_dataset((published / "heldout.jsonl").read_text(), source="heldout.jsonl", fmt="Chat")) == message["heldout"]
     assert message["offline"]["revision"]["acceptLength"] > message["offline"]["serving"]["acceptLength"]
     report = revision.read_report(as_pods(record["terminationMessage"]), JOB)
     assert not isinstance(report, str)

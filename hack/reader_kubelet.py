@@ -6,14 +6,19 @@ scheduler placed as a local process (its own command, `specdec dataset-serve ...
 a local directory (the model volume's, or the claim's under ``claims/<claim>``), and maps the pod in the operator's
 --endpoints file (``<namespace>/pod/<pod>``), the way the simulators and vLLM servers stand for the server pods. A pod
 the scheduler cannot place (a claim that does not exist) is never run, as on a real node.
+
+Used by the tests (tests/cluster/test_datasets_volume_cluster.py, the real-engine retraining loop) and by `make
+demo`'s retraining loop (a revision's race reads its held-out slice through a reader pod).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +27,42 @@ import yaml
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from tests.support.operator_process import Operator, free_port
-
 READER_SELECTOR = "app.kubernetes.io/name=specdec-dataset-reader"
 MOUNT = "/dataset"
 
 
-def write_endpoints(operator: Operator) -> None:
-    """Write the operator's --endpoints file from ``operator.endpoints``, whole (the operator rereads it when it
-    changes: never a half-written one). Callers that share the dict hold one lock around the change and the write."""
-    path = operator.workdir / "endpoints.yaml"
+def write_endpoints_file(path: Path, endpoints: dict[str, str]) -> None:
+    """Write an --endpoints file whole (the operator rereads it when it changes: never a half-written one). Callers
+    that share the dict hold one lock around the change and the write."""
     staged = path.with_suffix(".new")
-    staged.write_text(yaml.safe_dump(operator.endpoints))
+    staged.write_text(yaml.safe_dump(endpoints))
     os.replace(staged, path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class ReaderKubelet:
     """Runs each scheduled reader pod's command locally, its volume a local directory, and maps it for the operator."""
 
     def __init__(
-        self, core_v1: Any, namespace: str, operator: Operator, model_volume: Path, claims: Path, lock: threading.Lock | None = None
+        self,
+        core_v1: Any,
+        namespace: str,
+        endpoints: dict[str, str],
+        write: Callable[[], None],
+        workdir: Path,
+        model_volume: Path,
+        claims: Path,
+        lock: threading.Lock | None = None,
     ) -> None:
-        self.core_v1, self.namespace, self.operator = core_v1, namespace, operator
-        self.lock = lock or threading.Lock()  # held while the endpoints file is written (others may write it too)
+        """``endpoints``: the operator's mapping, shared; ``write``: writes the --endpoints file from it (called with
+        ``lock`` held, which whoever else changes the mapping holds too); ``workdir``: where the readers' logs go."""
+        self.core_v1, self.namespace, self.endpoints, self.write, self.workdir = core_v1, namespace, endpoints, write, workdir
+        self.lock = lock or threading.Lock()
         self.model_volume, self.claims = model_volume, claims
         self.procs: dict[str, subprocess.Popen] = {}  # pod uid -> the reader process
         self.commands: dict[str, list[str]] = {}  # pod name -> the pod's command, as the operator wrote it
@@ -76,13 +94,13 @@ class ReaderKubelet:
         args[args.index("--file") + 1] = str(self._local_root(pod) / file[len(MOUNT) + 1 :])
         port = free_port()
         args[args.index("--port") + 1] = str(port)
-        log = open(self.operator.workdir / f"reader-{pod.metadata.name}.log", "w")
+        log = open(self.workdir / f"reader-{pod.metadata.name}.log", "w")
         self.procs[pod.metadata.uid] = subprocess.Popen(
             [sys.executable, "-m", "specdec_operator.cli", "dataset-serve", *args, "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT
         )
         with self.lock:
-            self.operator.endpoints[f"{self.namespace}/pod/{pod.metadata.name}"] = f"http://127.0.0.1:{port}"
-            write_endpoints(self.operator)
+            self.endpoints[f"{self.namespace}/pod/{pod.metadata.name}"] = f"http://127.0.0.1:{port}"
+            self.write()
 
     def _watch(self) -> None:
         try:
