@@ -22,7 +22,7 @@ from tests.support.operator_process import (
     compatible_annotations,
     event_reasons,
     example,
-    stable_variant,
+    settled_variant,
     wait_phase,
 )
 
@@ -67,7 +67,7 @@ def test_a_race_of_three_candidates_serves_the_fastest_one(
     deployment = apps_v1.read_namespaced_deployment(m.child_name(name, "speculative"), namespace)
     assert deployment.spec.template.metadata.annotations[m.ANNOTATION_REVISION] == revs["ngram"]
     assert sorted(d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items) == [f"{name}-base", f"{name}-spec"]
-    assert stable_variant(core_v1, namespace, name) == "speculative"
+    assert settled_variant(core_v1, namespace, name, "speculative") == "speculative"
     reasons = event_reasons(core_v1, namespace, name)
     assert reasons.count("CandidateMeasured") == 3 and "RaceWon" in reasons, reasons
     print(f"race of 3 candidates: apply -> promoted {elapsed:.1f} s")

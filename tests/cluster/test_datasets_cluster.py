@@ -29,7 +29,7 @@ from tests.support.operator_process import (
     compatible_annotations,
     event_reasons,
     example,
-    stable_variant,
+    settled_variant,
     wait_phase,
 )
 
@@ -167,7 +167,7 @@ def test_a_fast_server_with_corrupted_tokens_is_rolled_back_with_output_mismatch
     assert probe["outputsCompared"] == 8 and probe["outputMatchRate"] < 0.9, probe
     # Its speed alone would have promoted it: the check, not the speed, rolled it back.
     assert "would have promoted" in probe["message"] and probe["workloads"][0]["speedupLow"] > 1.0, probe
-    assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, "corrupt") == "base"
+    assert st["activeVariant"] == "base" and settled_variant(core_v1, namespace, "corrupt", "base") == "base"
     conditions = {c["type"]: c for c in st["conditions"]}
     assert conditions["SpeedupVerified"]["status"] == "False" and conditions["SpeedupVerified"]["reason"] == "OutputMismatch"
     wait_until(lambda: "OutputMismatch" in event_reasons(core_v1, namespace, "corrupt"), timeout=20, message="the OutputMismatch Event")
@@ -176,7 +176,7 @@ def test_a_fast_server_with_corrupted_tokens_is_rolled_back_with_output_mismatch
     probe = st["probe"]
     assert st["phase"] == "Promoted" and probe["reason"] == "SpeedupConfirmed", st.get("message")
     assert probe["outputMatchRate"] == 1.0 and probe["outputsCompared"] == 8, probe
-    assert st["activeVariant"] == "speculative" and stable_variant(core_v1, namespace, "correct") == "speculative"
+    assert st["activeVariant"] == "speculative" and settled_variant(core_v1, namespace, "correct", "speculative") == "speculative"
     assert "OutputMismatch" not in event_reasons(core_v1, namespace, "correct")
 
 

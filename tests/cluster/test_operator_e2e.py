@@ -35,7 +35,7 @@ from tests.support.operator_process import (
     free_port,
     get,
     logged_events,
-    stable_variant,
+    settled_variant,
     status,
     step_after_now,
     validator_verdict,
@@ -114,7 +114,7 @@ def test_incompatible_drafter_is_invalid_within_seconds_and_no_speculative_pod_r
         timeout=20,
         message="Ready",
     )
-    assert stable_variant(core_v1, namespace, "mismatch") == "base"
+    assert settled_variant(core_v1, namespace, "mismatch", "base") == "base"
     wait_until(lambda: "DrafterIncompatible" in event_reasons(core_v1, namespace, "mismatch"), timeout=10, message="DrafterIncompatible Event")
     # Never a speculative pod running afterwards either.
     assert all(p.status.phase != "Running" for p in variant_pods(core_v1, namespace, "mismatch", "speculative"))
@@ -173,7 +173,7 @@ def test_the_seeds_drafters_are_rolled_back_with_the_seeds_reasons(
     TIMINGS[f"apply -> decision ({drafter_profile}, time scale {KIMI_TIME_SCALE:g}x)"] = time.monotonic() - started
     assert st["phase"] == "RolledBack", st.get("message")
     assert st["reason"] == reason and st["probe"]["reason"] == reason and st["probe"]["decision"] == "rollback", st.get("message")
-    assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, name) == "base"
+    assert st["activeVariant"] == "base" and settled_variant(core_v1, namespace, name, "base") == "base"
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["SpeedupVerified"]["status"] == "False" and conds["SpeedupVerified"]["reason"] == reason
     assert "HiddenStateSourceMismatch" in conds["DrafterCompatible"]["message"]  # warnings shown, not blocking
@@ -213,7 +213,7 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
     TIMINGS["apply -> decision (llama31-8b-eagle3)"] = time.monotonic() - started
     assert st["phase"] == "Promoted", st.get("message")
     assert st["activeVariant"] == "speculative" and st["speedup"] > 1.0
-    assert stable_variant(core_v1, namespace, name) == "speculative"
+    assert settled_variant(core_v1, namespace, name, "speculative") == "speculative"
     spec_ips = {p.status.pod_ip for p in variant_pods(core_v1, namespace, name, "speculative")}
     wait_until(
         lambda: {a.ip for s in (core_v1.read_namespaced_endpoints(name, namespace).subsets or []) for a in s.addresses or []} == spec_ips,
@@ -241,7 +241,7 @@ def test_a_good_drafter_is_promoted_rolled_back_on_drift_and_deleting_removes_ev
         TIMINGS["promoted -> drift rollback (interval 5s, window 2)"] = time.monotonic() - drift_started
     assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
     assert st["monitor"]["belowFloorCount"] >= 2 and st["monitor"]["acceptLength"] < 1.5
-    assert stable_variant(core_v1, namespace, name) == "base"
+    assert settled_variant(core_v1, namespace, name, "base") == "base"
     wait_until(lambda: "AcceptanceDrift" in event_reasons(core_v1, namespace, name), timeout=10, message="AcceptanceDrift Event")
     # No flapping: the decided revision is not promoted again, in a step taken after acceptance recovered.
     spec_sim.sim.engine.set_accept_length_mean(healthy_accept_length)
@@ -314,7 +314,7 @@ def test_a_vllm_server_is_promoted_and_rolled_back_on_vllms_counters(
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack", "Invalid", "Failed"}, timeout=90)
     TIMINGS["apply -> decision (llama31-8b-eagle3, engine vLLM, scripted)"] = time.monotonic() - started
     assert st["phase"] == "Promoted" and st["activeVariant"] == "speculative", st.get("message")
-    assert stable_variant(core_v1, namespace, name) == "speculative"
+    assert settled_variant(core_v1, namespace, name, "speculative") == "speculative"
 
     spec_sim.sim.engine.set_accept_length_mean(1.0)  # the drafter stops being accepted
     with generate_traffic(spec_sim.url, tokens=32):
@@ -323,7 +323,7 @@ def test_a_vllm_server_is_promoted_and_rolled_back_on_vllms_counters(
         TIMINGS["promoted -> drift rollback, engine vLLM (interval 5s, window 2, a baseline scrape first)"] = time.monotonic() - drift_started
     assert st["reason"] == "AcceptanceDrift" and st["activeVariant"] == "base"
     assert st["monitor"]["acceptLength"] < 1.5 and st["monitor"]["acceptRateByPosition"][0] < 0.5
-    assert stable_variant(core_v1, namespace, name) == "base"
+    assert settled_variant(core_v1, namespace, name, "base") == "base"
 
 
 def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_decision(
@@ -397,7 +397,11 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     # Steps after it (each after the one before had done all it does): a probe or a Service write of the restarted
     # operator's first steps is in the cluster by then.
     st = step_after_now(custom_objects, namespace, name)
-    assert st["phase"] == "Promoted" and st["probe"]["revision"] == revision and stable_variant(core_v1, namespace, name) == "speculative"
+    assert (
+        st["phase"] == "Promoted"
+        and st["probe"]["revision"] == revision
+        and settled_variant(core_v1, namespace, name, "speculative") == "speculative"
+    )
     assert logged_events(operator.log_of(operator.starts), name, "ProbeStarted") == 0
     assert base.sim.generate_count + spec_sim.sim.generate_count == requests_before
     # Not one write to the Services: the stable selector did not even flicker.
@@ -406,7 +410,7 @@ def test_an_operator_killed_mid_probe_resumes_without_duplicates_or_a_second_dec
     # A drafter change is a new revision: validated and measured again, with the base serving meanwhile, untouched.
     base_pod = variant_pods(core_v1, namespace, name, "base")[0].metadata.uid
     custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"drafter": {"numSteps": 4}}})
-    wait_until(lambda: stable_variant(core_v1, namespace, name) == "base", timeout=20, message="stable Service back on base")
+    wait_until(lambda: settled_variant(core_v1, namespace, name, "base") == "base", timeout=20, message="stable Service back on base")
     wait_until(
         lambda: any(
             (p.metadata.annotations or {}).get("specdec.io/revision") not in (None, revision)
@@ -614,7 +618,7 @@ def test_a_drafter_that_wins_low_and_loses_high_is_promoted_load_aware_across_a_
     st = wait_phase(custom_objects, namespace, name, {"Promoted", "RolledBack"}, timeout=180)
     assert st["phase"] == "Promoted" and st["reason"] == "LoadAwareSpeedup", st.get("message")
     assert st["probe"]["loadAware"]["summary"].startswith("drafts below batch ") and st["activeVariant"] == "speculative"
-    assert stable_variant(core_v1, namespace, name) == "speculative"
+    assert settled_variant(core_v1, namespace, name, "speculative") == "speculative"
     reasons = wait_until(lambda: (r := event_reasons(core_v1, namespace, name)).count("LoadAwareSpeedup") and r, timeout=10, message="decision Event")
     assert reasons.count("LoadAwareTrial") == 1 and reasons.count("LoadAwareSpeedup") == 1 and "SpeedupBelowThreshold" not in reasons
     assert (

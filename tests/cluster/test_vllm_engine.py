@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, stable_variant, status, wait_phase
+from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, settled_variant, status, wait_phase
 from tests.support.real_engine import BUILD, TRAIN, RealEngineModels, real_engine_models
 from tests.support.vllm_servers import VllmServer, greedy_completion, served_acceptance, start_servers, vllm_env
 
@@ -176,7 +176,7 @@ def test_the_operator_promotes_the_matched_drafter_on_real_speedup(
 ) -> None:
     st = decide(operator, custom_objects, namespace, "matched", servers["base"], servers["matched"])
     assert st["phase"] == "Promoted", f"{st.get('reason')}: {st.get('message')}"
-    assert st["activeVariant"] == "speculative" and stable_variant(core_v1, namespace, "matched") == "speculative"
+    assert st["activeVariant"] == "speculative" and settled_variant(core_v1, namespace, "matched", "speculative") == "speculative"
     assert st["probe"]["acceptLength"] > 1.5 and st["speedup"] > 1.0, st["probe"]
 
     # The monitor on the promoted server: production traffic (greedy completions of the held-out prompts) moves vLLM's
@@ -210,7 +210,7 @@ def test_the_operator_rolls_back_another_targets_drafter(
 ) -> None:
     st = decide(operator, custom_objects, namespace, "other-target", servers["base"], servers["other-target"])
     assert st["phase"] == "RolledBack", f"{st.get('phase')} {st.get('reason')}: {st.get('message')}"
-    assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, "other-target") == "base"
+    assert st["activeVariant"] == "base" and settled_variant(core_v1, namespace, "other-target", "base") == "base"
     assert st["reason"] in ("DrafterNotAccepting", "SpeedupBelowThreshold"), st.get("message")
 
 
@@ -220,7 +220,7 @@ def test_the_operator_never_promotes_the_same_engine_twice(
     """Base against base (one server measured as both variants): real noise only, which must never promote."""
     st = decide(operator, custom_objects, namespace, "base-twice", servers["base"], servers["base"])
     assert st["phase"] != "Promoted", st.get("message")
-    assert st["activeVariant"] == "base" and stable_variant(core_v1, namespace, "base-twice") == "base"
+    assert st["activeVariant"] == "base" and settled_variant(core_v1, namespace, "base-twice", "base") == "base"
 
 
 @pytest.fixture(scope="module", autouse=True)

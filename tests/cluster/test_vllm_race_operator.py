@@ -46,7 +46,7 @@ from tests.support.operator_process import (
     compatible_annotations,
     event_reasons,
     example,
-    stable_variant,
+    settled_variant,
     wait_phase,
 )
 from tests.support.real_engine import RealEngineModels, real_engine_models
@@ -162,7 +162,7 @@ def test_the_operator_races_three_candidates_on_vllm_and_serves_what_its_table_s
     if winner:
         assert st["phase"] == "Promoted" and table[winner]["state"] == "Serving"
         assert slot.spec.template.metadata.annotations[m.ANNOTATION_REVISION] == revs[winner]
-        assert stable_variant(core_v1, namespace, name) == "speculative"
+        assert settled_variant(core_v1, namespace, name, "speculative") == "speculative"
     else:
         assert st["phase"] == "RolledBack" and not any(r["state"] == "Serving" for r in table.values())
-        assert stable_variant(core_v1, namespace, name) == "base"
+        assert settled_variant(core_v1, namespace, name, "base") == "base"

@@ -39,7 +39,7 @@ from hack.job_runner import JobRunner, LocalExecute
 from specdec_operator.reconcile.revision import BELOW_MARGIN, Report, candidate_name, offline_gate, read_report
 from tests.support.copy_workloads import copy_workload
 from tests.support.kube import wait_until
-from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, event_reasons, example, stable_variant
+from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, event_reasons, example, settled_variant
 from tests.support.retrain_loop import EXTRA_ARGS, SPEC_TOKENS, base_url_of, chat_acceptance, resource_spec, training_job
 from tests.support.retrain_models import DRAFTER, TARGET, free_prompts, retrain_models
 from tests.support.vllm_flywheel import SPEC_READY_AFTER, EngineLoop
@@ -295,7 +295,9 @@ def test_the_operator_retrains_a_drifted_drafter_proves_the_revision_and_accepta
     assert row["outcome"] == "Promoted" and row["reason"] == "RaceWon" and row["offlineAcceptLength"] > row["servingOfflineAcceptLength"], row
     # With capture on, the stable Service selects the capture proxies, and <name>-serving the side they forward to.
     assert (
-        retraining["serving"] == revision and status["phase"] == "Promoted" and stable_variant(core_v1, namespace, f"{name}-serving") == "speculative"
+        retraining["serving"] == revision
+        and status["phase"] == "Promoted"
+        and settled_variant(core_v1, namespace, f"{name}-serving", "speculative") == "speculative"
     )
     # The race measured both drafters on the spec's workload and the revision's held-out slice of the shifted traffic.
     assert set(table) == {"eagle3", candidate_name(revision)} and table[candidate_name(revision)]["state"] in ("Passed", "Serving"), table

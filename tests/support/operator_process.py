@@ -265,6 +265,19 @@ def stable_variant(core_v1: Any, namespace: str, name: str) -> str:
     return core_v1.read_namespaced_service(name, namespace).spec.selector["specdec.io/variant"]
 
 
+def settled_variant(core_v1: Any, namespace: str, name: str, want: str, timeout: float = 15.0) -> str:
+    """The variant Service ``name`` selects once it is ``want``, or what it selects after ``timeout`` (for the
+    assertion's message). A step patches its status and its children at once (controller/execute.py: one round trip),
+    so a test that saw the status may read the Service a moment before its patch lands (seen once on a loaded fresh
+    machine); a Service that never follows still fails."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = stable_variant(core_v1, namespace, name)
+        if seen == want or time.monotonic() >= deadline:
+            return seen
+        time.sleep(0.2)
+
+
 def validator_verdict(tmp_path: Path) -> tuple[int, str]:
     """What the real `specdec validate` writes for a Kimi-K2 drafter put on a Llama-3.1-8B target."""
     from tests.support import model_dirs as md
