@@ -221,7 +221,7 @@ def save(out: dict[str, Any]) -> None:
 
 
 def test_the_operator_retrains_a_drifted_drafter_proves_the_revision_and_acceptance_recovers(
-    operator: Operator, models: Path, kube_client: Any, namespace: str, core_v1: Any, apps_v1: Any, tmp_path: Path
+    operator: Operator, models: Path, kube_client: Any, namespace: str, core_v1: Any, tmp_path: Path
 ) -> None:
     """Free traffic, then copy traffic: the monitor rolls back on drift, the Job retrains from the capture, the revision
     passes offline, races the base and the serving drafter on the spec's workload and its held-out slice, wins and
