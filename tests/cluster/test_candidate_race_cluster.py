@@ -20,8 +20,8 @@ from tests.support.operator_process import (
     VERSION,
     Operator,
     compatible_annotations,
-    event_reasons,
     example,
+    settled_event_reasons,
     settled_variant,
     wait_phase,
 )
@@ -68,6 +68,6 @@ def test_a_race_of_three_candidates_serves_the_fastest_one(
     assert deployment.spec.template.metadata.annotations[m.ANNOTATION_REVISION] == revs["ngram"]
     assert sorted(d.metadata.name for d in apps_v1.list_namespaced_deployment(namespace).items) == [f"{name}-base", f"{name}-spec"]
     assert settled_variant(core_v1, namespace, name, "speculative") == "speculative"
-    reasons = event_reasons(core_v1, namespace, name)
+    reasons = settled_event_reasons(core_v1, namespace, name, lambda r: r.count("CandidateMeasured") >= 3 and "RaceWon" in r)
     assert reasons.count("CandidateMeasured") == 3 and "RaceWon" in reasons, reasons
     print(f"race of 3 candidates: apply -> promoted {elapsed:.1f} s")

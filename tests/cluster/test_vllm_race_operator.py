@@ -44,8 +44,8 @@ from tests.support.operator_process import (
     VERSION,
     Operator,
     compatible_annotations,
-    event_reasons,
     example,
+    settled_event_reasons,
     settled_variant,
     wait_phase,
 )
@@ -155,7 +155,8 @@ def test_the_operator_races_three_candidates_on_vllm_and_serves_what_its_table_s
         assert (row["rounds"] >= 1 or row["reason"] == "DrafterNotAccepting") and row.get("gpuSeconds") is not None, row
     assert table["eagle3"]["acceptLength"] > 1.5, table["eagle3"]  # the matched drafter accepts (2.4-3.5 measured)
     assert table["draft-model"]["state"] != "Serving" or table["draft-model"]["speedup"] > 1.0
-    assert event_reasons(core_v1, namespace, name).count("CandidateMeasured") >= len(CANDIDATES)
+    reasons = settled_event_reasons(core_v1, namespace, name, lambda r: r.count("CandidateMeasured") >= len(CANDIDATES))
+    assert reasons.count("CandidateMeasured") >= len(CANDIDATES), reasons
     # What is served is what the table says.
     slot = apps_v1.read_namespaced_deployment(m.child_name(name, "speculative"), namespace)
     winner = race.get("winner")

@@ -39,7 +39,7 @@ from hack.job_runner import JobRunner, LocalExecute
 from specdec_operator.reconcile.revision import BELOW_MARGIN, Report, candidate_name, offline_gate, read_report
 from tests.support.copy_workloads import copy_workload
 from tests.support.kube import wait_until
-from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, event_reasons, example, settled_variant
+from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, settled_event_reasons, settled_variant
 from tests.support.retrain_loop import EXTRA_ARGS, SPEC_TOKENS, base_url_of, chat_acceptance, resource_spec, training_job
 from tests.support.retrain_models import DRAFTER, TARGET, free_prompts, retrain_models
 from tests.support.vllm_flywheel import SPEC_READY_AFTER, EngineLoop
@@ -307,4 +307,4 @@ def test_the_operator_retrains_a_drifted_drafter_proves_the_revision_and_accepta
     assert out["recovered"] >= 3.0 and out["recovered_direct"]["acceptance_length"] >= 3.0, out
     job = out["job"]
     assert job["cpuSeconds"] > 0 and [c["exitCode"] for c in job["containers"]] == [0] * len(job["containers"])
-    assert "RevisionPromoted" in event_reasons(core_v1, namespace, name)
+    assert "RevisionPromoted" in settled_event_reasons(core_v1, namespace, name, lambda r: "RevisionPromoted" in r)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,19 @@ def settled_variant(core_v1: Any, namespace: str, name: str, want: str, timeout:
         seen = stable_variant(core_v1, namespace, name)
         if seen == want or time.monotonic() >= deadline:
             return seen
+        time.sleep(0.2)
+
+
+def settled_event_reasons(core_v1: Any, namespace: str, name: str, done: Callable[[list[str]], bool], timeout: float = 15.0) -> list[str]:
+    """The reasons of ``name``'s Events once ``done`` holds for them, or what they are after ``timeout`` (for the
+    assertion's message). A step posts its Events after its status patch (controller/execute.py), so a test that saw
+    the status may list the Events before the step's last ones are posted (CI at stop 40 saw 2 of 3 CandidateMeasured
+    right after the race's decision); an Event that never comes still fails."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reasons = event_reasons(core_v1, namespace, name)
+        if done(reasons) or time.monotonic() >= deadline:
+            return reasons
         time.sleep(0.2)
 
 
