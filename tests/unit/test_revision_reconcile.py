@@ -326,6 +326,8 @@ def test_a_revision_races_the_specs_own_candidates_wins_is_served_in_spec_drafte
     assert world.status["candidates"][0]["revision"] == revs["train-1"] and world.status["race"]["winner"] == "eagle3"
     assert world.status["probe"]["revision"] == revs["train-1"] and world.status["probe"]["decision"] == "promote"
     decided = dict(world.status["race"])
+    # What the race cost and the confidence its probes decided at are the race of three's, not the two rows kept.
+    assert decided["gpuSeconds"] == pytest.approx(3 * 120.0) and decided["confidence"] == pytest.approx(1 - 0.002 / 3)
     # No new race: the revision serves with the race's decision, promoted once Ready, and nothing is measured again.
     later = steady(world)
     assert not any(p.starts_probe for p in later) and all(e.reason != "RaceDecided" for p in later for e in p.events)
@@ -337,6 +339,7 @@ def test_a_revision_races_the_specs_own_candidates_wins_is_served_in_spec_drafte
         "eagle3",
         "Decided",
     )
+    assert (world.status["race"]["gpuSeconds"], world.status["race"]["confidence"]) == (decided["gpuSeconds"], decided["confidence"])
     assert rows(world) == [("llama-train-1", "Promoted", "RaceWon")] and world.spec_dict["retraining"].get("revision") is None
     assert len(json.dumps(world.status)) < STATUS_BYTES_BUDGET
     # The user's candidates stay theirs: a change of one re-races them against the revision serving as spec.drafter.
@@ -384,10 +387,12 @@ def test_a_race_of_candidates_none_faster_than_the_base_the_revision_loses_and_t
     # The revision was the best measured, but it no longer races: the best of the user's candidates' rollback stands.
     assert race_table(world) == [("eagle3", "Lost"), ("ngram", "Lost")] and world.status["race"].get("winner") is None
     assert world.status["race"]["current"] == "ngram"
+    spent = world.status["race"]["gpuSeconds"]
     assert world.status["probe"]["revision"] == revs["ngram"] and world.status["probe"]["decision"] == "rollback"
     later = steady(world)
     assert not any(p.starts_probe for p in later) and world.status["phase"] == "RolledBack"
     assert world.status["probe"]["revision"] == revs["ngram"] and race_table(world) == [("eagle3", "Lost"), ("ngram", "Lost")]
+    assert world.status["race"]["gpuSeconds"] == spent == pytest.approx(3 * 120.0)  # the revision's probe was paid for
     # The slot's candidate (ngram, whose rollback stands) has no drafter to retrain: no Job starts.
     assert training(later[-1])["waiting"] == "NoDrafterToTrain" and [o for p in later for o in p.apply if o["kind"] == "Job"] == []
 

@@ -258,7 +258,7 @@ def run(
         table = [r.model_copy(update={"state": "Measuring"}) if r.name == measuring.name else r for r in table]
         row = _decided_row(plan, measuring)
         if row is None:
-            return finish(plan, table, _race(revs, "Running", measuring.name, table, spec), events, measured)
+            return finish(plan, table, _race(revs, "Running", measuring.name, table, spec, stored=race), events, measured)
         table = ended_by_hand([row if r.name == row.name else r for r in table], row)
         events.append(candidate_measured_event(row, len(table)))
         measured.append(measuring.revision or "")
@@ -347,7 +347,7 @@ def _serve_decided(
     plan = _serve_told(spec, observed, prev, rendered, lifecycle, chosen, told)
     if stored_race is None or stored_race.state != "Decided" or stored_race.winner != (chosen.name if promote else None):
         events.append(race_decided_event(chosen, len(table), promote))
-    return finish(plan, table, _race(revs, "Decided", chosen.name, table, spec, chosen.name if promote else None), events, measured)
+    return finish(plan, table, _race(revs, "Decided", chosen.name, table, spec, chosen.name if promote else None, stored_race), events, measured)
 
 
 def _serve_told(
@@ -396,17 +396,26 @@ def queued(
 
 
 def _race(
-    revs: Mapping[str, str], state: str, current: str | None, table: Sequence[CandidateStatus], spec: SpeculativeServerSpec, won: str | None = None
+    revs: Mapping[str, str],
+    state: str,
+    current: str | None,
+    table: Sequence[CandidateStatus],
+    spec: SpeculativeServerSpec,
+    won: str | None = None,
+    stored: RaceStatus | None = None,
 ) -> RaceStatus:
+    """The race's summary. ``stored``: this race's stored summary (stored_table's), whose GPU-seconds and confidence
+    stand when its table has fewer rows than it measured: a revision's race rewritten by revision.race_after keeps the
+    user's candidates only, yet its probes cost the whole race's GPU time and decided at the whole race's confidence
+    (within one race the candidates do not change, and GPU-seconds only grow: a runner-up measured again adds its probe)."""
+    gpu_seconds = round(spent(table), 3) if any(r.gpu_seconds is not None for r in table) else None
+    confidence = race_confidence(DEFAULT_CONFIDENCE, len(table))
+    if stored is not None:
+        if stored.gpu_seconds is not None:
+            gpu_seconds = max(gpu_seconds or 0.0, stored.gpu_seconds)
+        confidence = stored.confidence if stored.confidence is not None else confidence
     return RaceStatus.model_validate(
-        {
-            "revision": race_revision(revs),
-            "state": state,
-            "current": current,
-            "winner": won,
-            "gpuSeconds": round(spent(table), 3) if any(r.gpu_seconds is not None for r in table) else None,
-            "confidence": race_confidence(DEFAULT_CONFIDENCE, len(table)),
-        }
+        {"revision": race_revision(revs), "state": state, "current": current, "winner": won, "gpuSeconds": gpu_seconds, "confidence": confidence}
     )
 
 
