@@ -37,7 +37,7 @@ def parse_spec(spec: dict[str, Any], *, source: str = "spec", check_rules: bool 
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InputError(f"{source}: {'spec.' + loc if loc else 'spec'}: {err['msg']}{more}") from None
+        raise InputError(f"{source}: {'spec.' + loc if loc else 'spec'}: {err['msg']}{_yaml_boolean_hint(err)}{more}") from None
     if check_rules:
         # Checked on the spec as written: parsing fills sglangVersion in, which the CEL rule would then always see.
         from .api import unnamed_release
@@ -54,6 +54,14 @@ def parse_spec(spec: dict[str, Any], *, source: str = "spec", check_rules: bool 
             more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
             raise InputError(f"{source}: {where}: {message}{more}")
     return parsed
+
+
+def _yaml_boolean_hint(err: Any) -> str:
+    """Why a string field got a boolean: YAML 1.1 (PyYAML, kubectl) reads an unquoted y/n/yes/no/on/off/true/false as one,
+    so a candidate named `no` arrives as false."""
+    if err["type"] == "string_type" and isinstance(err.get("input"), bool):
+        return f" (got {str(err['input']).lower()}: YAML reads an unquoted y, n, yes, no, on, off, true or false as a boolean; quote the value)"
+    return ""
 
 
 def load_custom_resource(path: str) -> tuple[dict[str, Any], SpeculativeServerSpec]:

@@ -210,6 +210,18 @@ def test_parse_spec_errors_are_one_line_naming_the_field(spec, where):
     assert "\n" not in message and message.startswith(f"cr.yaml: {where}")
 
 
+def test_a_name_yaml_read_as_a_boolean_is_refused_with_the_fix(tmp_path):
+    cr = tmp_path / "cr.yaml"
+    cr.write_text(
+        yaml.safe_dump({"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeServer", "metadata": {"name": "a"}, "spec": MINIMAL})
+        + "  candidates:\n  - name: no\n    drafter: {algorithm: NGRAM}\n"
+    )
+    with pytest.raises(InputError) as err:
+        resource.load_custom_resource(str(cr))
+    message = str(err.value)
+    assert "\n" not in message and "spec.candidates.0.name" in message and "got false" in message and "quote the value" in message
+
+
 def test_duplicate_workload_names_are_a_schema_property():
     workloads = spec_schema()["properties"]["rollout"]["properties"]["workloads"]
     assert workloads["x-kubernetes-list-type"] == "map" and workloads["x-kubernetes-list-map-keys"] == ["name"]
