@@ -42,7 +42,7 @@ from tests.support.kube import wait_until
 from tests.support.operator_process import GROUP, PLURAL, VERSION, Operator, compatible_annotations, example, settled_event_reasons, settled_variant
 from tests.support.retrain_loop import EXTRA_ARGS, SPEC_TOKENS, base_url_of, chat_acceptance, resource_spec, training_job
 from tests.support.retrain_models import DRAFTER, TARGET, free_prompts, retrain_models
-from tests.support.vllm_flywheel import SPEC_READY_AFTER, EngineLoop
+from tests.support.vllm_flywheel import SPEC_HOLD, EngineLoop
 from tests.support.vllm_servers import VllmServer, start_servers, vllm_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realengine, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -180,7 +180,7 @@ def loop_resource(name: str, namespace: str) -> dict[str, Any]:
     """The copy target on vLLM serving the free-trained drafter; the monitor every 5 s (floor 2.0, 2 scrapes); capture of
     every request; a training Job on drift once 40 conversations are captured (CPU, 200 steps, the newest 128: the traffic before the shift too, or the drafter forgets it)."""
     annotations = {
-        **compatible_annotations(ready_after=SPEC_READY_AFTER),
+        **compatible_annotations(ready_after=SPEC_HOLD),
         "specdec.test/when-label": "specdec.io/variant=speculative",  # the base, capture and reader pods: Ready at once
     }
     cr = example("llama31-8b-eagle3.yaml", name, namespace, annotations=annotations, workloads=LOOP_WORKLOADS)
@@ -231,6 +231,7 @@ def test_the_operator_retrains_a_drifted_drafter_proves_the_revision_and_accepta
     logs.mkdir()
     loop = EngineLoop(operator, kube_client, namespace, name, models, logs)
     out: dict[str, Any] = {}
+    started = time.monotonic()  # again once the resource is applied: the loop's figures count from then
     try:
         loop.start_servers()
         operator.start()
@@ -280,6 +281,7 @@ def test_the_operator_retrains_a_drifted_drafter_proves_the_revision_and_accepta
             users=loop.users.sent, slot=loop.slot_switches and [s for _, s in loop.slot_switches], errors=loop.errors[-5:], load=os.getloadavg()
         )
         out["ready_s"] = {n: s.ready_s for n, s in loop.servers.items()}
+        out["pods_ready_s"] = [(round(t - started, 1), pod) for t, pod in loop.ready_marked]
         loop.stop()
         RESULTS["operator_loop"] = out
         print(json.dumps(RESULTS, indent=1, default=str))
@@ -303,6 +305,9 @@ def test_the_operator_retrains_a_drifted_drafter_proves_the_revision_and_accepta
     assert set(table) == {"eagle3", candidate_name(revision)} and table[candidate_name(revision)]["state"] in ("Passed", "Serving"), table
     measured = [w["name"] for w in table[candidate_name(revision)].get("workloads") or []]
     assert measured == ["single-stream", "held-out-traffic"], measured
+    # The speculative pods turned Ready by the router's readiness probe (kwok held them): the first promotion's, and the
+    # race's slot for the revision at least.
+    assert len(out["pods_ready_s"]) >= 2, out["pods_ready_s"]
     assert table["eagle3"]["state"] != "Serving"
     assert out["recovered"] >= 3.0 and out["recovered_direct"]["acceptance_length"] >= 3.0, out
     job = out["job"]

@@ -16,9 +16,10 @@ uses (its --endpoints file) and plays the kubelet where something must run:
   here: kwok nodes run no containers), the base Service in its commands mapped to the base server;
 * dataset reader pods (the race's held-out workload): hack/reader_kubelet.py.
 
-The speculative pods are Ready only SPEC_READY_AFTER after they run (kwok's ``specdec.test/ready-after``, for the
-speculative variant only), as a kubelet holds a vLLM pod until its readiness probe answers: a revision's server is
-started when its Job publishes it and is up before the operator can probe the slot. The capture claim's volume is made
+The speculative pods are held not Ready by kwok (``specdec.test/ready-after`` SPEC_HOLD, for the speculative variant
+only) and the router plays their kubelet's readiness probe (:meth:`EngineLoop.mark_ready`): a pod is Ready once the
+vLLM server of the drafter its template serves answers, so the operator never probes a slot whose server is still
+loading (a revision's server is started when its Job publishes it), and never waits longer than that server needs. The capture claim's volume is made
 at the start (a PersistentVolume reserved for the claim: no provisioner here); the revisions claim's once the runner
 has bound the Job's pod (else the scheduler would give it to a kwok node, which runs nothing).
 """
@@ -43,7 +44,7 @@ from tests.support.retrain_loop import EXTRA_ARGS, base_url_of, chat, training_j
 from tests.support.retrain_models import DRAFTER, TARGET, free_prompts
 from tests.support.vllm_servers import VllmServer, start_servers
 
-SPEC_READY_AFTER = "45s"
+SPEC_HOLD = "1h"  # kwok's ready-after for the speculative pods: longer than any loop; mark_ready makes them Ready
 NOTHING = "http://127.0.0.1:9"  # a closed port: connections refused
 SPEC_TOKENS = 3
 
@@ -100,6 +101,7 @@ class EngineLoop:
         self.starting: dict[str, threading.Thread] = {}
         self.slot = "drafter"
         self.slot_switches: list[tuple[float, str]] = []
+        self.ready_marked: list[tuple[float, str]] = []  # (when, pod): the speculative pods mark_ready made Ready
         self.volumes: list[str] = []
         self.priority_class: str | None = None
         self.proxy: Any = None
@@ -246,11 +248,34 @@ class EngineLoop:
             self.slot_switches.append((time.monotonic(), slot))
         elif self.operator.endpoints.get(self.service("spec")) == NOTHING and slot in self.servers:
             self.set_endpoint(self.service("spec"), self.servers[slot].url)
+        self.mark_ready()
         if self.runner is not None and self.runner.jobs and not any(v.endswith("-revisions") for v in self.volumes):
             self.make_volume("revisions")
         side = self.servers.get(self.slot) if self.status.get("activeVariant") == "speculative" else self.servers["base"]
         if side is not None and side.url != self.upstream:
             self.restart_proxy(side.url)
+
+    def mark_ready(self) -> None:
+        """The kubelet's readiness probe of the speculative pods: a Running pod turns Ready once the server of the
+        drafter its template serves answers (start_servers returned: its /health answered), as a kubelet's probe of
+        /health would report. kwok holds them not Ready until then (SPEC_HOLD)."""
+        selector = f"app.kubernetes.io/instance={self.name},specdec.io/variant=speculative"
+        for pod in self.core.list_namespaced_pod(self.namespace, label_selector=selector).items:
+            body = self.api_client.sanitize_for_serialization(pod)
+            status = body.get("status") or {}
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+            if body["metadata"].get("deletionTimestamp") or status.get("phase") != "Running" or ready:
+                continue
+            if (df.template_revision({"spec": {"template": body}}) or "drafter") not in self.servers:
+                continue
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            conditions = [{"type": kind, "status": "True", "reason": None, "lastTransitionTime": now} for kind in ("ContainersReady", "Ready")]
+            # containerStatuses is an atomic list in a strategic merge patch: every entry, whole, marked ready.
+            containers = [{**c, "ready": True, "started": True} for c in status.get("containerStatuses") or []]
+            self.core.patch_namespaced_pod_status(
+                body["metadata"]["name"], self.namespace, {"status": {"conditions": conditions, "containerStatuses": containers}}
+            )
+            self.ready_marked.append((time.monotonic(), body["metadata"]["name"]))
 
     def start_revision_server(self, revision: Path) -> None:
         """A vLLM server of a published revision, started once in the background (the router goes on meanwhile)."""
