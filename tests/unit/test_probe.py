@@ -249,8 +249,10 @@ def test_seed_public_drafter_loses_at_128_and_warns_about_the_cap_of_48():
     c128 = parse_workload("c128:128:8:16:144").model_copy(update={"prompts": Prompts(source="Random")})
     # Measured in real time, one round: the servers' caps (the speculative server's 48 queues the rest of 128), the
     # drafter's acceptance and the loss the cap's waves cost. The seed measured 849 / 2370 = 0.36x in steady state;
-    # the model of this short run says 0.38x, and busy cores pull a measured ratio towards 1 (0.48x to 0.57x seen).
-    measured = asyncio.run(probe_between(base, public, [c128], scale=2, max_rounds=1))
+    # the model of this short run says 0.38x, and busy cores pull a measured ratio towards 1 (0.48x to 0.57x seen at
+    # time scale 2, and once 0.62x, in make test's timing phase). At time scale 1 (4.4 s, not 2.2 s) the simulators'
+    # own CPU per token weighs half as much against the simulated times: 0.43x on a quiet machine.
+    measured = asyncio.run(probe_between(base, public, [c128], scale=1, max_rounds=1))
     assert measured.rounds == 1 and measured.workloads[0].speedup < 0.6, measured.message
     assert any("max_running_requests=48" in w and "128" in w for w in measured.warnings)
     assert measured.accept_length == pytest.approx(2.26, rel=0.1)
