@@ -43,7 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--capture", required=True, help="the captured traffic's directory (capture-*.jsonl)")
     g.add_argument("--out", required=True, help="directory for prompts.jsonl, heldout.jsonl and gather.json")
     g.add_argument("--heldout-share", type=float, default=0.1, help="share of conversations held out for evaluation (default 0.1)")
-    g.add_argument("--max-samples", type=int, default=None, help="keep the newest N conversations")
+    g.add_argument("--max-samples", type=int, default=None, help="keep N conversations at most (default: all)")
+    g.add_argument(
+        "--recent-share",
+        type=float,
+        default=0.5,
+        help="of --max-samples, the share taken from the newest conversations (the held-out slice comes from these); the rest "
+        "are spread evenly over the older ones, so a drafter retrained after a traffic shift keeps what it knew (default 0.5; "
+        "1: the newest only)",
+    )
 
     r = sub.add_parser("regenerate", help="regenerate assistant turns with the serving model")
     r.add_argument("--prompts", required=True, help="JSONL conversations (messages or ShareGPT conversations)")
@@ -199,7 +207,7 @@ def _run(args: argparse.Namespace) -> Any:
     if args.stage == "gather":
         from .gather import gather
 
-        return gather(args.capture, args.out, args.heldout_share, args.max_samples)
+        return gather(args.capture, args.out, args.heldout_share, args.max_samples, args.recent_share)
     if args.stage == "regenerate":
         from .regenerate import regenerate
 

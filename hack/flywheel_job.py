@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from drafter_training.gather import RECENT_SHARE, sample_window
 from hack.job_pod import ContainerRun, Ran
 from specdec_operator.simulator import load_profile
 from specdec_operator.simulator import revisions as rv
@@ -45,9 +46,9 @@ def flag(command: list[str], name: str) -> str | None:
     return next((command[i + 1] for i, a in enumerate(command[:-1]) if a == name), None)
 
 
-def captured_texts(directory: Path, newest: int) -> list[str]:
-    """The user messages of the newest ``newest`` chat records of the capture claim (capture-*.jsonl, oldest file
-    first, as the proxy names them), one text per conversation."""
+def captured_texts(directory: Path) -> list[str]:
+    """The user messages of the capture claim's chat records (capture-*.jsonl, oldest file first, as the proxy names
+    them), one text per conversation."""
     texts: list[str] = []
     for path in sorted(Path(directory).glob("capture-*.jsonl")):
         for line in path.read_text(errors="replace").splitlines():
@@ -58,7 +59,7 @@ def captured_texts(directory: Path, newest: int) -> list[str]:
             messages = record.get("messages") if isinstance(record, dict) else None
             if isinstance(messages, list):
                 texts.append(" ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "user"))
-    return texts[-newest:] if newest > 0 else []
+    return texts
 
 
 def held_out(text: str) -> bool:
@@ -76,7 +77,8 @@ def offline_accept_length(profile: Profile, texts: list[str]) -> float | None:
 class SimulatedExecute:
     """hack/job_runner.py's Execute for the demo: each stage of the training Job as the simulator's stand-in.
 
-    gather: the newest ``--max-samples`` captured conversations, about a tenth held out; train: the kinds learned
+    gather: ``--max-samples`` captured conversations, ``--recent-share`` of them the newest (about a tenth of those held
+    out) and the rest spread over the older ones, as the real stage takes them; train: the kinds learned
     from the rest (revisions.learned_kinds), warm-started from ``--init-from-drafter`` (a revision's own kinds when it
     is one, else ``serving_kinds``); publish: the revision directory and the contract's termination message. Every
     other stage succeeds at once. ``delay``: wall seconds each stage takes (the Job's progress shows in status)."""
@@ -96,12 +98,15 @@ class SimulatedExecute:
         return Ran(code, time.thread_time() - started)
 
     def _gather(self, run: ContainerRun, state: dict[str, Any]) -> int:
-        texts = captured_texts(Path(flag(run.command, "--capture") or "/nonexistent"), int(flag(run.command, "--max-samples") or MAX_SAMPLES))
+        texts = captured_texts(Path(flag(run.command, "--capture") or "/nonexistent"))
         if not texts:
             run.termination_log.write_text("gather: no chat request in the capture; nothing to train on\n")
             return 2
-        state["heldout"] = [t for t in texts if held_out(t)]
-        state["train"] = [t for t in texts if not held_out(t)]
+        # The real stage's window (drafter_training/gather.py): the newest share held out from, older traffic trained on.
+        share = float(flag(run.command, "--recent-share") or RECENT_SHARE)
+        older, newest = sample_window(texts, int(flag(run.command, "--max-samples") or MAX_SAMPLES), share)
+        state["heldout"] = [t for t in newest if held_out(t)]
+        state["train"] = older + [t for t in newest if not held_out(t)]
         return 0
 
     def _train(self, run: ContainerRun, state: dict[str, Any]) -> int:

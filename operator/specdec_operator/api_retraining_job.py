@@ -59,9 +59,19 @@ class TrainingBudget(StrictModel):
     max_samples: int = Field(
         5000,
         alias="maxSamples",
-        description="The newest captured conversations a Job trains on, at most: each is regenerated once on the serving base server.",
+        description="The captured conversations a Job trains on, at most: each is regenerated once on the serving base server. "
+        "Where the capture holds more, recentShare of them are the newest and the rest are spread over the older ones.",
         ge=1,
         le=10_000_000,
+    )
+    recent_share: float = Field(
+        0.5,
+        alias="recentShare",
+        description="Of maxSamples, the share taken from the newest captured conversations (the held-out slice the revision is "
+        "evaluated and raced on comes from these); the rest are spread evenly over the older conversations the capture keeps, "
+        "so a drafter retrained after a traffic shift keeps what it knew of the traffic before it. 1: the newest only.",
+        ge=0.05,
+        le=1,
     )
     regenerate_concurrency: int = Field(
         4,

@@ -7,7 +7,8 @@ recording it renders the same name, and the API server answers AlreadyExists ins
 One pod, its stages as init containers in order (each must succeed before the next starts, and a failed pod shows
 which stage failed), every one the drafter-training image's ``specdec-train``:
 
-1. gather: the captured traffic (the capture's claim, mounted read-only) as prompts and a held-out slice;
+1. gather: the captured traffic (the capture's claim, mounted read-only) as prompts and a held-out slice of the newest
+   (budget.maxSamples at most, budget.recentShare of them the newest, the rest spread over the older ones);
 2. regenerate: the prompts' answers from the serving base server, ``<name>-base`` (same engine, quantization and
    chat template as serving), at budget.regenerateConcurrency concurrent requests (the load budget);
 3. capture: hidden states from the target's own checkpoint through transformers (both engines; SGLang's capture
@@ -178,7 +179,14 @@ def stage_commands(
         "gather": [
             "specdec-train",
             "gather",
-            *_args({"--capture": CAPTURE_MOUNT, "--out": f"{work}/prompts", "--max-samples": str(budget.max_samples)}),
+            *_args(
+                {
+                    "--capture": CAPTURE_MOUNT,
+                    "--out": f"{work}/prompts",
+                    "--max-samples": str(budget.max_samples),
+                    "--recent-share": f"{budget.recent_share:g}",
+                }
+            ),
         ],
         "regenerate": ["specdec-train", "regenerate", *_args(regenerate)],
         "capture": ["specdec-train", "capture", *_args(capture | device)],

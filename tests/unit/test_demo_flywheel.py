@@ -62,11 +62,13 @@ def test_a_job_on_shifted_traffic_learns_code_and_passes_the_operator_s_offline_
     record, published = run_job(tmp_path, ["chat"] * 40 + ["code"] * 80)
     assert record["outcome"] == "Succeeded", record
     assert [c["name"] for c in record["containers"]][-1] == "publish"
-    assert json.loads((published / rv.REVISION_FILE).read_text())["trainedOn"] == ["code"]
+    # It learns the new kind and keeps the old one: half of maxSamples is the newest (code), half spread over the older
+    # traffic (a third of it chat).
+    assert json.loads((published / rv.REVISION_FILE).read_text())["trainedOn"] == ["code", "chat"]
     assert (published / "COMPLETE").is_file() and not list(published.parent.glob(".*partial"))
     message = json.loads(record["terminationMessage"])
     assert message["schema"] == 1 and message["revision"] == message["path"] == JOB
-    assert message["heldout"] > 0 and message["trainSamples"] + message["heldout"] == fj.MAX_SAMPLES  # the newest maxSamples only
+    assert message["heldout"] > 0 and message["trainSamples"] + message["heldout"] == fj.MAX_SAMPLES  # maxSamples in all
     # The held-out slice beside the revision (the operator's race reads it as a File workload), in the Chat format.
     assert len(parse_dataset((published / "heldout.jsonl").read_text(), source="heldout.jsonl", fmt="Chat")) == message["heldout"]
     assert message["offline"]["revision"]["acceptLength"] > message["offline"]["serving"]["acceptLength"]

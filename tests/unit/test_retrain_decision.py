@@ -256,6 +256,7 @@ def test_settings_defaults_and_bounds():
         "maxMinutes": 5,
         "backoffLimit": 1,
         "maxSamples": 5000,
+        "recentShare": 0.5,
         "regenerateConcurrency": 4,
     }
     for bad in (

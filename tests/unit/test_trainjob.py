@@ -133,6 +133,7 @@ def test_the_stages_speak_the_serving_engine_and_quantization():
     assert flags(sglang, "export")["--engine"] == "sglang"
     assert flags(sglang, "regenerate")["--base-url"] == "http://llama31-8b-base.team-a.svc:30000"
     assert flags(sglang, "regenerate")["--concurrency"] == "6" and flags(sglang, "gather")["--max-samples"] == "5000"
+    assert flags(sglang, "gather")["--recent-share"] == "0.5"
     drafter = "/models/eagle3/sglang-EAGLE3-LLaMA3.1-Instruct-8B"
     assert flags(sglang, "capture")["--capture-layers-of"] == drafter and flags(sglang, "train")["--init-from-drafter"] == drafter
     assert flags(sglang, "capture")["--quantization"] == "checkpoint" and flags(sglang, "train")["--max-steps"] == "500"

@@ -38,7 +38,8 @@ from tests.support.tiny_models import make_model
 from tests.support.tiny_server import TinyModelServer
 
 LAYERS = [0, 1, 2]
-TRAINING = RetrainingTraining.model_validate({"budget": {"gpus": 0, "maxSteps": 2, "maxSamples": 10, "regenerateConcurrency": 2}})
+# 10 of the 14 captured: the newest 8 (2 of them held out) and 2 older ones.
+TRAINING = RetrainingTraining.model_validate({"budget": {"gpus": 0, "maxSteps": 2, "maxSamples": 10, "recentShare": 0.8, "regenerateConcurrency": 2}})
 
 
 CAPTURED = 14  # chat conversations in the capture of the main test
@@ -77,7 +78,7 @@ def serving(tmp_path_factory):
     root = tmp_path_factory.mktemp("stages")
     target = make_model(root / "models" / "target", "llama", layers=4)
     capture = _write_capture(root / "capture-split", [_chat(i) for i in range(CAPTURED)])
-    gather(capture, root / "split", max_samples=TRAINING.budget.max_samples)
+    gather(capture, root / "split", max_samples=TRAINING.budget.max_samples, recent_share=TRAINING.budget.recent_share)
     heldout = [json.loads(line)["messages"] for line in (root / "split" / "heldout.jsonl").read_text().splitlines()]
     assert heldout, "the capture must hold some conversations out"
     _greedy_samples(target, heldout, root / "old.jsonl")
