@@ -4,13 +4,13 @@ The capture (docs/capture.md) writes JSON lines `capture-<UTC start>-<pod>.jsonl
 `gather` reads them (the claim is mounted read-only), keeps the chat requests (`messages`; a completions `prompt` has
 no chat turns to regenerate through the template, so it is counted and left out), drops repeats, and keeps at most
 `max_samples`: where there are more, `recent_share` of them are the newest and the rest are spread evenly over the
-older ones (:func:`sample_window`). A drafter retrained on the newest traffic alone forgets the traffic before a shift
-(measured on the real engine: docs/benchmarks/vllm-retrain.md), and the race on the spec's own workloads then
-refuses it. The newest are split by a hash of each conversation: about `heldout_share` of them go to `heldout.jsonl`
-(the slice of recent traffic a retrained drafter is evaluated and raced on, never trained on; the same conversation
-always lands on the same side), the rest, with the older ones, to `prompts.jsonl` for `specdec-train regenerate`. A line that is not a whole JSON record (a file being
-written) is skipped and counted. The files are written whole (temporary file, then rename), with `gather.json`, the
-counts.
+older ones (:func:`sample_window`), so that a Job on a busy server, whose newest conversations may all come after a
+traffic shift, still trains on the traffic before it (a drafter retrained on the shifted traffic alone forgets the
+old: docs/retraining.md). The newest are split by a hash of each conversation: about `heldout_share` of them go to
+`heldout.jsonl` (the slice of recent traffic a retrained drafter is evaluated and raced on, never trained on; the same
+conversation always lands on the same side), the rest, with the older ones, to `prompts.jsonl` for
+`specdec-train regenerate`. A line that is not a whole JSON record (a file being written) is skipped and counted. The
+files are written whole (temporary file, then rename), with `gather.json`, the counts.
 """
 
 from __future__ import annotations
