@@ -178,7 +178,7 @@ def test_a_drafter_retrained_on_the_traffic_it_already_knows_is_not_better_and_n
 
 def loop_resource(name: str, namespace: str) -> dict[str, Any]:
     """The copy target on vLLM serving the free-trained drafter; the monitor every 5 s (floor 2.0, 2 scrapes); capture of
-    every request; a training Job on drift once 40 conversations are captured (CPU, 200 steps, the newest 128: the traffic before the shift too, or the drafter forgets it)."""
+    every request; a training Job on drift once 40 conversations are captured (CPU, 200 steps, at most 128 conversations: all of them here, the traffic before the shift too, or the drafter forgets it)."""
     annotations = {
         **compatible_annotations(ready_after=SPEC_HOLD),
         "specdec.test/when-label": "specdec.io/variant=speculative",  # the base, capture and reader pods: Ready at once
