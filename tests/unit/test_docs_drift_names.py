@@ -70,6 +70,7 @@ def code_spans(text: str) -> Iterator[tuple[int, str]]:
 UPSTREAM = {
     # vLLM 0.32
     "vllm/config/speculative.py": "vLLM",
+    "vllm/distributed/device_communicators/shm_broadcast.py": "vLLM",
     "vllm/config/vllm.py": "vLLM",
     "vllm/model_executor/models/llama.py": "vLLM",
     "vllm/model_executor/models/llama_eagle3.py": "vLLM",
@@ -271,6 +272,7 @@ def cli_flags() -> dict[str, set[str]]:
 # Flags the docs write alone that belong to other programs (SGLang's and vLLM's servers, Kubernetes and its tools,
 # pip, pytest) or to a benchmark script of this repo (run as `.venv/bin/python benchmarks/NAME.py --flag`).
 OTHER_FLAGS = {
+    "--runs": "benchmarks/probe_settle.py",
     "--audit": "benchmarks/scale.py",
     "--baseline": "benchmarks/scale.py",
     "--memory-report": "benchmarks/scale.py",

@@ -6,7 +6,9 @@ vllm:spec_decode_* counters the simulator exports beside SGLang's gauges)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import time
 from contextlib import AsyncExitStack
 
 import pytest
@@ -204,3 +206,45 @@ def test_a_vllm_server_that_is_not_speculating_is_named_in_a_warning():
     result = asyncio.run(probe())
     assert "speculative /metrics has no vllm:spec_decode counters: is it speculating?" in result.warnings
     assert result.accept_length is None and result.accept_rate_by_position is None
+
+
+def test_the_probe_waits_out_vllms_idle_spin_before_it_measures_the_other_server(monkeypatch: pytest.MonkeyPatch):
+    """vLLM's shm reader busy-loops a core for 1 s after its last request (engines.vllm idle_spin_s): on a shared
+    host the server measured next would share that core, and did (the second measurement of every pair ran 15-20 %
+    slower on the real-engine tier). The probe pauses that long before a measurement of the other server, never
+    before one of the same server; --settle 0 turns it off."""
+    import specdec_operator.probe.run as probe_run
+
+    same = prof("base", [[1, 10.0], [128, 80.0]])
+    real_measure = probe_run._measure_one
+    spans: list[tuple[str, float, float]] = []
+
+    async def recording(session, url, *args, **kwargs):
+        started = time.monotonic()
+        try:
+            return await real_measure(session, url, *args, **kwargs)
+        finally:
+            spans.append((url, started, time.monotonic()))
+
+    monkeypatch.setattr(probe_run, "_measure_one", recording)
+
+    async def probe(settle_s: float | None):
+        async with AsyncExitStack() as stack:
+            b = await stack.enter_async_context(SimulatorServer(same, time_scale=4.0, seed=0, load_seconds=0))
+            s = await stack.enter_async_context(SimulatorServer(same, time_scale=4.0, seed=1, load_seconds=0))
+            return await run_probe(b, s, [parse_workload("chat:1:32:8:2")], seed=0, engine=VLLM, max_rounds=3, settle_s=settle_s)
+
+    def gaps() -> tuple[list[float], list[float]]:
+        switched = [n[1] - p[2] for p, n in itertools.pairwise(spans) if p[0] != n[0]]
+        stayed = [n[1] - p[2] for p, n in itertools.pairwise(spans) if p[0] == n[0]]
+        return switched, stayed
+
+    asyncio.run(probe(None))
+    switched, stayed = gaps()
+    assert len(spans) >= 4 and switched and stayed, spans  # rounds of (spec, base) then (base, spec): both kinds
+    assert min(switched) >= VLLM.idle_spin_s - 0.02, switched
+    assert max(stayed) < 0.5, stayed
+    spans.clear()
+    asyncio.run(probe(0.0))
+    switched, _ = gaps()
+    assert switched and max(switched) < 0.5, switched

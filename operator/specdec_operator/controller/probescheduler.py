@@ -90,6 +90,21 @@ def race_decide(family: int, bar: float | None) -> Decide:
     return decide_in_race
 
 
+def _round_line(partial: object, candidate: str | None) -> str:
+    """One probe round for the log: per workload, the interval so far and every round's ratio (speculative / base)."""
+    parts = []
+    for w in getattr(partial, "workloads", []):
+        if not w.ratios:
+            continue
+        # One round bounds nothing, and the first few bound little: an end past 1000x is shown as unbounded.
+        low = f"{w.speedup_low:.3f}" if w.speedup_low is not None else "-"
+        high = f"{w.speedup_high:.3f}" if w.speedup_high is not None and w.speedup_high < 1000 else "inf"
+        estimate = f"{w.speedup:.3f}x [{low}, {high}]" if w.speedup else "no interval yet"
+        parts.append(f"{w.name} {estimate}, rounds {' '.join(f'{r:.3f}' for r in w.ratios)}")
+    who = f"candidate {candidate}" if candidate else "probe"
+    return f"{who} round {getattr(partial, 'rounds', 0)}: " + ("; ".join(parts) or "nothing measured yet")
+
+
 def accept_length_floor(spec: SpeculativeServerSpec, adaptive: bool) -> float | None:
     """rollout.acceptLengthFloor, where it means what it is for (a drafter that accepts nothing: the seed's bf16-trained
     drafter on an INT4 target). Not for an adaptive server (it does not draft from its no-draft batch size up), nor for a
@@ -223,6 +238,9 @@ class ProbeScheduler:
             # Shown by the next periodic step (--reconcile-interval) rather than by a step of its own: a status patch
             # per round, for every probing resource at once, was a large share of the status writes at scale.
             probe.progress = f"round {getattr(partial, 'rounds', 0)} of up to {rollout.max_rounds}" + (f": {speedups}" if speedups else "")
+            # Every round's own ratio beside the interval so far: what an Inconclusive race was made of (a noisy round,
+            # an order effect, a drift) can be read from the log afterwards, where status keeps only the last figures.
+            LOG.info(f"{key[0]}/{key[1]}: {_round_line(partial, probe.race[2])}")
 
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.config.max_concurrent_probes)

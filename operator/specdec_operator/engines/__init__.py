@@ -138,6 +138,10 @@ class Engine(Protocol):
     # The load-aware table is read from a mounted file (SGLang's --speculative-adaptive-config: a ConfigMap the
     # operator makes and mounts) rather than taken inline on the command line (vLLM's --speculative-config).
     adaptive_config_file: bool
+    # Seconds a server keeps a CPU core busy after its last request (vLLM: its shm broadcast reader busy-loops 1 s
+    # after its last read, vllm/distributed/device_communicators/shm_broadcast.py SpinCondition). The probe lets it
+    # end before it measures the other server (probe/run.py), or that server's measurement shares the core with it.
+    idle_spin_s: float
 
     def render_argv(
         self,

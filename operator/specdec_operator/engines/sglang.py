@@ -58,6 +58,7 @@ class SGLangEngine:
     metric_labels: tuple[str, ...] = ()
     acceptance_from_counters = False
     adaptive_config_file = True  # --speculative-adaptive-config PATH
+    idle_spin_s = 0.0  # not measured here (SGLang needs GPUs); its simulators do not spin
     metric_reduce = "mean"  # every TP rank's scheduler reports the same gauges under its own tp_rank label
 
     def render_argv(

@@ -139,6 +139,8 @@ class VLLMEngine:
     metric_labels: tuple[str, ...] = (POSITION_LABEL,)
     acceptance_from_counters = True
     adaptive_config_file = False  # num_speculative_tokens_per_batch_size inside --speculative-config
+    # SpinCondition(busy_loop_s=1): measured on the CPU build, one core at 100 % for 1.0 s after the last request.
+    idle_spin_s = 1.0
     metric_reduce = "sum"  # one label set per engine core (data parallelism): the server's count is their sum
 
     def render_argv(

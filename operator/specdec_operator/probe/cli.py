@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     _add_traffic_options(p)
     _add_cost_options(p)
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="pause before measuring a server right after the other one, while the other may still keep a core busy "
+        "(default: the engine's idle spin, vLLM 1 s, SGLang 0)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed for the random prompts and the order of a dataset's prompts")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
@@ -266,6 +274,7 @@ def main(argv: list[str], decide: Decide | None = None) -> int:
             output_check=check,
             engine=engine_named(args.engine),
             decide=decide,
+            settle_s=args.settle,
         )
     )
     cost = cost_of(result.wall_seconds)

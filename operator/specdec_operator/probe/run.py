@@ -133,6 +133,7 @@ async def run_probe(
     evidence: Evidence | None = None,
     on_evidence: OnEvidence | None = None,
     script: ScriptedProbe | Mapping[str, ScriptedProbe] | None = None,
+    settle_s: float | None = None,
 ) -> ProbeResult:
     """Measure each speculative arm against ``base_url``, one round at a time, until ``decide`` decides.
 
@@ -150,7 +151,9 @@ async def run_probe(
     sides of every pair. The decision's intervals come from the time blocks inside each measurement and the spread
     between rounds (:mod:`.stats`). ``timeout`` bounds the whole probe (the fact: TimeBudgetSpent),
     ``request_timeout``/``read_timeout`` each request (a failed request: ProbeFailure). ``on_round`` (sync or async)
-    gets the partial result after each round. ``datasets`` maps a workload name to its prompts; other workloads use
+    gets the partial result after each round. ``settle_s``: the pause before a measurement of one server that follows
+    one of another (default the engine's ``idle_spin_s``): the server measured before may still be spinning.
+    ``datasets`` maps a workload name to its prompts; other workloads use
     their source (traffic.py). ``output_check`` compares the greedy completions of the arm the decision would promote
     (of the only arm, whatever the decision) with the base's afterwards (outputs.py; None: not compared).
     ``engine``: the servers' engine (engines/; default SGLang). Bad arguments raise InputError; everything else ends
@@ -184,6 +187,7 @@ async def run_probe(
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(w.concurrency for w in wls) + 8))
     assert session is not None
     loop = _ProbeLoop(session, base_url.rstrip("/"), runs, wls, result, rules, decide, evidence, traffic, engine, scripts)
+    loop.settle_s = engine.idle_spin_s if settle_s is None else max(0.0, settle_s)
     try:
         await loop.run(timeout, request_timeout, read_timeout, seed, on_round, on_evidence)
         # Scripted rounds skip the output check unless the script asks for it (checkOutputs: its servers answer).
@@ -295,6 +299,8 @@ class _ProbeLoop:
         self.by_name = {w.name: w for w in wls}
         self.names = [w.name for w in wls]
         self.measure_one: Callable[[Workload, str, float | None], Awaitable[Measurement]] | None = None
+        self.settle_s = 0.0
+        self.last_measured: tuple[str, float] | None = None  # (url, when its measurement ended): the settle's origin
 
     def decide(self) -> Continue | Decided:
         return self._decide(self.evidence, self.rules, list(self.runs), self.names)
@@ -307,7 +313,17 @@ class _ProbeLoop:
         rng = random.Random(seed)
 
         async def measure_one(w: Workload, url: str, floor: float | None) -> Measurement:
-            return await _measure_one(self.session, url, w, clock, deadline, rng, request_timeout, read_timeout, floor, self.traffic)
+            # After another server's measurement, wait out its idle spin (settle_s) so that this one starts on a quiet
+            # machine: a measurement that follows its own server's needs none, so without the pause the second
+            # measurement of every pair ran slower, and the pairs' alternating order became the rounds' spread.
+            if self.last_measured is not None and self.last_measured[0] != url:
+                pause = self.last_measured[1] + self.settle_s - clock()
+                if pause > 0:
+                    await asyncio.sleep(min(pause, max(0.0, deadline - clock())))
+            try:
+                return await _measure_one(self.session, url, w, clock, deadline, rng, request_timeout, read_timeout, floor, self.traffic)
+            finally:
+                self.last_measured = (url, clock())
 
         self.measure_one = measure_one
         if not await self._start(timeout):
