@@ -202,16 +202,28 @@ def monitor_accept(st: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def until(loop: EngineLoop, what: str, check: Any, timeout: float) -> float:
+def until(loop: EngineLoop, what: str, check: Any, timeout: float, settled: Any = None) -> float:
     """Wait until ``check(status)`` (the router reads the status every 0.3 s); the time it held. Fails naming ``what``,
-    the phase, the reason and the router's last error."""
+    the phase, the reason and the router's last error; at once where ``settled(status)`` says the wait cannot end well
+    (a string: why), rather than after the whole timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check(loop.status):
             return time.monotonic()
+        if settled is not None and (why := settled(loop.status)):
+            raise AssertionError(f"{what}: never, {why}; {loop.errors[-3:]}")
         time.sleep(0.3)
     st = loop.status
     raise AssertionError(f"{what}: not within {timeout:.0f}s: phase {st.get('phase')} ({st.get('reason')}: {st.get('message')}); {loop.errors[-3:]}")
+
+
+def revision_lost(st: dict[str, Any]) -> str | None:
+    """Why no revision will be promoted: a trained revision decided Lost (RetrainedDrafterLost holds the next Job for
+    minSamples new conversations, which the paused users never send), with its row's reason and message."""
+    for row in (st.get("retraining") or {}).get("revisions") or []:
+        if row.get("outcome") == "Lost":
+            return f"revision {row.get('name')} Lost ({row.get('reason')}: {row.get('message')}); the race: {st.get('message')}"
+    return None
 
 
 def save(out: dict[str, Any]) -> None:
@@ -261,7 +273,7 @@ def test_the_operator_retrains_a_drifted_drafter_proves_the_revision_and_accepta
         loop.users.kind = None  # users pause while the Job trains and the revision races (2 cores; the base serves them)
         out["captured_at_job"] = dict(loop.users.sent)
         out["after_shift_direct"] = chat_acceptance(loop.servers["drafter"].url, loop.servers["drafter"].url, copy_workload(8, seed=2))
-        promoted_at = until(loop, "the revision promoted", lambda st: df.promoted_revision(st) is not None, 1800)
+        promoted_at = until(loop, "the revision promoted", lambda st: df.promoted_revision(st) is not None, 1800, settled=revision_lost)
         revision = str(df.promoted_revision(loop.status))
         status = dict(loop.status)
         loop.users.kind = "copy"
