@@ -327,6 +327,7 @@ def test_server_info_and_metrics_report_the_effective_configuration():
     assert a["sglang:time_to_first_token_seconds_count"][0][1] == 5
 
 
+@pytest.mark.timing  # tok/s in real time: beside 3 busy control planes a 32-stream run measured 12 % under the model
 def test_continuous_batching_throughput_follows_the_model():
     """Closed-loop throughput from the HTTP server matches the analytic model (batch and cap included)."""
 
