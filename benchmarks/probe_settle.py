@@ -40,21 +40,6 @@ from tests.support.vllm_servers import VllmServer, start_servers
 WORKLOAD = "single-stream:1:64:48:8"
 
 
-def group_cpu_seconds(server: VllmServer) -> float:
-    """CPU seconds of the server's whole process group so far (API server, engine core, worker)."""
-    ticks = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.getpgid(int(pid)) != server.proc.pid:
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except (OSError, ValueError):
-            continue
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def idle_spin(server: VllmServer, prompts: list[dict[str, Any]]) -> list[float]:
     """Cores busy in each 100 ms for 2 s after 8 requests to ``server``."""
     for p in prompts[:8]:
@@ -62,10 +47,10 @@ def idle_spin(server: VllmServer, prompts: list[dict[str, Any]]) -> list[float]:
         req = urllib.request.Request(f"{server.url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
             r.read()
-    busy, before = [], group_cpu_seconds(server)
+    busy, before = [], server.cpu_seconds()
     for _ in range(20):
         time.sleep(0.1)
-        now = group_cpu_seconds(server)
+        now = server.cpu_seconds()
         busy.append(round((now - before) / 0.1, 2))
         before = now
     return busy

@@ -130,18 +130,39 @@ class VllmServer:
             pass
         return False
 
+    def _group_pids(self) -> list[int]:
+        """The processes of the server's group (API server, engine core, worker)."""
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.getpgid(int(pid)) == self.proc.pid:
+                    pids.append(int(pid))
+            except (OSError, ProcessLookupError):
+                continue
+        return pids
+
     def rss_mib(self) -> float:
         """Resident memory of the server's process group, from /proc."""
         total = 0
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for pid in self._group_pids():
             try:
-                if os.getpgid(int(pid)) != self.proc.pid:
-                    continue
                 with open(f"/proc/{pid}/status") as f:
                     total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-            except (OSError, ProcessLookupError):
+            except OSError:
                 continue
         return total / 1024
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the server's process group has used so far (user and system), from /proc."""
+        ticks = 0
+        for pid in self._group_pids():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])
+            except (OSError, IndexError, ValueError):
+                continue
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         proc = getattr(self, "proc", None)
