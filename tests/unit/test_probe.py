@@ -386,6 +386,9 @@ def test_bad_arguments_raise_input_error():
         asyncio.run(run_probe("http://a", "http://b", [SINGLE], policy="most"))
     with pytest.raises(InputError, match="--base"):
         asyncio.run(run_probe("a:1", "http://b", [SINGLE]))
+    for settle in (-1.0, float("nan"), 61.0):
+        with pytest.raises(InputError, match="--settle"):
+            asyncio.run(run_probe("http://a", "http://b", [SINGLE], settle_s=settle))
 
 
 # --- the command line ----------------------------------------------------------------------------------

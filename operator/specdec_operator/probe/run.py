@@ -171,6 +171,8 @@ async def run_probe(
         raise InputError(f"--policy: {exc}") from None
     arm_urls = _arm_urls(speculative_url, arms)
     _check_arguments(base_url, arm_urls, wls, min_speedup, max_rounds, accept_length_floor, confidence)
+    if settle_s is not None and not (math.isfinite(settle_s) and 0 <= settle_s <= 60):
+        raise InputError(f"--settle {settle_s}: seconds between 0 and 60 (0 turns the pause off; default the engine's idle spin)")
     scripts = _scripts(script, list(arm_urls))
     traffic = build_traffic(wls, datasets, seed, engine)
     result = ProbeResult(policy=policy_key, min_speedup=float(min_speedup), confidence=confidence, started_at=datetime.now(UTC))
@@ -187,7 +189,7 @@ async def run_probe(
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(w.concurrency for w in wls) + 8))
     assert session is not None
     loop = _ProbeLoop(session, base_url.rstrip("/"), runs, wls, result, rules, decide, evidence, traffic, engine, scripts)
-    loop.settle_s = engine.idle_spin_s if settle_s is None else max(0.0, settle_s)
+    loop.settle_s = engine.idle_spin_s if settle_s is None else settle_s
     try:
         await loop.run(timeout, request_timeout, read_timeout, seed, on_round, on_evidence)
         # Scripted rounds skip the output check unless the script asks for it (checkOutputs: its servers answer).
