@@ -210,8 +210,8 @@ def test_a_vllm_server_that_is_not_speculating_is_named_in_a_warning():
 
 def test_the_probe_waits_out_vllms_idle_spin_before_it_measures_the_other_server(monkeypatch: pytest.MonkeyPatch):
     """vLLM's shm reader busy-loops a core for 1 s after its last request (engines.vllm idle_spin_s): on a shared
-    host the server measured next would share that core, and did (the second measurement of every pair ran 15-20 %
-    slower on the real-engine tier). The probe pauses that long before a measurement of the other server, never
+    host the server measured next would share that core, and did (on the real-engine tier the odd rounds' ratios came
+    out 0.16 above the even rounds' on the log scale, benchmarks/probe_settle.py). The probe pauses that long before a measurement of the other server, never
     before one of the same server; --settle 0 turns it off."""
     import specdec_operator.probe.run as probe_run
 

@@ -189,9 +189,9 @@ async def run_probe(
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(w.concurrency for w in wls) + 8))
     assert session is not None
     loop = _ProbeLoop(session, base_url.rstrip("/"), runs, wls, result, rules, decide, evidence, traffic, engine, scripts)
-    loop.settle_s = engine.idle_spin_s if settle_s is None else settle_s
+    settle = engine.idle_spin_s if settle_s is None else settle_s
     try:
-        await loop.run(timeout, request_timeout, read_timeout, seed, on_round, on_evidence)
+        await loop.run(timeout, request_timeout, read_timeout, seed, on_round, on_evidence, settle)
         # Scripted rounds skip the output check unless the script asks for it (checkOutputs: its servers answer).
         real_outputs = script is None or (
             script.check_outputs if isinstance(script, ScriptedProbe) else all(s.check_outputs for s in script.values())
@@ -301,25 +301,31 @@ class _ProbeLoop:
         self.by_name = {w.name: w for w in wls}
         self.names = [w.name for w in wls]
         self.measure_one: Callable[[Workload, str, float | None], Awaitable[Measurement]] | None = None
-        self.settle_s = 0.0
         self.last_measured: tuple[str, float] | None = None  # (url, when its measurement ended): the settle's origin
 
     def decide(self) -> Continue | Decided:
         return self._decide(self.evidence, self.rules, list(self.runs), self.names)
 
     async def run(
-        self, timeout: float, request_timeout: float, read_timeout: float, seed: int | None, on_round: OnRound | None, on_evidence: OnEvidence | None
+        self,
+        timeout: float,
+        request_timeout: float,
+        read_timeout: float,
+        seed: int | None,
+        on_round: OnRound | None,
+        on_evidence: OnEvidence | None,
+        settle_s: float = 0.0,
     ) -> None:
         clock = asyncio.get_running_loop().time
         deadline = clock() + timeout
         rng = random.Random(seed)
 
         async def measure_one(w: Workload, url: str, floor: float | None) -> Measurement:
-            # After another server's measurement, wait out its idle spin (settle_s) so that this one starts on a quiet
+            # After another server's measurement, wait out its idle spin (run_probe's settle_s) so that this one starts on a quiet
             # machine: a measurement that follows its own server's needs none, so without the pause the second
             # measurement of every pair ran slower, and the pairs' alternating order became the rounds' spread.
             if self.last_measured is not None and self.last_measured[0] != url:
-                pause = self.last_measured[1] + self.settle_s - clock()
+                pause = self.last_measured[1] + settle_s - clock()
                 if pause > 0:
                     await asyncio.sleep(min(pause, max(0.0, deadline - clock())))
             try:
